@@ -1,0 +1,80 @@
+//! The allreduce algorithms a caller can ask for by name.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::Error;
+
+/// One protocol for moving and reducing the data. Every transport implements the ones it can;
+/// asking a transport for one it lacks is an error, never a silent substitute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Every rank pushes its whole input into every peer's inbox, then reduces all of them.
+    /// One communication step; each rank moves (n-1) x bytes.
+    OneShot,
+    /// Reduce-scatter (each rank owns 1/n of the elements and reduces them) then all-gather of
+    /// the reduced pieces. Two steps; each rank moves 2 (n-1)/n x bytes.
+    TwoShot,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 2] = [Algorithm::OneShot, Algorithm::TwoShot];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneShot => "one-shot",
+            Algorithm::TwoShot => "two-shot",
+        }
+    }
+
+    /// The code carried in a call header.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Algorithm::OneShot => 1,
+            Algorithm::TwoShot => 2,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.code() == code)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == wanted || a.name().replace('-', "") == wanted)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown algorithm '{s}'; expected one of: one-shot, two-shot"
+                ))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_codes_are_distinct() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+            assert_eq!(Algorithm::from_code(a.code()), Some(a));
+        }
+        assert_eq!("OneShot".parse::<Algorithm>().unwrap(), Algorithm::OneShot);
+        assert!("three-shot".parse::<Algorithm>().is_err());
+        assert_eq!(Algorithm::from_code(0), None);
+    }
+}

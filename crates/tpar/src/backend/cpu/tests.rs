@@ -1,0 +1,277 @@
+//! The CPU backend with threads as ranks: every algorithm, dtype and placement against the
+//! exact expected sum, chunking, tag wrap-around, mismatches, timeouts and memory accounting.
+//! Cross-process behaviour (kills, launcher) is tested through the `tpar` binary.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::check::{fill_expected, fill_input, first_mismatch};
+use crate::rendezvous::{ensure_private_dir, random_token, RankEnv};
+
+struct Job {
+    dir: PathBuf,
+    token: String,
+}
+
+impl Job {
+    fn new() -> Job {
+        let token = random_token().unwrap();
+        let dir = std::env::temp_dir().join(format!("tpar-cpu-test-{token}"));
+        ensure_private_dir(&dir).unwrap();
+        Job { dir, token }
+    }
+
+    /// Runs `body` on `n` threads, each a rank with its own communicator.
+    fn run<R: Send + 'static>(
+        &self,
+        n: usize,
+        config: CommConfig,
+        body: impl Fn(CpuCommunicator) -> R + Send + Sync + Clone + 'static,
+    ) -> Vec<R> {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let env = RankEnv {
+                    rank,
+                    world_size: n,
+                    local_rank: rank,
+                    local_world_size: n,
+                    dir: self.dir.clone(),
+                    token: self.token.clone(),
+                };
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    let rdv = Rendezvous::join(env).unwrap();
+                    body(CpuCommunicator::new(&rdv, config).unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    fn leftover_segments(&self) -> usize {
+        std::fs::read_dir("/dev/shm")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&segment_prefix(&self.token))
+            })
+            .count()
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One call with known inputs; returns the first wrong element, if any.
+fn checked_call(
+    comm: &mut CpuCommunicator,
+    dtype: DType,
+    count: usize,
+    algo: Algorithm,
+    in_place: bool,
+    seed: u64,
+) -> Option<String> {
+    let bytes = count * dtype.size();
+    let mut input = vec![0u8; bytes];
+    fill_input(dtype, seed, comm.rank(), &mut input);
+    let mut output = vec![0xAAu8; bytes];
+    if in_place {
+        output.copy_from_slice(&input);
+        comm.all_reduce_bytes(dtype, None, &mut output, algo)
+            .unwrap();
+    } else {
+        comm.all_reduce_bytes(dtype, Some(&input), &mut output, algo)
+            .unwrap();
+    }
+    let mut expected = vec![0u8; bytes];
+    fill_expected(dtype, seed, comm.world_size(), &mut expected);
+    first_mismatch(dtype, &output, &expected).map(|(i, g, e)| {
+        format!("{dtype} {algo} n={count} in_place={in_place}: [{i}] = {g}, expected {e}")
+    })
+}
+
+const SMALL_CHUNKS: CommConfig = CommConfig {
+    timeout: Duration::from_secs(20),
+    chunk_bytes: 256,
+};
+
+#[test]
+fn every_algorithm_dtype_and_placement_gives_the_exact_sum() {
+    let job = Job::new();
+    // 256-byte chunks: 1023 elements span several chunks, 7 f16 elements end mid-line.
+    let failures = job.run(3, SMALL_CHUNKS, |mut comm| {
+        let mut failures = Vec::new();
+        let mut seed = 0;
+        for algo in Algorithm::ALL {
+            for dtype in DType::ALL {
+                for count in [0, 1, 7, 64, 65, 1023] {
+                    for in_place in [false, true] {
+                        seed += 1;
+                        failures
+                            .extend(checked_call(&mut comm, dtype, count, algo, in_place, seed));
+                    }
+                }
+            }
+        }
+        failures
+    });
+    for f in &failures {
+        assert!(f.is_empty(), "{f:?}");
+    }
+    assert_eq!(job.leftover_segments(), 0);
+}
+
+#[test]
+fn results_are_bitwise_identical_across_ranks_and_algorithms() {
+    let job = Job::new();
+    let outputs = job.run(4, CommConfig::default(), |mut comm| {
+        let input: Vec<f32> = (0..999)
+            .map(|i| (i as f32 * 0.37 + comm.rank() as f32).sin() * 1e3)
+            .collect();
+        let mut one = vec![0f32; input.len()];
+        let mut two = vec![0f32; input.len()];
+        comm.all_reduce(&input, &mut one, Algorithm::OneShot)
+            .unwrap();
+        comm.all_reduce(&input, &mut two, Algorithm::TwoShot)
+            .unwrap();
+        (one, two)
+    });
+    for (one, two) in &outputs {
+        assert_eq!(
+            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            two.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            outputs[0].0.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn tags_wrap_around_without_a_wrong_result() {
+    let job = Job::new();
+    let failures = job.run(2, SMALL_CHUNKS, |mut comm| {
+        comm.set_epoch_for_test(u64::from(u32::MAX) - 7);
+        let mut failures = Vec::new();
+        for seed in 0..12 {
+            let algo = Algorithm::ALL[seed as usize % 2];
+            failures.extend(checked_call(&mut comm, DType::F32, 100, algo, false, seed));
+        }
+        assert!(
+            comm.epoch > u64::from(u32::MAX) + 8,
+            "the test must cross the wrap"
+        );
+        failures
+    });
+    assert!(failures.iter().all(Vec::is_empty), "{failures:?}");
+}
+
+#[test]
+fn a_size_mismatch_fails_on_every_rank_naming_both_sizes() {
+    let job = Job::new();
+    let errors = job.run(3, SMALL_CHUNKS, |mut comm| {
+        let n = if comm.rank() == 2 { 2048 } else { 1024 };
+        let mut data = vec![1f32; n];
+        let err = comm
+            .all_reduce_in_place(&mut data, Algorithm::OneShot)
+            .unwrap_err();
+        let again = comm
+            .all_reduce_in_place(&mut data, Algorithm::OneShot)
+            .unwrap_err();
+        (err.to_string(), matches!(again, Error::Poisoned(_)))
+    });
+    for (msg, poisoned) in errors {
+        assert!(
+            msg.contains("1024 elements of f32") && msg.contains("2048 elements of f32"),
+            "{msg}"
+        );
+        assert!(poisoned);
+    }
+}
+
+#[test]
+fn a_dtype_or_algorithm_mismatch_fails_on_every_rank() {
+    let job = Job::new();
+    let errors = job.run(2, CommConfig::default(), |mut comm| {
+        let result = if comm.rank() == 0 {
+            comm.all_reduce_in_place(&mut [1f32; 16], Algorithm::OneShot)
+        } else {
+            comm.all_reduce_in_place(&mut [half::bf16::ONE; 16], Algorithm::TwoShot)
+        };
+        result.unwrap_err().to_string()
+    });
+    for msg in errors {
+        assert!(
+            msg.contains("of f32 (one-shot") && msg.contains("of bf16 (two-shot"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_stops_calling_times_out_naming_it() {
+    let job = Job::new();
+    let config = CommConfig {
+        timeout: Duration::from_millis(500),
+        ..CommConfig::default()
+    };
+    let results = job.run(3, config, |mut comm| {
+        let mut data = vec![1f32; 100];
+        comm.all_reduce_in_place(&mut data, Algorithm::TwoShot)
+            .unwrap();
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_secs(2)); // stops calling
+            return None;
+        }
+        let start = Instant::now();
+        let err = comm
+            .all_reduce_in_place(&mut data, Algorithm::TwoShot)
+            .unwrap_err();
+        Some((err.to_string(), start.elapsed()))
+    });
+    for (msg, took) in results.into_iter().flatten() {
+        assert!(msg.contains("rank 1") && msg.contains("timed out"), "{msg}");
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+    }
+}
+
+#[test]
+fn footprint_counts_the_inbox_and_peer_mappings() {
+    let job = Job::new();
+    let config = CommConfig::default();
+    let footprints = job.run(4, config, |comm| comm.memory_footprint());
+    let inbox = InboxLayout::new(4, config.chunk_bytes).total_bytes() as u64;
+    for f in footprints {
+        assert_eq!(f.shared_host_bytes, inbox);
+        assert_eq!(f.peer_mapped_bytes, 3 * inbox);
+        assert_eq!(f.allocated_bytes(), inbox);
+    }
+}
+
+#[test]
+fn mismatched_lengths_are_refused_before_any_communication() {
+    let job = Job::new();
+    let errors = job.run(1, CommConfig::default(), |mut comm| {
+        let err = comm
+            .all_reduce(&[1f32; 4], &mut [0f32; 5], Algorithm::OneShot)
+            .unwrap_err();
+        // The refused call did not poison the communicator.
+        let mut ok = [2f32; 3];
+        comm.all_reduce_in_place(&mut ok, Algorithm::OneShot)
+            .unwrap();
+        (err.to_string(), ok)
+    });
+    assert!(
+        errors[0].0.contains("4 elements but output has 5"),
+        "{}",
+        errors[0].0
+    );
+    assert_eq!(errors[0].1, [2.0; 3]);
+}

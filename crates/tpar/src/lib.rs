@@ -1,0 +1,33 @@
+//! tpar: low-latency allreduce across the ranks of one host, for tensor-parallel inference.
+//!
+//! The crate is organised in layers:
+//! - [`protocol`]: the wire format every transport shares (LL lines that carry a tag beside the
+//!   data, call headers, buffer layout, chunking, the fixed reduction order). Pure functions,
+//!   no I/O; the GPU kernels implement the same format.
+//! - [`rendezvous`] and [`launch`]: how the ranks of one job find each other on this host
+//!   (a private directory and a random job token) and how `tpar` starts its own ranks.
+//! - [`backend`]: transports. [`backend::cpu`] runs the protocol over POSIX shared memory
+//!   between processes.
+//! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
+//!   what it runs.
+//! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
+
+pub mod algorithm;
+pub mod backend;
+pub mod check;
+pub mod dtype;
+pub mod error;
+pub mod launch;
+pub mod memory;
+pub mod protocol;
+pub mod rendezvous;
+mod sys;
+mod wait;
+
+pub use algorithm::Algorithm;
+pub use backend::cpu::{CommConfig, CpuCommunicator};
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use memory::MemoryFootprint;
+pub use rendezvous::{RankEnv, Rendezvous};
+pub use sys::host_name;

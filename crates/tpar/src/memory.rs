@@ -1,0 +1,65 @@
+//! Accounting of every byte a communicator allocates, so an engine can subtract it before it
+//! sizes its KV cache.
+
+/// Memory held by one rank's communicator, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemoryFootprint {
+    /// GPU memory allocated by this rank.
+    pub device_bytes: u64,
+    /// Pinned (page-locked) host memory allocated by this rank.
+    pub pinned_host_bytes: u64,
+    /// Shared host memory (/dev/shm) allocated by this rank.
+    pub shared_host_bytes: u64,
+    /// Peers' memory mapped into this rank: address space, not new memory.
+    pub peer_mapped_bytes: u64,
+}
+
+impl MemoryFootprint {
+    /// Bytes this rank takes from the machine (everything but peer mappings).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.device_bytes + self.pinned_host_bytes + self.shared_host_bytes
+    }
+}
+
+/// `1536` -> `"1.5 KiB"`: binary units, as sizes are given on the command line.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else if value.fract() == 0.0 {
+        format!("{value:.0} {}", UNITS[unit])
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_uses_binary_units() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(4096), "4 KiB");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(8 << 20), "8 MiB");
+    }
+
+    #[test]
+    fn allocated_excludes_peer_mappings() {
+        let m = MemoryFootprint {
+            device_bytes: 1,
+            pinned_host_bytes: 2,
+            shared_host_bytes: 4,
+            peer_mapped_bytes: 100,
+        };
+        assert_eq!(m.allocated_bytes(), 7);
+    }
+}

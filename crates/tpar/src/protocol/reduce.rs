@@ -1,0 +1,127 @@
+//! The reduction every transport performs, in one fixed order: accumulate in fp32, starting
+//! from rank 0's value and adding ranks 1, 2, ... n-1 in turn, then round once to the dtype.
+//! Every rank (one-shot) or the one owner of an element (two-shot) evaluates exactly this
+//! expression, so all ranks hold bitwise identical results and tensor-parallel replicas never
+//! drift apart.
+
+use crate::dtype::DType;
+
+/// The reduced value of one element given each rank's value in rank order.
+pub fn reduce_in_rank_order(values: impl IntoIterator<Item = f32>) -> f32 {
+    let mut values = values.into_iter();
+    let first = values.next().expect("at least one rank");
+    values.fold(first, |acc, v| acc + v)
+}
+
+/// Streams payload words from ranks 0, 1, ... into fp32 lanes, following
+/// [`reduce_in_rank_order`] element by element.
+pub struct Accumulator {
+    dtype: DType,
+    lanes: Vec<f32>,
+}
+
+impl Accumulator {
+    pub fn new(dtype: DType) -> Accumulator {
+        Accumulator {
+            dtype,
+            lanes: Vec::new(),
+        }
+    }
+
+    /// Elements a payload word carries.
+    pub fn elements_per_word(&self) -> usize {
+        4 / self.dtype.size()
+    }
+
+    /// Starts a block of `words` payload words.
+    pub fn reset(&mut self, words: usize) {
+        self.lanes.clear();
+        self.lanes.resize(words * self.elements_per_word(), 0.0);
+    }
+
+    /// Payload words in the current block.
+    pub fn words(&self) -> usize {
+        self.lanes.len() / self.elements_per_word()
+    }
+
+    /// Adds word `index` of the block from the next rank; `first` marks rank 0, whose value
+    /// starts the sum (so -0.0 from a single rank stays -0.0).
+    #[inline]
+    pub fn add_word(&mut self, index: usize, word: u32, first: bool) {
+        let bytes = word.to_le_bytes();
+        let per = self.elements_per_word();
+        for k in 0..per {
+            let v = self.dtype.load_f32(&bytes, k);
+            let lane = &mut self.lanes[index * per + k];
+            *lane = if first { v } else { *lane + v };
+        }
+    }
+
+    /// The block's sums, one per element (including the padding lane of a partial last word).
+    pub fn sums(&self) -> &[f32] {
+        &self.lanes
+    }
+
+    /// Word `index` of the block rounded back to the dtype, as it travels in a line.
+    pub fn word(&self, index: usize) -> u32 {
+        let per = self.elements_per_word();
+        let mut bytes = [0u8; 4];
+        for k in 0..per {
+            self.dtype
+                .store_f32(&mut bytes, k, self.lanes[index * per + k]);
+        }
+        u32::from_le_bytes(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn order_is_left_to_right_from_rank_zero() {
+        // (1e8 + 1) - 1e8 == 0 in fp32 but 1e8 + (1 - 1e8) == 1: the order is observable.
+        assert_eq!(reduce_in_rank_order([1.0e8, 1.0, -1.0e8]), 0.0);
+        assert_eq!(reduce_in_rank_order([1.0, -1.0e8, 1.0e8]), 0.0);
+        assert_eq!(reduce_in_rank_order([-1.0e8, 1.0e8, 1.0]), 1.0);
+        assert!(reduce_in_rank_order([-0.0]).is_sign_negative());
+    }
+
+    proptest! {
+        #[test]
+        fn accumulator_matches_the_definition(
+            ranks in proptest::collection::vec(proptest::collection::vec(-1.0e4f32..1.0e4, 6), 1..9),
+            d in 0usize..3,
+        ) {
+            let dtype = DType::ALL[d];
+            let count = 6;
+            // Each rank's values rounded to the dtype, as they would be stored.
+            let encoded: Vec<Vec<u8>> = ranks.iter().map(|vals| {
+                let mut b = vec![0u8; count * dtype.size()];
+                for (i, v) in vals.iter().enumerate() { dtype.store_f32(&mut b, i, *v); }
+                b
+            }).collect();
+            let words = (count * dtype.size()).div_ceil(4);
+            let mut acc = Accumulator::new(dtype);
+            acc.reset(words);
+            for (r, bytes) in encoded.iter().enumerate() {
+                for w in 0..words {
+                    acc.add_word(w, crate::protocol::line::word_at(bytes, w), r == 0);
+                }
+            }
+            for i in 0..count {
+                let expected = reduce_in_rank_order(encoded.iter().map(|b| dtype.load_f32(b, i)));
+                prop_assert_eq!(acc.sums()[i].to_bits(), expected.to_bits());
+            }
+            // Rounding a word back gives the dtype's rounding of each sum.
+            let mut out = vec![0u8; count * dtype.size()];
+            for w in 0..words { crate::protocol::line::put_word(&mut out, w, acc.word(w)); }
+            for i in 0..count {
+                let mut one = [0u8; 4];
+                dtype.store_f32(&mut one, 0, acc.sums()[i]);
+                prop_assert_eq!(&out[i * dtype.size()..(i + 1) * dtype.size()], &one[..dtype.size()]);
+            }
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! How the ranks of one job on this host find each other: a private directory (mode 0700,
+//! owned by this user) where each rank publishes small JSON records (mode 0600), each stamped
+//! with the job's random token. A record with another token is refused, never used.
+//!
+//! The environment of a rank (set by `tpar`'s own launcher, or by an outside launcher such as
+//! torchrun plus two variables):
+//! - `TPAR_RENDEZVOUS`: the directory (created 0700 if missing);
+//! - `TPAR_JOB_TOKEN`: the job's secret token, the same for every rank (8 to 128 characters of
+//!   `[A-Za-z0-9_-]`; e.g. `openssl rand -hex 16`);
+//! - `RANK`, `WORLD_SIZE`, and optionally `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names).
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+pub const ENV_RENDEZVOUS: &str = "TPAR_RENDEZVOUS";
+pub const ENV_JOB_TOKEN: &str = "TPAR_JOB_TOKEN";
+
+/// Where one rank stands in its job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    pub dir: PathBuf,
+    pub token: String,
+}
+
+impl RankEnv {
+    /// Reads the rank's environment; `Ok(None)` when `TPAR_RENDEZVOUS` is not set (this
+    /// process is not a rank of a job), an error when it is set but the rest is wrong.
+    pub fn from_env() -> Result<Option<RankEnv>> {
+        Self::from_lookup(|key| std::env::var(key).ok())
+    }
+
+    /// [`RankEnv::from_env`] over any variable source, for tests.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>> {
+        let Some(dir) = get(ENV_RENDEZVOUS) else {
+            return Ok(None);
+        };
+        let number = |key: &str| -> Result<Option<usize>> {
+            get(key)
+                .map(|v| {
+                    v.trim().parse::<usize>().map_err(|_| {
+                        Error::Environment(format!("{key}={v:?} is not a non-negative integer"))
+                    })
+                })
+                .transpose()
+        };
+        let required = |key: &str| -> Result<usize> {
+            number(key)?.ok_or_else(|| {
+                Error::Environment(format!(
+                    "{ENV_RENDEZVOUS} is set but {key} is not; a launcher must set RANK and WORLD_SIZE for every rank"
+                ))
+            })
+        };
+        let rank = required("RANK")?;
+        let world_size = required("WORLD_SIZE")?;
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::Environment(format!(
+                "RANK={rank} is not below WORLD_SIZE={world_size}"
+            )));
+        }
+        let local_rank = number("LOCAL_RANK")?.unwrap_or(rank);
+        let local_world_size = number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+        let token = get(ENV_JOB_TOKEN).ok_or_else(|| {
+            Error::Environment(format!(
+                "{ENV_RENDEZVOUS} is set but {ENV_JOB_TOKEN} is not; give every rank the same secret token, e.g. {ENV_JOB_TOKEN}=$(openssl rand -hex 16)"
+            ))
+        })?;
+        check_token(&token)?;
+        Ok(Some(RankEnv {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            dir: PathBuf::from(dir),
+            token,
+        }))
+    }
+
+    /// The variables that make a child process this rank.
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (ENV_RENDEZVOUS, self.dir.display().to_string()),
+            (ENV_JOB_TOKEN, self.token.clone()),
+            ("RANK", self.rank.to_string()),
+            ("WORLD_SIZE", self.world_size.to_string()),
+            ("LOCAL_RANK", self.local_rank.to_string()),
+            ("LOCAL_WORLD_SIZE", self.local_world_size.to_string()),
+        ]
+    }
+}
+
+pub fn check_token(token: &str) -> Result<()> {
+    let ok_chars = token
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if (8..=128).contains(&token.len()) && ok_chars {
+        Ok(())
+    } else {
+        Err(Error::Environment(format!(
+            "{ENV_JOB_TOKEN} must be 8 to 128 characters of A-Z, a-z, 0-9, '_' or '-' (got {} characters)",
+            token.len()
+        )))
+    }
+}
+
+/// A fresh random token: 128 bits as 32 hex digits.
+pub fn random_token() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::Launch(format!("no random source for the job token: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Creates `dir` with mode 0700 if it does not exist, and checks that it is private.
+pub fn ensure_private_dir(dir: &Path) -> Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(Error::Io {
+                what: "cannot create rendezvous directory",
+                path: dir.to_owned(),
+                source,
+            })
+        }
+    }
+    let meta = fs::symlink_metadata(dir).map_err(|source| Error::Io {
+        what: "cannot read rendezvous directory",
+        path: dir.to_owned(),
+        source,
+    })?;
+    let insecure = |why: String| Error::InsecureRendezvous {
+        dir: dir.to_owned(),
+        why,
+    };
+    if !meta.is_dir() {
+        return Err(insecure("not a directory (or a symbolic link)".into()));
+    }
+    if meta.uid() != crate::sys::effective_uid() {
+        return Err(insecure(format!("owned by uid {}", meta.uid())));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(insecure(format!("mode {:o}", meta.mode() & 0o777)));
+    }
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record<T> {
+    token: String,
+    rank: usize,
+    world_size: usize,
+    value: T,
+}
+
+/// A rank's handle on the job's rendezvous directory.
+#[derive(Debug)]
+pub struct Rendezvous {
+    env: RankEnv,
+    generation: AtomicU32,
+}
+
+impl Rendezvous {
+    pub fn join(env: RankEnv) -> Result<Rendezvous> {
+        check_token(&env.token)?;
+        ensure_private_dir(&env.dir)?;
+        Ok(Rendezvous {
+            env,
+            generation: AtomicU32::new(0),
+        })
+    }
+
+    pub fn env(&self) -> &RankEnv {
+        &self.env
+    }
+
+    pub fn rank(&self) -> usize {
+        self.env.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.env.world_size
+    }
+
+    pub fn token(&self) -> &str {
+        &self.env.token
+    }
+
+    /// A number for the next communicator, the same on every rank as long as all ranks create
+    /// their communicators in the same order (as they must for collectives anyway).
+    pub(crate) fn next_generation(&self) -> u32 {
+        self.generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn path(&self, key: &str, rank: usize) -> PathBuf {
+        self.env.dir.join(format!("{key}.{rank}.json"))
+    }
+
+    /// Publishes this rank's `value` under `key`, atomically (write, then rename).
+    pub fn publish<T: Serialize>(&self, key: &str, value: &T) -> Result<()> {
+        let record = Record {
+            token: self.env.token.clone(),
+            rank: self.env.rank,
+            world_size: self.env.world_size,
+            value,
+        };
+        let final_path = self.path(key, self.env.rank);
+        let tmp = self.env.dir.join(format!(
+            ".{key}.{}.{}.tmp",
+            self.env.rank,
+            std::process::id()
+        ));
+        let io = |what, source| Error::Io {
+            what,
+            path: tmp.clone(),
+            source,
+        };
+        let bytes = serde_json::to_vec(&record).expect("records serialise");
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io("cannot write rendezvous record", e))?;
+        file.write_all(&bytes)
+            .map_err(|e| io("cannot write rendezvous record", e))?;
+        drop(file);
+        fs::rename(&tmp, &final_path).map_err(|e| io("cannot publish rendezvous record", e))
+    }
+
+    /// Every rank's value for `key`, in rank order, once all have published it.
+    pub fn gather<T: DeserializeOwned>(&self, key: &str, timeout: Duration) -> Result<Vec<T>> {
+        let n = self.env.world_size;
+        let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut foreign: Vec<PathBuf> = Vec::new();
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            for (rank, slot) in values.iter_mut().enumerate() {
+                if slot.is_some() {
+                    continue;
+                }
+                let path = self.path(key, rank);
+                let bytes = match fs::read(&path) {
+                    Ok(b) => b,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(source) => {
+                        return Err(Error::Io {
+                            what: "cannot read rendezvous record",
+                            path,
+                            source,
+                        })
+                    }
+                };
+                let record: Record<T> =
+                    serde_json::from_slice(&bytes).map_err(|source| Error::Record {
+                        path: path.clone(),
+                        source,
+                    })?;
+                if record.token != self.env.token {
+                    // Left by another job (or planted): never used. Wait for ours.
+                    if !foreign.contains(&path) {
+                        foreign.push(path);
+                    }
+                    continue;
+                }
+                if record.world_size != n || record.rank != rank {
+                    return Err(Error::Environment(format!(
+                        "rank {} of this job says world size {}, this rank (rank {}) says {n}",
+                        record.rank, record.world_size, self.env.rank
+                    )));
+                }
+                *slot = Some(record.value);
+            }
+            let missing: Vec<usize> = (0..n).filter(|r| values[*r].is_none()).collect();
+            if missing.is_empty() {
+                return Ok(values
+                    .into_iter()
+                    .map(|v| v.expect("all present"))
+                    .collect());
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                let foreign = if foreign.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; refused {} record(s) from another job (token mismatch), e.g. {}: use a fresh directory per job",
+                        foreign.len(),
+                        foreign[0].display()
+                    )
+                };
+                return Err(Error::RendezvousTimeout {
+                    dir: self.env.dir.clone(),
+                    missing,
+                    waited,
+                    phase: key.to_owned(),
+                    foreign,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// Returns once every rank has reached the barrier named `key`.
+    pub fn barrier(&self, key: &str, timeout: Duration) -> Result<()> {
+        self.publish(key, &())?;
+        self.gather::<()>(key, timeout).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn environment_is_read_torchrun_style() {
+        assert_eq!(RankEnv::from_lookup(lookup(&[])).unwrap(), None);
+        let env = RankEnv::from_lookup(lookup(&[
+            (ENV_RENDEZVOUS, "/tmp/x"),
+            (ENV_JOB_TOKEN, "0123456789abcdef"),
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((env.rank, env.world_size, env.local_rank), (2, 4, 2));
+        let back = RankEnv::from_lookup(lookup(
+            &env.to_vars()
+                .iter()
+                .map(|(k, v)| (*k, v.as_str()))
+                .collect::<Vec<_>>(),
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(back, env);
+    }
+
+    #[test]
+    fn environment_errors_name_the_variable() {
+        let err = RankEnv::from_lookup(lookup(&[(ENV_RENDEZVOUS, "/tmp/x"), ("RANK", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("WORLD_SIZE"), "{err}");
+        let err = RankEnv::from_lookup(lookup(&[
+            (ENV_RENDEZVOUS, "/tmp/x"),
+            ("RANK", "4"),
+            ("WORLD_SIZE", "4"),
+            (ENV_JOB_TOKEN, "0123456789abcdef"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("RANK=4"), "{err}");
+        let err = RankEnv::from_lookup(lookup(&[
+            (ENV_RENDEZVOUS, "/tmp/x"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(ENV_JOB_TOKEN), "{err}");
+        assert!(check_token("short").is_err());
+        assert!(check_token("has space in it").is_err());
+        assert!(check_token(&random_token().unwrap()).is_ok());
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("tpar-rdv-test-{tag}-{}", random_token().unwrap()));
+        ensure_private_dir(&dir).unwrap();
+        dir
+    }
+
+    fn env(dir: &Path, token: &str, rank: usize, world_size: usize) -> RankEnv {
+        RankEnv {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            dir: dir.to_owned(),
+            token: token.to_owned(),
+        }
+    }
+
+    #[test]
+    fn ranks_gather_each_others_values() {
+        let dir = temp_dir("gather");
+        let token = random_token().unwrap();
+        let handles: Vec<_> = (0..3)
+            .map(|rank| {
+                let e = env(&dir, &token, rank, 3);
+                std::thread::spawn(move || {
+                    let rdv = Rendezvous::join(e).unwrap();
+                    rdv.publish("k", &(rank * 10)).unwrap();
+                    rdv.gather::<usize>("k", Duration::from_secs(10)).unwrap()
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), vec![0, 10, 20]);
+        }
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn records_of_another_job_are_refused_and_named() {
+        let dir = temp_dir("foreign");
+        let other = Rendezvous::join(env(&dir, "another-job-token", 1, 2)).unwrap();
+        other.publish("k", &7u32).unwrap();
+        let mine = Rendezvous::join(env(&dir, "this-job-token", 0, 2)).unwrap();
+        mine.publish("k", &1u32).unwrap();
+        let err = mine
+            .gather::<u32>("k", Duration::from_millis(200))
+            .unwrap_err();
+        match &err {
+            Error::RendezvousTimeout {
+                missing, foreign, ..
+            } => {
+                assert_eq!(missing, &vec![1]);
+                assert!(foreign.contains("another job"), "{err}");
+            }
+            other => panic!("unexpected {other}"),
+        }
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_shared_directory_is_refused() {
+        let dir = temp_dir("perm");
+        fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let err = Rendezvous::join(env(&dir, "this-job-token", 0, 1)).unwrap_err();
+        assert!(matches!(err, Error::InsecureRendezvous { .. }), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn records_are_private() {
+        let dir = temp_dir("mode");
+        let rdv = Rendezvous::join(env(&dir, "this-job-token", 0, 1)).unwrap();
+        rdv.publish("k", &1u8).unwrap();
+        let meta = fs::metadata(dir.join("k.0.json")).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        fs::remove_dir_all(dir).unwrap();
+    }
+}

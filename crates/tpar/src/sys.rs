@@ -1,0 +1,284 @@
+//! The only module with `unsafe`: POSIX shared memory, process liveness and the parent-death
+//! signal, wrapped in safe types. Everything above it works with `&[AtomicU64]` and `Result`.
+
+use std::ffi::CString;
+use std::io;
+use std::process::Command;
+use std::sync::atomic::AtomicU64;
+
+use crate::error::{Error, Result};
+
+/// A mapped POSIX shared-memory segment of whole 8-byte lines, created by this process
+/// (and unlinked by it) or opened from a peer. The mapping lives until drop.
+pub struct SharedSegment {
+    name: String,
+    ptr: *mut libc::c_void,
+    len: usize,
+    /// This process created the name and must unlink it (once).
+    owns_name: bool,
+}
+
+// SAFETY: the mapping is only ever accessed through `&[AtomicU64]`, which is Sync.
+unsafe impl Send for SharedSegment {}
+unsafe impl Sync for SharedSegment {}
+
+impl SharedSegment {
+    /// Creates a new segment of `len` bytes, mode 0600, fully backed by memory now (so a full
+    /// /dev/shm is an error here, not a SIGBUS later), zero-filled and mapped.
+    pub fn create(name: &str, len: usize) -> Result<SharedSegment> {
+        let cname = c_name(name)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let fd = unsafe {
+            libc::shm_open(
+                cname.as_ptr(),
+                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                0o600 as libc::mode_t,
+            )
+        };
+        if fd < 0 {
+            return Err(shm_error(name, "create", io::Error::last_os_error(), ""));
+        }
+        let mut segment = SharedSegment {
+            name: name.to_owned(),
+            ptr: std::ptr::null_mut(),
+            len,
+            owns_name: true,
+        };
+        // From here on, dropping `segment` unlinks the name.
+        // SAFETY: fd is an open descriptor we own.
+        let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
+        if rc != 0 {
+            let err = io::Error::from_raw_os_error(rc);
+            // SAFETY: fd is open.
+            unsafe { libc::close(fd) };
+            let hint = if rc == libc::ENOSPC {
+                format!(
+                    " (needs {} of /dev/shm; enlarge it, e.g. docker --shm-size, or lower the chunk size)",
+                    crate::memory::human_bytes(len as u64)
+                )
+            } else {
+                String::new()
+            };
+            return Err(shm_error(name, "reserve memory for", err, &hint));
+        }
+        segment.ptr = map(fd, len).map_err(|e| shm_error(name, "map", e, ""))?;
+        Ok(segment)
+    }
+
+    /// Opens and maps a peer's segment. Refuses one that is not private to this user.
+    pub fn open(name: &str) -> Result<SharedSegment> {
+        let cname = c_name(name)?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
+        if fd < 0 {
+            return Err(shm_error(name, "open", io::Error::last_os_error(), ""));
+        }
+        // SAFETY: `stat` is plain data; fstat fills it for the open fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::fstat(fd, &mut st) };
+        let checked = if rc != 0 {
+            Err(shm_error(name, "stat", io::Error::last_os_error(), ""))
+        } else if st.st_uid != effective_uid() || st.st_mode & 0o077 != 0 {
+            Err(Error::ForeignJob {
+                what: format!(
+                    "shared memory {name} (owner uid {}, mode {:o})",
+                    st.st_uid,
+                    st.st_mode & 0o777
+                ),
+            })
+        } else {
+            map(fd, st.st_size as usize).map_err(|e| shm_error(name, "map", e, ""))
+        };
+        // SAFETY: fd is open; the mapping (if any) stays valid after close.
+        unsafe { libc::close(fd) };
+        Ok(SharedSegment {
+            name: name.to_owned(),
+            ptr: checked?,
+            len: st.st_size as usize,
+            owns_name: false,
+        })
+    }
+
+    /// Removes the name so nothing is left in /dev/shm; mappings stay valid.
+    pub fn unlink(&mut self) {
+        if std::mem::take(&mut self.owns_name) {
+            if let Ok(cname) = c_name(&self.name) {
+                // SAFETY: valid C string; failure (already gone) is harmless.
+                unsafe { libc::shm_unlink(cname.as_ptr()) };
+            }
+        }
+    }
+
+    pub fn lines(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping is page-aligned, `len` bytes long and lives as long as `self`;
+        // AtomicU64 has the size and alignment of u64 and tolerates concurrent writers.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const AtomicU64, self.len / 8) }
+    }
+
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for SharedSegment {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: ptr/len describe a mapping this value created and nobody else unmaps.
+            unsafe { libc::munmap(self.ptr, self.len) };
+        }
+        self.unlink();
+    }
+}
+
+fn c_name(name: &str) -> Result<CString> {
+    CString::new(name).map_err(|_| Error::InvalidArgument(format!("shm name {name:?} has a NUL")))
+}
+
+fn shm_error(name: &str, what: &'static str, source: io::Error, hint: &str) -> Error {
+    Error::SharedMemory {
+        name: name.to_owned(),
+        what,
+        source,
+        hint: hint.to_owned(),
+    }
+}
+
+fn map(fd: libc::c_int, len: usize) -> io::Result<*mut libc::c_void> {
+    // SAFETY: a fresh shared mapping of an open fd; the kernel validates len.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ptr)
+    }
+}
+
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// What can be told about a process from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Liveness {
+    Alive,
+    /// Exited, killed, or a zombie waiting for its parent to reap it.
+    Gone,
+}
+
+pub fn liveness(pid: u32) -> Liveness {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return Liveness::Gone;
+    }
+    // A zombie still answers kill(0): look at its state.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => match stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim().chars().next())
+        {
+            Some('Z') | Some('X') => Liveness::Gone,
+            _ => Liveness::Alive,
+        },
+        Err(_) => Liveness::Alive,
+    }
+}
+
+/// Makes the child started by `command` receive SIGKILL when this process dies, so a launcher
+/// that crashes leaves no ranks behind.
+pub fn kill_child_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe, which is all pre_exec requires.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+pub fn send_kill(pid: u32) {
+    // SAFETY: sending SIGKILL to a child we started.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+}
+
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn segment_is_private_shared_and_unlinked_on_drop() {
+        let name = format!("/tpar-test-sys-{}", std::process::id());
+        let a = SharedSegment::create(&name, 4096).unwrap();
+        let path = format!("/dev/shm{name}");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        let b = SharedSegment::open(&name).unwrap();
+        a.lines()[3].store(42, Ordering::Release);
+        assert_eq!(b.lines()[3].load(Ordering::Acquire), 42);
+        assert_eq!(b.lines().len(), 512);
+        drop(a);
+        assert!(!std::path::Path::new(&path).exists());
+        // The peer's mapping outlives the name.
+        assert_eq!(b.lines()[3].load(Ordering::Acquire), 42);
+        assert!(SharedSegment::open(&name).is_err());
+    }
+
+    #[test]
+    fn create_refuses_an_existing_name() {
+        let name = format!("/tpar-test-excl-{}", std::process::id());
+        let _a = SharedSegment::create(&name, 4096).unwrap();
+        assert!(matches!(
+            SharedSegment::create(&name, 4096),
+            Err(Error::SharedMemory { .. })
+        ));
+    }
+
+    #[test]
+    fn liveness_sees_this_process_and_not_a_reaped_child() {
+        assert_eq!(liveness(std::process::id()), Liveness::Alive);
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(liveness(pid), Liveness::Gone);
+    }
+
+    #[test]
+    fn an_unreaped_dead_child_counts_as_gone() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Wait until it has exited but do not reap it: a zombie.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while liveness(pid) == Liveness::Alive && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(liveness(pid), Liveness::Gone);
+        child.wait().unwrap();
+    }
+}

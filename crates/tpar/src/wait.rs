@@ -1,0 +1,166 @@
+//! Waiting for a peer's line with a deadline. Spins briefly (the fast case: the peer is running
+//! on another core), then yields (ranks may outnumber cores, and the peer needs ours), then
+//! sleeps in short steps. While waiting it checks that the awaited peer still exists, so a
+//! killed rank is reported at once instead of at the deadline.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::protocol::line::{word_if_tagged, Tag};
+use crate::sys::{liveness, Liveness};
+
+const SPINS: u32 = 256;
+const YIELDS: u32 = 4096;
+const SLEEP: Duration = Duration::from_micros(50);
+const LIVENESS_EVERY: Duration = Duration::from_millis(50);
+
+/// What a rank is waiting for, for error messages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Phase {
+    pub step: &'static str,
+    pub seq: u32,
+    pub chunk: u32,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} of allreduce call #{}, chunk {}",
+            self.step, self.seq, self.chunk
+        )
+    }
+}
+
+/// The deadline and the peers' process ids (where this rank can see them).
+pub(crate) struct Watch<'a> {
+    pub timeout: Duration,
+    pub peer_pids: &'a [Option<u32>],
+}
+
+impl Watch<'_> {
+    /// The payload word of `line` once it carries `tag`.
+    #[inline]
+    pub fn word(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
+        match word_if_tagged(line.load(Ordering::Acquire), tag) {
+            Some(word) => Ok(word),
+            None => self.slow(line, tag, peer, phase),
+        }
+    }
+
+    #[cold]
+    fn slow(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
+        let start = Instant::now();
+        let mut last_check = start;
+        let mut tries: u32 = 0;
+        loop {
+            if let Some(word) = word_if_tagged(line.load(Ordering::Acquire), tag) {
+                return Ok(word);
+            }
+            tries = tries.saturating_add(1);
+            if tries < SPINS {
+                std::hint::spin_loop();
+                continue;
+            } else if tries < YIELDS {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(SLEEP);
+            }
+            if tries % 16 == 0 || tries >= YIELDS {
+                let now = now_after(start);
+                let waited = now - start;
+                if waited >= self.timeout {
+                    return Err(Error::PeerTimeout {
+                        peer,
+                        phase: phase.to_string(),
+                        waited,
+                    });
+                }
+                if now - last_check >= LIVENESS_EVERY {
+                    last_check = now;
+                    if let Some(pid) = self.peer_pids.get(peer).copied().flatten() {
+                        if liveness(pid) == Liveness::Gone {
+                            return Err(Error::PeerGone {
+                                peer,
+                                pid,
+                                phase: phase.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn now_after(start: Instant) -> Instant {
+    Instant::now().max(start)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::line::pack;
+    use std::sync::Arc;
+
+    const PHASE: Phase = Phase {
+        step: "test",
+        seq: 1,
+        chunk: 0,
+    };
+
+    #[test]
+    fn returns_a_word_written_later_by_another_thread() {
+        let line = Arc::new(AtomicU64::new(0));
+        let tag = Tag::for_epoch(7);
+        let writer = {
+            let line = line.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                line.store(pack(tag, 99), Ordering::Release);
+            })
+        };
+        let watch = Watch {
+            timeout: Duration::from_secs(5),
+            peer_pids: &[],
+        };
+        assert_eq!(watch.word(&line, tag, 1, PHASE).unwrap(), 99);
+        writer.join().unwrap();
+    }
+
+    #[test]
+    fn times_out_naming_the_peer_and_phase() {
+        let line = AtomicU64::new(pack(Tag::for_epoch(6), 1)); // stale epoch
+        let watch = Watch {
+            timeout: Duration::from_millis(100),
+            peer_pids: &[None, None, None],
+        };
+        let start = Instant::now();
+        let err = watch.word(&line, Tag::for_epoch(7), 2, PHASE).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(2));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("rank 2") && msg.contains("test of allreduce call #1"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn reports_a_dead_peer_before_the_deadline() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let line = AtomicU64::new(0);
+        let pids = [None, Some(pid)];
+        let watch = Watch {
+            timeout: Duration::from_secs(30),
+            peer_pids: &pids,
+        };
+        let start = Instant::now();
+        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        assert!(matches!(err, Error::PeerGone { peer: 1, .. }), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+}
