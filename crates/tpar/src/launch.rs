@@ -207,6 +207,11 @@ impl Drop for Launcher {
     }
 }
 
+/// Sends SIGKILL to `pid` (a rank of this job; also how fault tests kill a rank mid-run).
+pub fn send_sigkill(pid: u32) {
+    crate::sys::send_kill(pid);
+}
+
 /// Unlinks every shared-memory segment of the job with `token` (left by a rank that died
 /// between creating its segment and the moment all peers had mapped it).
 pub fn remove_job_segments(token: &str) -> usize {

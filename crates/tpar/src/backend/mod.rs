@@ -2,3 +2,19 @@
 //! the same line format and reduction order, so their results are interchangeable bit for bit.
 
 pub mod cpu;
+
+/// Whether this machine shows NVIDIA GPUs, read from the driver's /proc files so that nothing
+/// is loaded: `Ok(count)`, or `Err(reason)` in words for the user.
+pub fn visible_nvidia_gpus() -> Result<usize, String> {
+    let dir = std::path::Path::new("/proc/driver/nvidia/gpus");
+    match std::fs::read_dir(dir) {
+        Ok(entries) => match entries.count() {
+            0 => Err("the NVIDIA driver is loaded but reports no GPU".to_owned()),
+            n => Ok(n),
+        },
+        Err(_) => Err(format!(
+            "no NVIDIA driver is loaded ({} not found)",
+            dir.display()
+        )),
+    }
+}

@@ -44,6 +44,9 @@ pub fn word_if_tagged(line: u64, tag: Tag) -> Option<u32> {
 #[inline]
 pub fn word_at(bytes: &[u8], index: usize) -> u32 {
     let start = index * PAYLOAD_BYTES;
+    if let Some(full) = bytes.get(start..start + PAYLOAD_BYTES) {
+        return u32::from_le_bytes(full.try_into().expect("4 bytes"));
+    }
     let end = (start + PAYLOAD_BYTES).min(bytes.len());
     let mut word = [0u8; PAYLOAD_BYTES];
     word[..end - start].copy_from_slice(&bytes[start..end]);
@@ -54,6 +57,10 @@ pub fn word_at(bytes: &[u8], index: usize) -> u32 {
 #[inline]
 pub fn put_word(bytes: &mut [u8], index: usize, word: u32) {
     let start = index * PAYLOAD_BYTES;
+    if let Some(full) = bytes.get_mut(start..start + PAYLOAD_BYTES) {
+        full.copy_from_slice(&word.to_le_bytes());
+        return;
+    }
     let end = (start + PAYLOAD_BYTES).min(bytes.len());
     bytes[start..end].copy_from_slice(&word.to_le_bytes()[..end - start]);
 }

@@ -4,6 +4,8 @@
 //! expression, so all ranks hold bitwise identical results and tensor-parallel replicas never
 //! drift apart.
 
+use half::{bf16, f16};
+
 use crate::dtype::DType;
 
 /// The reduced value of one element given each rank's value in rank order.
@@ -44,16 +46,31 @@ impl Accumulator {
         self.lanes.len() / self.elements_per_word()
     }
 
-    /// Adds word `index` of the block from the next rank; `first` marks rank 0, whose value
-    /// starts the sum (so -0.0 from a single rank stays -0.0).
-    #[inline]
-    pub fn add_word(&mut self, index: usize, word: u32, first: bool) {
-        let bytes = word.to_le_bytes();
+    /// Adds words `first..first + words.len()` of the block from the next rank; `first_rank`
+    /// marks rank 0, whose values start the sums (so -0.0 from a single rank stays -0.0).
+    pub fn add_words(&mut self, first: usize, words: &[u32], first_rank: bool) {
         let per = self.elements_per_word();
-        for k in 0..per {
-            let v = self.dtype.load_f32(&bytes, k);
-            let lane = &mut self.lanes[index * per + k];
-            *lane = if first { v } else { *lane + v };
+        let lanes = &mut self.lanes[first * per..(first + words.len()) * per];
+        // One dispatch per block; the loops below are what the CPU spends its time in.
+        match self.dtype {
+            DType::F32 => combine(lanes, words.iter().map(|w| f32::from_bits(*w)), first_rank),
+            DType::Bf16 => combine(
+                lanes,
+                words
+                    .iter()
+                    .flat_map(|w| [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]),
+                first_rank,
+            ),
+            DType::F16 => combine(
+                lanes,
+                words.iter().flat_map(|w| {
+                    [
+                        f16::from_bits(*w as u16).to_f32(),
+                        f16::from_bits((w >> 16) as u16).to_f32(),
+                    ]
+                }),
+                first_rank,
+            ),
         }
     }
 
@@ -64,13 +81,56 @@ impl Accumulator {
 
     /// Word `index` of the block rounded back to the dtype, as it travels in a line.
     pub fn word(&self, index: usize) -> u32 {
-        let per = self.elements_per_word();
-        let mut bytes = [0u8; 4];
-        for k in 0..per {
-            self.dtype
-                .store_f32(&mut bytes, k, self.lanes[index * per + k]);
+        match self.dtype {
+            DType::F32 => self.lanes[index].to_bits(),
+            DType::Bf16 => {
+                let [a, b] = [self.lanes[2 * index], self.lanes[2 * index + 1]];
+                u32::from(bf16::from_f32(a).to_bits())
+                    | (u32::from(bf16::from_f32(b).to_bits()) << 16)
+            }
+            DType::F16 => {
+                let [a, b] = [self.lanes[2 * index], self.lanes[2 * index + 1]];
+                u32::from(f16::from_f32(a).to_bits())
+                    | (u32::from(f16::from_f32(b).to_bits()) << 16)
+            }
         }
-        u32::from_le_bytes(bytes)
+    }
+
+    /// Writes sums `0..count` of the block, rounded to the dtype, as elements `first..` of `out`.
+    pub fn store(&self, out: &mut [u8], first: usize, count: usize) {
+        let size = self.dtype.size();
+        let out = &mut out[first * size..(first + count) * size];
+        let sums = &self.lanes[..count];
+        match self.dtype {
+            DType::F32 => {
+                for (o, s) in out.chunks_exact_mut(4).zip(sums) {
+                    o.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+            DType::Bf16 => {
+                for (o, s) in out.chunks_exact_mut(2).zip(sums) {
+                    o.copy_from_slice(&bf16::from_f32(*s).to_bits().to_le_bytes());
+                }
+            }
+            DType::F16 => {
+                for (o, s) in out.chunks_exact_mut(2).zip(sums) {
+                    o.copy_from_slice(&f16::from_f32(*s).to_bits().to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn combine(lanes: &mut [f32], values: impl Iterator<Item = f32>, first_rank: bool) {
+    if first_rank {
+        for (lane, v) in lanes.iter_mut().zip(values) {
+            *lane = v;
+        }
+    } else {
+        for (lane, v) in lanes.iter_mut().zip(values) {
+            *lane += v;
+        }
     }
 }
 
@@ -106,21 +166,25 @@ mod tests {
             let mut acc = Accumulator::new(dtype);
             acc.reset(words);
             for (r, bytes) in encoded.iter().enumerate() {
-                for w in 0..words {
-                    acc.add_word(w, crate::protocol::line::word_at(bytes, w), r == 0);
-                }
+                let all: Vec<u32> = (0..words).map(|w| crate::protocol::line::word_at(bytes, w)).collect();
+                // Two calls, to cover adding at an offset within the block.
+                acc.add_words(0, &all[..2], r == 0);
+                acc.add_words(2, &all[2..], r == 0);
             }
             for i in 0..count {
                 let expected = reduce_in_rank_order(encoded.iter().map(|b| dtype.load_f32(b, i)));
                 prop_assert_eq!(acc.sums()[i].to_bits(), expected.to_bits());
             }
-            // Rounding a word back gives the dtype's rounding of each sum.
+            // Rounding words back, or storing elements, gives the dtype's rounding of each sum.
             let mut out = vec![0u8; count * dtype.size()];
             for w in 0..words { crate::protocol::line::put_word(&mut out, w, acc.word(w)); }
+            let mut stored = vec![0u8; (count + 1) * dtype.size()];
+            acc.store(&mut stored, 1, count);
             for i in 0..count {
                 let mut one = [0u8; 4];
                 dtype.store_f32(&mut one, 0, acc.sums()[i]);
                 prop_assert_eq!(&out[i * dtype.size()..(i + 1) * dtype.size()], &one[..dtype.size()]);
+                prop_assert_eq!(&stored[(i + 1) * dtype.size()..(i + 2) * dtype.size()], &one[..dtype.size()]);
             }
         }
     }

@@ -349,8 +349,13 @@ impl CpuCommunicator {
                 Algorithm::OneShot => 0..lines,
                 Algorithm::TwoShot => owned_lines(lines, self.world_size, peer),
             };
-            for i in range {
-                inbox[payload + i].store(pack(tag, word_at(source, i)), Ordering::Release);
+            for (i, line) in inbox[payload..payload + lines]
+                .iter()
+                .enumerate()
+                .take(range.end)
+                .skip(range.start)
+            {
+                line.store(pack(tag, word_at(source, i)), Ordering::Release);
             }
             // The header goes last: a receiver that sees it will find the payload arriving
             // (it still checks each line's tag; this only shortens its wait).
@@ -411,16 +416,18 @@ impl CpuCommunicator {
         let phase = self.phase(step, header);
         let watch = self.watch();
         let inbox = self.inboxes[self.rank].lines();
+        let mut words = [0u32; BLOCK_LINES];
         let mut start = lines.start;
         while start < lines.end {
             let end = (start + BLOCK_LINES).min(lines.end);
+            let block = &mut words[..end - start];
             acc.reset(end - start);
             for peer in 0..self.world_size {
-                let payload = self.layout.stage_one_payload(self.epoch, peer);
-                for i in start..end {
-                    let word = watch.word(&inbox[payload + i], tag, peer, phase)?;
-                    acc.add_word(i - start, word, peer == 0);
+                let payload = self.layout.stage_one_payload(self.epoch, peer) + start;
+                for (word, line) in block.iter_mut().zip(&inbox[payload..]) {
+                    *word = watch.word(line, tag, peer, phase)?;
                 }
+                acc.add_words(0, block, peer == 0);
             }
             emit(start, acc);
             start = end;
@@ -430,9 +437,8 @@ impl CpuCommunicator {
 
     /// One-shot: reduce every line from every rank's stage-one slot into `out`.
     fn reduce_all(&self, acc: &mut Accumulator, header: &CallHeader, out: &mut [u8]) -> Result<()> {
-        let dtype = header.dtype;
-        let count = out.len() / dtype.size();
-        let per_word = 4 / dtype.size();
+        let count = out.len() / header.dtype.size();
+        let per_word = 4 / header.dtype.size();
         self.accumulate(
             acc,
             header,
@@ -440,11 +446,7 @@ impl CpuCommunicator {
             "one-shot receive",
             |first_line, acc| {
                 let first = first_line * per_word;
-                for (k, sum) in acc.sums().iter().enumerate() {
-                    if first + k < count {
-                        dtype.store_f32(out, first + k, *sum);
-                    }
-                }
+                acc.store(out, first, acc.sums().len().min(count - first));
             },
         )
     }

@@ -1,0 +1,290 @@
+//! `tpar bench`: times every algorithm over a sweep of message sizes, verifies every timed
+//! call against the exact expected sum, and prints a table (and JSON) of p50/p99 latency and
+//! bus bandwidth as nccl-tests defines it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tpar::memory::human_bytes;
+use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
+
+use crate::args::{parse_algorithms, parse_list, parse_seconds, parse_size, sizes_to_counts};
+use crate::backend_choice::{resolve, Backend, BackendArg};
+use crate::known::{total_across_ranks, KnownData};
+use crate::ranks::{run_ranks, world_size_or, Rank};
+use crate::report::{cpu_device, write_json, Provenance, Table};
+
+pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Where to run: auto picks CUDA when a usable GPU exists, else the CPU (and says why).
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: BackendArg,
+    /// Ranks to start on this host (default: the number of cores, 2 to 8). Under an outside
+    /// launcher (TPAR_RENDEZVOUS, RANK, WORLD_SIZE set) the environment decides.
+    #[arg(long, short = 'n')]
+    world_size: Option<usize>,
+    /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024.
+    #[arg(long, default_value = DEFAULT_SIZES)]
+    sizes: String,
+    /// Algorithms to time, comma-separated: one-shot, two-shot.
+    #[arg(long, default_value = "one-shot,two-shot")]
+    algos: String,
+    /// Timed calls per size and algorithm.
+    #[arg(long, default_value_t = 100)]
+    iters: usize,
+    /// Untimed calls before timing (default: a tenth of --iters, at least 5).
+    #[arg(long)]
+    warmup: Option<usize>,
+    /// Element type: f32, f16 or bf16.
+    #[arg(long, default_value = "bf16")]
+    dtype: DType,
+    /// Seconds a rank waits for a peer before it fails the run, naming the peer.
+    #[arg(long, default_value = "30", value_name = "SECONDS")]
+    timeout: String,
+    /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
+    #[arg(long, value_name = "PATH|-")]
+    json: Option<String>,
+}
+
+struct BenchPlan {
+    backend: Backend,
+    note: Option<String>,
+    sizes: Vec<(u64, usize)>,
+    algorithms: Vec<Algorithm>,
+    iters: usize,
+    warmup: usize,
+    dtype: DType,
+    timeout: Duration,
+    json: Option<String>,
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    bytes: u64,
+    algo: String,
+    p50_us: f64,
+    p99_us: f64,
+    busbw_gbps: f64,
+    correct: bool,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    backend: String,
+    world_size: usize,
+    dtype: DType,
+    #[serde(flatten)]
+    provenance: Provenance,
+    iters: usize,
+    warmup: usize,
+    timing: &'static str,
+    memory_per_rank_bytes: u64,
+    results: Vec<BenchRow>,
+}
+
+pub fn default_world_size() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8)
+}
+
+pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
+    // Everything is checked before any rank starts.
+    let world_size = world_size_or(args.world_size, default_world_size())?;
+    let dtype = args.dtype;
+    let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
+    let counts = sizes_to_counts(&bytes, dtype)?;
+    if args.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let (backend, note) = resolve(args.backend)?;
+    let plan = BenchPlan {
+        backend,
+        note,
+        sizes: bytes.into_iter().zip(counts).collect(),
+        algorithms: parse_algorithms(&args.algos)?,
+        iters: args.iters,
+        warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
+        dtype,
+        timeout: parse_seconds(&args.timeout)?,
+        json: args.json,
+    };
+    run_ranks(world_size, plan.timeout, |rank| bench_rank(rank, &plan))
+}
+
+fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
+    let leader = rank.is_leader();
+    let world_size = rank.world_size();
+    if leader {
+        if let Some(note) = &plan.note {
+            eprintln!("{note}");
+        }
+    }
+    let config = CommConfig {
+        timeout: plan.timeout,
+        ..CommConfig::default()
+    };
+    let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
+    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
+    let known = KnownData::new(plan.dtype, rank.rank(), world_size, max_count, [11, 12]);
+    let mut output = vec![0u8; max_count * plan.dtype.size()];
+
+    let configs = plan.sizes.len() * plan.algorithms.len();
+    let progress = if leader {
+        progress_bar(configs as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut rows = Vec::with_capacity(configs);
+    for &(bytes, count) in &plan.sizes {
+        for &algo in &plan.algorithms {
+            progress.set_message(format!("{} {algo}", human_bytes(bytes)));
+            let out = &mut output[..count * plan.dtype.size()];
+            total_across_ranks(&mut comm, 0)?; // start together
+            for i in 0..plan.warmup {
+                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+            }
+            let mut samples = Vec::with_capacity(plan.iters);
+            let mut wrong = 0u64;
+            for i in 0..plan.iters {
+                let start = Instant::now();
+                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+                samples.push(start.elapsed());
+                wrong += u64::from(*out != *known.expected(i, count));
+            }
+            let wrong = total_across_ranks(&mut comm, wrong)?;
+            samples.sort();
+            let p50 = percentile_us(&samples, 50.0);
+            rows.push(BenchRow {
+                bytes,
+                algo: algo.name().to_owned(),
+                p50_us: p50,
+                p99_us: percentile_us(&samples, 99.0),
+                busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
+                correct: wrong == 0,
+            });
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    if !leader {
+        return Ok(());
+    }
+
+    let report = BenchReport {
+        backend: plan.backend.name().to_owned(),
+        world_size,
+        dtype: plan.dtype,
+        provenance: Provenance::collect(cpu_device()),
+        iters: plan.iters,
+        warmup: plan.warmup,
+        timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
+        memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
+        results: rows,
+    };
+    let table = render(&report);
+    match plan.json.as_deref() {
+        Some("-") => {
+            eprintln!("{table}");
+            write_json("-", &report)?;
+        }
+        Some(path) => {
+            println!("{table}");
+            write_json(path, &report)?;
+            eprintln!("wrote {path}");
+        }
+        None => println!("{table}"),
+    }
+    let wrong = report.results.iter().filter(|r| !r.correct).count();
+    if wrong > 0 {
+        bail!(
+            "{wrong} of {} configurations gave wrong results (see the table)",
+            report.results.len()
+        );
+    }
+    Ok(())
+}
+
+fn render(report: &BenchReport) -> String {
+    let mut table = Table::new(
+        &[
+            "size",
+            "algorithm",
+            "p50 us",
+            "p99 us",
+            "busbw GB/s",
+            "correct",
+        ],
+        2,
+    );
+    for r in &report.results {
+        table.push(vec![
+            human_bytes(r.bytes),
+            r.algo.clone(),
+            format!("{:.2}", r.p50_us),
+            format!("{:.2}", r.p99_us),
+            format!("{:.2}", r.busbw_gbps),
+            if r.correct { "yes" } else { "NO" }.to_owned(),
+        ]);
+    }
+    format!(
+        "tpar bench: {} backend, {} ranks, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
+        report.backend,
+        report.world_size,
+        report.dtype,
+        report.iters,
+        report.warmup,
+        human_bytes(report.memory_per_rank_bytes),
+        table.render()
+    )
+}
+
+fn progress_bar(len: u64) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Nearest-rank percentile of sorted samples, in microseconds.
+fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1e6
+}
+
+/// nccl-tests' bus bandwidth for allreduce: bytes / time x 2 (n-1) / n, in GB/s (1e9).
+fn bus_bandwidth_gbps(bytes: u64, micros: f64, world_size: usize) -> f64 {
+    if micros <= 0.0 {
+        return 0.0;
+    }
+    let n = world_size as f64;
+    bytes as f64 / (micros * 1e3) * 2.0 * (n - 1.0) / n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
+        assert_eq!(percentile_us(&samples, 50.0), 50.0);
+        assert_eq!(percentile_us(&samples, 99.0), 99.0);
+        assert_eq!(percentile_us(&samples[..1], 99.0), 1.0);
+    }
+
+    #[test]
+    fn bus_bandwidth_follows_nccl_tests() {
+        // 1 MB in 100 us on 4 ranks: algbw 10 GB/s, busbw 15 GB/s.
+        assert!((bus_bandwidth_gbps(1_000_000, 100.0, 4) - 15.0).abs() < 1e-9);
+        assert_eq!(bus_bandwidth_gbps(1_000_000, 100.0, 1), 0.0);
+    }
+}

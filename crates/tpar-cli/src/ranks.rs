@@ -1,0 +1,98 @@
+//! Running a command as the ranks of a job. A `tpar` command that needs ranks either *is* a
+//! rank (its environment names a rendezvous: it was started by `tpar` itself or by an outside
+//! launcher such as torchrun) or it starts `--world-size` copies of itself as ranks, waits for
+//! them and reports how each one ended.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tpar::launch::Launcher;
+use tpar::{RankEnv, Rendezvous};
+
+/// What a rank's body gets: its place in the job and the rendezvous to build communicators on.
+pub struct Rank {
+    pub rendezvous: Rendezvous,
+}
+
+impl Rank {
+    pub fn rank(&self) -> usize {
+        self.rendezvous.rank()
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.rendezvous.world_size()
+    }
+
+    /// Rank 0 speaks for the job (table, JSON, progress); the others stay quiet.
+    pub fn is_leader(&self) -> bool {
+        self.rank() == 0
+    }
+}
+
+/// Runs `body` as every rank of a job of `world_size` ranks: in this process if it already is
+/// a rank, otherwise by launching `world_size` copies of this command.
+pub fn run_ranks(
+    world_size: usize,
+    timeout: Duration,
+    body: impl FnOnce(Rank) -> Result<()>,
+) -> Result<ExitCode> {
+    match RankEnv::from_env()? {
+        Some(env) => {
+            if env.world_size != world_size {
+                bail!(
+                    "this rank's WORLD_SIZE is {} but --world-size is {world_size}; pass the same number (or leave --world-size out under an outside launcher)",
+                    env.world_size
+                );
+            }
+            let rank = env.rank;
+            let rendezvous = Rendezvous::join(env)?;
+            match body(Rank { rendezvous }) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    say(rank, &format!("error: {e:#}"));
+                    Ok(ExitCode::FAILURE)
+                }
+            }
+        }
+        None => launch(world_size, timeout),
+    }
+}
+
+fn launch(world_size: usize, timeout: Duration) -> Result<ExitCode> {
+    let launcher = Launcher::new(world_size)?;
+    let program =
+        std::env::current_exe().context("cannot find the tpar executable to start ranks")?;
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    // Survivors notice a failed peer within their deadline; give them that and a margin.
+    let outcome = launcher.run(&program, &args, timeout + Duration::from_secs(5))?;
+    if outcome.success() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let failures = outcome.failures();
+    eprintln!(
+        "tpar: {} of {world_size} rank(s) failed: {}",
+        failures.len(),
+        failures.join("; ")
+    );
+    Ok(ExitCode::FAILURE)
+}
+
+/// The world size to use: the environment's when this process is a rank, else the flag's,
+/// else `default`.
+pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
+    let from_env = RankEnv::from_env()?.map(|e| e.world_size);
+    let n = flag.or(from_env).unwrap_or(default);
+    if n == 0 {
+        bail!("--world-size must be at least 1");
+    }
+    Ok(n)
+}
+
+/// Prints `tpar[rank R]: message` to stderr in one write, so that the lines of ranks sharing
+/// the terminal or a pipe never interleave (a write of under 4 KiB to a pipe is atomic).
+pub fn say(rank: usize, message: &str) {
+    use std::io::Write;
+    let line = format!("tpar[rank {rank}]: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+}

@@ -1,0 +1,154 @@
+//! What every result says about where it came from (host, device, commit, date, command), the
+//! text table, and writing JSON without leaving a half-written file.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Provenance {
+    pub host: String,
+    pub device: String,
+    pub commit: String,
+    pub date: String,
+    pub command: String,
+    pub tpar_version: String,
+}
+
+impl Provenance {
+    pub fn collect(device: String) -> Provenance {
+        Provenance {
+            host: tpar::host_name(),
+            device,
+            commit: env!("TPAR_GIT_COMMIT").to_owned(),
+            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            command: std::env::args().collect::<Vec<_>>().join(" "),
+            tpar_version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
+/// "cpu: <model> (<n> logical cores)" from /proc/cpuinfo.
+pub fn cpu_device() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("cpu: {model} ({cores} logical cores)")
+}
+
+/// Writes `value` as pretty JSON to `target`: `-` is stdout; a path is written to a temporary
+/// file beside it and renamed, so a reader never sees half a file.
+pub fn write_json<T: Serialize>(target: &str, value: &T) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).expect("results serialise");
+    text.push('\n');
+    if target == "-" {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes())?;
+        return Ok(out.flush()?);
+    }
+    let path = Path::new(target);
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp{}",
+        path.file_name()
+            .map_or("out".into(), |n| n.to_string_lossy()),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// A plain text table with right-aligned columns after the first `left` ones.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+    left: usize,
+}
+
+impl Table {
+    pub fn new(header: &[&str], left: usize) -> Table {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+            left,
+        }
+    }
+
+    pub fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    pub fn render(&self) -> String {
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([self.header[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: &[String]| {
+            cells
+                .iter()
+                .enumerate()
+                .map(|(c, v)| {
+                    if c < self.left {
+                        format!("{v:<w$}", w = widths[c])
+                    } else {
+                        format!("{v:>w$}", w = widths[c])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_owned()
+        };
+        let mut out = line(&self.header);
+        for r in &self.rows {
+            out.push('\n');
+            out.push_str(&line(r));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let mut t = Table::new(&["name", "value"], 1);
+        t.push(vec!["a".into(), "1".into()]);
+        t.push(vec!["longer".into(), "12345".into()]);
+        assert_eq!(t.render(), "name    value\na           1\nlonger  12345");
+    }
+
+    #[test]
+    fn json_file_is_complete_or_absent() {
+        let dir = std::env::temp_dir().join(format!("tpar-report-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.json");
+        write_json(path.to_str().unwrap(), &serde_json::json!({"a": 1})).unwrap();
+        let back: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back["a"], 1);
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        assert!(write_json(dir.join("missing/x.json").to_str().unwrap(), &1).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

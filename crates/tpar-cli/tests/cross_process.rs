@@ -1,0 +1,409 @@
+//! Cross-process tests of the `tpar` binary on the CPU backend: real rank processes started by
+//! tpar's launcher or by the test acting as an outside launcher, with faults injected (a
+//! mismatched call, a rank killed with SIGKILL, a rank that stops calling, a rank that never
+//! arrives). Each checks the exit status, the error text every surviving rank prints, the
+//! time it took, and that nothing of the job is left in /dev/shm.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn tpar() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tpar"));
+    // A rank environment inherited from whatever runs the tests must not leak in.
+    for key in [
+        "TPAR_RENDEZVOUS",
+        "TPAR_JOB_TOKEN",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+    ] {
+        cmd.env_remove(key);
+    }
+    cmd.stdin(Stdio::null());
+    cmd
+}
+
+fn run(cmd: &mut Command) -> (Output, Duration) {
+    let start = Instant::now();
+    let out = cmd.output().expect("tpar runs");
+    (out, start.elapsed())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn token(tag: &str) -> String {
+    format!(
+        "test-{tag}-{}-{}",
+        std::process::id(),
+        Instant::now().elapsed().as_nanos()
+    )
+}
+
+fn leftover_segments(token: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("tpar-{token}-")))
+        .collect()
+}
+
+#[test]
+fn selftest_passes_for_world_sizes_1_to_8() {
+    for n in 1..=8 {
+        let (out, took) = run(tpar().args([
+            "selftest",
+            "--backend",
+            "cpu",
+            "--world-size",
+            &n.to_string(),
+            "--counts",
+            "0,1,7,1023,1048579",
+        ]));
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "world size {n}:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        // 3 dtypes x 2 algorithms x 5 counts x 2 placements (+ the timeout case when n > 1).
+        let rows = 60 + usize::from(n > 1);
+        assert!(
+            stdout.contains(&format!("selftest: {rows} passed, 0 failed")),
+            "world size {n}:\n{stdout}"
+        );
+        eprintln!("selftest with {n} ranks took {took:.1?}");
+    }
+}
+
+#[test]
+fn bench_writes_json_with_every_row_correct() {
+    let (out, _) = run(tpar().args([
+        "bench",
+        "--backend",
+        "cpu",
+        "--world-size",
+        "4",
+        "--sizes",
+        "4K,256K",
+        "--json",
+        "-",
+    ]));
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is JSON alone");
+    assert_eq!(json["backend"], "cpu");
+    assert_eq!(json["world_size"], 4);
+    assert_eq!(json["dtype"], "bf16");
+    for key in ["host", "commit", "date", "device", "command"] {
+        assert!(
+            json[key].as_str().is_some_and(|s| !s.is_empty()),
+            "{key} missing"
+        );
+    }
+    let rows = json["results"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    let sizes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, vec![4096, 4096, 262144, 262144]);
+    for row in rows {
+        assert_eq!(row["correct"], true, "{row}");
+        assert!(row["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(row["p99_us"].as_f64().unwrap() >= row["p50_us"].as_f64().unwrap());
+        assert!(row["busbw_gbps"].as_f64().unwrap() > 0.0);
+    }
+    // The table went to stderr.
+    assert!(
+        stderr.contains("one-shot") && stderr.contains("256 KiB"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_auto_falls_back_to_cpu_with_a_reason_and_cuda_is_a_clear_error() {
+    let (out, _) = run(tpar().args(["bench", "-n", "1", "--sizes", "1K", "--iters", "3"]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    if !Path::new("/proc/driver/nvidia/gpus").exists() {
+        assert!(
+            stderr.contains("no usable GPU") && stderr.contains("CPU backend"),
+            "{stderr}"
+        );
+    }
+    let (out, _) = run(tpar().args(["bench", "--backend", "cuda", "-n", "1"]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--backend cpu"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_arguments_are_refused_before_any_rank_starts() {
+    for (args, expect) in [
+        (vec!["bench", "--sizes", "3X"], "unknown suffix"),
+        (
+            vec!["bench", "--sizes", "1001", "--dtype", "f16"],
+            "multiple of 2",
+        ),
+        (vec!["bench", "--algos", "three-shot"], "unknown algorithm"),
+        (vec!["bench", "--timeout", "0"], "positive"),
+        (vec!["bench", "--world-size", "0"], "at least 1"),
+        (vec!["bench", "--iters", "0"], "at least 1"),
+    ] {
+        let (out, took) = run(tpar().args(&args));
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        assert!(took < Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn a_rank_environment_without_a_token_is_refused_with_the_fix() {
+    let dir = std::env::temp_dir().join(token("notoken"));
+    let (out, _) = run(tpar()
+        .args(["bench", "--backend", "cpu"])
+        .env("TPAR_RENDEZVOUS", &dir)
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1"));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("TPAR_JOB_TOKEN"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+fn assert_every_rank_reports(
+    stderr: &str,
+    ranks: impl IntoIterator<Item = usize>,
+    needles: &[&str],
+) {
+    for rank in ranks {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("tpar[rank {rank}]: error:")))
+            .unwrap_or_else(|| panic!("rank {rank} printed no error:\n{stderr}"));
+        for needle in needles {
+            assert!(
+                line.contains(needle),
+                "rank {rank}: '{needle}' missing in: {line}"
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_sizes_fail_on_every_rank_naming_both() {
+    let (out, took) = run(tpar().args([
+        "debug-rank",
+        "-n",
+        "3",
+        "--count",
+        "1024",
+        "--count-on",
+        "2=2048",
+        "--timeout",
+        "10",
+    ]));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_every_rank_reports(
+        &stderr,
+        0..3,
+        &["mismatched", "1024 elements of f32", "2048 elements of f32"],
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+#[test]
+fn mismatched_dtypes_fail_on_every_rank_naming_both() {
+    let (out, _) = run(tpar().args([
+        "debug-rank",
+        "-n",
+        "2",
+        "--dtype-on",
+        "1=bf16",
+        "--timeout",
+        "10",
+    ]));
+    assert!(!out.status.success());
+    assert_every_rank_reports(&text(&out.stderr), 0..2, &["of f32", "of bf16"]);
+}
+
+#[test]
+fn a_rank_killed_mid_run_fails_the_others_in_time_and_leaves_no_segment() {
+    let token = token("kill-launcher");
+    let timeout = 5;
+    let (out, took) = run(tpar()
+        .args([
+            "debug-rank",
+            "-n",
+            "4",
+            "--calls",
+            "200",
+            "--die-on",
+            "1@50",
+            "--timeout",
+            &timeout.to_string(),
+        ])
+        .env("TPAR_JOB_TOKEN", &token));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_every_rank_reports(&stderr, [0, 2, 3], &["rank 1"]);
+    assert!(
+        stderr.contains("rank 1 (pid") && stderr.contains("SIGKILL"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(timeout + 1), "{took:?}");
+    assert_eq!(leftover_segments(&token), Vec::<String>::new());
+}
+
+/// Starts `ranks` of a job of `world_size` as an outside launcher would.
+fn spawn_external(
+    dir: &Path,
+    token: &str,
+    world_size: usize,
+    ranks: &[usize],
+    args: &[&str],
+) -> Vec<(usize, Child)> {
+    ranks
+        .iter()
+        .map(|&rank| {
+            let child = tpar()
+                .args(args)
+                .env("TPAR_RENDEZVOUS", dir)
+                .env("TPAR_JOB_TOKEN", token)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world_size.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (rank, child)
+        })
+        .collect()
+}
+
+fn private_dir(token: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tpar-ext-{token}"))
+}
+
+#[test]
+fn sigkill_under_an_outside_launcher_fails_survivors_within_deadline() {
+    let token = token("kill-ext");
+    let dir = private_dir(&token);
+    let timeout = 5u64;
+    let args = [
+        "debug-rank",
+        "--calls",
+        "100000000",
+        "--count",
+        "4096",
+        "--timeout",
+        "5",
+    ];
+    let mut ranks = spawn_external(&dir, &token, 4, &[0, 1, 2, 3], &args);
+    std::thread::sleep(Duration::from_millis(1500)); // well into the run
+    ranks[2].1.kill().unwrap(); // SIGKILL; not reaped yet, so it is a zombie for a while
+    let killed_at = Instant::now();
+    for (rank, child) in ranks {
+        let out = child.wait_with_output().unwrap();
+        if rank == 2 {
+            continue;
+        }
+        assert!(!out.status.success(), "rank {rank} should fail");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains("rank 2"), "rank {rank}: {stderr}");
+    }
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(timeout + 1),
+        "{:?}",
+        killed_at.elapsed()
+    );
+    assert_eq!(leftover_segments(&token), Vec::<String>::new());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_rank_that_never_arrives_is_named_by_the_others() {
+    let token = token("absent");
+    let dir = private_dir(&token);
+    let start = Instant::now();
+    let ranks = spawn_external(
+        &dir,
+        &token,
+        4,
+        &[0, 1, 2],
+        &["debug-rank", "--timeout", "2"],
+    );
+    for (rank, child) in ranks {
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success());
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("rank(s) [3] did not arrive"),
+            "rank {rank}: {stderr}"
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(3 + 2),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(leftover_segments(&token), Vec::<String>::new());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_rank_that_stops_calling_times_out_the_others_naming_it() {
+    let token = token("stall");
+    let (out, took) = run(tpar()
+        .args([
+            "debug-rank",
+            "-n",
+            "3",
+            "--calls",
+            "20",
+            "--stall-on",
+            "2@5",
+            "--timeout",
+            "2",
+        ])
+        .env("TPAR_JOB_TOKEN", &token));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert_every_rank_reports(&stderr, [0, 1], &["timed out", "rank 2"]);
+    // Ranks fail at ~2 s; the launcher then kills the stalled rank after its grace period.
+    assert!(
+        stderr.contains("rank 2 (pid") && stderr.contains("by the launcher"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(2 + 5 + 3), "{took:?}");
+    assert_eq!(leftover_segments(&token), Vec::<String>::new());
+}
+
+#[test]
+fn debug_rank_succeeds_when_nothing_is_injected() {
+    let (out, _) = run(tpar().args([
+        "debug-rank",
+        "-n",
+        "3",
+        "--calls",
+        "10",
+        "--algo",
+        "two-shot",
+        "--dtype",
+        "bf16",
+        "--count",
+        "5000",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("10 call(s) of 5000 bf16 (two-shot) correct on 3 rank(s)"));
+}
