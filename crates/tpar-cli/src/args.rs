@@ -106,7 +106,7 @@ mod tests {
         assert!(parse_list(",", "sizes", parse_size).is_err());
         assert_eq!(
             parse_algorithms("one-shot,two-shot").unwrap(),
-            Algorithm::ALL.to_vec()
+            tpar::CpuCommunicator::ALGORITHMS.to_vec()
         );
     }
 

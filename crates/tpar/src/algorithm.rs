@@ -16,23 +16,38 @@ pub enum Algorithm {
     /// Reduce-scatter (each rank owns 1/n of the elements and reduces them) then all-gather of
     /// the reduced pieces. Two steps; each rank moves 2 (n-1)/n x bytes.
     TwoShot,
+    /// Every rank stages its input in its own memory and raises a flag; every rank reads all
+    /// peers' inputs (GPU only: for machines where peer reads beat peer writes).
+    OneShotPull,
+    /// One-shot push through pinned host memory mapped into every GPU (GPU only: for machines
+    /// with no peer-to-peer access at all).
+    HostStaged,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 2] = [Algorithm::OneShot, Algorithm::TwoShot];
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::OneShotPull,
+        Algorithm::HostStaged,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::OneShot => "one-shot",
             Algorithm::TwoShot => "two-shot",
+            Algorithm::OneShotPull => "one-shot-pull",
+            Algorithm::HostStaged => "host-staged",
         }
     }
 
     /// The code carried in a call header.
-    pub(crate) fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         match self {
             Algorithm::OneShot => 1,
             Algorithm::TwoShot => 2,
+            Algorithm::OneShotPull => 3,
+            Algorithm::HostStaged => 4,
         }
     }
 
@@ -57,7 +72,7 @@ impl FromStr for Algorithm {
             .find(|a| a.name() == wanted || a.name().replace('-', "") == wanted)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unknown algorithm '{s}'; expected one of: one-shot, two-shot"
+                    "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged"
                 ))
             })
     }

@@ -34,7 +34,7 @@ impl DType {
     }
 
     /// The code carried in a call header.
-    pub(crate) fn code(self) -> u8 {
+    pub fn code(self) -> u8 {
         match self {
             DType::F32 => 1,
             DType::F16 => 2,

@@ -92,6 +92,18 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A CUDA driver call failed, or CUDA is not usable here (the text says which and why).
+    #[error("CUDA: {0}")]
+    Cuda(String),
+
+    /// A kernel did not compile (the text carries NVRTC's log).
+    #[error("kernel compilation: {0}")]
+    Compile(String),
+
+    /// The request cannot run on this backend or machine (the text names what would).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
     /// The launcher could not start or finish its ranks.
     #[error("launcher: {0}")]
     Launch(String),

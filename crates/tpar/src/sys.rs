@@ -115,6 +115,11 @@ impl SharedSegment {
         unsafe { std::slice::from_raw_parts(self.ptr as *const AtomicU64, self.len / 8) }
     }
 
+    /// Start of the mapping, for registering it with the GPU driver.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr as *mut u8
+    }
+
     pub fn len_bytes(&self) -> usize {
         self.len
     }

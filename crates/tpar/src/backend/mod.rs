@@ -2,6 +2,7 @@
 //! the same line format and reduction order, so their results are interchangeable bit for bit.
 
 pub mod cpu;
+pub mod cuda;
 
 /// Whether this machine shows NVIDIA GPUs, read from the driver's /proc files so that nothing
 /// is loaded: `Ok(count)`, or `Err(reason)` in words for the user.

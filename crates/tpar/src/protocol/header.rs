@@ -67,7 +67,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn headers_round_trip(seq: u32, count: u64, chunk: u32, d in 0usize..3, a in 0usize..2) {
+        fn headers_round_trip(seq: u32, count: u64, chunk: u32, d in 0usize..3, a in 0usize..4) {
             let h = CallHeader { seq, count, dtype: DType::ALL[d], algorithm: Algorithm::ALL[a], chunk };
             prop_assert_eq!(CallHeader::decode(&h.encode()), Some(h));
         }

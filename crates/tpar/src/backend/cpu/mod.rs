@@ -86,6 +86,9 @@ pub struct CpuCommunicator {
 }
 
 impl CpuCommunicator {
+    /// The algorithms this backend runs.
+    pub const ALGORITHMS: [Algorithm; 2] = [Algorithm::OneShot, Algorithm::TwoShot];
+
     /// Joins the ranks of `rendezvous` in a new communicator. Every rank must call this, in
     /// the same order relative to its other communicators, with the same `config`.
     pub fn new(rendezvous: &Rendezvous, config: CommConfig) -> Result<CpuCommunicator> {
@@ -269,6 +272,11 @@ impl CpuCommunicator {
                 output.len()
             )));
         }
+        if !matches!(algorithm, Algorithm::OneShot | Algorithm::TwoShot) {
+            return Err(Error::Unsupported(format!(
+                "the CPU backend runs one-shot and two-shot; {algorithm} is a GPU algorithm"
+            )));
+        }
         let result = self.run_call(dtype, input, output, algorithm);
         if let Err(e) = &result {
             self.poisoned = Some(e.to_string());
@@ -305,12 +313,11 @@ impl CpuCommunicator {
             self.push_stage_one(&header, source);
             self.check_headers(&header)?;
             let out = &mut output[bytes];
-            match algorithm {
-                Algorithm::OneShot => self.reduce_all(&mut acc, &header, out)?,
-                Algorithm::TwoShot => {
-                    self.reduce_owned_and_push(&mut acc, &header, out.len())?;
-                    self.gather(&header, out)?;
-                }
+            if algorithm == Algorithm::TwoShot {
+                self.reduce_owned_and_push(&mut acc, &header, out.len())?;
+                self.gather(&header, out)?;
+            } else {
+                self.reduce_all(&mut acc, &header, out)?;
             }
         }
         Ok(())
@@ -345,9 +352,10 @@ impl CpuCommunicator {
             let inbox = self.inboxes[peer].lines();
             let slot = self.layout.stage_one_slot(self.epoch, self.rank);
             let payload = self.layout.stage_one_payload(self.epoch, self.rank);
-            let range = match header.algorithm {
-                Algorithm::OneShot => 0..lines,
-                Algorithm::TwoShot => owned_lines(lines, self.world_size, peer),
+            let range = if header.algorithm == Algorithm::TwoShot {
+                owned_lines(lines, self.world_size, peer)
+            } else {
+                0..lines
             };
             for (i, line) in inbox[payload..payload + lines]
                 .iter()

@@ -108,7 +108,7 @@ fn every_algorithm_dtype_and_placement_gives_the_exact_sum() {
     let failures = job.run(3, SMALL_CHUNKS, |mut comm| {
         let mut failures = Vec::new();
         let mut seed = 0;
-        for algo in Algorithm::ALL {
+        for algo in CpuCommunicator::ALGORITHMS {
             for dtype in DType::ALL {
                 for count in [0, 1, 7, 64, 65, 1023] {
                     for in_place in [false, true] {
@@ -161,7 +161,7 @@ fn tags_wrap_around_without_a_wrong_result() {
         comm.set_epoch_for_test(u64::from(u32::MAX) - 7);
         let mut failures = Vec::new();
         for seed in 0..12 {
-            let algo = Algorithm::ALL[seed as usize % 2];
+            let algo = CpuCommunicator::ALGORITHMS[seed as usize % 2];
             failures.extend(checked_call(&mut comm, DType::F32, 100, algo, false, seed));
         }
         assert!(
@@ -274,4 +274,20 @@ fn mismatched_lengths_are_refused_before_any_communication() {
         errors[0].0
     );
     assert_eq!(errors[0].1, [2.0; 3]);
+}
+
+#[test]
+fn gpu_algorithms_are_refused_by_name() {
+    let job = Job::new();
+    let errors = job.run(1, CommConfig::default(), |mut comm| {
+        let err = comm
+            .all_reduce_in_place(&mut [1f32; 4], Algorithm::HostStaged)
+            .unwrap_err();
+        err.to_string()
+    });
+    assert!(
+        errors[0].contains("host-staged is a GPU algorithm"),
+        "{}",
+        errors[0]
+    );
 }

@@ -1,0 +1,278 @@
+// tpar_ll.cuh: what every tpar kernel shares. The LL line format, the inbox layout, the call
+// header, dtype conversions, the deadline and the error word. It mirrors the Rust protocol
+// module (crates/tpar/src/protocol); a Rust test reads the #defines below and checks that both
+// sides agree, so change them together.
+//
+// LL line: one 8-byte store carrying 4 bytes of payload (low half) and the epoch's tag (high
+// half). A reader that sees the current tag has the data; nothing is ever cleared.
+//
+// Inbox of one rank, in lines (the same layout in device memory and in pinned host memory):
+//   [TPAR_SEGMENT_HEADER_LINES]
+//   TPAR_BUFFERS x { world_size x [TPAR_HEADER_LINES + payload_lines] (stage one, by sender),
+//                    [payload_lines] (gather slot, two-shot) }
+// followed, for the pull algorithm, by
+//   TPAR_BUFFERS x [payload_lines x 4 bytes] (plain data) and TPAR_MAX_BLOCKS flags of 128 bytes.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define TPAR_HEADER_LINES 8
+#define TPAR_BUFFERS 3
+#define TPAR_SEGMENT_HEADER_LINES 16
+#define TPAR_HEADER_MAGIC 0x74706172u
+#define TPAR_MAX_RANKS 16
+#define TPAR_MAX_BLOCKS 64
+#define TPAR_FLAG_STRIDE_U64 16
+
+#define TPAR_DTYPE_F32 1
+#define TPAR_DTYPE_F16 2
+#define TPAR_DTYPE_BF16 3
+
+#define TPAR_ALGO_ONE_SHOT 1
+#define TPAR_ALGO_TWO_SHOT 2
+#define TPAR_ALGO_ONE_SHOT_PULL 3
+#define TPAR_ALGO_HOST_STAGED 4
+
+// Error word (host-mapped u64): code | peer << 8 | phase << 16 | field << 24 | detail << 32,
+// where for a mismatch `field` is the header word that differed and `detail` the peer's value
+// of it. Zero means fine.
+#define TPAR_ERR_TIMEOUT 1
+#define TPAR_ERR_MISMATCH 2
+#define TPAR_PHASE_HEADER 1
+#define TPAR_PHASE_ONE_SHOT 2
+#define TPAR_PHASE_REDUCE_SCATTER 3
+#define TPAR_PHASE_ALL_GATHER 4
+#define TPAR_PHASE_PULL_FLAG 5
+
+// Kernel arguments, passed by value. Field order and types match `KernelArgs` in
+// crates/tpar/src/backend/cuda/kernels.rs.
+struct TparArgs {
+    const void* input;
+    void* output;
+    u64 count;          // elements in this chunk
+    u64 total_count;    // elements in the whole call (for the header)
+    u64 payload_lines;  // lines of one slot
+    u64 timeout_ns;
+    u64* state;         // this rank's device state: [0] epoch of the last chunk, [1] blocks done
+    u64* error;         // this rank's error word, in host-mapped memory
+    u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
+    u32 rank;
+    u32 world_size;
+    u32 chunk;
+    u32 algo;
+};
+
+// ---- memory access at system scope (peers and the host see these) ----
+
+__device__ __forceinline__ u64 ld_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 ld_sys_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_sys(u64* p, u64 v) {
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// ---- epochs and tags ----
+
+// Tags cycle through 1..=0xffffffff, never 0 (zeroed memory is never data).
+__device__ __forceinline__ u32 tag_for_epoch(u64 epoch) {
+    return (u32)((epoch - 1) % 0xffffffffull) + 1;
+}
+__device__ __forceinline__ u64 pack_line(u32 tag, u32 word) {
+    return ((u64)tag << 32) | (u64)word;
+}
+
+// Every block reads the epoch before any block can finish, so the last block to finish may
+// publish it for the next launch.
+__device__ __forceinline__ u64 begin_epoch(const TparArgs& a) {
+    return *(volatile u64*)a.state + 1;
+}
+__device__ __forceinline__ void end_epoch(const TparArgs& a, u64 epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        u32 done = atomicAdd((u32*)(a.state + 1), 1u);
+        if (done == gridDim.x - 1) {
+            *(volatile u32*)(a.state + 1) = 0;
+            *(volatile u64*)a.state = epoch;
+            __threadfence();
+        }
+    }
+}
+
+// ---- layout ----
+
+__device__ __forceinline__ u64 slot_lines(const TparArgs& a) { return TPAR_HEADER_LINES + a.payload_lines; }
+__device__ __forceinline__ u64 buffer_lines(const TparArgs& a) {
+    return (u64)a.world_size * slot_lines(a) + a.payload_lines;
+}
+__device__ __forceinline__ u64 buffer_start(const TparArgs& a, u64 epoch) {
+    return TPAR_SEGMENT_HEADER_LINES + (epoch % TPAR_BUFFERS) * buffer_lines(a);
+}
+__device__ __forceinline__ u64 stage_one_slot(const TparArgs& a, u64 epoch, u32 from) {
+    return buffer_start(a, epoch) + (u64)from * slot_lines(a);
+}
+__device__ __forceinline__ u64 gather_slot(const TparArgs& a, u64 epoch) {
+    return buffer_start(a, epoch) + (u64)a.world_size * slot_lines(a);
+}
+__device__ __forceinline__ u64 ll_region_lines(const TparArgs& a) {
+    return TPAR_SEGMENT_HEADER_LINES + TPAR_BUFFERS * buffer_lines(a);
+}
+
+// Two-shot ownership: contiguous line ranges in rank order, sizes differing by at most one.
+__device__ __forceinline__ u64 owned_start(u64 lines, u32 n, u32 owner) {
+    u64 base = lines / n, extra = lines % n;
+    return owner * base + (owner < extra ? owner : extra);
+}
+__device__ __forceinline__ u32 owner_of_line(u64 lines, u32 n, u64 line) {
+    u64 base = lines / n, extra = lines % n, boundary = extra * (base + 1);
+    if (line < boundary) return (u32)(line / (base + 1));
+    return (u32)(extra + (line - boundary) / base);
+}
+
+// ---- dtypes: a payload word holds 1 f32 or 2 f16/bf16 elements (little-endian) ----
+
+__device__ __forceinline__ float f16_bits_to_f32(u32 bits) {
+    float f;
+    unsigned short h = (unsigned short)bits;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u32 f32_to_f16_bits(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(u32 bits) { return __uint_as_float(bits << 16); }
+__device__ __forceinline__ u32 f32_to_bf16_bits(float f) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int DT> struct Lanes;
+template <> struct Lanes<TPAR_DTYPE_F32> {
+    static const int PER_WORD = 1;
+    __device__ static void unpack(u32 w, float* v) { v[0] = __uint_as_float(w); }
+    __device__ static u32 pack(const float* v) { return __float_as_uint(v[0]); }
+};
+template <> struct Lanes<TPAR_DTYPE_F16> {
+    static const int PER_WORD = 2;
+    __device__ static void unpack(u32 w, float* v) { v[0] = f16_bits_to_f32(w & 0xffff); v[1] = f16_bits_to_f32(w >> 16); }
+    __device__ static u32 pack(const float* v) { return f32_to_f16_bits(v[0]) | (f32_to_f16_bits(v[1]) << 16); }
+};
+template <> struct Lanes<TPAR_DTYPE_BF16> {
+    static const int PER_WORD = 2;
+    __device__ static void unpack(u32 w, float* v) { v[0] = bf16_bits_to_f32(w & 0xffff); v[1] = bf16_bits_to_f32(w >> 16); }
+    __device__ static u32 pack(const float* v) { return f32_to_bf16_bits(v[0]) | (f32_to_bf16_bits(v[1]) << 16); }
+};
+
+template <int DT> __device__ __forceinline__ u64 words_for(u64 count) {
+    return (count + Lanes<DT>::PER_WORD - 1) / Lanes<DT>::PER_WORD;
+}
+
+// Payload word `i` of an element buffer of `count` elements, zero-padded past the end. 16-bit
+// elements are read one at a time: tensors need not be 4-byte aligned.
+template <int DT> __device__ __forceinline__ u32 load_word(const void* base, u64 i, u64 count) {
+    if (DT == TPAR_DTYPE_F32) return ((const u32*)base)[i];
+    const unsigned short* h = (const unsigned short*)base;
+    u32 lo = h[2 * i];
+    u32 hi = (2 * i + 1 < count) ? h[2 * i + 1] : 0u;
+    return lo | (hi << 16);
+}
+template <int DT> __device__ __forceinline__ void store_word(void* base, u64 i, u64 count, u32 w) {
+    if (DT == TPAR_DTYPE_F32) { ((u32*)base)[i] = w; return; }
+    unsigned short* h = (unsigned short*)base;
+    h[2 * i] = (unsigned short)(w & 0xffff);
+    if (2 * i + 1 < count) h[2 * i + 1] = (unsigned short)(w >> 16);
+}
+
+// ---- errors and deadlines ----
+
+__device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
+                                             u32 detail) {
+    // No atomics on host memory over PCIe: first writer usually wins, any writer is a valid report.
+    if (ld_sys(a.error) == 0) {
+        st_sys(a.error, (u64)code | ((u64)peer << 8) | ((u64)phase << 16) | ((u64)(field & 0xff) << 24) |
+                            ((u64)detail << 32));
+    }
+}
+
+// Spins until the line at `p` carries `tag`; false (with the error word set, or already set by
+// someone else) when the deadline passes first.
+__device__ __forceinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
+                                          u64 start, u32* word) {
+    u64 v = ld_sys(p);
+    u32 spins = 0;
+    while ((u32)(v >> 32) != tag) {
+        if ((++spins & 1023u) == 0) {
+            if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, phase, 0, 0); return false; }
+            if (ld_sys(a.error) != 0) return false;
+        }
+        v = ld_sys(p);
+    }
+    *word = (u32)v;
+    return true;
+}
+
+// ---- the call header (first lines of each stage-one slot) ----
+
+__device__ __forceinline__ u32 header_word(const TparArgs& a, int i, int dtype) {
+    switch (i) {
+        case 0: return TPAR_HEADER_MAGIC;
+        case 1: return 0;  // call sequence: kept by the CPU backend only
+        case 2: return (u32)a.total_count;
+        case 3: return (u32)(a.total_count >> 32);
+        case 4: return (u32)dtype | (a.algo << 8);
+        case 5: return a.chunk;
+        default: return 0;
+    }
+}
+
+// Block 0 pushes this rank's header into stage-one slot `rank` of every inbox.
+__device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 tag, int dtype) {
+    if (blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES) {
+        u64 line = pack_line(tag, header_word(a, threadIdx.x, dtype));
+        for (u32 p = 0; p < a.world_size; ++p) {
+            st_sys(a.inboxes[p] + stage_one_slot(a, epoch, a.rank) + threadIdx.x, line);
+        }
+    }
+}
+
+// Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
+// algorithm, chunk) and reports the first word that differs with the peer's value.
+__device__ __forceinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
+    if (blockIdx.x != 0 || threadIdx.x >= a.world_size) return true;
+    u32 peer = threadIdx.x;
+    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+    for (int i = 2; i <= 5; ++i) {
+        u32 w;
+        if (!wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
+        if (w != header_word(a, i, dtype)) {
+            report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
+            return false;
+        }
+    }
+    return true;
+}

@@ -1,0 +1,54 @@
+// Two-shot push with the LL protocol: reduce-scatter (each rank pushes to every owner the
+// lines it owns; the owner reduces them in rank order) then all-gather (each owner pushes its
+// reduced lines into every rank's gather slot). Each rank moves 2 (n-1)/n of the message
+// instead of (n-1) times it, for mid-size messages.
+#include "tpar_ll.cuh"
+
+template <int DT>
+__device__ void twoshot_push(const TparArgs& a) {
+    const u64 epoch = begin_epoch(a);
+    const u32 tag = tag_for_epoch(epoch);
+    const u64 start = now_ns();
+    const u64 lines = words_for<DT>(a.count);
+    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    const u32 n = a.world_size;
+    const u64* own = a.inboxes[a.rank];
+    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    const u64 gather = gather_slot(a, epoch);
+    const u64 mine_begin = owned_start(lines, n, a.rank);
+    const u64 mine_end = owned_start(lines, n, a.rank + 1);
+
+    push_header(a, epoch, tag, DT);
+    for (u64 i = tid; i < lines; i += stride) {
+        u32 owner = owner_of_line(lines, n, i);
+        st_sys(a.inboxes[owner] + my_slot + i, pack_line(tag, load_word<DT>(a.input, i, a.count)));
+    }
+    if (!check_header(a, epoch, tag, DT, start)) goto done;
+
+    for (u64 i = mine_begin + tid; i < mine_end; i += stride) {
+        float acc[2] = {0.f, 0.f};
+        for (u32 r = 0; r < n; ++r) {
+            u32 w;
+            if (!wait_line(a, own + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i, tag, r,
+                           TPAR_PHASE_REDUCE_SCATTER, start, &w)) goto done;
+            float v[2];
+            Lanes<DT>::unpack(w, v);
+            for (int k = 0; k < Lanes<DT>::PER_WORD; ++k) acc[k] = (r == 0) ? v[k] : acc[k] + v[k];
+        }
+        u64 line = pack_line(tag, Lanes<DT>::pack(acc));
+        for (u32 p = 0; p < n; ++p) st_sys(a.inboxes[p] + gather + i, line);
+    }
+
+    for (u64 i = tid; i < lines; i += stride) {
+        u32 w;
+        if (!wait_line(a, own + gather + i, tag, owner_of_line(lines, n, i), TPAR_PHASE_ALL_GATHER, start, &w)) goto done;
+        store_word<DT>(a.output, i, a.count, w);
+    }
+done:
+    end_epoch(a, epoch);
+}
+
+extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_f32(TparArgs a) { twoshot_push<TPAR_DTYPE_F32>(a); }
+extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_f16(TparArgs a) { twoshot_push<TPAR_DTYPE_F16>(a); }
+extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_bf16(TparArgs a) { twoshot_push<TPAR_DTYPE_BF16>(a); }

@@ -1,0 +1,414 @@
+//! The CUDA driver calls tpar makes itself, each wrapped in a safe type: device memory,
+//! host memory mapped into the GPU (allocated, or a shared-memory segment registered), IPC
+//! handles, modules and kernel launches. All `unsafe` of the CUDA backend that is not in
+//! `nvrtc.rs` is here. Contexts, streams, events and graphs come from cudarc's safe API.
+//!
+//! cudarc panics when a library is missing, so [`driver_present`] must be asked first; every
+//! entry point of the backend does.
+
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::CudaContext;
+
+use crate::error::{Error, Result};
+use crate::sys::SharedSegment;
+
+/// Whether libcuda can be loaded at all (an NVIDIA driver is installed).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+pub(crate) fn check(what: &str, result: CUresult) -> Result<()> {
+    if result == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!("{what} failed: {result:?}")))
+    }
+}
+
+/// Makes `ctx` current on this thread (every raw call below needs it).
+pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+    ctx.bind_to_thread()
+        .map_err(|e| Error::Cuda(format!("cannot make the CUDA context current: {e}")))
+}
+
+pub fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: writes one int.
+    check("cuDriverGetVersion", unsafe {
+        sys::cuDriverGetVersion(&mut v)
+    })?;
+    Ok(v)
+}
+
+pub fn attribute(ctx: &CudaContext, attribute: sys::CUdevice_attribute) -> Result<i32> {
+    ctx.attribute(attribute)
+        .map_err(|e| Error::Cuda(format!("cuDeviceGetAttribute({attribute:?}): {e}")))
+}
+
+/// The device's UUID as hex, to tell which ranks share a GPU.
+pub fn device_uuid(ctx: &CudaContext) -> Result<String> {
+    let uuid = ctx
+        .uuid()
+        .map_err(|e| Error::Cuda(format!("cuDeviceGetUuid: {e}")))?;
+    Ok(uuid
+        .bytes
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect())
+}
+
+/// Device memory from cuMemAlloc (not a pool: IPC needs it), zeroed, freed on drop.
+pub struct DeviceMemory {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl DeviceMemory {
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceMemory> {
+        bind(ctx)?;
+        let mut ptr = 0;
+        // SAFETY: the context is current; ptr receives the allocation.
+        check("cuMemAlloc", unsafe {
+            sys::cuMemAlloc_v2(&mut ptr, bytes.max(1))
+        })
+        .map_err(|e| {
+            Error::Cuda(format!(
+                "{e} ({} of device memory)",
+                crate::memory::human_bytes(bytes as u64)
+            ))
+        })?;
+        let memory = DeviceMemory {
+            ctx: ctx.clone(),
+            ptr,
+            bytes,
+        };
+        // SAFETY: ptr is ours and `bytes` long.
+        check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) })?;
+        Ok(memory)
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn upload(&self, data: &[u8]) -> Result<()> {
+        assert!(
+            data.len() <= self.bytes,
+            "upload larger than the allocation"
+        );
+        bind(&self.ctx)?;
+        // SAFETY: copies data.len() bytes into our allocation (synchronous).
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr() as *const c_void, data.len())
+        })
+    }
+
+    pub fn download(&self, out: &mut [u8]) -> Result<()> {
+        assert!(
+            out.len() <= self.bytes,
+            "download larger than the allocation"
+        );
+        bind(&self.ctx)?;
+        // SAFETY: copies out.len() bytes from our allocation (synchronous; waits for the
+        // legacy default stream, not for other streams: callers synchronise first).
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, self.ptr, out.len())
+        })
+    }
+
+    /// Fills the allocation with `byte` (to poison outputs before a check).
+    pub fn fill(&self, byte: u8) -> Result<()> {
+        bind(&self.ctx)?;
+        // SAFETY: our allocation.
+        check("cuMemsetD8", unsafe {
+            sys::cuMemsetD8_v2(self.ptr, byte, self.bytes)
+        })
+    }
+
+    /// A handle another process can open with [`IpcMapping::open`].
+    pub fn ipc_handle(&self) -> Result<[u8; 64]> {
+        bind(&self.ctx)?;
+        let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: ptr is a cuMemAlloc allocation.
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut handle, self.ptr)
+        })?;
+        Ok(handle.reserved.map(|c| c as u8))
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: frees our allocation once.
+            unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// A peer process's device memory opened from its IPC handle; closed on drop.
+pub struct IpcMapping {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl IpcMapping {
+    pub fn open(ctx: &Arc<CudaContext>, handle: &[u8; 64]) -> Result<IpcMapping> {
+        bind(ctx)?;
+        let handle = sys::CUipcMemHandle_st {
+            reserved: handle.map(|b| b as std::ffi::c_char),
+        };
+        let mut ptr = 0;
+        // SAFETY: opens a handle exported by a peer; ptr receives the mapping.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                handle,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        })?;
+        Ok(IpcMapping {
+            ctx: ctx.clone(),
+            ptr,
+        })
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: closes our mapping once.
+            unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// Pinned host memory mapped into every GPU (the error word lives here): the host reads it
+/// without synchronising, the GPU writes it over PCIe.
+pub struct MappedHostMemory {
+    ctx: Arc<CudaContext>,
+    host: *mut c_void,
+    device: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+// SAFETY: the host pointer is only read and written with volatile u64 accesses.
+unsafe impl Send for MappedHostMemory {}
+unsafe impl Sync for MappedHostMemory {}
+
+impl MappedHostMemory {
+    pub fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<MappedHostMemory> {
+        bind(ctx)?;
+        let mut host = std::ptr::null_mut();
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
+        // SAFETY: host receives a pinned allocation of `bytes`.
+        check("cuMemHostAlloc", unsafe {
+            sys::cuMemHostAlloc(&mut host, bytes, flags)
+        })?;
+        // SAFETY: host points to `bytes` writable bytes.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
+        let mut device = 0;
+        // SAFETY: host is a DEVICEMAP allocation.
+        let got = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+        });
+        let memory = MappedHostMemory {
+            ctx: ctx.clone(),
+            host,
+            device,
+            bytes,
+        };
+        got.map(|_| memory)
+    }
+
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn read_u64(&self, index: usize) -> u64 {
+        assert!((index + 1) * 8 <= self.bytes);
+        // SAFETY: in bounds; the GPU may write it concurrently, hence volatile.
+        unsafe { std::ptr::read_volatile((self.host as *const u64).add(index)) }
+    }
+
+    pub fn write_u64(&self, index: usize, value: u64) {
+        assert!((index + 1) * 8 <= self.bytes);
+        // SAFETY: in bounds.
+        unsafe { std::ptr::write_volatile((self.host as *mut u64).add(index), value) }
+    }
+}
+
+impl Drop for MappedHostMemory {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: frees our allocation once.
+            unsafe { sys::cuMemFreeHost(self.host) };
+        }
+    }
+}
+
+/// A shared-memory segment pinned and mapped into the GPU (host-staged inboxes): the
+/// segment's own pages, so peers in other processes see the same bytes.
+pub struct RegisteredSegment {
+    ctx: Arc<CudaContext>,
+    segment: SharedSegment,
+    device: sys::CUdeviceptr,
+}
+
+impl RegisteredSegment {
+    pub fn register(ctx: &Arc<CudaContext>, segment: SharedSegment) -> Result<RegisteredSegment> {
+        bind(ctx)?;
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        let host = segment.as_ptr() as *mut c_void;
+        // SAFETY: the mapping is page-aligned and `len_bytes` long, and outlives the
+        // registration (we own the segment and unregister before dropping it).
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(host, segment.len_bytes(), flags)
+        })?;
+        let mut device = 0;
+        // SAFETY: the range was just registered with DEVICEMAP.
+        let got = check("cuMemHostGetDevicePointer", unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, host, 0)
+        });
+        let registered = RegisteredSegment {
+            ctx: ctx.clone(),
+            segment,
+            device,
+        };
+        got.map(|_| registered)
+    }
+
+    pub fn device_ptr(&self) -> u64 {
+        self.device
+    }
+
+    pub fn segment(&self) -> &SharedSegment {
+        &self.segment
+    }
+
+    pub fn segment_mut(&mut self) -> &mut SharedSegment {
+        &mut self.segment
+    }
+}
+
+impl Drop for RegisteredSegment {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: unregisters the range registered in `register`.
+            unsafe { sys::cuMemHostUnregister(self.segment.as_ptr() as *mut c_void) };
+        }
+    }
+}
+
+/// A loaded module (CUBIN) and the functions looked up in it.
+pub struct Module {
+    ctx: Arc<CudaContext>,
+    module: sys::CUmodule,
+}
+
+/// A kernel of a loaded [`Module`].
+#[derive(Clone, Copy)]
+pub struct Function(sys::CUfunction);
+
+// SAFETY: module and function handles are immutable and usable from any thread that has the
+// context current; we bind before every use.
+unsafe impl Send for Module {}
+unsafe impl Sync for Module {}
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+impl Module {
+    pub fn load(ctx: &Arc<CudaContext>, image: &[u8]) -> Result<Module> {
+        bind(ctx)?;
+        let mut module = std::ptr::null_mut();
+        // SAFETY: the image is a CUBIN produced by NVRTC (cuModuleLoadData copies it).
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void)
+        })?;
+        Ok(Module {
+            ctx: ctx.clone(),
+            module,
+        })
+    }
+
+    pub fn function(&self, name: &str) -> Result<Function> {
+        bind(&self.ctx)?;
+        let cname = CString::new(name).expect("kernel names have no NUL");
+        let mut f = std::ptr::null_mut();
+        // SAFETY: looks a name up in our module.
+        check(&format!("cuModuleGetFunction({name})"), unsafe {
+            sys::cuModuleGetFunction(&mut f, self.module, cname.as_ptr())
+        })?;
+        Ok(Function(f))
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if bind(&self.ctx).is_ok() {
+            // SAFETY: unloads our module once.
+            unsafe { sys::cuModuleUnload(self.module) };
+        }
+    }
+}
+
+impl Function {
+    /// Blocks of `threads` threads that fit on one multiprocessor at once.
+    pub fn max_blocks_per_sm(&self, threads: u32) -> Result<u32> {
+        let mut n = 0;
+        // SAFETY: queries a loaded function.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.0, threads as i32, 0)
+        })?;
+        Ok(n.max(0) as u32)
+    }
+
+    /// Launches the kernel with one argument, `args`, passed by value.
+    ///
+    /// # Safety
+    /// `T` must be the `#[repr(C)]` mirror of the kernel's argument struct, and every device
+    /// pointer in it valid for what the kernel does with it until the kernel completes.
+    pub unsafe fn launch<T: Copy>(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        args: &T,
+    ) -> Result<()> {
+        let mut arg = *args;
+        let mut params = [&mut arg as *mut T as *mut c_void];
+        check(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(
+                self.0,
+                grid,
+                1,
+                1,
+                threads,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        )
+    }
+}

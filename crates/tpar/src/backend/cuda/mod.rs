@@ -1,0 +1,730 @@
+//! The CUDA backend: tpar's kernels (`crates/tpar/kernels/*.cu`) over buffers shared between
+//! ranks, either ranks of one process (one communicator per rank, built together by
+//! [`CudaCommunicator::new_local_group`]) or one rank per process (device buffers shared by
+//! CUDA IPC, host-staged inboxes by POSIX shared memory, through the job's rendezvous:
+//! [`CudaCommunicator::new`]).
+//!
+//! Calls are asynchronous on the caller's stream and capture into CUDA graphs: the epoch that
+//! picks buffers and tags lives in device memory and is advanced by the kernels themselves, so
+//! a replayed graph uses a fresh epoch every time. A kernel that waits past its deadline, or
+//! sees a peer's header disagree with its own, writes the error word (host-mapped memory) and
+//! exits; [`CudaCommunicator::check`] (called by every call and by `synchronize`) turns that
+//! word into the same errors as the CPU backend.
+
+pub mod driver;
+pub mod kernels;
+pub mod nvrtc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cudarc::driver::sys::{CUdevice_attribute, CUstream};
+use cudarc::driver::CudaContext;
+use serde::{Deserialize, Serialize};
+
+use crate::algorithm::Algorithm;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::MemoryFootprint;
+use crate::protocol::header::CallHeader;
+use crate::protocol::layout::{chunks, InboxLayout, BUFFERS};
+use crate::protocol::line::lines_for_bytes;
+use crate::rendezvous::Rendezvous;
+use crate::sys::SharedSegment;
+use driver::{DeviceMemory, Function, IpcMapping, MappedHostMemory, Module, RegisteredSegment};
+use kernels::{KernelArgs, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, THREADS};
+
+/// Settings every rank of a CUDA communicator must agree on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Longest a kernel waits for a peer before it reports a timeout and exits.
+    pub timeout: Duration,
+    /// Payload bytes of one chunk (one kernel launch); larger calls launch several.
+    pub chunk_bytes: usize,
+    /// Also build pinned host-memory inboxes for the host-staged algorithm.
+    pub host_staged: bool,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            timeout: Duration::from_secs(30),
+            chunk_bytes: 256 << 10,
+            host_staged: true,
+        }
+    }
+}
+
+/// Whether the CUDA backend can run here: `Ok(device count)` or an error saying why not
+/// (no driver, no GPU, no NVRTC), never a panic.
+pub fn probe() -> Result<usize> {
+    if !driver::driver_present() {
+        return Err(Error::Cuda(
+            "no NVIDIA driver: libcuda.so.1 cannot be loaded".to_owned(),
+        ));
+    }
+    let count = CudaContext::device_count().map_err(|e| {
+        Error::Cuda(format!(
+            "the driver is present but cuInit/cuDeviceGetCount failed: {e}"
+        ))
+    })?;
+    if count <= 0 {
+        return Err(Error::Cuda("the NVIDIA driver reports no GPU".to_owned()));
+    }
+    nvrtc::nvrtc_version()?;
+    Ok(count as usize)
+}
+
+/// The kernels loaded into one device's primary context.
+struct KernelSet {
+    _modules: Vec<Module>,
+    functions: HashMap<String, Function>,
+    /// Blocks of `THREADS` threads of the most demanding kernel that fit on one SM.
+    blocks_per_sm: u32,
+    sm_count: u32,
+}
+
+impl KernelSet {
+    fn get(&self, name: &str) -> Function {
+        self.functions[name]
+    }
+}
+
+fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
+    static LOADED: OnceLock<Mutex<HashMap<usize, Arc<KernelSet>>>> = OnceLock::new();
+    let mut loaded = LOADED
+        .get_or_init(Default::default)
+        .lock()
+        .expect("kernel cache lock");
+    if let Some(set) = loaded.get(&ctx.ordinal()) {
+        return Ok(set.clone());
+    }
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(|e| Error::Cuda(format!("cannot read the compute capability: {e}")))?;
+    if major < 8 {
+        return Err(Error::Unsupported(format!(
+            "GPU {} has compute capability {major}.{minor}; tpar's kernels need 8.0 (Ampere) or newer",
+            ctx.ordinal()
+        )));
+    }
+    let arch = (major * 10 + minor) as u32;
+    let mut modules = Vec::new();
+    let mut functions = HashMap::new();
+    let mut blocks_per_sm = u32::MAX;
+    for (file, source) in kernels::SOURCES {
+        let cubin = nvrtc::cached_cubin(
+            file,
+            source,
+            &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
+            arch,
+        )?;
+        let module = Module::load(ctx, &cubin)?;
+        for name in kernel_names(source) {
+            let f = module.function(&name)?;
+            if name != kernels::EMPTY_KERNEL.1 {
+                blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
+            }
+            functions.insert(name, f);
+        }
+        modules.push(module);
+    }
+    let sm_count = driver::attribute(
+        ctx,
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )? as u32;
+    let set = Arc::new(KernelSet {
+        _modules: modules,
+        functions,
+        blocks_per_sm,
+        sm_count,
+    });
+    loaded.insert(ctx.ordinal(), set.clone());
+    Ok(set)
+}
+
+/// The `extern "C" __global__` function names in a source file.
+fn kernel_names(source: &str) -> Vec<String> {
+    source
+        .lines()
+        .filter(|l| l.starts_with("extern \"C\" __global__"))
+        .filter_map(|l| {
+            l.split("(TparArgs")
+                .next()?
+                .split_whitespace()
+                .last()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Blocks per rank such that every spinning block of every rank on the busiest GPU is
+/// resident at once (`capacity` = SMs x blocks per SM on each GPU).
+fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>) -> Result<u32> {
+    let mut blocks = MAX_BLOCKS;
+    for (capacity, sharers) in capacity_and_sharers {
+        let fit = capacity / sharers.max(1);
+        if fit == 0 {
+            return Err(Error::Unsupported(format!(
+                "{sharers} ranks share a GPU that holds only {capacity} resident blocks of tpar's kernels; use fewer ranks per GPU"
+            )));
+        }
+        blocks = blocks.min(fit);
+    }
+    Ok(blocks.min(32))
+}
+
+/// This rank's own allocations.
+struct Owned {
+    /// LL inbox, then the pull region (data buffers and block flags).
+    inbox: DeviceMemory,
+    /// [epoch of the last chunk, blocks done].
+    state: DeviceMemory,
+    error: MappedHostMemory,
+    host_inbox: Option<RegisteredSegment>,
+}
+
+fn device_inbox_bytes(layout: &InboxLayout) -> usize {
+    layout.total_bytes()
+        + BUFFERS * layout.payload_lines * 4
+        + MAX_BLOCKS as usize * FLAG_STRIDE_BYTES
+}
+
+impl Owned {
+    fn allocate(
+        ctx: &Arc<CudaContext>,
+        layout: &InboxLayout,
+        host_segment: Option<String>,
+    ) -> Result<Owned> {
+        let host_inbox = match host_segment {
+            Some(name) => Some(RegisteredSegment::register(
+                ctx,
+                SharedSegment::create(&name, layout.total_bytes())?,
+            )?),
+            None => None,
+        };
+        Ok(Owned {
+            inbox: DeviceMemory::zeroed(ctx, device_inbox_bytes(layout))?,
+            state: DeviceMemory::zeroed(ctx, 16)?,
+            error: MappedHostMemory::zeroed(ctx, 4096)?,
+            host_inbox,
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct CudaRecord {
+    pid: u32,
+    device_uuid: String,
+    /// SMs x resident blocks per SM of tpar's kernels on this rank's GPU.
+    capacity: u32,
+    payload_lines: usize,
+    inbox_ptr: u64,
+    inbox_ipc: String,
+    host_segment: Option<String>,
+}
+
+/// One rank's endpoint of a CUDA allreduce group.
+pub struct CudaCommunicator {
+    rank: usize,
+    world_size: usize,
+    ctx: Arc<CudaContext>,
+    kernels: Arc<KernelSet>,
+    layout: InboxLayout,
+    max_blocks: u32,
+    timeout: Duration,
+    own: Owned,
+    /// Every rank's device inbox as this rank addresses it (own included).
+    device_inboxes: [u64; MAX_RANKS],
+    /// Every rank's host-staged inbox as this rank's GPU addresses it.
+    host_inboxes: Option<[u64; MAX_RANKS]>,
+    /// Device memory algorithms need every peer's device memory reachable (P2P or same GPU).
+    peer_access: std::result::Result<(), String>,
+    peer_device_mappings: Vec<IpcMapping>,
+    peer_host_mappings: Vec<RegisteredSegment>,
+    status: Mutex<Status>,
+}
+
+#[derive(Default)]
+struct Status {
+    poisoned: Option<String>,
+    last_call: Option<CallHeader>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<[u8; 64]> {
+    let mut out = [0u8; 64];
+    if text.len() != 128 {
+        return None;
+    }
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+fn context(device: usize) -> Result<Arc<CudaContext>> {
+    probe()?;
+    CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
+}
+
+fn check_world(world_size: usize) -> Result<()> {
+    if world_size == 0 || world_size > MAX_RANKS {
+        return Err(Error::Unsupported(format!(
+            "world size {world_size}: the CUDA backend supports 1 to {MAX_RANKS} ranks"
+        )));
+    }
+    Ok(())
+}
+
+impl CudaCommunicator {
+    /// All `devices.len()` ranks of a group in this process (rank r on GPU `devices[r]`),
+    /// sharing buffers by pointer. Several ranks may share a GPU.
+    pub fn new_local_group(devices: &[usize], config: CudaConfig) -> Result<Vec<CudaCommunicator>> {
+        let world_size = devices.len();
+        check_world(world_size)?;
+        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let token = crate::rendezvous::random_token()?;
+        let contexts: Vec<Arc<CudaContext>> =
+            devices.iter().map(|d| context(*d)).collect::<Result<_>>()?;
+        let sets: Vec<Arc<KernelSet>> = contexts.iter().map(kernel_set).collect::<Result<_>>()?;
+
+        let mut sharers: HashMap<usize, u32> = HashMap::new();
+        for d in devices {
+            *sharers.entry(*d).or_default() += 1;
+        }
+        let max_blocks = co_resident_blocks(
+            devices
+                .iter()
+                .zip(&sets)
+                .map(|(d, s)| (s.sm_count * s.blocks_per_sm, sharers[d])),
+        )?;
+        let peer_access = enable_peer_access(&contexts);
+
+        let mut owned = Vec::with_capacity(world_size);
+        for (rank, ctx) in contexts.iter().enumerate() {
+            let host = config.host_staged.then(|| {
+                format!(
+                    "/{}local-r{rank}",
+                    crate::backend::cpu::segment_prefix(&token)
+                )
+            });
+            let mut mine = Owned::allocate(ctx, &layout, host)?;
+            if let Some(h) = mine.host_inbox.as_mut() {
+                h.segment_mut().unlink(); // this process holds the only mapping it needs
+            }
+            owned.push(mine);
+        }
+        let mut device_inboxes = [0u64; MAX_RANKS];
+        let mut host_inboxes = [0u64; MAX_RANKS];
+        for (rank, o) in owned.iter().enumerate() {
+            device_inboxes[rank] = o.inbox.ptr();
+            host_inboxes[rank] = o
+                .host_inbox
+                .as_ref()
+                .map_or(0, RegisteredSegment::device_ptr);
+        }
+        Ok(owned
+            .into_iter()
+            .enumerate()
+            .map(|(rank, own)| CudaCommunicator {
+                rank,
+                world_size,
+                ctx: contexts[rank].clone(),
+                kernels: sets[rank].clone(),
+                layout,
+                max_blocks,
+                timeout: config.timeout,
+                own,
+                device_inboxes,
+                host_inboxes: config.host_staged.then_some(host_inboxes),
+                peer_access: peer_access.clone(),
+                peer_device_mappings: Vec::new(),
+                peer_host_mappings: Vec::new(),
+                status: Mutex::default(),
+            })
+            .collect())
+    }
+
+    /// This process's rank of the job behind `rendezvous`, on GPU `device`; peers in other
+    /// processes are reached through CUDA IPC (device memory) and shared memory (host-staged).
+    pub fn new(
+        rendezvous: &Rendezvous,
+        device: usize,
+        config: CudaConfig,
+    ) -> Result<CudaCommunicator> {
+        let rank = rendezvous.rank();
+        let world_size = rendezvous.world_size();
+        check_world(world_size)?;
+        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let ctx = context(device)?;
+        let set = kernel_set(&ctx)?;
+        let generation = rendezvous.next_generation();
+        let host = config.host_staged.then(|| {
+            format!(
+                "/{}cuda-g{generation}-r{rank}",
+                crate::backend::cpu::segment_prefix(rendezvous.token())
+            )
+        });
+        let mut own = Owned::allocate(&ctx, &layout, host.clone())?;
+        let key = format!("cuda-g{generation}");
+        rendezvous.publish(
+            &format!("{key}-buffers"),
+            &CudaRecord {
+                pid: std::process::id(),
+                device_uuid: driver::device_uuid(&ctx)?,
+                capacity: set.sm_count * set.blocks_per_sm,
+                payload_lines: layout.payload_lines,
+                inbox_ptr: own.inbox.ptr(),
+                inbox_ipc: hex(&own.inbox.ipc_handle()?),
+                host_segment: host,
+            },
+        )?;
+        let records: Vec<CudaRecord> =
+            rendezvous.gather(&format!("{key}-buffers"), config.timeout)?;
+        let mut sharers: HashMap<&str, u32> = HashMap::new();
+        for r in &records {
+            *sharers.entry(r.device_uuid.as_str()).or_default() += 1;
+            if r.payload_lines != layout.payload_lines
+                || r.host_segment.is_some() != config.host_staged
+            {
+                return Err(Error::InvalidArgument(
+                    "ranks were created with different CudaConfig (chunk size or host-staged); every rank must pass the same".into(),
+                ));
+            }
+        }
+        let max_blocks = co_resident_blocks(
+            records
+                .iter()
+                .map(|r| (r.capacity, sharers[r.device_uuid.as_str()])),
+        )?;
+
+        let mut device_inboxes = [0u64; MAX_RANKS];
+        let mut host_inboxes = [0u64; MAX_RANKS];
+        let mut peer_device_mappings = Vec::new();
+        let mut peer_host_mappings = Vec::new();
+        for (peer, record) in records.iter().enumerate() {
+            device_inboxes[peer] = if peer == rank || record.pid == std::process::id() {
+                record.inbox_ptr
+            } else {
+                let handle = unhex(&record.inbox_ipc).ok_or_else(|| {
+                    Error::InvalidArgument(format!("rank {peer} sent a malformed IPC handle"))
+                })?;
+                let mapping = IpcMapping::open(&ctx, &handle).map_err(|e| {
+                    Error::Cuda(format!("cannot open rank {peer}'s buffer through CUDA IPC ({e}); GPUs without peer access need --algos host-staged"))
+                })?;
+                let ptr = mapping.ptr();
+                peer_device_mappings.push(mapping);
+                ptr
+            };
+            host_inboxes[peer] = match (&record.host_segment, peer == rank) {
+                (_, true) => own
+                    .host_inbox
+                    .as_ref()
+                    .map_or(0, RegisteredSegment::device_ptr),
+                (Some(name), false) => {
+                    let registered = RegisteredSegment::register(&ctx, SharedSegment::open(name)?)?;
+                    let ptr = registered.device_ptr();
+                    peer_host_mappings.push(registered);
+                    ptr
+                }
+                (None, false) => 0,
+            };
+        }
+        rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
+        if let Some(h) = own.host_inbox.as_mut() {
+            h.segment_mut().unlink();
+        }
+        Ok(CudaCommunicator {
+            rank,
+            world_size,
+            ctx,
+            kernels: set,
+            layout,
+            max_blocks,
+            timeout: config.timeout,
+            own,
+            device_inboxes,
+            host_inboxes: config.host_staged.then_some(host_inboxes),
+            peer_access: Ok(()),
+            peer_device_mappings,
+            peer_host_mappings,
+            status: Mutex::default(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Blocks per kernel launch (the co-residency bound).
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+
+    /// The algorithms this communicator can run, with the reason for each it cannot.
+    pub fn supports(&self, algorithm: Algorithm) -> std::result::Result<(), String> {
+        match algorithm {
+            Algorithm::HostStaged if self.host_inboxes.is_none() => {
+                Err("host-staged inboxes were not built (CudaConfig::host_staged is off)".into())
+            }
+            Algorithm::HostStaged => Ok(()),
+            _ => self.peer_access.clone(),
+        }
+    }
+
+    /// Every byte this rank allocated, by kind.
+    pub fn memory_footprint(&self) -> MemoryFootprint {
+        let host_inbox = self
+            .own
+            .host_inbox
+            .as_ref()
+            .map_or(0, |h| h.segment().len_bytes() as u64);
+        MemoryFootprint {
+            device_bytes: (self.own.inbox.bytes() + self.own.state.bytes()) as u64,
+            pinned_host_bytes: self.own.error.bytes() as u64,
+            shared_host_bytes: host_inbox,
+            peer_mapped_bytes: self.peer_device_mappings.len() as u64
+                * device_inbox_bytes(&self.layout) as u64
+                + self
+                    .peer_host_mappings
+                    .iter()
+                    .map(|h| h.segment().len_bytes() as u64)
+                    .sum::<u64>(),
+        }
+    }
+
+    /// Reports an error a kernel left in the error word (or an earlier one). Asynchronous
+    /// errors surface here: at the next call, or at [`CudaCommunicator::synchronize`].
+    pub fn check(&self) -> Result<()> {
+        let mut status = self.status.lock().expect("status lock");
+        if let Some(why) = &status.poisoned {
+            return Err(Error::Poisoned(why.clone()));
+        }
+        let word = self.own.error.read_u64(0);
+        if word == 0 {
+            return Ok(());
+        }
+        let error = self.decode_error(word, status.last_call);
+        status.poisoned = Some(error.to_string());
+        Err(error)
+    }
+
+    fn decode_error(&self, word: u64, last_call: Option<CallHeader>) -> Error {
+        let code = word & 0xff;
+        let peer = ((word >> 8) & 0xff) as usize;
+        let phase = kernels::phase_name((word >> 16) & 0xff);
+        let field = (word >> 24) & 0xff;
+        let detail = (word >> 32) as u32;
+        match code {
+            kernels::ERR_TIMEOUT => Error::PeerTimeout {
+                peer,
+                phase: format!("{phase}, in a kernel"),
+                waited: self.timeout,
+            },
+            kernels::ERR_MISMATCH => Error::CallMismatch {
+                seq: last_call.map_or(0, |c| c.seq),
+                rank: self.rank,
+                mine: last_call.map_or_else(|| "another call".to_owned(), |c| c.describe()),
+                peer,
+                theirs: match field {
+                    2 => format!("{detail} elements (low 32 bits of its count)"),
+                    4 => format!(
+                        "dtype {} with algorithm {}",
+                        DType::from_code(detail as u8).map_or("?", DType::name),
+                        Algorithm::from_code((detail >> 8) as u8).map_or("?", Algorithm::name)
+                    ),
+                    5 => format!("chunk {detail}"),
+                    _ => format!("header word {field} = {detail:#x}"),
+                },
+            },
+            _ => Error::Cuda(format!(
+                "the kernel reported an unknown error word {word:#x}"
+            )),
+        }
+    }
+
+    /// Waits for `stream`, then reports any error the kernels left.
+    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
+        stream
+            .synchronize()
+            .map_err(|e| Error::Cuda(format!("stream synchronise: {e}")))?;
+        self.check()
+    }
+
+    /// Launches `output[i] = sum over ranks of input[i]` on `stream` (`input: None` means in
+    /// place). Returns once the work is queued; errors found by the kernels surface at the next
+    /// [`CudaCommunicator::check`].
+    ///
+    /// # Safety
+    /// `input` (if any) and `output` must be device pointers on this rank's GPU to `count`
+    /// elements of `dtype` that stay valid until the work on `stream` has completed, and
+    /// `stream` a live stream of this rank's context (it may be capturing a graph).
+    pub unsafe fn all_reduce_raw(
+        &self,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        algorithm: Algorithm,
+        stream: CUstream,
+    ) -> Result<()> {
+        self.check()?;
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        let inboxes = match algorithm {
+            Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
+            _ => self.device_inboxes,
+        };
+        driver::bind(&self.ctx)?;
+        let function = self.kernels.get(&kernels::kernel_for(algorithm, dtype).1);
+        let header = {
+            let mut status = self.status.lock().expect("status lock");
+            let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
+            let header = CallHeader {
+                seq,
+                count: count as u64,
+                dtype,
+                algorithm,
+                chunk: 0,
+            };
+            status.last_call = Some(header);
+            header
+        };
+        let input = input.unwrap_or(output);
+        for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
+            let offset = (elements.start * dtype.size()) as u64;
+            let lines = lines_for_bytes(elements.len() * dtype.size()) as u32;
+            let args = KernelArgs {
+                input: input + offset,
+                output: output + offset,
+                count: elements.len() as u64,
+                total_count: header.count,
+                payload_lines: self.layout.payload_lines as u64,
+                timeout_ns: self.timeout.as_nanos() as u64,
+                state: self.own.state.ptr(),
+                error: self.own.error.device_ptr(),
+                inboxes,
+                rank: self.rank as u32,
+                world_size: self.world_size as u32,
+                chunk: index as u32,
+                algo: u32::from(algorithm.code()),
+            };
+            let grid = lines.div_ceil(THREADS).clamp(1, self.max_blocks);
+            // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
+            // for the communicator's lifetime; input/output are the caller's promise.
+            unsafe { function.launch(grid, THREADS, stream, &args)? };
+        }
+        Ok(())
+    }
+
+    /// Launches the empty kernel with the allreduce's launch shape: the fixed cost floor.
+    pub fn launch_empty(&self, stream: CUstream) -> Result<()> {
+        driver::bind(&self.ctx)?;
+        let args = KernelArgs {
+            input: 0,
+            output: 0,
+            count: 0,
+            total_count: 0,
+            payload_lines: 0,
+            timeout_ns: 0,
+            state: 0,
+            error: 0,
+            inboxes: [0; MAX_RANKS],
+            rank: 0,
+            world_size: 0,
+            chunk: 0,
+            algo: 0,
+        };
+        let f = self.kernels.get(kernels::EMPTY_KERNEL.1);
+        // SAFETY: the empty kernel touches nothing.
+        unsafe { f.launch(1, THREADS, stream, &args) }
+    }
+}
+
+/// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
+/// which pair cannot (then only host-staged can run).
+fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::Result<(), String> {
+    use cudarc::driver::sys;
+    for a in contexts {
+        for b in contexts {
+            if a.ordinal() == b.ordinal() {
+                continue;
+            }
+            let mut can = 0;
+            // SAFETY: queries two valid devices.
+            let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) };
+            if rc != sys::CUresult::CUDA_SUCCESS || can == 0 {
+                return Err(format!(
+                    "GPU {} cannot access GPU {} (no P2P); use host-staged",
+                    a.ordinal(),
+                    b.ordinal()
+                ));
+            }
+            driver::bind(a).map_err(|e| e.to_string())?;
+            // SAFETY: enables access from a's context to b's.
+            let rc = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
+            if rc != sys::CUresult::CUDA_SUCCESS
+                && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+            {
+                return Err(format!(
+                    "enabling P2P from GPU {} to GPU {} failed: {rc:?}",
+                    a.ordinal(),
+                    b.ordinal()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn co_residency_divides_the_gpu_among_its_ranks() {
+        // 132 SMs x 2 blocks, 8 ranks on it: 33 each, capped at 32.
+        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 32);
+        assert_eq!(co_resident_blocks([(264, 8), (40, 4)]).unwrap(), 10);
+        assert!(co_resident_blocks([(4, 8)]).is_err());
+    }
+
+    #[test]
+    fn kernel_names_are_found_in_sources() {
+        let names = kernel_names(kernels::SOURCES[0].1);
+        assert!(
+            names.contains(&"tpar_oneshot_push_bf16".to_owned()),
+            "{names:?}"
+        );
+        assert_eq!(names.len(), 3);
+    }
+
+    #[test]
+    fn ipc_handles_round_trip_as_hex() {
+        let handle: [u8; 64] = std::array::from_fn(|i| (i * 7) as u8);
+        assert_eq!(unhex(&hex(&handle)), Some(handle));
+        assert_eq!(unhex("zz"), None);
+    }
+
+    #[test]
+    fn probe_explains_instead_of_panicking() {
+        // On a machine without a driver this must be an error with a reason, not a panic.
+        match probe() {
+            Ok(n) => assert!(n > 0),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Run-time compilation of tpar's kernels with NVRTC, to CUBIN for one architecture, cached on
+//! disk under a key of source hash, architecture and NVRTC version. Needs no GPU: CI compiles
+//! every kernel for every supported architecture with the `nvidia-cuda-nvrtc` wheel.
+//!
+//! NVRTC is found the way the dynamic loader finds libraries (`LD_LIBRARY_PATH`, the system
+//! cache); [`nvrtc_search_dirs`] lists where a CUDA toolkit or the pip wheel usually puts it,
+//! for the message when it is missing and for launchers that set `LD_LIBRARY_PATH`.
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::{Path, PathBuf};
+
+use cudarc::nvrtc::sys::{self, nvrtcResult};
+
+use crate::error::{Error, Result};
+
+/// Whether libnvrtc can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to dlopen the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Folders that commonly hold libnvrtc.so.13 (or .12): `TPAR_NVRTC_DIR`, `CUDA_HOME`,
+/// /usr/local/cuda*, and the pip wheels' `nvidia/cu13/lib` and `nvidia/cuda_nvrtc/lib` in
+/// every Python site-packages on `PYTHONPATH` and under the usual prefixes. Only folders that
+/// hold the library are returned.
+pub fn nvrtc_search_dirs() -> Vec<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(dir) = std::env::var("TPAR_NVRTC_DIR") {
+        candidates.push(dir.into());
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(home) = std::env::var(var) {
+            candidates.push(Path::new(&home).join("lib64"));
+            candidates.push(Path::new(&home).join("targets/x86_64-linux/lib"));
+        }
+    }
+    let mut roots: Vec<PathBuf> = vec!["/usr/local".into(), "/opt".into()];
+    if let Ok(home) = std::env::var("HOME") {
+        roots.push(Path::new(&home).join(".local/lib"));
+        roots.push(Path::new(&home).join(".pyenv/versions"));
+    }
+    for root in &roots {
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("cuda") {
+                candidates.push(path.join("lib64"));
+                candidates.push(path.join("targets/x86_64-linux/lib"));
+            }
+        }
+    }
+    let mut site_packages: Vec<PathBuf> = std::env::var("PYTHONPATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    if let Ok(prefix) = std::env::var("VIRTUAL_ENV") {
+        site_packages.extend(python_site_dirs(Path::new(&prefix)));
+    }
+    for root in &roots {
+        site_packages.extend(python_site_dirs(root));
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            site_packages.extend(python_site_dirs(&entry.path()));
+            site_packages.extend(python_site_dirs(&entry.path().join(".venv")));
+        }
+    }
+    for sp in site_packages {
+        candidates.push(sp.join("nvidia/cu13/lib"));
+        candidates.push(sp.join("nvidia/cuda_nvrtc/lib"));
+    }
+    let mut found = Vec::new();
+    for dir in candidates {
+        let has = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
+            .iter()
+            .any(|f| dir.join(f).exists());
+        if has && !found.contains(&dir) {
+            found.push(dir);
+        }
+    }
+    found
+}
+
+fn python_site_dirs(prefix: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(prefix.join("lib"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+        .map(|e| e.path().join("site-packages"))
+        .collect()
+}
+
+fn missing_nvrtc() -> Error {
+    let dirs = nvrtc_search_dirs();
+    let hint = if dirs.is_empty() {
+        "install it with `pip install nvidia-cuda-nvrtc` or a CUDA toolkit".to_owned()
+    } else {
+        format!(
+            "it is in {}: put that folder on LD_LIBRARY_PATH (the `tpar` command does this for its ranks)",
+            dirs[0].display()
+        )
+    };
+    Error::Compile(format!("NVRTC (libnvrtc.so) cannot be loaded; {hint}"))
+}
+
+fn check(what: &str, result: nvrtcResult) -> Result<()> {
+    if result == nvrtcResult::NVRTC_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Compile(format!("{what} failed: {result:?}")))
+    }
+}
+
+/// NVRTC's (major, minor) version.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    if !nvrtc_present() {
+        return Err(missing_nvrtc());
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two ints.
+    check("nvrtcVersion", unsafe {
+        sys::nvrtcVersion(&mut major, &mut minor)
+    })?;
+    Ok((major, minor))
+}
+
+/// Compiles `source` (with `headers` as includable files) to CUBIN for `sm_<arch>`.
+pub fn compile_cubin(
+    name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: u32,
+) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(missing_nvrtc());
+    }
+    let c = |s: &str| CString::new(s).expect("sources have no NUL");
+    let (c_source, c_name) = (c(source), c(name));
+    let header_sources: Vec<CString> = headers.iter().map(|(_, s)| c(s)).collect();
+    let header_names: Vec<CString> = headers.iter().map(|(n, _)| c(n)).collect();
+    let header_ptrs: Vec<*const c_char> = header_sources.iter().map(|s| s.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|s| s.as_ptr()).collect();
+    let options: Vec<CString> = [
+        format!("--gpu-architecture=sm_{arch}"),
+        "--std=c++17".to_owned(),
+        "--fmad=false".to_owned(), // sums must round exactly as the CPU reference does
+        "-default-device".to_owned(),
+    ]
+    .iter()
+    .map(|o| c(o))
+    .collect();
+    let option_ptrs: Vec<*const c_char> = options.iter().map(|s| s.as_ptr()).collect();
+
+    let mut program = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a live CString; counts match the arrays.
+    check("nvrtcCreateProgram", unsafe {
+        sys::nvrtcCreateProgram(
+            &mut program,
+            c_source.as_ptr(),
+            c_name.as_ptr(),
+            headers.len() as i32,
+            header_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    })?;
+    let result = (|| {
+        // SAFETY: program is live; the options array is valid for the call.
+        let compiled = unsafe {
+            sys::nvrtcCompileProgram(program, option_ptrs.len() as i32, option_ptrs.as_ptr())
+        };
+        if compiled != nvrtcResult::NVRTC_SUCCESS {
+            return Err(Error::Compile(format!(
+                "{name} for sm_{arch}: {compiled:?}\n{}",
+                program_log(program)
+            )));
+        }
+        let mut size = 0;
+        // SAFETY: program compiled.
+        check("nvrtcGetCUBINSize", unsafe {
+            sys::nvrtcGetCUBINSize(program, &mut size)
+        })?;
+        let mut cubin = vec![0u8; size];
+        // SAFETY: cubin has `size` bytes.
+        check("nvrtcGetCUBIN", unsafe {
+            sys::nvrtcGetCUBIN(program, cubin.as_mut_ptr() as *mut c_char)
+        })?;
+        Ok(cubin)
+    })();
+    // SAFETY: destroys the program once.
+    unsafe { sys::nvrtcDestroyProgram(&mut program) };
+    result
+}
+
+fn program_log(program: sys::nvrtcProgram) -> String {
+    let mut size = 0;
+    // SAFETY: program is live.
+    if unsafe { sys::nvrtcGetProgramLogSize(program, &mut size) } != nvrtcResult::NVRTC_SUCCESS {
+        return String::new();
+    }
+    let mut log = vec![0 as c_char; size.max(1)];
+    // SAFETY: log has `size` bytes.
+    unsafe { sys::nvrtcGetProgramLog(program, log.as_mut_ptr()) };
+    // SAFETY: NVRTC NUL-terminates the log.
+    unsafe { CStr::from_ptr(log.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Where compiled kernels are kept: `TPAR_CACHE_DIR`, else `$XDG_CACHE_HOME/tpar`, else
+/// `~/.cache/tpar`.
+pub fn cache_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("TPAR_CACHE_DIR") {
+        return dir.into();
+    }
+    let base = std::env::var("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(|_| std::env::temp_dir());
+    base.join("tpar").join("kernels")
+}
+
+/// [`compile_cubin`] through the disk cache.
+pub fn cached_cubin(
+    name: &str,
+    source: &str,
+    headers: &[(&str, &str)],
+    arch: u32,
+) -> Result<Vec<u8>> {
+    let (major, minor) = nvrtc_version()?;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for text in std::iter::once(source).chain(headers.iter().flat_map(|(n, s)| [*n, *s])) {
+        for b in text.bytes().chain([0u8]) {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    let stem = name.trim_end_matches(".cu");
+    let path = cache_dir().join(format!(
+        "{stem}-{hash:016x}-sm{arch}-nvrtc{major}.{minor}.cubin"
+    ));
+    if let Ok(cubin) = std::fs::read(&path) {
+        if !cubin.is_empty() {
+            return Ok(cubin);
+        }
+    }
+    let cubin = compile_cubin(name, source, headers, arch)?;
+    // A cache that cannot be written only costs a compile next time.
+    if std::fs::create_dir_all(path.parent().expect("has a parent")).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &cubin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok(cubin)
+}
