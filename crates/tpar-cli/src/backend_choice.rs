@@ -9,40 +9,61 @@ pub enum BackendArg {
     Auto,
     /// POSIX shared memory between processes on this host.
     Cpu,
-    /// NVIDIA GPUs.
+    /// NVIDIA GPUs (driver and NVRTC loaded at run time).
     Cuda,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     Cpu,
+    Cuda,
 }
 
 impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
         }
     }
 }
 
 /// The backend to run and, for `auto` falling back to the CPU, the note to show the user.
 pub fn resolve(requested: BackendArg) -> Result<(Backend, Option<String>)> {
-    const NO_CUDA_YET: &str = "this build of tpar has no CUDA backend yet";
     match requested {
         BackendArg::Cpu => Ok((Backend::Cpu, None)),
-        BackendArg::Cuda => {
-            bail!("--backend cuda: {NO_CUDA_YET}; run with --backend cpu (or auto)")
-        }
-        BackendArg::Auto => {
-            let why = match tpar::backend::visible_nvidia_gpus() {
-                Ok(n) => format!("{n} NVIDIA GPU(s) visible, but {NO_CUDA_YET}"),
-                Err(reason) => format!("no usable GPU: {reason}"),
-            };
-            Ok((
+        BackendArg::Cuda => match tpar::backend::cuda::probe() {
+            Ok(_) => Ok((Backend::Cuda, None)),
+            Err(why) => bail!("--backend cuda: {why}; run with --backend cpu (or auto)"),
+        },
+        BackendArg::Auto => match tpar::backend::cuda::probe() {
+            Ok(_) => Ok((Backend::Cuda, None)),
+            Err(why) => Ok((
                 Backend::Cpu,
-                Some(format!("note: {why}; running the CPU backend")),
-            ))
-        }
+                Some(format!(
+                    "note: no usable GPU ({why}); running the CPU backend"
+                )),
+            )),
+        },
     }
+}
+
+/// "NVIDIA H200, driver 580.159.04" for the first GPU, from the driver's /proc file.
+pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
+    let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_owned());
+    let driver = std::fs::read_to_string("/proc/driver/nvidia/version")
+        .ok()
+        .and_then(|v| {
+            v.split_whitespace()
+                .find(|w| {
+                    w.chars().filter(|c| *c == '.').count() >= 1
+                        && w.chars().next().is_some_and(|c| c.is_ascii_digit())
+                })
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    let cuda = tpar::backend::cuda::driver::driver_version()
+        .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
+        .unwrap_or_default();
+    format!("cuda: {gpus} x {name}, driver {driver} (CUDA {cuda})")
 }

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tpar::memory::human_bytes;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
@@ -14,10 +13,12 @@ use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 use crate::args::{parse_algorithms, parse_list, parse_seconds, parse_size, sizes_to_counts};
 use crate::backend_choice::{resolve, Backend, BackendArg};
 use crate::known::{total_across_ranks, KnownData};
+use crate::progress::Progress;
 use crate::ranks::{run_ranks, world_size_or, Rank};
 use crate::report::{cpu_device, write_json, Provenance, Table};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
+pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -28,15 +29,23 @@ pub struct BenchArgs {
     /// launcher (TPAR_RENDEZVOUS, RANK, WORLD_SIZE set) the environment decides.
     #[arg(long, short = 'n')]
     world_size: Option<usize>,
-    /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024.
-    #[arg(long, default_value = DEFAULT_SIZES)]
-    sizes: String,
-    /// Algorithms to time, comma-separated: one-shot, two-shot.
-    #[arg(long, default_value = "one-shot,two-shot")]
-    algos: String,
-    /// Timed calls per size and algorithm.
+    /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024
+    /// [default: cpu 1K..4M, cuda 4K..8M including 42K].
+    #[arg(long)]
+    sizes: Option<String>,
+    /// Algorithms to time, comma-separated: one-shot, two-shot, and on CUDA one-shot-pull,
+    /// host-staged [default: all the backend has].
+    #[arg(long)]
+    algos: Option<String>,
+    /// Timed calls per size and algorithm (CUDA: timed graph replays).
     #[arg(long, default_value_t = 100)]
     iters: usize,
+    /// CUDA: allreduces per rank in the timed graph; the figure is the replay time over this.
+    #[arg(long, default_value_t = 50)]
+    chain: usize,
+    /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
+    #[arg(long)]
+    processes: bool,
     /// Untimed calls before timing (default: a tenth of --iters, at least 5).
     #[arg(long)]
     warmup: Option<usize>,
@@ -95,19 +104,53 @@ pub fn default_world_size() -> usize {
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     // Everything is checked before any rank starts.
-    let world_size = world_size_or(args.world_size, default_world_size())?;
-    let dtype = args.dtype;
-    let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
-    let counts = sizes_to_counts(&bytes, dtype)?;
-    if args.iters == 0 {
-        bail!("--iters must be at least 1");
-    }
     let (backend, note) = resolve(args.backend)?;
+    let default_world = match backend {
+        Backend::Cpu => default_world_size(),
+        Backend::Cuda => crate::cuda_ranks::device_count()?,
+    };
+    let world_size = world_size_or(args.world_size, default_world)?;
+    let dtype = args.dtype;
+    let default_sizes = if backend == Backend::Cuda {
+        DEFAULT_CUDA_SIZES
+    } else {
+        DEFAULT_SIZES
+    };
+    let bytes = parse_list(
+        args.sizes.as_deref().unwrap_or(default_sizes),
+        "sizes",
+        parse_size,
+    )?;
+    let counts = sizes_to_counts(&bytes, dtype)?;
+    if args.iters == 0 || args.chain == 0 {
+        bail!("--iters and --chain must be at least 1");
+    }
+    let algorithms = match &args.algos {
+        Some(list) => parse_algorithms(list)?,
+        None if backend == Backend::Cuda => Algorithm::ALL.to_vec(),
+        None => CpuCommunicator::ALGORITHMS.to_vec(),
+    };
+    if backend == Backend::Cuda {
+        return crate::cuda_commands::bench(
+            args.processes,
+            world_size,
+            crate::cuda_bench::CudaBenchPlan {
+                sizes: bytes.into_iter().zip(counts).collect(),
+                algorithms,
+                dtype,
+                replays: args.iters,
+                warmup: args.warmup.unwrap_or(5),
+                chain: args.chain,
+            },
+            parse_seconds(&args.timeout)?,
+            args.json,
+        );
+    }
     let plan = BenchPlan {
         backend,
         note,
         sizes: bytes.into_iter().zip(counts).collect(),
-        algorithms: parse_algorithms(&args.algos)?,
+        algorithms,
         iters: args.iters,
         warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
         dtype,
@@ -135,15 +178,11 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let mut output = vec![0u8; max_count * plan.dtype.size()];
 
     let configs = plan.sizes.len() * plan.algorithms.len();
-    let progress = if leader {
-        progress_bar(configs as u64)
-    } else {
-        ProgressBar::hidden()
-    };
+    let mut progress = Progress::new(leader, configs);
     let mut rows = Vec::with_capacity(configs);
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.algorithms {
-            progress.set_message(format!("{} {algo}", human_bytes(bytes)));
+            progress.step(format!("{} {algo}", human_bytes(bytes)));
             let out = &mut output[..count * plan.dtype.size()];
             total_across_ranks(&mut comm, 0)?; // start together
             for i in 0..plan.warmup {
@@ -168,10 +207,9 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
                 busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
                 correct: wrong == 0,
             });
-            progress.inc(1);
         }
     }
-    progress.finish_and_clear();
+    progress.finish();
     if !leader {
         return Ok(());
     }
@@ -242,16 +280,6 @@ fn render(report: &BenchReport) -> String {
         human_bytes(report.memory_per_rank_bytes),
         table.render()
     )
-}
-
-fn progress_bar(len: u64) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
 }
 
 /// Nearest-rank percentile of sorted samples, in microseconds.

@@ -7,8 +7,13 @@
 mod args;
 mod backend_choice;
 mod bench;
+mod cuda_bench;
+mod cuda_commands;
+mod cuda_ranks;
+mod cuda_selftest;
 mod debug_rank;
 mod known;
+mod progress;
 mod ranks;
 mod report;
 mod selftest;
@@ -28,7 +33,9 @@ for all ranks, e.g. `openssl rand -hex 16`), RANK and WORLD_SIZE (torchrun sets 
 Examples:
   tpar bench                                  # default sweep, default backend
   tpar bench --backend cpu -n 4 --sizes 4K,256K --json -
-  tpar selftest --backend cpu -n 8";
+  tpar selftest --backend cpu -n 8
+  tpar selftest --backend cuda -n 8            # 8 ranks on the GPU(s) of this host
+  tpar bench --backend cuda -n 2 --json out.json";
 
 #[derive(Parser, Debug)]
 #[command(name = "tpar", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TPAR_GIT_COMMIT"), ")"), about = ABOUT, after_help = AFTER_HELP)]
@@ -48,7 +55,43 @@ enum Command {
     DebugRank(debug_rank::DebugRankArgs),
 }
 
+/// Puts NVRTC on the library path when it is installed but not findable (pip's wheel, a CUDA
+/// toolkit outside the loader's path), by starting this program again with LD_LIBRARY_PATH
+/// extended: the loader reads it only at start-up. Also lets more than 8 ranks share one GPU
+/// without their streams being serialised onto the same hardware queue.
+fn prepare_cuda_environment() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+    }
+    if std::env::var_os("TPAR_LIBRARY_PATH_SET").is_some()
+        || tpar::backend::cuda::nvrtc::nvrtc_present()
+    {
+        return;
+    }
+    let Some(dir) = tpar::backend::cuda::nvrtc::nvrtc_search_dirs()
+        .into_iter()
+        .next()
+    else {
+        return;
+    };
+    let mut path = dir.into_os_string();
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("LD_LIBRARY_PATH", path)
+            .env("TPAR_LIBRARY_PATH_SET", "1")
+            .exec();
+        eprintln!("tpar: note: could not restart with NVRTC on LD_LIBRARY_PATH ({err})");
+    }
+}
+
 fn main() -> ExitCode {
+    prepare_cuda_environment();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::run(args),

@@ -11,7 +11,7 @@ use clap::Args;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
 
 use crate::args::{parse_algorithms, parse_dtypes, parse_list, parse_seconds};
-use crate::backend_choice::{resolve, BackendArg};
+use crate::backend_choice::{resolve, Backend, BackendArg};
 use crate::bench::default_world_size;
 use crate::known::{total_across_ranks, KnownData};
 use crate::ranks::{run_ranks, world_size_or, Rank};
@@ -31,9 +31,15 @@ pub struct SelftestArgs {
     /// Element types, comma-separated.
     #[arg(long, default_value = "f32,f16,bf16")]
     dtypes: String,
-    /// Algorithms, comma-separated.
-    #[arg(long, default_value = "one-shot,two-shot")]
-    algos: String,
+    /// Algorithms, comma-separated [default: all the backend has].
+    #[arg(long)]
+    algos: Option<String>,
+    /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
+    #[arg(long)]
+    processes: bool,
+    /// CUDA: replays of the graph that gets new inputs before every replay.
+    #[arg(long, default_value_t = 1000)]
+    replays: usize,
     /// Seconds a rank waits for a peer in the sweep.
     #[arg(long, default_value = "30", value_name = "SECONDS")]
     timeout: String,
@@ -55,14 +61,40 @@ struct Plan {
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
-    let world_size = world_size_or(args.world_size, default_world_size())?;
-    let (_, note) = resolve(args.backend)?;
+    let (backend, note) = resolve(args.backend)?;
+    let default_world = match backend {
+        Backend::Cpu => default_world_size(),
+        Backend::Cuda => crate::cuda_ranks::device_count()?,
+    };
+    let world_size = world_size_or(args.world_size, default_world)?;
+    let algorithms = match &args.algos {
+        Some(list) => parse_algorithms(list)?,
+        None if backend == Backend::Cuda => Algorithm::ALL.to_vec(),
+        None => CpuCommunicator::ALGORITHMS.to_vec(),
+    };
+    let counts = parse_list(&args.counts, "counts", |s| Ok(s.trim().parse::<usize>()?))?;
+    let dtypes = parse_dtypes(&args.dtypes)?;
+    let timeout = parse_seconds(&args.timeout)?;
+    if backend == Backend::Cuda {
+        return crate::cuda_commands::selftest(
+            args.processes,
+            world_size,
+            crate::cuda_selftest::CudaPlan {
+                counts,
+                dtypes,
+                algorithms,
+                timeout,
+                timeout_case: !args.no_timeout_case && world_size > 1,
+                replays: args.replays,
+            },
+        );
+    }
     let plan = Plan {
         note,
-        counts: parse_list(&args.counts, "counts", |s| Ok(s.trim().parse::<usize>()?))?,
-        dtypes: parse_dtypes(&args.dtypes)?,
-        algorithms: parse_algorithms(&args.algos)?,
-        timeout: parse_seconds(&args.timeout)?,
+        counts,
+        dtypes,
+        algorithms,
+        timeout,
         timeout_case: !args.no_timeout_case && world_size > 1,
     };
     run_ranks(world_size, plan.timeout, |rank| selftest_rank(rank, &plan))

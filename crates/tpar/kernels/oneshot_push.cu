@@ -1,7 +1,8 @@
 // One-shot push with the LL protocol: every rank stores its input, tagged, into its slot of
 // every peer's inbox (posted writes), then polls only its own inbox until every slot carries
-// this epoch's tag, and reduces in rank order. With the inboxes in pinned host memory mapped
-// into every GPU this is also the host-staged algorithm.
+// this epoch's tag, and reduces in rank order, taking its own term straight from its input
+// (the same thread read it for the push, so in-place calls stay safe). With the inboxes in
+// pinned host memory mapped into every GPU this is also the host-staged algorithm.
 #include "tpar_ll.cuh"
 
 template <int DT>
@@ -17,21 +18,15 @@ __device__ void oneshot_push(const TparArgs& a) {
     push_header(a, epoch, tag, DT);
     for (u64 i = tid; i < lines; i += stride) {
         u64 line = pack_line(tag, load_word<DT>(a.input, i, a.count));
-        for (u32 p = 0; p < a.world_size; ++p) st_sys(a.inboxes[p] + my_slot + i, line);
+        for (u32 p = 0; p < a.world_size; ++p) {
+            if (p != a.rank) st_sys(a.inboxes[p] + my_slot + i, line);
+        }
     }
 
-    const u64* own = a.inboxes[a.rank];
     if (!check_header(a, epoch, tag, DT, start)) goto done;
     for (u64 i = tid; i < lines; i += stride) {
         float acc[2] = {0.f, 0.f};
-        for (u32 r = 0; r < a.world_size; ++r) {
-            u32 w;
-            if (!wait_line(a, own + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i, tag, r,
-                           TPAR_PHASE_ONE_SHOT, start, &w)) goto done;
-            float v[2];
-            Lanes<DT>::unpack(w, v);
-            for (int k = 0; k < Lanes<DT>::PER_WORD; ++k) acc[k] = (r == 0) ? v[k] : acc[k] + v[k];
-        }
+        if (!reduce_line<DT>(a, epoch, tag, i, TPAR_PHASE_ONE_SHOT, start, load_word<DT>(a.input, i, a.count), acc)) goto done;
         store_word<DT>(a.output, i, a.count, Lanes<DT>::pack(acc));
     }
 done:

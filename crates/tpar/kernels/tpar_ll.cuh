@@ -221,18 +221,53 @@ __device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 pe
 
 // Spins until the line at `p` carries `tag`; false (with the error word set, or already set by
 // someone else) when the deadline passes first.
+// Between polls a waiting thread sleeps a little (32 ns, doubling to 512 ns): thousands of
+// spinning threads otherwise flood the memory system (or, for host-staged inboxes, the PCIe
+// link) that the data they wait for must cross.
 __device__ __forceinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
                                           u64 start, u32* word) {
     u64 v = ld_sys(p);
-    u32 spins = 0;
+    u32 spins = 0, pause = 32;
     while ((u32)(v >> 32) != tag) {
-        if ((++spins & 1023u) == 0) {
+        __nanosleep(pause);
+        pause = pause < 512 ? pause * 2 : 512;
+        if ((++spins & 255u) == 0) {
             if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, phase, 0, 0); return false; }
             if (ld_sys(a.error) != 0) return false;
         }
         v = ld_sys(p);
     }
     *word = (u32)v;
+    return true;
+}
+
+// Line `i` of every rank's stage-one slot, summed in rank order into `acc`; this rank's own
+// term is `own` (read from its input, not through its inbox). All loads are issued before any
+// is checked, so the peers' latencies overlap instead of adding up.
+template <int DT>
+__device__ __forceinline__ bool reduce_line(const TparArgs& a, u64 epoch, u32 tag, u64 i, u32 phase, u64 start,
+                                            u32 own, float* acc) {
+    const u64* inbox = a.inboxes[a.rank];
+    u64 v[TPAR_MAX_RANKS];
+#pragma unroll
+    for (u32 r = 0; r < TPAR_MAX_RANKS; ++r) {
+        if (r < a.world_size && r != a.rank) v[r] = ld_sys(inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i);
+    }
+#pragma unroll
+    for (u32 r = 0; r < TPAR_MAX_RANKS; ++r) {
+        if (r >= a.world_size) break;
+        u32 w = own;
+        if (r != a.rank) {
+            if ((u32)(v[r] >> 32) == tag) {
+                w = (u32)v[r];
+            } else if (!wait_line(a, inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i, tag, r, phase, start, &w)) {
+                return false;
+            }
+        }
+        float x[2];
+        Lanes<DT>::unpack(w, x);
+        for (int k = 0; k < Lanes<DT>::PER_WORD; ++k) acc[k] = (r == 0) ? x[k] : acc[k] + x[k];
+    }
     return true;
 }
 
@@ -250,12 +285,12 @@ __device__ __forceinline__ u32 header_word(const TparArgs& a, int i, int dtype) 
     }
 }
 
-// Block 0 pushes this rank's header into stage-one slot `rank` of every inbox.
+// Block 0 pushes this rank's header into stage-one slot `rank` of every peer's inbox.
 __device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 tag, int dtype) {
     if (blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES) {
         u64 line = pack_line(tag, header_word(a, threadIdx.x, dtype));
         for (u32 p = 0; p < a.world_size; ++p) {
-            st_sys(a.inboxes[p] + stage_one_slot(a, epoch, a.rank) + threadIdx.x, line);
+            if (p != a.rank) st_sys(a.inboxes[p] + stage_one_slot(a, epoch, a.rank) + threadIdx.x, line);
         }
     }
 }
@@ -263,12 +298,14 @@ __device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 ta
 // Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
 // algorithm, chunk) and reports the first word that differs with the peer's value.
 __device__ __forceinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
-    if (blockIdx.x != 0 || threadIdx.x >= a.world_size) return true;
+    if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return true;
     u32 peer = threadIdx.x;
     const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+    u64 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = ld_sys(slot + 2 + i);  // all in flight at once
     for (int i = 2; i <= 5; ++i) {
-        u32 w;
-        if (!wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
+        u32 w = (u32)v[i - 2];
+        if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
         if (w != header_word(a, i, dtype)) {
             report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
             return false;

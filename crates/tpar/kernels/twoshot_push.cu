@@ -1,7 +1,8 @@
 // Two-shot push with the LL protocol: reduce-scatter (each rank pushes to every owner the
 // lines it owns; the owner reduces them in rank order) then all-gather (each owner pushes its
 // reduced lines into every rank's gather slot). Each rank moves 2 (n-1)/n of the message
-// instead of (n-1) times it, for mid-size messages.
+// instead of (n-1) times it, for mid-size messages. A rank's own share never travels: it
+// reads its own term from its input.
 #include "tpar_ll.cuh"
 
 template <int DT>
@@ -22,20 +23,15 @@ __device__ void twoshot_push(const TparArgs& a) {
     push_header(a, epoch, tag, DT);
     for (u64 i = tid; i < lines; i += stride) {
         u32 owner = owner_of_line(lines, n, i);
-        st_sys(a.inboxes[owner] + my_slot + i, pack_line(tag, load_word<DT>(a.input, i, a.count)));
+        if (owner != a.rank) st_sys(a.inboxes[owner] + my_slot + i, pack_line(tag, load_word<DT>(a.input, i, a.count)));
     }
     if (!check_header(a, epoch, tag, DT, start)) goto done;
 
     for (u64 i = mine_begin + tid; i < mine_end; i += stride) {
         float acc[2] = {0.f, 0.f};
-        for (u32 r = 0; r < n; ++r) {
-            u32 w;
-            if (!wait_line(a, own + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i, tag, r,
-                           TPAR_PHASE_REDUCE_SCATTER, start, &w)) goto done;
-            float v[2];
-            Lanes<DT>::unpack(w, v);
-            for (int k = 0; k < Lanes<DT>::PER_WORD; ++k) acc[k] = (r == 0) ? v[k] : acc[k] + v[k];
-        }
+        // Our own lines never left: the term comes from the input (the thread that writes
+        // output line i later waits for this thread's gather line, so in place stays safe).
+        if (!reduce_line<DT>(a, epoch, tag, i, TPAR_PHASE_REDUCE_SCATTER, start, load_word<DT>(a.input, i, a.count), acc)) goto done;
         u64 line = pack_line(tag, Lanes<DT>::pack(acc));
         for (u32 p = 0; p < n; ++p) st_sys(a.inboxes[p] + gather + i, line);
     }

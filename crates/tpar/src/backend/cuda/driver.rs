@@ -10,7 +10,7 @@ use std::ffi::{c_void, CString};
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::{Error, Result};
 use crate::sys::SharedSegment;
@@ -109,7 +109,12 @@ impl DeviceMemory {
         // SAFETY: copies data.len() bytes into our allocation (synchronous).
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(self.ptr, data.as_ptr() as *const c_void, data.len())
-        })
+        })?;
+        // From pageable memory the copy may still be in flight when cuMemcpyHtoD returns, and
+        // the communicators' streams do not wait for the legacy stream: finish it here.
+        self.ctx
+            .synchronize()
+            .map_err(|e| Error::Cuda(format!("synchronise after upload: {e}")))
     }
 
     pub fn download(&self, out: &mut [u8]) -> Result<()> {
@@ -411,4 +416,34 @@ impl Function {
             ),
         )
     }
+}
+
+/// Queues a copy of `bytes` from `src` to `dst` (device to device) on `stream`.
+pub fn copy_device_async(
+    dst: &DeviceMemory,
+    src: &DeviceMemory,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    assert!(bytes <= dst.bytes && bytes <= src.bytes);
+    bind(&dst.ctx)?;
+    // SAFETY: both ranges lie inside our allocations; the stream is live.
+    check("cuMemcpyDtoDAsync", unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, stream.cu_stream())
+    })
+}
+
+/// Queues a copy of `bytes` from device memory into mapped pinned host memory on `stream`.
+pub fn copy_to_host_async(
+    dst: &MappedHostMemory,
+    src: &DeviceMemory,
+    bytes: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    assert!(bytes <= dst.bytes && bytes <= src.bytes);
+    bind(&src.ctx)?;
+    // SAFETY: both ranges lie inside our allocations; the stream is live.
+    check("cuMemcpyDtoHAsync", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst.host, src.ptr, bytes, stream.cu_stream())
+    })
 }

@@ -631,7 +631,7 @@ impl CudaCommunicator {
     }
 
     /// Launches the empty kernel with the allreduce's launch shape: the fixed cost floor.
-    pub fn launch_empty(&self, stream: CUstream) -> Result<()> {
+    pub fn launch_empty(&self, stream: &cudarc::driver::CudaStream) -> Result<()> {
         driver::bind(&self.ctx)?;
         let args = KernelArgs {
             input: 0,
@@ -650,7 +650,7 @@ impl CudaCommunicator {
         };
         let f = self.kernels.get(kernels::EMPTY_KERNEL.1);
         // SAFETY: the empty kernel touches nothing.
-        unsafe { f.launch(1, THREADS, stream, &args) }
+        unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }
 }
 

@@ -1,0 +1,289 @@
+//! `tpar bench --backend cuda`: times every algorithm by CUDA-graph replay. For each size it
+//! reports the cost per allreduce inside a chain of many (how an engine's decode graph sees
+//! it), the cost of a graph holding a single allreduce (mostly launch and fork/join), and in
+//! the same run the floors of that path: the same graphs with an empty kernel, and the bytes
+//! the algorithm must move over the bandwidth measured on this machine. Every configuration's
+//! result is checked bitwise, eagerly and after the replays.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaGraph;
+use serde::Serialize;
+use tpar::backend::cuda::driver::{
+    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
+};
+use tpar::{Algorithm, DType};
+
+use crate::cuda_ranks::CudaRanks;
+
+pub struct CudaBenchPlan {
+    pub sizes: Vec<(u64, usize)>,
+    pub algorithms: Vec<Algorithm>,
+    pub dtype: DType,
+    pub replays: usize,
+    pub warmup: usize,
+    pub chain: usize,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct CudaRow {
+    pub bytes: u64,
+    pub algo: String,
+    /// Per allreduce, in a graph of `chain` allreduces per rank (median over replays).
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub busbw_gbps: f64,
+    pub correct: bool,
+    /// A graph holding one allreduce per rank, per replay (median).
+    pub graph_single_us: f64,
+    /// Bytes this algorithm moves through the bottleneck (device memory of the shared GPU, or
+    /// the PCIe link for host-staged) over the bandwidth measured in this run.
+    pub wire_floor_us: f64,
+    /// Allreduces per rank in the timed graph and timed replays, fewer than asked for where one
+    /// call is slow (so that a row takes about a second).
+    pub chain: usize,
+    pub replays: usize,
+    /// Set when the algorithm cannot run here, with the reason; the figures are then zero.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Floors {
+    /// An empty kernel per rank in a chain graph, per kernel.
+    pub empty_chain_us: f64,
+    /// A graph with one empty kernel per rank, per replay.
+    pub empty_single_us: f64,
+    /// Device-to-device copy, counting bytes read and written.
+    pub device_copy_gbps: f64,
+    /// Device to pinned host memory over PCIe.
+    pub device_to_host_gbps: f64,
+}
+
+/// Replays `graph` `warmup + replays` times, timing each replay with events on its stream.
+fn time_replays(
+    group: &CudaRanks,
+    graph: &CudaGraph,
+    warmup: usize,
+    replays: usize,
+) -> Result<Vec<f64>> {
+    let stream = &group.streams[0];
+    for _ in 0..warmup {
+        graph.launch()?;
+    }
+    let mut events = Vec::with_capacity(replays);
+    for _ in 0..replays {
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        graph.launch()?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        events.push((start, end));
+    }
+    group.synchronize()?;
+    let mut us: Vec<f64> = events
+        .iter()
+        .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3))
+        .collect::<Result<_, _>>()?;
+    us.sort_by(f64::total_cmp);
+    Ok(us)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Bytes through the bottleneck per allreduce of `bytes` on `n` ranks sharing one GPU (or, for
+/// host-staged, one PCIe link): LL lines carry 4 bytes in 8, so pushed data counts double.
+fn bottleneck_bytes(algorithm: Algorithm, n: f64, bytes: f64) -> f64 {
+    match algorithm {
+        // n ranks each write 2B into n inboxes and read n slots of 2B.
+        Algorithm::OneShot => 4.0 * n * n * bytes,
+        // Reduce-scatter and all-gather each write and read about 2B per rank, twice.
+        Algorithm::TwoShot => 8.0 * n * bytes,
+        // Each rank writes B once; every rank reads every rank's B.
+        Algorithm::OneShotPull => n * bytes + n * n * bytes,
+        // Over PCIe, per direction: n x n x 2B written to host memory (and as much read back).
+        Algorithm::HostStaged => 2.0 * n * n * bytes,
+    }
+}
+
+pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
+    let chain = group.capture(|i, s| {
+        for _ in 0..plan.chain {
+            group.comms[i].launch_empty(s)?;
+        }
+        Ok(())
+    })?;
+    let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
+    let single = group.capture(|i, s| Ok(group.comms[i].launch_empty(s)?))?;
+    let single_us = time_replays(group, &single, plan.warmup, plan.replays)?;
+
+    let ctx = group.comms[0].context();
+    let stream = &group.streams[0];
+    let bytes = 256 << 20;
+    let (a, b) = (
+        DeviceMemory::zeroed(ctx, bytes)?,
+        DeviceMemory::zeroed(ctx, bytes)?,
+    );
+    let pinned = MappedHostMemory::zeroed(ctx, 64 << 20)?;
+    let mut copy_us = Vec::new();
+    let mut d2h_us = Vec::new();
+    for _ in 0..5 {
+        let t0 = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        copy_device_async(&b, &a, bytes, stream)?;
+        let t1 = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        copy_to_host_async(&pinned, &a, 64 << 20, stream)?;
+        let t2 = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        stream.synchronize()?;
+        copy_us.push(f64::from(t0.elapsed_ms(&t1)?) * 1e3);
+        d2h_us.push(f64::from(t1.elapsed_ms(&t2)?) * 1e3);
+    }
+    copy_us.sort_by(f64::total_cmp);
+    d2h_us.sort_by(f64::total_cmp);
+    Ok(Floors {
+        empty_chain_us: percentile(&chain_us, 50.0) / plan.chain as f64,
+        empty_single_us: percentile(&single_us, 50.0),
+        device_copy_gbps: 2.0 * bytes as f64 / (copy_us[2] * 1e3),
+        device_to_host_gbps: (64u64 << 20) as f64 / (d2h_us[2] * 1e3),
+    })
+}
+
+pub fn run(
+    group: &mut CudaRanks,
+    plan: &CudaBenchPlan,
+    floors: &Floors,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<CudaRow>> {
+    let dtype = plan.dtype;
+    let n = group.world_size as f64;
+    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
+    let known = group.known(dtype, max_count, [41, 42]);
+    let buffers = group.buffers(max_count * dtype.size())?;
+    group.upload_inputs(&buffers, &known, max_count)?;
+    let mut rows = Vec::new();
+    for &(bytes, count) in &plan.sizes {
+        for &algo in &plan.algorithms {
+            progress(&format!("{} {algo}", tpar::memory::human_bytes(bytes)));
+            let mut row = CudaRow {
+                bytes,
+                algo: algo.name().to_owned(),
+                p50_us: 0.0,
+                p99_us: 0.0,
+                busbw_gbps: 0.0,
+                correct: false,
+                graph_single_us: 0.0,
+                wire_floor_us: 0.0,
+                chain: 0,
+                replays: 0,
+                skipped: None,
+            };
+            if let Err(why) = group.comms[0].supports(algo) {
+                row.skipped = Some(why);
+                row.correct = true;
+                rows.push(row);
+                continue;
+            }
+            let mut wrong = 0;
+            let mut eager = Duration::ZERO;
+            for variant in 0..2 {
+                let start = Instant::now();
+                group.launch(&buffers, dtype, count, algo, variant, false)?;
+                group.synchronize()?;
+                eager = start.elapsed();
+                wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+            }
+            // About 20 ms per replay and one second per row at most: large host-staged calls
+            // take milliseconds each.
+            let per_call = eager.as_secs_f64().max(1e-6);
+            let chain_len = plan.chain.min(((0.02 / per_call) as usize).max(1));
+            let replays = plan
+                .replays
+                .min(((1.0 / (per_call * chain_len as f64)) as usize).max(5));
+            row.chain = chain_len;
+            row.replays = replays;
+
+            let chain = group.capture(|i, s| {
+                for k in 0..chain_len {
+                    let b = &buffers[i];
+                    // SAFETY: buffers outlive the graph, which is dropped in this scope.
+                    unsafe {
+                        group.comms[i].all_reduce_raw(
+                            dtype,
+                            Some(b.inputs[k % 2].ptr()),
+                            b.output.ptr(),
+                            count,
+                            algo,
+                            s.cu_stream(),
+                        )?
+                    };
+                }
+                Ok(())
+            })?;
+            let chain_us = time_replays(group, &chain, plan.warmup.min(replays), replays)?;
+            wrong += group.wrong_outputs(&buffers, &known, count, (chain_len - 1) % 2, dtype)?;
+            drop(chain);
+
+            let single = group.capture(|i, s| {
+                let b = &buffers[i];
+                // SAFETY: as above.
+                unsafe {
+                    group.comms[i].all_reduce_raw(
+                        dtype,
+                        Some(b.inputs[0].ptr()),
+                        b.output.ptr(),
+                        count,
+                        algo,
+                        s.cu_stream(),
+                    )?
+                };
+                Ok(())
+            })?;
+            let single_us = time_replays(group, &single, plan.warmup.min(replays), replays)?;
+            wrong += group.wrong_outputs(&buffers, &known, count, 0, dtype)?;
+            drop(single);
+
+            let wrong = group.total(wrong)?;
+            row.p50_us = percentile(&chain_us, 50.0) / chain_len as f64;
+            row.p99_us = percentile(&chain_us, 99.0) / chain_len as f64;
+            row.graph_single_us = percentile(&single_us, 50.0);
+            row.busbw_gbps = if n > 1.0 {
+                bytes as f64 / (row.p50_us * 1e3) * 2.0 * (n - 1.0) / n
+            } else {
+                0.0
+            };
+            let bandwidth = if algo == Algorithm::HostStaged {
+                floors.device_to_host_gbps
+            } else {
+                floors.device_copy_gbps
+            };
+            row.wire_floor_us = bottleneck_bytes(algo, n, bytes as f64) / (bandwidth * 1e3);
+            row.correct = wrong == 0;
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 5.0);
+        assert_eq!(percentile(&v, 99.0), 10.0);
+    }
+
+    #[test]
+    fn one_shot_moves_the_most_bytes_at_many_ranks() {
+        let n = 8.0;
+        assert!(
+            bottleneck_bytes(Algorithm::OneShot, n, 1.0)
+                > bottleneck_bytes(Algorithm::TwoShot, n, 1.0)
+        );
+        assert_eq!(bottleneck_bytes(Algorithm::HostStaged, 2.0, 1.0), 8.0);
+    }
+}

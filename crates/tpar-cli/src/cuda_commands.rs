@@ -1,0 +1,199 @@
+//! The CUDA paths of `tpar bench` and `tpar selftest`: one process driving every rank (the
+//! default), or one process per rank (`--processes`, or when started by an outside launcher),
+//! and the reports they print.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+use tpar::memory::human_bytes;
+use tpar::{DType, RankEnv};
+
+use crate::backend_choice::cuda_device;
+use crate::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
+use crate::cuda_ranks::CudaRanks;
+use crate::cuda_selftest::{self, CudaPlan};
+use crate::progress::Progress;
+use crate::ranks::run_ranks;
+use crate::report::{write_json, Provenance, Table};
+
+fn as_processes(flag: bool) -> Result<bool> {
+    Ok(flag || RankEnv::from_env()?.is_some())
+}
+
+fn config(timeout: Duration) -> tpar::backend::cuda::CudaConfig {
+    tpar::backend::cuda::CudaConfig {
+        timeout,
+        ..Default::default()
+    }
+}
+
+pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
+    let body = |make: &dyn Fn(tpar::backend::cuda::CudaConfig) -> Result<CudaRanks>,
+                mode: &str|
+     -> Result<()> {
+        let (rows, failed, table) = cuda_selftest::run(make, &plan)?;
+        if let Some(table) = table {
+            println!("tpar selftest: cuda backend, {world_size} ranks ({mode}); each row checked bitwise against the exact sum\n{table}");
+            println!("selftest: {} passed, {failed} failed", rows - failed);
+        }
+        if failed > 0 {
+            bail!("{failed} of {rows} selftest rows failed");
+        }
+        Ok(())
+    };
+    if as_processes(processes)? {
+        run_ranks(world_size, plan.timeout, |rank| {
+            body(
+                &|c| CudaRanks::process(&rank, c),
+                "one process per rank, CUDA IPC",
+            )
+        })
+    } else {
+        body(
+            &|c| CudaRanks::threads(world_size, c),
+            "one process, a stream per rank",
+        )?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[derive(Serialize)]
+struct CudaReport {
+    backend: &'static str,
+    world_size: usize,
+    mode: &'static str,
+    dtype: DType,
+    #[serde(flatten)]
+    provenance: Provenance,
+    replays: usize,
+    warmup: usize,
+    chain: usize,
+    timing: &'static str,
+    memory_per_rank_bytes: u64,
+    max_blocks_per_rank: u32,
+    floors: Floors,
+    results: Vec<CudaRow>,
+}
+
+pub fn bench(
+    processes: bool,
+    world_size: usize,
+    plan: CudaBenchPlan,
+    timeout: Duration,
+    json: Option<String>,
+) -> Result<ExitCode> {
+    let body = |mut group: CudaRanks, mode: &'static str| -> Result<()> {
+        let leader = group.is_leader();
+        let mut progress = Progress::new(leader, plan.sizes.len() * plan.algorithms.len());
+        let floors = cuda_bench::measure_floors(&group, &plan)?;
+        let rows = cuda_bench::run(&mut group, &plan, &floors, |what| {
+            progress.step(what.to_owned())
+        })?;
+        progress.finish();
+        if !leader {
+            return Ok(());
+        }
+        let gpus = crate::cuda_ranks::device_count()?;
+        let report = CudaReport {
+            backend: "cuda",
+            world_size,
+            mode,
+            dtype: plan.dtype,
+            provenance: Provenance::collect(cuda_device(group.comms[0].context(), gpus)),
+            replays: plan.replays,
+            warmup: plan.warmup,
+            chain: plan.chain,
+            timing: "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
+            memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
+            max_blocks_per_rank: group.comms[0].max_blocks(),
+            floors,
+            results: rows,
+        };
+        let text = render(&report);
+        match json.as_deref() {
+            Some("-") => {
+                eprintln!("{text}");
+                write_json("-", &report)?;
+            }
+            Some(path) => {
+                println!("{text}");
+                write_json(path, &report)?;
+                eprintln!("wrote {path}");
+            }
+            None => println!("{text}"),
+        }
+        let wrong = report.results.iter().filter(|r| !r.correct).count();
+        if wrong > 0 {
+            bail!("{wrong} configurations gave wrong results (see the table)");
+        }
+        Ok(())
+    };
+    if as_processes(processes)? {
+        run_ranks(world_size, timeout, |rank| {
+            body(CudaRanks::process(&rank, config(timeout))?, "processes")
+        })
+    } else {
+        body(CudaRanks::threads(world_size, config(timeout))?, "threads")?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+fn render(report: &CudaReport) -> String {
+    let mut table = Table::new(
+        &[
+            "size",
+            "algorithm",
+            "p50 us",
+            "p99 us",
+            "1-op graph us",
+            "wire floor us",
+            "busbw GB/s",
+            "correct",
+        ],
+        2,
+    );
+    for r in &report.results {
+        if let Some(why) = &r.skipped {
+            table.push(vec![
+                human_bytes(r.bytes),
+                r.algo.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("skipped: {why}"),
+            ]);
+            continue;
+        }
+        table.push(vec![
+            human_bytes(r.bytes),
+            r.algo.clone(),
+            format!("{:.2}", r.p50_us),
+            format!("{:.2}", r.p99_us),
+            format!("{:.2}", r.graph_single_us),
+            format!("{:.2}", r.wire_floor_us),
+            format!("{:.1}", r.busbw_gbps),
+            if r.correct { "yes" } else { "NO" }.to_owned(),
+        ]);
+    }
+    let f = &report.floors;
+    format!(
+        "tpar bench: cuda backend ({}), {} ranks ({}), {}; {} replays of a graph with {} allreduces per rank; {} per rank\n\
+         floors in this run: empty kernel {:.2} us per op in the chain, {:.2} us for a 1-op graph; device copy {:.0} GB/s, device->host {:.1} GB/s\n{}",
+        report.provenance.device,
+        report.world_size,
+        report.mode,
+        report.dtype,
+        report.replays,
+        report.chain,
+        human_bytes(report.memory_per_rank_bytes),
+        f.empty_chain_us,
+        f.empty_single_us,
+        f.device_copy_gbps,
+        f.device_to_host_gbps,
+        table.render()
+    )
+}

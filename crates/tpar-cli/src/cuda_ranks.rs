@@ -1,0 +1,216 @@
+//! The CUDA ranks a `tpar` process drives. With threads (the default) one process holds every
+//! rank, each with its own stream, and launches all of them; with `--processes` (or under an
+//! outside launcher) it holds its own rank, and a CPU communicator beside it tallies results
+//! across processes. Ranks map to GPUs round-robin, so several may share one GPU.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream};
+use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
+use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
+
+use crate::known::{total_across_ranks, KnownData};
+use crate::ranks::Rank;
+
+pub struct CudaRanks {
+    pub comms: Vec<CudaCommunicator>,
+    pub streams: Vec<Arc<CudaStream>>,
+    /// The global rank of each local one.
+    pub ranks: Vec<usize>,
+    pub world_size: usize,
+    /// Across processes: sums results over ranks. `None` when this process holds every rank.
+    control: Option<CpuCommunicator>,
+}
+
+/// Buffers of one local rank: two inputs (calls alternate between them) and an output.
+pub struct RankBuffers {
+    pub inputs: [DeviceMemory; 2],
+    pub output: DeviceMemory,
+}
+
+pub fn device_count() -> Result<usize> {
+    Ok(tpar::backend::cuda::probe()?)
+}
+
+impl CudaRanks {
+    /// Every rank in this process.
+    pub fn threads(world_size: usize, config: CudaConfig) -> Result<CudaRanks> {
+        let gpus = device_count()?;
+        let devices: Vec<usize> = (0..world_size).map(|r| r % gpus).collect();
+        let comms = CudaCommunicator::new_local_group(&devices, config)?;
+        let streams = comms
+            .iter()
+            .map(|c| c.context().new_stream().context("cannot create a stream"))
+            .collect::<Result<_>>()?;
+        Ok(CudaRanks {
+            comms,
+            streams,
+            ranks: (0..world_size).collect(),
+            world_size,
+            control: None,
+        })
+    }
+
+    /// This process's rank of a job started by a launcher.
+    pub fn process(rank: &Rank, config: CudaConfig) -> Result<CudaRanks> {
+        let gpus = device_count()?;
+        let device = rank.rendezvous.env().local_rank % gpus;
+        let control = CpuCommunicator::new(
+            &rank.rendezvous,
+            CommConfig {
+                timeout: config.timeout.max(Duration::from_secs(30)),
+                ..CommConfig::default()
+            },
+        )?;
+        let comm = CudaCommunicator::new(&rank.rendezvous, device, config)?;
+        let stream = comm
+            .context()
+            .new_stream()
+            .context("cannot create a stream")?;
+        Ok(CudaRanks {
+            comms: vec![comm],
+            streams: vec![stream],
+            ranks: vec![rank.rank()],
+            world_size: rank.world_size(),
+            control: Some(control),
+        })
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.ranks.contains(&0)
+    }
+
+    /// The sum over every rank of the job of each local rank's `local` value.
+    pub fn total(&mut self, local: u64) -> Result<u64> {
+        match &mut self.control {
+            Some(control) => total_across_ranks(control, local),
+            None => Ok(local),
+        }
+    }
+
+    /// Waits for every local stream and reports any error a kernel left.
+    pub fn synchronize(&self) -> Result<()> {
+        for (comm, stream) in self.comms.iter().zip(&self.streams) {
+            comm.synchronize(stream)
+                .with_context(|| format!("rank {}", comm.rank()))?;
+        }
+        Ok(())
+    }
+
+    pub fn buffers(&self, bytes: usize) -> Result<Vec<RankBuffers>> {
+        self.comms
+            .iter()
+            .map(|c| {
+                let alloc = || DeviceMemory::zeroed(c.context(), bytes);
+                Ok(RankBuffers {
+                    inputs: [alloc()?, alloc()?],
+                    output: alloc()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Uploads each local rank's known input for both variants.
+    pub fn upload_inputs(
+        &self,
+        buffers: &[RankBuffers],
+        known: &[KnownData],
+        count: usize,
+    ) -> Result<()> {
+        for (b, k) in buffers.iter().zip(known) {
+            for v in 0..2 {
+                b.inputs[v].upload(k.input(v, count))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Known data for every local rank.
+    pub fn known(&self, dtype: DType, max_count: usize, seeds: [u64; 2]) -> Vec<KnownData> {
+        self.ranks
+            .iter()
+            .map(|&r| KnownData::new(dtype, r, self.world_size, max_count, seeds))
+            .collect()
+    }
+
+    /// Queues one allreduce on every local rank: input variant `variant` into the output, or,
+    /// `in_place`, on the output (which the caller filled with the input).
+    pub fn launch(
+        &self,
+        buffers: &[RankBuffers],
+        dtype: DType,
+        count: usize,
+        algorithm: Algorithm,
+        variant: usize,
+        in_place: bool,
+    ) -> Result<()> {
+        for (i, comm) in self.comms.iter().enumerate() {
+            let b = &buffers[i];
+            let input = (!in_place).then(|| b.inputs[variant % 2].ptr());
+            // SAFETY: the buffers belong to this rank's GPU, hold `count` elements and outlive
+            // the work (callers synchronise before dropping them).
+            unsafe {
+                comm.all_reduce_raw(
+                    dtype,
+                    input,
+                    b.output.ptr(),
+                    count,
+                    algorithm,
+                    self.streams[i].cu_stream(),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ranks whose output differs from the expected sum of `variant`.
+    pub fn wrong_outputs(
+        &self,
+        buffers: &[RankBuffers],
+        known: &[KnownData],
+        count: usize,
+        variant: usize,
+        dtype: DType,
+    ) -> Result<u64> {
+        let mut wrong = 0;
+        let mut host = vec![0u8; count * dtype.size()];
+        for (b, k) in buffers.iter().zip(known) {
+            b.output.download(&mut host)?;
+            wrong += u64::from(host != k.expected(variant, count));
+        }
+        Ok(wrong)
+    }
+
+    /// Captures one graph: `body(local_index, stream)` queues rank work on that rank's stream;
+    /// the other streams fork from and join back into the first.
+    pub fn capture(
+        &self,
+        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
+    ) -> Result<CudaGraph> {
+        let main = &self.streams[0];
+        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        let captured = (|| -> Result<()> {
+            let fork = main.record_event(None)?;
+            for s in &self.streams[1..] {
+                s.wait(&fork)?;
+            }
+            for (i, s) in self.streams.iter().enumerate() {
+                body(i, s)?;
+            }
+            for s in &self.streams[1..] {
+                main.join(s)?;
+            }
+            Ok(())
+        })();
+        let graph = main.end_capture(CUgraphInstantiate_flags(0));
+        captured?;
+        match graph? {
+            Some(g) => Ok(g),
+            None => bail!("stream capture produced no graph"),
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! `tpar selftest --backend cuda`: every algorithm x dtype x element count x placement, eager
+//! and replayed from a CUDA graph, each compared bitwise with the exact sum (the kernels
+//! accumulate in fp32 in rank order, as the reference does); a graph replayed 1000 times with
+//! new inputs each time; and a peer-timeout case after which a fresh group must pass.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use tpar::backend::cuda::CudaConfig;
+use tpar::check::{fill_expected, fill_input};
+use tpar::{Algorithm, DType, Error};
+
+use crate::cuda_ranks::CudaRanks;
+use crate::report::Table;
+
+pub struct CudaPlan {
+    pub counts: Vec<usize>,
+    pub dtypes: Vec<DType>,
+    pub algorithms: Vec<Algorithm>,
+    pub timeout: Duration,
+    pub timeout_case: bool,
+    pub replays: usize,
+}
+
+const CASE_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
+pub fn run(
+    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
+    plan: &CudaPlan,
+) -> Result<(usize, usize, Option<String>)> {
+    let mut table = Table::new(
+        &["case", "dtype", "elements", "placement", "mode", "result"],
+        5,
+    );
+    let mut failed = 0;
+    let mut rows = 0;
+    let mut leader = false;
+    let mut record = |table: &mut Table, cells: [&str; 5], bad: u64, detail: String| {
+        rows += 1;
+        failed += usize::from(bad > 0);
+        let mut row: Vec<String> = cells.iter().map(|s| s.to_string()).collect();
+        row.push(if bad == 0 {
+            format!("pass{detail}")
+        } else {
+            format!("FAIL on {bad} rank(s){detail}")
+        });
+        table.push(row);
+    };
+
+    if plan.timeout_case {
+        let mut group = make(CudaConfig {
+            timeout: CASE_DEADLINE,
+            host_staged: false,
+            ..CudaConfig::default()
+        })?;
+        let silent = group.world_size - 1;
+        let buffers = group.buffers(4096)?;
+        let start = Instant::now();
+        for (i, comm) in group.comms.iter().enumerate() {
+            if group.ranks[i] != silent {
+                // SAFETY: the buffers are this rank's and outlive the synchronisation below.
+                unsafe {
+                    comm.all_reduce_raw(
+                        DType::F32,
+                        Some(buffers[i].inputs[0].ptr()),
+                        buffers[i].output.ptr(),
+                        1024,
+                        Algorithm::OneShot,
+                        group.streams[i].cu_stream(),
+                    )?;
+                }
+            }
+        }
+        let mut bad = 0;
+        let mut detail = String::new();
+        for (i, comm) in group.comms.iter().enumerate() {
+            if group.ranks[i] == silent {
+                continue;
+            }
+            let result = comm.synchronize(&group.streams[i]);
+            let took = start.elapsed();
+            match result {
+                Err(Error::PeerTimeout { peer, .. })
+                    if peer == silent && took <= CASE_DEADLINE + Duration::from_secs(1) =>
+                {
+                    detail =
+                        format!(" (kernels gave up after {took:.2?}, deadline {CASE_DEADLINE:?})");
+                }
+                other => {
+                    bad += 1;
+                    detail = format!(
+                        ": expected a timeout naming rank {silent}, got {other:?} after {took:.2?}"
+                    );
+                }
+            }
+        }
+        let bad = group.total(bad)?;
+        leader |= group.is_leader();
+        record(
+            &mut table,
+            [
+                "peer timeout",
+                "-",
+                "-",
+                "-",
+                &format!("rank {silent} silent"),
+            ],
+            bad,
+            detail,
+        );
+    }
+
+    // A fresh group: the GPU and the process must be fine after the timeout.
+    let mut group = make(CudaConfig {
+        timeout: plan.timeout,
+        ..CudaConfig::default()
+    })?;
+    leader |= group.is_leader();
+    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
+    for &dtype in &plan.dtypes {
+        let known = group.known(dtype, max_count, [31, 32]);
+        let buffers = group.buffers(max_count * dtype.size())?;
+        group.upload_inputs(&buffers, &known, max_count)?;
+        for &algo in &plan.algorithms {
+            if let Err(why) = group.comms[0].supports(algo) {
+                record(
+                    &mut table,
+                    [algo.name(), dtype.name(), "-", "-", "-"],
+                    0,
+                    format!(" (skipped: {why})"),
+                );
+                continue;
+            }
+            for &count in &plan.counts {
+                for in_place in [false, true] {
+                    let placement = if in_place { "in place" } else { "out of place" };
+                    // Eager: two calls with different inputs.
+                    let mut wrong = 0;
+                    for variant in 0..2 {
+                        prepare_output(&buffers, &known, count, variant, in_place, dtype)?;
+                        group.launch(&buffers, dtype, count, algo, variant, in_place)?;
+                        group.synchronize()?;
+                        wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+                    }
+                    let bad = group.total(wrong)?;
+                    record(
+                        &mut table,
+                        [
+                            algo.name(),
+                            dtype.name(),
+                            &count.to_string(),
+                            placement,
+                            "eager",
+                        ],
+                        bad,
+                        String::new(),
+                    );
+
+                    // Graph: captured once, replayed with new data in the same buffers.
+                    let graph = group.capture(|i, stream| {
+                        let b = &buffers[i];
+                        let input = (!in_place).then(|| b.inputs[0].ptr());
+                        // SAFETY: as in CudaRanks::launch; the graph is dropped before the buffers.
+                        unsafe {
+                            group.comms[i].all_reduce_raw(
+                                dtype,
+                                input,
+                                b.output.ptr(),
+                                count,
+                                algo,
+                                stream.cu_stream(),
+                            )?
+                        };
+                        Ok(())
+                    })?;
+                    let mut wrong = 0;
+                    for variant in 0..2 {
+                        for (b, k) in buffers.iter().zip(&known) {
+                            b.inputs[0].upload(k.input(variant, count))?;
+                        }
+                        prepare_output(&buffers, &known, count, variant, in_place, dtype)?;
+                        graph.launch()?;
+                        group.synchronize()?;
+                        wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+                    }
+                    drop(graph);
+                    group.upload_inputs(&buffers, &known, max_count)?;
+                    let bad = group.total(wrong)?;
+                    record(
+                        &mut table,
+                        [
+                            algo.name(),
+                            dtype.name(),
+                            &count.to_string(),
+                            placement,
+                            "graph",
+                        ],
+                        bad,
+                        String::new(),
+                    );
+                }
+            }
+        }
+    }
+
+    // One graph per algorithm replayed many times, new inputs before every replay.
+    let count = 4099;
+    let dtype = DType::Bf16;
+    let buffers = group.buffers(count * dtype.size())?;
+    let mut host = vec![0u8; count * dtype.size()];
+    let mut expected = host.clone();
+    for &algo in &plan.algorithms {
+        if group.comms[0].supports(algo).is_err() || plan.replays == 0 {
+            continue;
+        }
+        let graph = group.capture(|i, stream| {
+            // SAFETY: as above.
+            unsafe {
+                group.comms[i].all_reduce_raw(
+                    dtype,
+                    Some(buffers[i].inputs[0].ptr()),
+                    buffers[i].output.ptr(),
+                    count,
+                    algo,
+                    stream.cu_stream(),
+                )?
+            };
+            Ok(())
+        })?;
+        let mut wrong = 0;
+        for replay in 0..plan.replays {
+            let seed = 1000 + replay as u64;
+            for (i, b) in buffers.iter().enumerate() {
+                fill_input(dtype, seed, group.ranks[i], &mut host);
+                b.inputs[0].upload(&host)?;
+            }
+            graph.launch()?;
+            group.synchronize()?;
+            fill_expected(dtype, seed, group.world_size, &mut expected);
+            for b in &buffers {
+                b.output.download(&mut host)?;
+                wrong += u64::from(host != expected);
+            }
+        }
+        let bad = group.total(wrong)?;
+        record(
+            &mut table,
+            [
+                algo.name(),
+                dtype.name(),
+                &count.to_string(),
+                "out of place",
+                &format!("graph x{}", plan.replays),
+            ],
+            bad,
+            " (new inputs before every replay)".to_owned(),
+        );
+    }
+    let text = leader.then(|| table.render());
+    Ok((rows, failed, text))
+}
+
+/// In place: the output starts as the input. Out of place: poisoned, so that an unwritten
+/// element cannot pass.
+fn prepare_output(
+    buffers: &[crate::cuda_ranks::RankBuffers],
+    known: &[crate::known::KnownData],
+    count: usize,
+    variant: usize,
+    in_place: bool,
+    _dtype: DType,
+) -> Result<()> {
+    for (b, k) in buffers.iter().zip(known) {
+        if in_place {
+            b.output.upload(k.input(variant, count))?;
+        } else {
+            b.output.fill(0xA5)?;
+        }
+    }
+    Ok(())
+}

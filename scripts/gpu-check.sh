@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU checks of the CUDA backend, for the device machine (no cargo there: carry a built
+# target/release/tpar). Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary.
+# Usage: scripts/gpu-check.sh [smoke|full]
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export TPAR_CACHE_DIR=/tmp/tpar-cache
+tpar=./target/release/tpar
+mode=${1:-full}
+summary=()
+step() { # name, timeout seconds, command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-34s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - start))")")
+  tail -n 40 "$out/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+cat "$out/gpu.txt"
+if [ "$mode" = smoke ]; then
+  step selftest-t2-small 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
+  step bench-t2-small 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
+else
+  step selftest-threads-8 300 $tpar selftest --backend cuda -n 8 --counts 0,1,7,1023,65541,1048579,2097152
+  step selftest-processes-4 300 $tpar selftest --backend cuda -n 4 --processes --counts 0,1,7,1023,65541 --replays 50
+  step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M --json "$out/bench-cuda-2.json"
+  step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes 4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M --json "$out/bench-cuda-8.json"
+fi
+printf '%s\n' "${summary[@]}"
