@@ -89,6 +89,11 @@ impl DeviceMemory {
         };
         // SAFETY: ptr is ours and `bytes` long.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, bytes) })?;
+        // The memset runs on the legacy stream, which the communicators' non-blocking streams
+        // do not wait for: a kernel could otherwise read a freed buffer's old lines, whose
+        // tags may match a new group's first epochs.
+        ctx.synchronize()
+            .map_err(|e| Error::Cuda(format!("synchronise after zeroing: {e}")))?;
         Ok(memory)
     }
 
