@@ -15,18 +15,18 @@ step() { # name, timeout seconds, command...
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-34s rc=%-3s %4ss' "$name" "$rc" "$((SECONDS - start))")")
-  tail -n 40 "$out/$name.log"
+  summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:' "$out/$name.log" | tail -1)")")
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
-cat "$out/gpu.txt"
+sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M
 if [ "$mode" = smoke ]; then
-  step selftest-t2-small 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
-  step bench-t2-small 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
+  step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
+  step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
 else
   step selftest-threads-8 300 $tpar selftest --backend cuda -n 8 --counts 0,1,7,1023,65541,1048579,2097152
   step selftest-processes-4 300 $tpar selftest --backend cuda -n 4 --processes --counts 0,1,7,1023,65541 --replays 50
-  step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M --json "$out/bench-cuda-2.json"
-  step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes 4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M --json "$out/bench-cuda-8.json"
+  step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
+  step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
 fi
+for f in "$out"/bench-threads-*.log; do [ -f "$f" ] && grep -vE '^\[' "$f"; done
 printf '%s\n' "${summary[@]}"

@@ -1,6 +1,7 @@
 //! `tpar bench --backend cuda`: times every algorithm by CUDA-graph replay. For each size it
 //! reports the cost per allreduce inside a chain of many (how an engine's decode graph sees
-//! it), the cost of a graph holding a single allreduce (mostly launch and fork/join), and in
+//! it: each rank replays its own graph, as each GPU would), the cost of one graph holding a
+//! single allreduce per rank on fork/join branches (mostly launch and fork/join), and in
 //! the same run the floors of that path: the same graphs with an empty kernel, and the bytes
 //! the algorithm must move over the bandwidth measured on this machine. Every configuration's
 //! result is checked bitwise, eagerly and after the replays.
@@ -52,7 +53,7 @@ pub struct CudaRow {
 
 #[derive(Serialize, Clone, Debug)]
 pub struct Floors {
-    /// An empty kernel per rank in a chain graph, per kernel.
+    /// An empty kernel per rank in a chain graph per rank, per kernel.
     pub empty_chain_us: f64,
     /// A graph with one empty kernel per rank, per replay.
     pub empty_single_us: f64,
@@ -62,21 +63,37 @@ pub struct Floors {
     pub device_to_host_gbps: f64,
 }
 
-/// Replays `graph` `warmup + replays` times, timing each replay with events on its stream.
+/// Replays `graphs` (one per local rank, each on its rank's stream, or a single graph holding
+/// every rank) `warmup + replays` times, timing each replay with events on the first stream:
+/// the other streams start after it and it waits for them.
 fn time_replays(
     group: &CudaRanks,
-    graph: &CudaGraph,
+    graphs: &[CudaGraph],
     warmup: usize,
     replays: usize,
 ) -> Result<Vec<f64>> {
     let stream = &group.streams[0];
+    let others = &group.streams[1..graphs.len()];
+    let replay = || -> Result<()> {
+        let fork = stream.record_event(None)?;
+        for s in others {
+            s.wait(&fork)?;
+        }
+        for g in graphs {
+            g.launch()?;
+        }
+        for s in others {
+            stream.join(s)?;
+        }
+        Ok(())
+    };
     for _ in 0..warmup {
-        graph.launch()?;
+        replay()?;
     }
     let mut events = Vec::with_capacity(replays);
     for _ in 0..replays {
         let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        graph.launch()?;
+        replay()?;
         let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
         events.push((start, end));
     }
@@ -110,7 +127,7 @@ fn bottleneck_bytes(algorithm: Algorithm, n: f64, bytes: f64) -> f64 {
 }
 
 pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
-    let chain = group.capture(|i, s| {
+    let chain = group.capture_each(|i, s| {
         for _ in 0..plan.chain {
             group.comms[i].launch_empty(s)?;
         }
@@ -118,7 +135,12 @@ pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors>
     })?;
     let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
     let single = group.capture(|i, s| Ok(group.comms[i].launch_empty(s)?))?;
-    let single_us = time_replays(group, &single, plan.warmup, plan.replays)?;
+    let single_us = time_replays(
+        group,
+        std::slice::from_ref(&single),
+        plan.warmup,
+        plan.replays,
+    )?;
 
     let ctx = group.comms[0].context();
     let stream = &group.streams[0];
@@ -204,7 +226,7 @@ pub fn run(
             row.chain = chain_len;
             row.replays = replays;
 
-            let chain = group.capture(|i, s| {
+            let chain = group.capture_each(|i, s| {
                 for k in 0..chain_len {
                     let b = &buffers[i];
                     // SAFETY: buffers outlive the graph, which is dropped in this scope.
@@ -240,7 +262,12 @@ pub fn run(
                 };
                 Ok(())
             })?;
-            let single_us = time_replays(group, &single, plan.warmup.min(replays), replays)?;
+            let single_us = time_replays(
+                group,
+                std::slice::from_ref(&single),
+                plan.warmup.min(replays),
+                replays,
+            )?;
             wrong += group.wrong_outputs(&buffers, &known, count, 0, dtype)?;
             drop(single);
 

@@ -185,6 +185,25 @@ impl CudaRanks {
         Ok(wrong)
     }
 
+    /// Captures one graph per local rank on its own stream, as each GPU of a real machine
+    /// would capture its own decode graph.
+    pub fn capture_each(
+        &self,
+        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
+    ) -> Result<Vec<CudaGraph>> {
+        self.streams
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                let captured = body(i, s);
+                let graph = s.end_capture(CUgraphInstantiate_flags(0));
+                captured?;
+                graph?.context("stream capture produced no graph")
+            })
+            .collect()
+    }
+
     /// Captures one graph: `body(local_index, stream)` queues rank work on that rank's stream;
     /// the other streams fork from and join back into the first.
     pub fn capture(

@@ -172,7 +172,13 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         }
         blocks = blocks.min(fit);
     }
-    Ok(blocks.min(32))
+    // TPAR_MAX_BLOCKS lowers the cap, for tuning experiments.
+    let cap = std::env::var("TPAR_MAX_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|v| *v >= 1)
+        .unwrap_or(32);
+    Ok(blocks.min(cap).min(32))
 }
 
 /// This rank's own allocations.

@@ -147,8 +147,9 @@ pub fn compile_cubin(
         "--fmad=false".to_owned(), // sums must round exactly as the CPU reference does
         "-default-device".to_owned(),
     ]
-    .iter()
-    .map(|o| c(o))
+    .into_iter()
+    .chain(extra_defines())
+    .map(|o| c(&o))
     .collect();
     let option_ptrs: Vec<*const c_char> = options.iter().map(|s| s.as_ptr()).collect();
 
@@ -207,6 +208,16 @@ fn program_log(program: sys::nvrtcProgram) -> String {
         .into_owned()
 }
 
+/// Extra `-D` options for experiments with the kernels' tuning macros, from
+/// `TPAR_KERNEL_DEFINES` (whitespace-separated); part of the cache key.
+fn extra_defines() -> Vec<String> {
+    std::env::var("TPAR_KERNEL_DEFINES")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Where compiled kernels are kept: `TPAR_CACHE_DIR`, else `$XDG_CACHE_HOME/tpar`, else
 /// `~/.cache/tpar`.
 pub fn cache_dir() -> PathBuf {
@@ -229,7 +240,11 @@ pub fn cached_cubin(
 ) -> Result<Vec<u8>> {
     let (major, minor) = nvrtc_version()?;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for text in std::iter::once(source).chain(headers.iter().flat_map(|(n, s)| [*n, *s])) {
+    let defines = extra_defines().join(" ");
+    for text in std::iter::once(source)
+        .chain(headers.iter().flat_map(|(n, s)| [*n, *s]))
+        .chain([defines.as_str()])
+    {
         for b in text.bytes().chain([0u8]) {
             hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
