@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
 # Every test of the project, as CI runs it (`.ci/run` calls this script): formatting, lints,
-# then the Rust unit, property and cross-process tests. Works on a machine with no GPU.
+# then the Rust unit, property and cross-process tests, including the compilation of every
+# CUDA kernel for sm_80..sm_120 with NVRTC from pip's wheel. Needs no GPU and no CUDA toolkit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== NVRTC (pip wheel nvidia-cuda-nvrtc, into .ci/pydeps) for the kernel compilation test"
+pydeps=.ci/pydeps
+nvrtc_dir="$PWD/$pydeps/nvidia/cu13/lib"
+if [ ! -e "$nvrtc_dir/libnvrtc.so.13" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+    --target "$pydeps" "nvidia-cuda-nvrtc>=13,<14"
+fi
+export LD_LIBRARY_PATH="$nvrtc_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The compile test fails (instead of skipping) if NVRTC still cannot be loaded.
+export TPAR_REQUIRE_NVRTC=1
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

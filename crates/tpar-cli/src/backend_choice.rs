@@ -48,6 +48,45 @@ pub fn resolve(requested: BackendArg) -> Result<(Backend, Option<String>)> {
     }
 }
 
+/// What a command that runs ranks settles before it starts any: the backend (and the note when
+/// `auto` fell back), the world size and the algorithms.
+pub struct Setup {
+    pub backend: Backend,
+    pub note: Option<String>,
+    pub world_size: usize,
+    pub algorithms: Vec<tpar::Algorithm>,
+}
+
+impl Setup {
+    /// Defaults: as many ranks as GPUs (CUDA) or cores (CPU, 2 to 8); every algorithm the
+    /// backend has.
+    pub fn resolve(
+        backend: BackendArg,
+        world_size: Option<usize>,
+        algos: Option<&str>,
+    ) -> Result<Setup> {
+        let (backend, note) = resolve(backend)?;
+        let default_world = match backend {
+            Backend::Cpu => std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .clamp(2, 8),
+            Backend::Cuda => tpar::backend::cuda::probe()?,
+        };
+        let world_size = crate::ranks::world_size_or(world_size, default_world)?;
+        let algorithms = match algos {
+            Some(list) => crate::args::parse_algorithms(list)?,
+            None if backend == Backend::Cuda => tpar::Algorithm::ALL.to_vec(),
+            None => tpar::CpuCommunicator::ALGORITHMS.to_vec(),
+        };
+        Ok(Setup {
+            backend,
+            note,
+            world_size,
+            algorithms,
+        })
+    }
+}
+
 /// "NVIDIA H200, driver 580.159.04" for the first GPU, from the driver's /proc file.
 pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
     let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_owned());

@@ -10,12 +10,12 @@ use serde::Serialize;
 use tpar::memory::human_bytes;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
-use crate::args::{parse_algorithms, parse_list, parse_seconds, parse_size, sizes_to_counts};
-use crate::backend_choice::{resolve, Backend, BackendArg};
+use crate::args::{parse_list, parse_seconds, parse_size, sizes_to_counts};
+use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::known::{total_across_ranks, KnownData};
 use crate::progress::Progress;
-use crate::ranks::{run_ranks, world_size_or, Rank};
-use crate::report::{cpu_device, write_json, Provenance, Table};
+use crate::ranks::{run_ranks, Rank};
+use crate::report::{bus_bandwidth_gbps, cpu_device, emit, percentile, Provenance, Table};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
@@ -96,20 +96,14 @@ struct BenchReport {
     results: Vec<BenchRow>,
 }
 
-pub fn default_world_size() -> usize {
-    std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(2, 8)
-}
-
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     // Everything is checked before any rank starts.
-    let (backend, note) = resolve(args.backend)?;
-    let default_world = match backend {
-        Backend::Cpu => default_world_size(),
-        Backend::Cuda => crate::cuda_ranks::device_count()?,
-    };
-    let world_size = world_size_or(args.world_size, default_world)?;
+    let Setup {
+        backend,
+        note,
+        world_size,
+        algorithms,
+    } = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
     let dtype = args.dtype;
     let default_sizes = if backend == Backend::Cuda {
         DEFAULT_CUDA_SIZES
@@ -125,11 +119,6 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if args.iters == 0 || args.chain == 0 {
         bail!("--iters and --chain must be at least 1");
     }
-    let algorithms = match &args.algos {
-        Some(list) => parse_algorithms(list)?,
-        None if backend == Backend::Cuda => Algorithm::ALL.to_vec(),
-        None => CpuCommunicator::ALGORITHMS.to_vec(),
-    };
     if backend == Backend::Cuda {
         return crate::cuda_commands::bench(
             args.processes,
@@ -197,13 +186,14 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
                 wrong += u64::from(*out != *known.expected(i, count));
             }
             let wrong = total_across_ranks(&mut comm, wrong)?;
-            samples.sort();
-            let p50 = percentile_us(&samples, 50.0);
+            let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            us.sort_by(f64::total_cmp);
+            let p50 = percentile(&us, 50.0);
             rows.push(BenchRow {
                 bytes,
                 algo: algo.name().to_owned(),
                 p50_us: p50,
-                p99_us: percentile_us(&samples, 99.0),
+                p99_us: percentile(&us, 99.0),
                 busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
                 correct: wrong == 0,
             });
@@ -225,19 +215,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
         results: rows,
     };
-    let table = render(&report);
-    match plan.json.as_deref() {
-        Some("-") => {
-            eprintln!("{table}");
-            write_json("-", &report)?;
-        }
-        Some(path) => {
-            println!("{table}");
-            write_json(path, &report)?;
-            eprintln!("wrote {path}");
-        }
-        None => println!("{table}"),
-    }
+    emit(&render(&report), plan.json.as_deref(), &report)?;
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
         bail!(
@@ -280,39 +258,4 @@ fn render(report: &BenchReport) -> String {
         human_bytes(report.memory_per_rank_bytes),
         table.render()
     )
-}
-
-/// Nearest-rank percentile of sorted samples, in microseconds.
-fn percentile_us(sorted: &[Duration], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1].as_secs_f64() * 1e6
-}
-
-/// nccl-tests' bus bandwidth for allreduce: bytes / time x 2 (n-1) / n, in GB/s (1e9).
-fn bus_bandwidth_gbps(bytes: u64, micros: f64, world_size: usize) -> f64 {
-    if micros <= 0.0 {
-        return 0.0;
-    }
-    let n = world_size as f64;
-    bytes as f64 / (micros * 1e3) * 2.0 * (n - 1.0) / n
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percentiles_use_nearest_rank() {
-        let samples: Vec<Duration> = (1..=100).map(Duration::from_micros).collect();
-        assert_eq!(percentile_us(&samples, 50.0), 50.0);
-        assert_eq!(percentile_us(&samples, 99.0), 99.0);
-        assert_eq!(percentile_us(&samples[..1], 99.0), 1.0);
-    }
-
-    #[test]
-    fn bus_bandwidth_follows_nccl_tests() {
-        // 1 MB in 100 us on 4 ranks: algbw 10 GB/s, busbw 15 GB/s.
-        assert!((bus_bandwidth_gbps(1_000_000, 100.0, 4) - 15.0).abs() < 1e-9);
-        assert_eq!(bus_bandwidth_gbps(1_000_000, 100.0, 1), 0.0);
-    }
 }

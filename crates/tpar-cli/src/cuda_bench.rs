@@ -18,6 +18,7 @@ use tpar::backend::cuda::driver::{
 use tpar::{Algorithm, DType};
 
 use crate::cuda_ranks::CudaRanks;
+use crate::report::{bus_bandwidth_gbps, percentile};
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
@@ -104,11 +105,6 @@ fn time_replays(
         .collect::<Result<_, _>>()?;
     us.sort_by(f64::total_cmp);
     Ok(us)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Bytes through the bottleneck per allreduce of `bytes` on `n` ranks sharing one GPU (or, for
@@ -228,18 +224,8 @@ pub fn run(
 
             let chain = group.capture_each(|i, s| {
                 for k in 0..chain_len {
-                    let b = &buffers[i];
-                    // SAFETY: buffers outlive the graph, which is dropped in this scope.
-                    unsafe {
-                        group.comms[i].all_reduce_raw(
-                            dtype,
-                            Some(b.inputs[k % 2].ptr()),
-                            b.output.ptr(),
-                            count,
-                            algo,
-                            s.cu_stream(),
-                        )?
-                    };
+                    // SAFETY: the buffers outlive the graph, which is dropped in this scope.
+                    unsafe { group.queue(i, s, &buffers, Some(k % 2), dtype, count, algo)? };
                 }
                 Ok(())
             })?;
@@ -248,19 +234,8 @@ pub fn run(
             drop(chain);
 
             let single = group.capture(|i, s| {
-                let b = &buffers[i];
                 // SAFETY: as above.
-                unsafe {
-                    group.comms[i].all_reduce_raw(
-                        dtype,
-                        Some(b.inputs[0].ptr()),
-                        b.output.ptr(),
-                        count,
-                        algo,
-                        s.cu_stream(),
-                    )?
-                };
-                Ok(())
+                unsafe { group.queue(i, s, &buffers, Some(0), dtype, count, algo) }
             })?;
             let single_us = time_replays(
                 group,
@@ -275,11 +250,7 @@ pub fn run(
             row.p50_us = percentile(&chain_us, 50.0) / chain_len as f64;
             row.p99_us = percentile(&chain_us, 99.0) / chain_len as f64;
             row.graph_single_us = percentile(&single_us, 50.0);
-            row.busbw_gbps = if n > 1.0 {
-                bytes as f64 / (row.p50_us * 1e3) * 2.0 * (n - 1.0) / n
-            } else {
-                0.0
-            };
+            row.busbw_gbps = bus_bandwidth_gbps(bytes, row.p50_us, group.world_size);
             let bandwidth = if algo == Algorithm::HostStaged {
                 floors.device_to_host_gbps
             } else {
@@ -296,13 +267,6 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentile_is_nearest_rank() {
-        let v: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(percentile(&v, 50.0), 5.0);
-        assert_eq!(percentile(&v, 99.0), 10.0);
-    }
 
     #[test]
     fn one_shot_moves_the_most_bytes_at_many_ranks() {

@@ -16,7 +16,7 @@ use crate::cuda_ranks::CudaRanks;
 use crate::cuda_selftest::{self, CudaPlan};
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
-use crate::report::{write_json, Provenance, Table};
+use crate::report::{emit, Provenance, Table};
 
 fn as_processes(flag: bool) -> Result<bool> {
     Ok(flag || RankEnv::from_env()?.is_some())
@@ -111,19 +111,7 @@ pub fn bench(
             floors,
             results: rows,
         };
-        let text = render(&report);
-        match json.as_deref() {
-            Some("-") => {
-                eprintln!("{text}");
-                write_json("-", &report)?;
-            }
-            Some(path) => {
-                println!("{text}");
-                write_json(path, &report)?;
-                eprintln!("wrote {path}");
-            }
-            None => println!("{text}"),
-        }
+        emit(&render(&report), json.as_deref(), &report)?;
         let wrong = report.results.iter().filter(|r| !r.correct).count();
         if wrong > 0 {
             bail!("{wrong} configurations gave wrong results (see the table)");

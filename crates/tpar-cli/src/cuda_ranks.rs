@@ -137,8 +137,42 @@ impl CudaRanks {
             .collect()
     }
 
-    /// Queues one allreduce on every local rank: input variant `variant` into the output, or,
-    /// `in_place`, on the output (which the caller filled with the input).
+    /// Queues one allreduce of local rank `i` on `stream`: from input `variant` into the
+    /// output, or in place on the output when `variant` is `None`.
+    ///
+    /// # Safety
+    /// `buffers` must stay allocated until the queued work, and every replay of a graph
+    /// captured from it, has completed.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn queue(
+        &self,
+        i: usize,
+        stream: &CudaStream,
+        buffers: &[RankBuffers],
+        variant: Option<usize>,
+        dtype: DType,
+        count: usize,
+        algorithm: Algorithm,
+    ) -> Result<()> {
+        let b = &buffers[i];
+        let input = variant.map(|v| b.inputs[v % 2].ptr());
+        // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
+        // were sized for the largest count); the caller keeps them alive.
+        unsafe {
+            self.comms[i].all_reduce_raw(
+                dtype,
+                input,
+                b.output.ptr(),
+                count,
+                algorithm,
+                stream.cu_stream(),
+            )?
+        };
+        Ok(())
+    }
+
+    /// Queues one allreduce on every local rank's own stream (see [`CudaRanks::queue`]) and
+    /// returns; the caller synchronises before touching or dropping the buffers.
     pub fn launch(
         &self,
         buffers: &[RankBuffers],
@@ -148,21 +182,19 @@ impl CudaRanks {
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
-        for (i, comm) in self.comms.iter().enumerate() {
-            let b = &buffers[i];
-            let input = (!in_place).then(|| b.inputs[variant % 2].ptr());
-            // SAFETY: the buffers belong to this rank's GPU, hold `count` elements and outlive
-            // the work (callers synchronise before dropping them).
+        for i in 0..self.comms.len() {
+            // SAFETY: every caller synchronises (CudaRanks::synchronize) before the buffers go.
             unsafe {
-                comm.all_reduce_raw(
+                self.queue(
+                    i,
+                    &self.streams[i],
+                    buffers,
+                    (!in_place).then_some(variant),
                     dtype,
-                    input,
-                    b.output.ptr(),
                     count,
                     algorithm,
-                    self.streams[i].cu_stream(),
-                )?;
-            }
+                )?
+            };
         }
         Ok(())
     }

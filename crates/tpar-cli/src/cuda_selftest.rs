@@ -57,19 +57,20 @@ pub fn run(
         let silent = group.world_size - 1;
         let buffers = group.buffers(4096)?;
         let start = Instant::now();
-        for (i, comm) in group.comms.iter().enumerate() {
+        for i in 0..group.comms.len() {
             if group.ranks[i] != silent {
-                // SAFETY: the buffers are this rank's and outlive the synchronisation below.
+                // SAFETY: the buffers outlive the synchronisation below.
                 unsafe {
-                    comm.all_reduce_raw(
+                    group.queue(
+                        i,
+                        &group.streams[i],
+                        &buffers,
+                        Some(0),
                         DType::F32,
-                        Some(buffers[i].inputs[0].ptr()),
-                        buffers[i].output.ptr(),
                         1024,
                         Algorithm::OneShot,
-                        group.streams[i].cu_stream(),
-                    )?;
-                }
+                    )?
+                };
             }
         }
         let mut bad = 0;
@@ -159,20 +160,18 @@ pub fn run(
 
                     // Graph: captured once, replayed with new data in the same buffers.
                     let graph = group.capture(|i, stream| {
-                        let b = &buffers[i];
-                        let input = (!in_place).then(|| b.inputs[0].ptr());
-                        // SAFETY: as in CudaRanks::launch; the graph is dropped before the buffers.
+                        // SAFETY: the graph is dropped before the buffers.
                         unsafe {
-                            group.comms[i].all_reduce_raw(
+                            group.queue(
+                                i,
+                                stream,
+                                &buffers,
+                                (!in_place).then_some(0),
                                 dtype,
-                                input,
-                                b.output.ptr(),
                                 count,
                                 algo,
-                                stream.cu_stream(),
-                            )?
-                        };
-                        Ok(())
+                            )
+                        }
                     })?;
                     let mut wrong = 0;
                     for variant in 0..2 {
@@ -215,18 +214,8 @@ pub fn run(
             continue;
         }
         let graph = group.capture(|i, stream| {
-            // SAFETY: as above.
-            unsafe {
-                group.comms[i].all_reduce_raw(
-                    dtype,
-                    Some(buffers[i].inputs[0].ptr()),
-                    buffers[i].output.ptr(),
-                    count,
-                    algo,
-                    stream.cu_stream(),
-                )?
-            };
-            Ok(())
+            // SAFETY: the graph is dropped before the buffers.
+            unsafe { group.queue(i, stream, &buffers, Some(0), dtype, count, algo) }
         })?;
         let mut wrong = 0;
         for replay in 0..plan.replays {

@@ -66,6 +66,42 @@ pub fn write_json<T: Serialize>(target: &str, value: &T) -> Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Prints `text` (the table) and writes `value` as JSON where `json` says: `-` puts the JSON on
+/// stdout and the table on stderr, a path gets the JSON file and the table goes to stdout.
+pub fn emit<T: Serialize>(text: &str, json: Option<&str>, value: &T) -> Result<()> {
+    match json {
+        Some("-") => {
+            eprintln!("{text}");
+            write_json("-", value)
+        }
+        Some(path) => {
+            println!("{text}");
+            write_json(path, value)?;
+            eprintln!("wrote {path}");
+            Ok(())
+        }
+        None => {
+            println!("{text}");
+            Ok(())
+        }
+    }
+}
+
+/// Nearest-rank percentile `p` of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// nccl-tests' bus bandwidth for allreduce: bytes / time x 2 (n-1) / n, in GB/s (1e9).
+pub fn bus_bandwidth_gbps(bytes: u64, micros: f64, world_size: usize) -> f64 {
+    if micros <= 0.0 {
+        return 0.0;
+    }
+    let n = world_size as f64;
+    bytes as f64 / (micros * 1e3) * 2.0 * (n - 1.0) / n
+}
+
 /// A plain text table with right-aligned columns after the first `left` ones.
 pub struct Table {
     header: Vec<String>,
@@ -125,6 +161,21 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&samples, 50.0), 50.0);
+        assert_eq!(percentile(&samples, 99.0), 99.0);
+        assert_eq!(percentile(&samples[..1], 99.0), 1.0);
+    }
+
+    #[test]
+    fn bus_bandwidth_follows_nccl_tests() {
+        // 1 MB in 100 us on 4 ranks: algbw 10 GB/s, busbw 15 GB/s.
+        assert!((bus_bandwidth_gbps(1_000_000, 100.0, 4) - 15.0).abs() < 1e-9);
+        assert_eq!(bus_bandwidth_gbps(1_000_000, 100.0, 1), 0.0);
+    }
 
     #[test]
     fn table_aligns_columns() {

@@ -10,11 +10,10 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
 
-use crate::args::{parse_algorithms, parse_dtypes, parse_list, parse_seconds};
-use crate::backend_choice::{resolve, Backend, BackendArg};
-use crate::bench::default_world_size;
+use crate::args::{parse_dtypes, parse_list, parse_seconds};
+use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::known::{total_across_ranks, KnownData};
-use crate::ranks::{run_ranks, world_size_or, Rank};
+use crate::ranks::{run_ranks, Rank};
 use crate::report::Table;
 
 #[derive(Args, Debug)]
@@ -61,17 +60,12 @@ struct Plan {
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
-    let (backend, note) = resolve(args.backend)?;
-    let default_world = match backend {
-        Backend::Cpu => default_world_size(),
-        Backend::Cuda => crate::cuda_ranks::device_count()?,
-    };
-    let world_size = world_size_or(args.world_size, default_world)?;
-    let algorithms = match &args.algos {
-        Some(list) => parse_algorithms(list)?,
-        None if backend == Backend::Cuda => Algorithm::ALL.to_vec(),
-        None => CpuCommunicator::ALGORITHMS.to_vec(),
-    };
+    let Setup {
+        backend,
+        note,
+        world_size,
+        algorithms,
+    } = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
     let counts = parse_list(&args.counts, "counts", |s| Ok(s.trim().parse::<usize>()?))?;
     let dtypes = parse_dtypes(&args.dtypes)?;
     let timeout = parse_seconds(&args.timeout)?;
