@@ -265,3 +265,34 @@ impl CudaRanks {
         }
     }
 }
+
+/// A quick numerical check of one algorithm on `world_size` ranks in this process (doctor):
+/// two calls at each of a few odd sizes, compared bitwise with the exact sum.
+pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
+    let group = CudaRanks::threads(
+        world_size,
+        CudaConfig {
+            timeout: Duration::from_secs(10),
+            ..CudaConfig::default()
+        },
+    )?;
+    let counts = [0, 7, 4099, 70001];
+    let dtype = DType::Bf16;
+    let max = counts[counts.len() - 1];
+    let known = group.known(dtype, max, [51, 52]);
+    let buffers = group.buffers(max * dtype.size())?;
+    group.upload_inputs(&buffers, &known, max)?;
+    for count in counts {
+        for variant in 0..2 {
+            group.launch(&buffers, dtype, count, algorithm, variant, false)?;
+            group.synchronize()?;
+            let wrong = group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+            if wrong > 0 {
+                bail!("{wrong} of {world_size} ranks got a wrong sum at {count} elements");
+            }
+        }
+    }
+    Ok(format!(
+        "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
+    ))
+}

@@ -12,6 +12,7 @@ mod cuda_commands;
 mod cuda_ranks;
 mod cuda_selftest;
 mod debug_rank;
+mod doctor;
 mod known;
 mod progress;
 mod ranks;
@@ -35,7 +36,9 @@ Examples:
   tpar bench --backend cpu -n 4 --sizes 4K,256K --json -
   tpar selftest --backend cpu -n 8
   tpar selftest --backend cuda -n 8            # 8 ranks on the GPU(s) of this host
-  tpar bench --backend cuda -n 2 --json out.json";
+  tpar bench --backend cuda -n 2 --json out.json
+  tpar doctor                                  # this machine: links, checks, what runs at each size
+  tpar doctor --topology crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json";
 
 #[derive(Parser, Debug)]
 #[command(name = "tpar", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TPAR_GIT_COMMIT"), ")"), about = ABOUT, after_help = AFTER_HELP)]
@@ -50,6 +53,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Check every algorithm, dtype, size and placement bitwise, plus a peer-timeout case.
     Selftest(selftest::SelftestArgs),
+    /// What tpar sees on this machine (or a described one) and what it will run, and why.
+    Doctor(doctor::DoctorArgs),
     /// Scripted calls with injected faults, for tests.
     #[command(hide = true)]
     DebugRank(debug_rank::DebugRankArgs),
@@ -92,10 +97,13 @@ fn prepare_cuda_environment() {
 
 fn main() -> ExitCode {
     prepare_cuda_environment();
+    // RUST_LOG=tpar=debug shows every dispatch decision with its reason.
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::Selftest(args) => selftest::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::DebugRank(args) => debug_rank::run(args),
     };
     match result {

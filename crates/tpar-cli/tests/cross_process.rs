@@ -407,3 +407,95 @@ fn debug_rank_succeeds_when_nothing_is_injected() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("10 call(s) of 5000 bf16 (two-shot) correct on 3 rank(s)"));
 }
+
+fn fixture(name: &str) -> String {
+    format!(
+        "{}/../tpar/fixtures/topologies/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn doctor_explains_a_described_machine_at_every_size() {
+    let (out, _) = run(tpar().args([
+        "doctor",
+        "--topology",
+        &fixture("8x-rtx-pro-6000-pcie-2switch"),
+    ]));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for size in [
+        "4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{size} ")))
+            .unwrap_or_else(|| panic!("no plan line for {size}:\n{stdout}"));
+        assert!(line.contains(" because") || line.contains(": "), "{line}");
+    }
+    assert!(
+        stdout.contains("GPU0") && stdout.contains("PIX rw") && stdout.contains("SYS rw"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("Memory tpar reserves per rank"), "{stdout}");
+}
+
+#[test]
+fn doctor_json_parses_and_every_size_has_a_runnable_plan() {
+    for name in [
+        "8x-rtx-pro-6000-pcie-2switch",
+        "4x-rtx-4090-no-p2p",
+        "8x-h200-nvswitch",
+        "8x-l40s-2numa",
+        "8x-a800-2islands",
+    ] {
+        let (out, _) = run(tpar().args(["doctor", "--json", "--topology", &fixture(name)]));
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON");
+        assert_eq!(json["ok"], true);
+        let plans = json["plans"].as_array().unwrap();
+        assert_eq!(plans.len(), 9, "4 KiB to 256 MiB in steps of 4");
+        for p in plans {
+            assert!(
+                p["choice"].is_string() && !p["reason"].as_str().unwrap().is_empty(),
+                "{name}: {p}"
+            );
+        }
+        if name == "4x-rtx-4090-no-p2p" {
+            assert_eq!(plans[0]["choice"], "host-staged");
+        }
+    }
+}
+
+#[test]
+fn doctor_refuses_a_forced_algorithm_that_cannot_run_and_exits_non_zero() {
+    let (out, _) = run(tpar().args([
+        "doctor",
+        "--topology",
+        &fixture("4x-rtx-4090-no-p2p"),
+        "--algo",
+        "one-shot",
+    ]));
+    assert!(!out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("NONE") && stdout.contains("no peer-to-peer writes"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn doctor_on_a_machine_without_a_gpu_says_so_and_what_to_do() {
+    if Path::new("/proc/driver/nvidia/gpus").exists() {
+        eprintln!("SKIPPED doctor_on_a_machine_without_a_gpu: this machine has a GPU");
+        return;
+    }
+    let (out, _) = run(tpar().args(["doctor"]));
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("no GPU") && stderr.contains("--topology"),
+        "{stderr}"
+    );
+}

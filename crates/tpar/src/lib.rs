@@ -15,6 +15,7 @@
 pub mod algorithm;
 pub mod backend;
 pub mod check;
+pub mod dispatch;
 pub mod dtype;
 pub mod error;
 pub mod launch;
@@ -22,6 +23,7 @@ pub mod memory;
 pub mod protocol;
 pub mod rendezvous;
 mod sys;
+pub mod topology;
 mod wait;
 
 pub use algorithm::Algorithm;

@@ -3,6 +3,8 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod libsearch;
+pub mod nccl;
 
 /// Whether this machine shows NVIDIA GPUs, read from the driver's /proc files so that nothing
 /// is loaded: `Ok(count)`, or `Err(reason)` in words for the user.

@@ -191,6 +191,10 @@ struct Owned {
     host_inbox: Option<RegisteredSegment>,
 }
 
+/// The device state (epoch, blocks done) and the host-mapped error word of one rank.
+const STATE_BYTES: usize = 16;
+const ERROR_WORD_BYTES: usize = 4096;
+
 fn device_inbox_bytes(layout: &InboxLayout) -> usize {
     layout.total_bytes()
         + BUFFERS * layout.payload_lines * 4
@@ -212,8 +216,8 @@ impl Owned {
         };
         Ok(Owned {
             inbox: DeviceMemory::zeroed(ctx, device_inbox_bytes(layout))?,
-            state: DeviceMemory::zeroed(ctx, 16)?,
-            error: MappedHostMemory::zeroed(ctx, 4096)?,
+            state: DeviceMemory::zeroed(ctx, STATE_BYTES)?,
+            error: MappedHostMemory::zeroed(ctx, ERROR_WORD_BYTES)?,
             host_inbox,
         })
     }
@@ -491,6 +495,23 @@ impl CudaCommunicator {
         }
     }
 
+    /// What a rank of a `world_size` group with `config` will allocate, before creating it
+    /// (so that an engine can subtract it from its KV-cache budget first).
+    pub fn planned_footprint(world_size: usize, config: &CudaConfig) -> MemoryFootprint {
+        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let host = if config.host_staged {
+            layout.total_bytes() as u64
+        } else {
+            0
+        };
+        MemoryFootprint {
+            device_bytes: (device_inbox_bytes(&layout) + STATE_BYTES) as u64,
+            pinned_host_bytes: ERROR_WORD_BYTES as u64,
+            shared_host_bytes: host,
+            peer_mapped_bytes: 0,
+        }
+    }
+
     /// Every byte this rank allocated, by kind.
     pub fn memory_footprint(&self) -> MemoryFootprint {
         let host_inbox = self
@@ -699,6 +720,24 @@ fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_planned_footprint_grows_with_the_world_size() {
+        let config = CudaConfig::default();
+        let two = CudaCommunicator::planned_footprint(2, &config);
+        let eight = CudaCommunicator::planned_footprint(8, &config);
+        assert!(eight.device_bytes > two.device_bytes);
+        // 3 buffers x (8 slots + gather) x 64K lines x 8 B, plus headers and the pull region.
+        assert!(eight.device_bytes > 3 * 9 * (256 << 10) * 2);
+        let off = CudaCommunicator::planned_footprint(
+            8,
+            &CudaConfig {
+                host_staged: false,
+                ..config
+            },
+        );
+        assert_eq!(off.shared_host_bytes, 0);
+    }
 
     #[test]
     fn co_residency_divides_the_gpu_among_its_ranks() {

@@ -19,76 +19,23 @@ pub fn nvrtc_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// Folders that commonly hold libnvrtc.so.13 (or .12): `TPAR_NVRTC_DIR`, `CUDA_HOME`,
-/// /usr/local/cuda*, and the pip wheels' `nvidia/cu13/lib` and `nvidia/cuda_nvrtc/lib` in
-/// every Python site-packages on `PYTHONPATH` and under the usual prefixes. Only folders that
-/// hold the library are returned.
+/// Folders that commonly hold libnvrtc.so.13 (or .12): `TPAR_NVRTC_DIR`, a CUDA toolkit's,
+/// and the pip wheel's `nvidia/cu13/lib` or `nvidia/cuda_nvrtc/lib` (see
+/// [`crate::backend::libsearch`]). Only folders that hold the library are returned.
 pub fn nvrtc_search_dirs() -> Vec<PathBuf> {
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Ok(dir) = std::env::var("TPAR_NVRTC_DIR") {
         candidates.push(dir.into());
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(home) = std::env::var(var) {
-            candidates.push(Path::new(&home).join("lib64"));
-            candidates.push(Path::new(&home).join("targets/x86_64-linux/lib"));
-        }
-    }
-    let mut roots: Vec<PathBuf> = vec!["/usr/local".into(), "/opt".into()];
-    if let Ok(home) = std::env::var("HOME") {
-        roots.push(Path::new(&home).join(".local/lib"));
-        roots.push(Path::new(&home).join(".pyenv/versions"));
-    }
-    for root in &roots {
-        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with("cuda") {
-                candidates.push(path.join("lib64"));
-                candidates.push(path.join("targets/x86_64-linux/lib"));
-            }
-        }
-    }
-    let mut site_packages: Vec<PathBuf> = std::env::var("PYTHONPATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .collect();
-    if let Ok(prefix) = std::env::var("VIRTUAL_ENV") {
-        site_packages.extend(python_site_dirs(Path::new(&prefix)));
-    }
-    for root in &roots {
-        site_packages.extend(python_site_dirs(root));
-        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            site_packages.extend(python_site_dirs(&entry.path()));
-            site_packages.extend(python_site_dirs(&entry.path().join(".venv")));
-        }
-    }
-    for sp in site_packages {
+    candidates.extend(crate::backend::libsearch::cuda_toolkit_lib_dirs());
+    for sp in crate::backend::libsearch::python_site_packages() {
         candidates.push(sp.join("nvidia/cu13/lib"));
         candidates.push(sp.join("nvidia/cuda_nvrtc/lib"));
     }
-    let mut found = Vec::new();
-    for dir in candidates {
-        let has = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"]
-            .iter()
-            .any(|f| dir.join(f).exists());
-        if has && !found.contains(&dir) {
-            found.push(dir);
-        }
-    }
-    found
-}
-
-fn python_site_dirs(prefix: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(prefix.join("lib"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-        .map(|e| e.path().join("site-packages"))
-        .collect()
+    crate::backend::libsearch::dirs_holding(
+        candidates,
+        &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+    )
 }
 
 fn missing_nvrtc() -> Error {

@@ -1,0 +1,332 @@
+//! `tpar doctor`: what tpar sees on this machine (or on a machine described in a topology
+//! file) and what it will do there: GPUs and versions, a link matrix in the spirit of
+//! `nvidia-smi topo -m` with P2P read/write capability, the result of a quick numerical check
+//! of every path on the real GPUs, the memory tpar reserves per rank, and for each message size
+//! which algorithm runs and why. Exits non-zero when tpar cannot work, with the reason and fix.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
+use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
+use tpar::memory::{human_bytes, MemoryFootprint};
+use tpar::topology::Topology;
+use tpar::DType;
+
+use crate::report::{emit, Table};
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Explain a machine described in this JSON file instead of this one (touches no GPU).
+    /// Fixtures: crates/tpar/fixtures/topologies/*.json.
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
+    /// Ranks to plan for [default: one per GPU].
+    #[arg(long, short = 'n')]
+    world_size: Option<usize>,
+    #[arg(long, default_value = "bf16")]
+    dtype: DType,
+    /// Plan as if this algorithm were forced (also TPAR_ALGO): one-shot, two-shot,
+    /// one-shot-pull, host-staged, nccl.
+    #[arg(long)]
+    algo: Option<String>,
+    /// Print the report as JSON on stdout (the text goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Check {
+    name: String,
+    ok: bool,
+    detail: String,
+}
+
+#[derive(Serialize)]
+struct SizePlan {
+    bytes: u64,
+    choice: Option<Choice>,
+    reason: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    topology: Topology,
+    source: String,
+    world_size: usize,
+    dtype: DType,
+    class: Class,
+    memory_per_rank: MemoryFootprint,
+    tuning_table: Option<String>,
+    checks: Vec<Check>,
+    plans: Vec<SizePlan>,
+    ok: bool,
+}
+
+/// 4 KiB to 256 MiB in steps of 4.
+fn size_buckets() -> Vec<u64> {
+    (0..=8).map(|k| 4096u64 << (2 * k)).collect()
+}
+
+pub fn run(args: DoctorArgs) -> Result<ExitCode> {
+    let forced = args
+        .algo
+        .clone()
+        .or_else(|| std::env::var("TPAR_ALGO").ok())
+        .map(|a| a.parse::<Choice>())
+        .transpose()?;
+    let mut checks = Vec::new();
+    let (topology, source) = match &args.topology {
+        Some(path) => (Topology::load(path)?, format!("file {}", path.display())),
+        None => match Topology::detect() {
+            Ok(t) => (t, "this machine (NVML)".to_owned()),
+            Err(e) => {
+                let text = format!(
+                    "tpar doctor: no GPU to examine here ({e}).\n\
+                     tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
+                     To plan for another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
+                );
+                eprintln!("{text}");
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+    };
+    let world_size = args.world_size.unwrap_or(topology.gpus.len()).max(1);
+    let config = CudaConfig::default();
+    let memory = CudaCommunicator::planned_footprint(world_size, &config);
+
+    let mut probe = Probe::default();
+    if args.topology.is_none() {
+        checks.extend(gpu_checks(&topology, world_size, &mut probe));
+    }
+    let tuning = TuningTable::load_for(&topology, world_size, args.dtype);
+    let mut plans = Vec::new();
+    for bytes in size_buckets() {
+        let req = Request {
+            topology: &topology,
+            probe: Some(&probe),
+            tuning: tuning.as_ref(),
+            world_size,
+            dtype: args.dtype,
+            bytes,
+            capturing: true,
+            forced,
+        };
+        plans.push(match plan(&req) {
+            Ok(p) => SizePlan {
+                bytes,
+                choice: Some(p.choice),
+                reason: p.reason,
+            },
+            Err(e) => SizePlan {
+                bytes,
+                choice: None,
+                reason: e.to_string(),
+            },
+        });
+    }
+    let ok = plans.iter().all(|p| p.choice.is_some()) && checks.iter().all(|c| c.ok);
+    let report = Report {
+        class: classify(&topology, world_size),
+        topology,
+        source,
+        world_size,
+        dtype: args.dtype,
+        memory_per_rank: memory,
+        tuning_table: tuning.map(|t| {
+            TuningTable::path(&t.fingerprint, world_size, args.dtype)
+                .display()
+                .to_string()
+        }),
+        checks,
+        plans,
+        ok,
+    };
+    emit(&render(&report), args.json.then_some("-"), &report)?;
+    Ok(if report.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
+/// on a few ranks; NCCL loads. A path that fails goes into the probe and is never planned.
+fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let mut add = |name: &str, result: Result<String>| {
+        let (ok, detail) = match result {
+            Ok(d) => (true, d),
+            Err(e) => (false, format!("{e:#}")),
+        };
+        checks.push(Check {
+            name: name.to_owned(),
+            ok,
+            detail,
+        });
+        ok
+    };
+    let cuda = add(
+        "CUDA driver and NVRTC",
+        tpar::backend::cuda::probe()
+            .map(|n| format!("{n} GPU(s) usable"))
+            .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
+    );
+    match tpar::backend::nccl::Nccl::load() {
+        Ok(n) => add(
+            "NCCL",
+            Ok(format!(
+                "{} from {}",
+                n.version_string(),
+                n.path().display()
+            )),
+        ),
+        Err(e) => add(
+            "NCCL",
+            Ok(format!(
+                "not found ({e}); large messages stay on tpar's paths"
+            )),
+        ),
+    };
+    if !cuda {
+        return checks;
+    }
+    let ranks = world_size.clamp(2, tpar::backend::cuda::kernels::MAX_RANKS);
+    for algo in tpar::Algorithm::ALL {
+        let choice = Choice::Tpar(algo);
+        let request_ok = tpar::dispatch::eligibility(
+            &Request {
+                topology,
+                probe: None,
+                tuning: None,
+                world_size: ranks,
+                dtype: DType::Bf16,
+                bytes: 0,
+                capturing: false,
+                forced: None,
+            },
+            choice,
+        );
+        if let Err(why) = request_ok {
+            add(
+                &format!("self-test {algo}"),
+                Ok(format!("not applicable: {why}")),
+            );
+            continue;
+        }
+        let result = crate::cuda_ranks::quick_check(ranks, algo);
+        if let Err(e) = &result {
+            probe.failed.push((choice, format!("{e:#}")));
+        }
+        add(&format!("self-test {algo}"), result);
+    }
+    checks
+}
+
+fn render(r: &Report) -> String {
+    let t = &r.topology;
+    let mut out = format!(
+        "tpar doctor: {} ({})\ndriver {}, CUDA {}, NCCL {}\n\n",
+        t.description,
+        r.source,
+        t.driver_version.as_deref().unwrap_or("?"),
+        t.cuda_version.as_deref().unwrap_or("?"),
+        t.nccl_version.as_deref().unwrap_or("not found"),
+    );
+    let mut gpus = Table::new(&["GPU", "name", "CC", "memory", "PCIe", "NUMA"], 2);
+    for g in &t.gpus {
+        gpus.push(vec![
+            g.index.to_string(),
+            g.name.clone(),
+            g.compute_capability.clone().unwrap_or_default(),
+            human_bytes(g.memory_bytes),
+            match (g.pcie_gen, g.pcie_width) {
+                (Some(gen), Some(w)) => format!("Gen{gen} x{w}"),
+                _ => "?".into(),
+            },
+            g.numa_node.map_or("?".into(), |n| n.to_string()),
+        ]);
+    }
+    out.push_str(&gpus.render());
+    out.push_str("\n\nLinks (path; P2P r = reads, w = writes):\n");
+    let header: Vec<String> = std::iter::once(String::new())
+        .chain(t.gpus.iter().map(|g| format!("GPU{}", g.index)))
+        .collect();
+    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
+    let mut matrix = Table::new(&header_refs, 1);
+    for a in &t.gpus {
+        let mut row = vec![format!("GPU{}", a.index)];
+        for b in &t.gpus {
+            row.push(match t.link(a.index, b.index) {
+                _ if a.index == b.index => "X".into(),
+                Some(l) => format!(
+                    "{} {}{}",
+                    l.path.label(),
+                    if l.p2p_read { "r" } else { "-" },
+                    if l.p2p_write { "w" } else { "-" }
+                ),
+                None => "?".into(),
+            });
+        }
+        matrix.push(row);
+    }
+    out.push_str(&matrix.render());
+    if !r.checks.is_empty() {
+        out.push_str("\n\nChecks on this machine:\n");
+        let mut c = Table::new(&["check", "result"], 2);
+        for check in &r.checks {
+            c.push(vec![
+                check.name.clone(),
+                format!(
+                    "{}: {}",
+                    if check.ok { "ok" } else { "FAILED" },
+                    check.detail
+                ),
+            ]);
+        }
+        out.push_str(&c.render());
+    }
+    let m = &r.memory_per_rank;
+    out.push_str(&format!(
+        "\n\nMemory tpar reserves per rank with {} ranks: {} device, {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
+        r.world_size,
+        human_bytes(m.device_bytes),
+        human_bytes(m.pinned_host_bytes),
+        human_bytes(m.shared_host_bytes),
+        human_bytes(m.allocated_bytes()),
+    ));
+    out.push_str(&format!(
+        "\nWhat runs, {} ranks, {} ({}{}):\n",
+        r.world_size,
+        r.dtype,
+        classify_text(r.class),
+        r.tuning_table
+            .as_ref()
+            .map_or(String::new(), |p| format!("; tuning table {p}"))
+    ));
+    let mut p = Table::new(&["size", "algorithm", "why"], 3);
+    for s in &r.plans {
+        p.push(vec![
+            human_bytes(s.bytes),
+            s.choice.map_or("NONE".into(), |c| c.to_string()),
+            s.reason.clone(),
+        ]);
+    }
+    out.push_str(&p.render());
+    if !r.ok {
+        out.push_str("\n\ntpar cannot work as asked here: see the FAILED checks or the sizes with no algorithm above.");
+    }
+    out
+}
+
+fn classify_text(class: Class) -> &'static str {
+    match class {
+        Class::OneGpu => "all ranks on one GPU",
+        Class::Nvlink => "NVLink between every pair",
+        Class::PcieP2p => "PCIe with P2P between every pair",
+        Class::NoP2p => "no P2P between some pair: host-staged or NCCL",
+    }
+}

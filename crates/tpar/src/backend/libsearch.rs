@@ -1,0 +1,98 @@
+//! Where NVIDIA's libraries usually live on a machine: CUDA toolkits under /usr/local and
+//! /opt, and the pip wheels (`nvidia-cuda-nvrtc`, `nvidia-nccl-cu13`) in any Python's
+//! site-packages (virtual environments, pyenv, ~/.local). The dynamic loader does not look in
+//! most of these places by itself.
+
+use std::path::{Path, PathBuf};
+
+/// `lib64` and `targets/x86_64-linux/lib` of `CUDA_HOME`, `CUDA_PATH` and every
+/// `/usr/local/cuda*` and `/opt/cuda*`.
+pub fn cuda_toolkit_lib_dirs() -> Vec<PathBuf> {
+    let mut homes: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok().map(PathBuf::from))
+        .collect();
+    for root in ["/usr/local", "/opt"] {
+        for entry in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("cuda") {
+                homes.push(entry.path());
+            }
+        }
+    }
+    homes
+        .iter()
+        .flat_map(|h| [h.join("lib64"), h.join("targets/x86_64-linux/lib")])
+        .collect()
+}
+
+/// site-packages folders of the Pythons this machine likely uses: `PYTHONPATH`,
+/// `VIRTUAL_ENV`, and `lib/python3*/site-packages` under /usr/local, /usr, /opt/* (and their
+/// `.venv`), ~/.local and every pyenv version.
+pub fn python_site_packages() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var("PYTHONPATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    let mut prefixes: Vec<PathBuf> = vec!["/usr/local".into(), "/usr".into()];
+    if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
+        prefixes.push(venv.into());
+    }
+    if let Ok(home) = std::env::var("HOME") {
+        prefixes.push(Path::new(&home).join(".local"));
+        for entry in std::fs::read_dir(Path::new(&home).join(".pyenv/versions"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            prefixes.push(entry.path());
+        }
+    }
+    for entry in std::fs::read_dir("/opt").into_iter().flatten().flatten() {
+        prefixes.push(entry.path());
+        prefixes.push(entry.path().join(".venv"));
+    }
+    for prefix in prefixes {
+        for entry in std::fs::read_dir(prefix.join("lib"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry.file_name().to_string_lossy().starts_with("python3") {
+                dirs.push(entry.path().join("site-packages"));
+                dirs.push(entry.path().join("dist-packages"));
+            }
+        }
+    }
+    dirs
+}
+
+/// The candidates (in order, without repeats) that hold one of `files`.
+pub fn dirs_holding(candidates: impl IntoIterator<Item = PathBuf>, files: &[&str]) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    for dir in candidates {
+        if files.iter().any(|f| dir.join(f).exists()) && !found.contains(&dir) {
+            found.push(dir);
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_folders_holding_the_file_are_kept() {
+        let dir = std::env::temp_dir().join(format!("tpar-libsearch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libx.so.1"), b"").unwrap();
+        let found = dirs_holding(
+            [dir.clone(), "/nonexistent".into(), dir.clone()],
+            &["libx.so.1"],
+        );
+        assert_eq!(found, vec![dir.clone()]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,334 @@
+//! NCCL behind tpar's call, for large messages and whatever tpar has no better path for.
+//! Loaded at run time, never linked: `TPAR_NCCL_LIBRARY` (a path) if set, else pip's
+//! `nvidia/nccl/lib/libnccl.so.2` in any site-packages, else `libnccl.so.2` / `libnccl.so` where
+//! the loader finds them. Communicators are created through tpar's rendezvous (rank 0's unique
+//! id travels in a record) or, for ranks of one process, with `ncclCommInitAll`. All `unsafe`
+//! of the NCCL backend is in this file.
+
+use std::collections::HashSet;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use libloading::Library;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::rendezvous::Rendezvous;
+
+type NcclResult = c_int;
+type NcclComm = *mut c_void;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId {
+    internal: [c_char; 128],
+}
+
+/// The loaded library and the entry points tpar uses.
+pub struct Nccl {
+    _library: Library,
+    path: PathBuf,
+    version: c_int,
+    get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
+    comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int) -> NcclResult,
+    comm_init_all: unsafe extern "C" fn(*mut NcclComm, c_int, *const c_int) -> NcclResult,
+    comm_destroy: unsafe extern "C" fn(NcclComm) -> NcclResult,
+    comm_get_async_error: unsafe extern "C" fn(NcclComm, *mut NcclResult) -> NcclResult,
+    all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        NcclComm,
+        *mut c_void,
+    ) -> NcclResult,
+    group_start: unsafe extern "C" fn() -> NcclResult,
+    group_end: unsafe extern "C" fn() -> NcclResult,
+}
+
+// SAFETY: NCCL's entry points are callable from any thread; the library stays loaded.
+unsafe impl Send for Nccl {}
+unsafe impl Sync for Nccl {}
+
+/// Where to look for NCCL, in order.
+pub fn candidates() -> Vec<PathBuf> {
+    if let Ok(path) = std::env::var("TPAR_NCCL_LIBRARY") {
+        return vec![path.into()];
+    }
+    let mut paths: Vec<PathBuf> = crate::backend::libsearch::python_site_packages()
+        .into_iter()
+        .map(|sp| sp.join("nvidia/nccl/lib/libnccl.so.2"))
+        .filter(|p| p.exists())
+        .collect();
+    paths.extend([
+        "libnccl.so.2".into(),
+        "libnccl.so".into(),
+        "/usr/lib/x86_64-linux-gnu/libnccl.so".into(),
+    ]);
+    paths
+}
+
+impl Nccl {
+    /// The process-wide NCCL, loaded on first use; the error lists what was tried.
+    pub fn load() -> Result<Arc<Nccl>> {
+        static LOADED: OnceLock<std::result::Result<Arc<Nccl>, String>> = OnceLock::new();
+        LOADED
+            .get_or_init(|| {
+                let mut tried = Vec::new();
+                for path in candidates() {
+                    // SAFETY: loading NCCL runs its initialisers, which have no preconditions.
+                    match unsafe { Library::new(&path) } {
+                        Ok(library) => return Nccl::bind(library, path).map(Arc::new).map_err(|e| e.to_string()),
+                        Err(e) => tried.push(format!("{}: {e}", path.display())),
+                    }
+                }
+                Err(format!(
+                    "NCCL cannot be loaded (tried {}); install it (pip install nvidia-nccl-cu13) or set TPAR_NCCL_LIBRARY to libnccl.so.2",
+                    tried.join("; ")
+                ))
+            })
+            .clone()
+            .map_err(Error::Unsupported)
+    }
+
+    fn bind(library: Library, path: PathBuf) -> Result<Nccl> {
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol has the signature of NCCL's public header (nccl.h, 2.x),
+                // and the pointer is only used while `library` (moved into Nccl) is loaded.
+                *unsafe { library.get($name) }.map_err(|e| {
+                    Error::Unsupported(format!(
+                        "{} lacks {}: {e}",
+                        path.display(),
+                        String::from_utf8_lossy($name)
+                    ))
+                })?
+            };
+        }
+        let get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult = sym!(b"ncclGetVersion");
+        let mut version = 0;
+        // SAFETY: writes one int.
+        unsafe { get_version(&mut version) };
+        Ok(Nccl {
+            get_error_string: sym!(b"ncclGetErrorString"),
+            get_unique_id: sym!(b"ncclGetUniqueId"),
+            comm_init_rank: sym!(b"ncclCommInitRank"),
+            comm_init_all: sym!(b"ncclCommInitAll"),
+            comm_destroy: sym!(b"ncclCommDestroy"),
+            comm_get_async_error: sym!(b"ncclCommGetAsyncError"),
+            all_reduce: sym!(b"ncclAllReduce"),
+            group_start: sym!(b"ncclGroupStart"),
+            group_end: sym!(b"ncclGroupEnd"),
+            _library: library,
+            path,
+            version,
+        })
+    }
+
+    /// "2.28.3" (NCCL encodes versions as major*10000 + minor*100 + patch).
+    pub fn version_string(&self) -> String {
+        let v = self.version;
+        format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn check(&self, what: &str, result: NcclResult) -> Result<()> {
+        if result == 0 {
+            return Ok(());
+        }
+        // SAFETY: NCCL returns a static string for every result code.
+        let text = unsafe { CStr::from_ptr((self.get_error_string)(result)) }.to_string_lossy();
+        Err(Error::Cuda(format!("NCCL {what}: {text} (code {result})")))
+    }
+
+    /// Runs `body` between ncclGroupStart and ncclGroupEnd: one thread issuing calls for
+    /// several ranks must group them, or the first call waits for the others forever.
+    pub fn group<T>(&self, body: impl FnOnce() -> Result<T>) -> Result<T> {
+        // SAFETY: plain calls without arguments.
+        self.check("group start", unsafe { (self.group_start)() })?;
+        let result = body();
+        self.check("group end", unsafe { (self.group_end)() })?;
+        result
+    }
+}
+
+/// One rank's NCCL communicator.
+pub struct NcclCommunicator {
+    nccl: Arc<Nccl>,
+    comm: NcclComm,
+    rank: usize,
+    world_size: usize,
+}
+
+// SAFETY: an NCCL communicator may be used from another thread as long as calls on it are not
+// concurrent, which `&mut`-free use from one owner at a time guarantees here.
+unsafe impl Send for NcclCommunicator {}
+
+fn datatype(dtype: DType) -> c_int {
+    match dtype {
+        DType::F16 => 6,
+        DType::F32 => 7,
+        DType::Bf16 => 9,
+    }
+}
+
+impl NcclCommunicator {
+    /// Every rank in this process, rank r on GPU `devices[r]`. NCCL needs a GPU per rank.
+    pub fn new_local_group(devices: &[usize]) -> Result<Vec<NcclCommunicator>> {
+        let nccl = Nccl::load()?;
+        let mut seen = HashSet::new();
+        if let Some(d) = devices.iter().find(|d| !seen.insert(**d)) {
+            return Err(Error::Unsupported(format!(
+                "NCCL needs one GPU per rank, and {} ranks would share GPU {d}",
+                devices.iter().filter(|x| *x == d).count()
+            )));
+        }
+        let ids: Vec<c_int> = devices.iter().map(|d| *d as c_int).collect();
+        let mut comms = vec![std::ptr::null_mut(); devices.len()];
+        // SAFETY: comms has room for one communicator per device in `ids`.
+        nccl.check("ncclCommInitAll", unsafe {
+            (nccl.comm_init_all)(comms.as_mut_ptr(), ids.len() as c_int, ids.as_ptr())
+        })?;
+        Ok(comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| NcclCommunicator {
+                nccl: nccl.clone(),
+                comm,
+                rank,
+                world_size: devices.len(),
+            })
+            .collect())
+    }
+
+    /// This process's rank of the job behind `rendezvous`, on the current CUDA device (make the
+    /// rank's context current first).
+    pub fn new(rendezvous: &Rendezvous, timeout: std::time::Duration) -> Result<NcclCommunicator> {
+        let nccl = Nccl::load()?;
+        let key = format!("nccl-g{}", rendezvous.next_generation());
+        if rendezvous.rank() == 0 {
+            let mut id = UniqueId { internal: [0; 128] };
+            // SAFETY: fills the id.
+            nccl.check("ncclGetUniqueId", unsafe { (nccl.get_unique_id)(&mut id) })?;
+            let hex: String = id
+                .internal
+                .iter()
+                .map(|b| format!("{:02x}", *b as u8))
+                .collect();
+            rendezvous.publish(&key, &Some(hex))?;
+        } else {
+            rendezvous.publish(&key, &None::<String>)?;
+        }
+        let ids: Vec<Option<String>> = rendezvous.gather(&key, timeout)?;
+        let hex = ids[0]
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("rank 0 published no NCCL id".into()))?;
+        let mut id = UniqueId { internal: [0; 128] };
+        for (i, byte) in id.internal.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("zz"), 16)
+                .map_err(|_| Error::InvalidArgument("malformed NCCL id from rank 0".into()))?
+                as c_char;
+        }
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: comm receives the communicator; the id is rank 0's.
+        nccl.check("ncclCommInitRank", unsafe {
+            (nccl.comm_init_rank)(
+                &mut comm,
+                rendezvous.world_size() as c_int,
+                id,
+                rendezvous.rank() as c_int,
+            )
+        })?;
+        Ok(NcclCommunicator {
+            nccl,
+            comm,
+            rank: rendezvous.rank(),
+            world_size: rendezvous.world_size(),
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub fn nccl(&self) -> &Arc<Nccl> {
+        &self.nccl
+    }
+
+    /// Queues an NCCL sum allreduce on `stream` (`input: None` means in place).
+    ///
+    /// # Safety
+    /// As for [`crate::backend::cuda::CudaCommunicator::all_reduce_raw`]: device pointers to
+    /// `count` elements on this rank's GPU, valid until the work on `stream` completes.
+    pub unsafe fn all_reduce_raw(
+        &self,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let input = input.unwrap_or(output);
+        // SAFETY: the caller's promise; the communicator is live.
+        let rc = unsafe {
+            (self.nccl.all_reduce)(
+                input as *const c_void,
+                output as *mut c_void,
+                count,
+                datatype(dtype),
+                0,
+                self.comm,
+                stream,
+            )
+        };
+        self.nccl.check("ncclAllReduce", rc)
+    }
+
+    /// NCCL's asynchronous error, if any.
+    pub fn check(&self) -> Result<()> {
+        let mut state = 0;
+        // SAFETY: writes one int for a live communicator.
+        self.nccl.check("ncclCommGetAsyncError", unsafe {
+            (self.nccl.comm_get_async_error)(self.comm, &mut state)
+        })?;
+        self.nccl.check("asynchronous error", state)
+    }
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        // SAFETY: destroys our communicator once.
+        unsafe { (self.nccl.comm_destroy)(self.comm) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_what_was_tried() {
+        // On a machine without NCCL (CI) loading fails with the list; with NCCL it loads.
+        match Nccl::load() {
+            Ok(n) => assert!(n.version_string().starts_with('2')),
+            Err(e) => assert!(e.to_string().contains("TPAR_NCCL_LIBRARY"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn dtypes_map_to_nccl_codes() {
+        assert_eq!(datatype(DType::F32), 7);
+        assert_eq!(datatype(DType::F16), 6);
+        assert_eq!(datatype(DType::Bf16), 9);
+    }
+}

@@ -1,0 +1,755 @@
+//! The dispatcher: which algorithm runs an allreduce of so many bytes on this machine, and why;
+//! or an error that says why nothing can. It is a total function (every request yields a plan
+//! whose algorithm can run there, or an explicit error), checked by enumeration in its tests.
+//!
+//! Order of authority: a forced choice (`TPAR_ALGO`, `--algo`; one that cannot run is an error,
+//! never a substitute), then the tuning table measured on this machine by `tpar tune`, then
+//! built-in rules per topology class. The init probe can veto a path that failed its check.
+//! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::algorithm::Algorithm;
+use crate::backend::cuda::kernels::MAX_RANKS;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::human_bytes;
+use crate::topology::Topology;
+
+/// What runs an allreduce: one of tpar's algorithms or NCCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Choice {
+    Tpar(Algorithm),
+    Nccl,
+}
+
+impl Choice {
+    pub const ALL: [Choice; 5] = [
+        Choice::Tpar(Algorithm::OneShot),
+        Choice::Tpar(Algorithm::TwoShot),
+        Choice::Tpar(Algorithm::OneShotPull),
+        Choice::Tpar(Algorithm::HostStaged),
+        Choice::Nccl,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Tpar(a) => a.name(),
+            Choice::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Choice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Choice> {
+        if s.trim().eq_ignore_ascii_case("nccl") {
+            return Ok(Choice::Nccl);
+        }
+        s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
+            ))
+        })
+    }
+}
+
+impl Serialize for Choice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Choice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Choice, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What the init probe measured on this machine.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Probe {
+    /// Paths that failed a check (IPC, numerical self-test), with the reason: never used.
+    pub failed: Vec<(Choice, String)>,
+    /// Peer-write and peer-read bandwidth with every link busy at once, GB/s.
+    pub push_gbps: Option<f64>,
+    pub pull_gbps: Option<f64>,
+}
+
+/// The fastest choice per size, measured by `tpar tune` on one machine.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningTable {
+    /// Of the GPUs, driver and topology the table was measured on.
+    pub fingerprint: String,
+    pub world_size: usize,
+    pub dtype: DType,
+    /// Ascending `max_bytes`; a message takes the first entry it fits.
+    pub entries: Vec<TuningEntry>,
+}
+
+impl TuningTable {
+    /// Where the table for this machine, world size and dtype lives: `TPAR_TUNING_DIR`, else
+    /// `$XDG_CACHE_HOME/tpar/tuning` or `~/.cache/tpar/tuning`.
+    pub fn path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
+        let dir = std::env::var("TPAR_TUNING_DIR")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| {
+                crate::backend::cuda::nvrtc::cache_dir()
+                    .parent()
+                    .map_or_else(std::env::temp_dir, |p| p.join("tuning"))
+            });
+        dir.join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
+    }
+
+    /// The table measured on `topology`'s machine, if `tpar tune` wrote one.
+    pub fn load_for(topology: &Topology, world_size: usize, dtype: DType) -> Option<TuningTable> {
+        let text =
+            std::fs::read_to_string(Self::path(&topology.fingerprint(), world_size, dtype)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Writes the table where [`TuningTable::load_for`] looks (atomically).
+    pub fn save(&self) -> Result<std::path::PathBuf> {
+        let path = Self::path(&self.fingerprint, self.world_size, self.dtype);
+        let io = |source| Error::Io {
+            what: "cannot write the tuning table",
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(path.parent().expect("has a parent")).map_err(io)?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(self).expect("tables serialise"),
+        )
+        .map_err(io)?;
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        Ok(path)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TuningEntry {
+    pub max_bytes: u64,
+    pub choice: Choice,
+    pub p50_us: f64,
+}
+
+/// One allreduce to plan.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub topology: &'a Topology,
+    pub probe: Option<&'a Probe>,
+    pub tuning: Option<&'a TuningTable>,
+    pub world_size: usize,
+    pub dtype: DType,
+    pub bytes: u64,
+    /// Inside CUDA-graph capture (every path here captures; kept for rules that may not).
+    pub capturing: bool,
+    pub forced: Option<Choice>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    pub choice: Choice,
+    pub reason: String,
+}
+
+/// The kind of machine the ranks of a request run on, for the built-in rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    OneGpu,
+    Nvlink,
+    PcieP2p,
+    NoP2p,
+}
+
+impl Class {
+    fn describe(self) -> &'static str {
+        match self {
+            Class::OneGpu => "all ranks share one GPU",
+            Class::Nvlink => "every pair of GPUs is on NVLink",
+            Class::PcieP2p => "PCIe with peer-to-peer between every pair",
+            Class::NoP2p => "some pair of GPUs has no peer-to-peer access",
+        }
+    }
+}
+
+fn distinct_pairs(topology: &Topology, world_size: usize) -> Vec<(usize, usize)> {
+    let mut gpus = topology.placement(world_size);
+    gpus.sort_unstable();
+    gpus.dedup();
+    let mut pairs = Vec::new();
+    for (i, a) in gpus.iter().enumerate() {
+        for b in &gpus[i + 1..] {
+            pairs.push((*a, *b));
+        }
+    }
+    pairs
+}
+
+pub fn classify(topology: &Topology, world_size: usize) -> Class {
+    let pairs = distinct_pairs(topology, world_size);
+    let link = |&(a, b): &(usize, usize)| topology.link(a, b);
+    if pairs.is_empty() {
+        Class::OneGpu
+    } else if pairs.iter().all(|p| link(p).is_some_and(|l| l.nvlink)) {
+        Class::Nvlink
+    } else if pairs
+        .iter()
+        .all(|p| link(p).is_some_and(|l| l.p2p_write && l.p2p_read))
+    {
+        Class::PcieP2p
+    } else {
+        Class::NoP2p
+    }
+}
+
+/// Whether `choice` can run the request on this machine, and if not, why.
+pub fn eligibility(req: &Request, choice: Choice) -> std::result::Result<(), String> {
+    if req.world_size == 0 {
+        return Err("the world size is 0".into());
+    }
+    if req.topology.gpus.is_empty() {
+        return Err("the topology has no GPU".into());
+    }
+    if req.bytes % req.dtype.size() as u64 != 0 {
+        return Err(format!(
+            "{} bytes is not a whole number of {} elements",
+            req.bytes, req.dtype
+        ));
+    }
+    if let Some((_, why)) = req
+        .probe
+        .and_then(|p| p.failed.iter().find(|(c, _)| *c == choice))
+    {
+        return Err(format!(
+            "{choice} failed the init probe on this machine: {why}"
+        ));
+    }
+    let pairs = distinct_pairs(req.topology, req.world_size);
+    match choice {
+        Choice::Nccl => {
+            if req.topology.nccl_version.is_none() {
+                return Err("NCCL is not installed (no libnccl.so.2 found)".into());
+            }
+            if req.world_size > req.topology.gpus.len() {
+                return Err(format!(
+                    "NCCL needs one GPU per rank: {} ranks on {} GPU(s)",
+                    req.world_size,
+                    req.topology.gpus.len()
+                ));
+            }
+            Ok(())
+        }
+        Choice::Tpar(_) if req.world_size > MAX_RANKS => Err(format!(
+            "tpar's kernels address at most {MAX_RANKS} ranks; {} asked",
+            req.world_size
+        )),
+        Choice::Tpar(Algorithm::HostStaged) => Ok(()),
+        Choice::Tpar(algorithm) => {
+            let reads = algorithm == Algorithm::OneShotPull;
+            for (a, b) in pairs {
+                let ok = req.topology.link(a, b).is_some_and(|l| {
+                    if reads {
+                        l.p2p_read
+                    } else {
+                        l.p2p_write
+                    }
+                });
+                if !ok {
+                    let path = req.topology.link(a, b).map_or("?", |l| l.path.label());
+                    return Err(format!(
+                        "GPUs {a} and {b} ({path}) have no peer-to-peer {}",
+                        if reads { "reads" } else { "writes" }
+                    ));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// One rung of the built-in rules: messages up to `max_bytes` go to `choice`, because `why`.
+struct Rung {
+    max_bytes: u64,
+    choice: Choice,
+    why: &'static str,
+}
+
+const ONE_SHOT_WHY: &str = "one step and no barrier: the lowest latency for small messages";
+const TWO_SHOT_WHY: &str = "moves 2(n-1)/n of the message per rank instead of (n-1) copies";
+const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link bandwidth";
+
+/// The built-in rules for a class. Thresholds come from the measurements in bench/README.md
+/// and the published figures in the design brief; `tpar tune` replaces them with this
+/// machine's own.
+fn ladder(class: Class, world_size: usize, probe: Option<&Probe>) -> Vec<Rung> {
+    use Algorithm::*;
+    let many = world_size > 4;
+    let push_collapses = probe
+        .and_then(|p| Some(p.push_gbps? < 0.5 * p.pull_gbps?))
+        .unwrap_or(false);
+    let (one_shot, one_shot_why) = if push_collapses {
+        (
+            Choice::Tpar(OneShotPull),
+            "the init probe saw peer writes collapse while reads held, so peers are read (pull)",
+        )
+    } else {
+        (Choice::Tpar(OneShot), ONE_SHOT_WHY)
+    };
+    let rung = |max_bytes, choice, why| Rung {
+        max_bytes,
+        choice,
+        why,
+    };
+    match class {
+        Class::OneGpu if !many => vec![rung(
+            u64::MAX,
+            Choice::Tpar(OneShot),
+            "with 2 ranks on one GPU one-shot was fastest at every size measured (H200)",
+        )],
+        Class::OneGpu => vec![
+            rung(32 * KIB, Choice::Tpar(OneShot), ONE_SHOT_WHY),
+            rung(
+                u64::MAX,
+                Choice::Tpar(TwoShot),
+                "with 8 ranks on one GPU two-shot overtook one-shot from 42 KiB (H200)",
+            ),
+        ],
+        Class::Nvlink => vec![
+            rung(
+                if many { 64 * KIB } else { 256 * KIB },
+                one_shot,
+                one_shot_why,
+            ),
+            rung(2 * MIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
+            rung(u64::MAX, Choice::Nccl, NCCL_WHY),
+        ],
+        Class::PcieP2p => vec![
+            rung(
+                if many { 32 * KIB } else { 64 * KIB },
+                one_shot,
+                one_shot_why,
+            ),
+            rung(MIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
+            rung(u64::MAX, Choice::Nccl, NCCL_WHY),
+        ],
+        Class::NoP2p => vec![
+            rung(
+                if many { 64 * KIB } else { 256 * KIB },
+                Choice::Tpar(HostStaged),
+                "without P2P tpar stages through pinned host memory mapped into every GPU",
+            ),
+            rung(
+                u64::MAX,
+                Choice::Nccl,
+                "NCCL's shared-memory transport pipelines large messages through host memory",
+            ),
+        ],
+    }
+}
+
+/// Plans one allreduce. Never returns a choice that cannot run; every error says why.
+pub fn plan(req: &Request) -> Result<Plan> {
+    let result = plan_inner(req);
+    match &result {
+        Ok(p) => log::debug!(
+            "plan: {} ranks, {} of {}: {} because {}",
+            req.world_size,
+            human_bytes(req.bytes),
+            req.dtype,
+            p.choice,
+            p.reason
+        ),
+        Err(e) => log::debug!(
+            "plan: {} ranks, {}: no plan: {e}",
+            req.world_size,
+            human_bytes(req.bytes)
+        ),
+    }
+    result
+}
+
+fn plan_inner(req: &Request) -> Result<Plan> {
+    if let Some(forced) = req.forced {
+        return match eligibility(req, forced) {
+            Ok(()) => Ok(Plan {
+                choice: forced,
+                reason: "forced (TPAR_ALGO or --algo)".into(),
+            }),
+            Err(why) => Err(Error::Unsupported(format!(
+                "the forced algorithm {forced} cannot run here: {why}"
+            ))),
+        };
+    }
+    if req.world_size == 1 {
+        let choice = Choice::Tpar(Algorithm::OneShot);
+        eligibility(req, choice).map_err(Error::Unsupported)?;
+        return Ok(Plan {
+            choice,
+            reason: "one rank: the allreduce is a copy".into(),
+        });
+    }
+    let mut skipped: Vec<String> = Vec::new();
+    if let Some(table) = req
+        .tuning
+        .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype)
+    {
+        if let Some(entry) = table.entries.iter().find(|e| req.bytes <= e.max_bytes) {
+            match eligibility(req, entry.choice) {
+                Ok(()) => {
+                    return Ok(Plan {
+                        choice: entry.choice,
+                        reason: format!(
+                        "fastest up to {} in the tuning table measured on this machine ({:.1} us)",
+                        human_bytes(entry.max_bytes),
+                        entry.p50_us
+                    ),
+                    })
+                }
+                Err(why) => skipped.push(format!("tuned {} skipped: {why}", entry.choice)),
+            }
+        }
+    }
+    let class = classify(req.topology, req.world_size);
+    let rungs = ladder(class, req.world_size, req.probe);
+    let first = rungs
+        .iter()
+        .position(|r| req.bytes <= r.max_bytes)
+        .unwrap_or(rungs.len() - 1);
+    // The rung for this size, then the rungs for larger sizes, then smaller ones, then the
+    // paths every machine has.
+    let fallback = [
+        Rung {
+            max_bytes: u64::MAX,
+            choice: Choice::Tpar(Algorithm::HostStaged),
+            why: "host-staged needs no P2P and runs on every machine",
+        },
+        Rung {
+            max_bytes: u64::MAX,
+            choice: Choice::Nccl,
+            why: NCCL_WHY,
+        },
+    ];
+    let order = rungs[first..]
+        .iter()
+        .chain(rungs[..first].iter().rev())
+        .chain(fallback.iter());
+    for rung in order {
+        match eligibility(req, rung.choice) {
+            Ok(()) => {
+                let mut reason = format!(
+                    "{}: {} [{}; rules: {}]",
+                    rung.choice,
+                    rung.why,
+                    describe_machine(req.topology, req.world_size, class),
+                    rung_text(&rungs)
+                );
+                if !skipped.is_empty() {
+                    reason = format!("{}; so {reason}", skipped.join("; "));
+                }
+                return Ok(Plan {
+                    choice: rung.choice,
+                    reason,
+                });
+            }
+            Err(why) => {
+                let line = format!("{} skipped: {why}", rung.choice);
+                if !skipped.contains(&line) {
+                    skipped.push(line);
+                }
+            }
+        }
+    }
+    Err(Error::Unsupported(format!(
+        "no algorithm can run this allreduce: {}",
+        skipped.join("; ")
+    )))
+}
+
+/// The class in words, naming the first pair of GPUs without P2P where that decides.
+fn describe_machine(topology: &Topology, world_size: usize, class: Class) -> String {
+    if class != Class::NoP2p {
+        return class.describe().to_owned();
+    }
+    distinct_pairs(topology, world_size)
+        .into_iter()
+        .find_map(|(a, b)| {
+            let l = topology.link(a, b)?;
+            (!(l.p2p_read && l.p2p_write)).then(|| {
+                format!(
+                    "GPUs {a} and {b} ({}) have no peer-to-peer access",
+                    l.path.label()
+                )
+            })
+        })
+        .unwrap_or_else(|| class.describe().to_owned())
+}
+
+fn rung_text(rungs: &[Rung]) -> String {
+    rungs
+        .iter()
+        .map(|r| {
+            if r.max_bytes == u64::MAX {
+                format!("{} above", r.choice)
+            } else {
+                format!("{} up to {}", r.choice, human_bytes(r.max_bytes))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::FIXTURES;
+
+    fn fixture(name: &str) -> Topology {
+        Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
+    }
+
+    fn request<'a>(t: &'a Topology, world_size: usize, bytes: u64) -> Request<'a> {
+        Request {
+            topology: t,
+            probe: None,
+            tuning: None,
+            world_size,
+            dtype: DType::Bf16,
+            bytes,
+            capturing: false,
+            forced: None,
+        }
+    }
+
+    /// Every fixture (with and without NCCL, and as one GPU), world sizes 1 to 16, every dtype,
+    /// sizes 0 to 1 GiB (and a size that is no whole element), every forced choice, capturing
+    /// or not: each request yields a plan whose choice can run, or an error with a reason.
+    #[test]
+    fn the_dispatcher_is_total() {
+        let mut topologies: Vec<Topology> = FIXTURES
+            .iter()
+            .map(|(_, t)| Topology::from_json(t).unwrap())
+            .collect();
+        for t in topologies.clone() {
+            topologies.push(Topology {
+                nccl_version: None,
+                ..t.clone()
+            });
+            topologies.push(Topology {
+                gpus: t.gpus[..1].to_vec(),
+                links: Vec::new(),
+                ..t
+            });
+        }
+        let sizes = [
+            0,
+            3,
+            2,
+            4 * KIB,
+            42 * KIB,
+            64 * KIB,
+            256 * KIB,
+            MIB,
+            16 * MIB,
+            256 * MIB,
+            1024 * MIB,
+        ];
+        let forced: Vec<Option<Choice>> =
+            std::iter::once(None).chain(Choice::ALL.map(Some)).collect();
+        let probe = Probe {
+            failed: vec![(
+                Choice::Tpar(Algorithm::TwoShot),
+                "numerical self-test failed".into(),
+            )],
+            push_gbps: Some(3.0),
+            pull_gbps: Some(50.0),
+        };
+        let (mut plans, mut errors) = (0, 0);
+        for t in &topologies {
+            for world_size in 1..=16 {
+                for dtype in DType::ALL {
+                    for &bytes in &sizes {
+                        for &force in &forced {
+                            for capturing in [false, true] {
+                                for p in [None, Some(&probe)] {
+                                    let req = Request {
+                                        topology: t,
+                                        probe: p,
+                                        tuning: None,
+                                        world_size,
+                                        dtype,
+                                        bytes,
+                                        capturing,
+                                        forced: force,
+                                    };
+                                    match plan(&req) {
+                                        Ok(plan) => {
+                                            plans += 1;
+                                            assert_eq!(
+                                                eligibility(&req, plan.choice),
+                                                Ok(()),
+                                                "{req:?} -> {plan:?}"
+                                            );
+                                            assert!(!plan.reason.is_empty());
+                                            if let Some(f) = force {
+                                                assert_eq!(plan.choice, f);
+                                            }
+                                        }
+                                        Err(e) => {
+                                            errors += 1;
+                                            assert!(e.to_string().len() > 20, "{e}");
+                                            if force.is_none()
+                                                && bytes % dtype.size() as u64 == 0
+                                                && world_size <= 16
+                                            {
+                                                // Host-staged runs everywhere up to 16 ranks unless the probe vetoed it.
+                                                panic!("no plan although host-staged can always run: {req:?}: {e}");
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            plans > 10_000 && errors > 1_000,
+            "{plans} plans, {errors} errors"
+        );
+    }
+
+    #[test]
+    fn rules_pick_what_each_machine_can_do_best() {
+        let h200 = fixture("8x-h200-nvswitch");
+        assert_eq!(
+            plan(&request(&h200, 8, 4 * KIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShot)
+        );
+        assert_eq!(
+            plan(&request(&h200, 8, MIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::TwoShot)
+        );
+        assert_eq!(
+            plan(&request(&h200, 8, 256 * MIB)).unwrap().choice,
+            Choice::Nccl
+        );
+        let rtx = fixture("4x-rtx-4090-no-p2p");
+        assert_eq!(
+            plan(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::HostStaged)
+        );
+        assert_eq!(
+            plan(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
+            Choice::Nccl
+        );
+        // L40S: P2P only within a NUMA node. 4 ranks stay on node 0; 8 ranks cross.
+        let l40s = fixture("8x-l40s-2numa");
+        assert_eq!(
+            plan(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShot)
+        );
+        assert_eq!(
+            plan(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::HostStaged)
+        );
+        // More ranks than GPUs: NCCL cannot, tpar can.
+        let big = plan(&request(&h200, 12, 512 * MIB)).unwrap();
+        assert_eq!(big.choice, Choice::Tpar(Algorithm::TwoShot), "{big:?}");
+        assert!(
+            big.reason.contains("NCCL needs one GPU per rank"),
+            "{}",
+            big.reason
+        );
+    }
+
+    #[test]
+    fn a_probe_that_saw_writes_collapse_turns_push_into_pull() {
+        let pro = fixture("8x-rtx-pro-6000-pcie-2switch");
+        let probe = Probe {
+            push_gbps: Some(4.0),
+            pull_gbps: Some(50.0),
+            ..Probe::default()
+        };
+        let req = Request {
+            probe: Some(&probe),
+            ..request(&pro, 8, 16 * KIB)
+        };
+        assert_eq!(
+            plan(&req).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShotPull)
+        );
+    }
+
+    #[test]
+    fn a_forced_choice_that_cannot_run_is_an_error_not_a_substitute() {
+        let rtx = fixture("4x-rtx-4090-no-p2p");
+        let req = Request {
+            forced: Some(Choice::Tpar(Algorithm::OneShot)),
+            ..request(&rtx, 4, 4 * KIB)
+        };
+        let err = plan(&req).unwrap_err().to_string();
+        assert!(
+            err.contains("forced algorithm one-shot cannot run")
+                && err.contains("no peer-to-peer writes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_tuning_table_wins_over_rules_when_it_can_run() {
+        let h200 = fixture("8x-h200-nvswitch");
+        let table = TuningTable {
+            fingerprint: "x".into(),
+            world_size: 8,
+            dtype: DType::Bf16,
+            entries: vec![TuningEntry {
+                max_bytes: 8 * KIB,
+                choice: Choice::Tpar(Algorithm::TwoShot),
+                p50_us: 3.0,
+            }],
+        };
+        let req = Request {
+            tuning: Some(&table),
+            ..request(&h200, 8, 4 * KIB)
+        };
+        let p = plan(&req).unwrap();
+        assert_eq!(p.choice, Choice::Tpar(Algorithm::TwoShot));
+        assert!(p.reason.contains("tuning table"));
+        // Past the table's last entry the rules decide.
+        let req = Request {
+            tuning: Some(&table),
+            ..request(&h200, 8, 64 * KIB)
+        };
+        assert_eq!(plan(&req).unwrap().choice, Choice::Tpar(Algorithm::OneShot));
+    }
+
+    #[test]
+    fn choices_parse_and_serialise_by_name() {
+        for c in Choice::ALL {
+            assert_eq!(c.name().parse::<Choice>().unwrap(), c);
+            assert_eq!(
+                serde_json::to_string(&c).unwrap(),
+                format!("\"{}\"", c.name())
+            );
+        }
+        assert!("ring".parse::<Choice>().is_err());
+    }
+}

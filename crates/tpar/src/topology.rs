@@ -1,0 +1,360 @@
+//! What tpar knows about the GPUs of a machine: each GPU, and for each pair the PCIe path
+//! between them and whether peer-to-peer reads, writes, NVLink and atomics work. Read from
+//! NVML (loaded at run time) on a real machine, or from a JSON file that describes one, so that
+//! a machine can be planned for elsewhere (`tpar doctor --topology FILE`). Fixtures for common
+//! inference servers are in `crates/tpar/fixtures/topologies/`.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How two GPUs are connected, nearest first (the levels of `nvidia-smi topo -m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathClass {
+    /// NVLink or NVSwitch (`NV#`).
+    Nvlink,
+    /// One PCIe switch (`PIX`).
+    SameSwitch,
+    /// Several PCIe switches, no host bridge (`PXB`).
+    MultipleSwitches,
+    /// Through one PCIe host bridge (`PHB`).
+    HostBridge,
+    /// Several host bridges of one NUMA node (`NODE`).
+    SameNumaNode,
+    /// Across NUMA nodes / CPU sockets (`SYS`).
+    CrossNuma,
+}
+
+impl PathClass {
+    /// The label `nvidia-smi topo -m` uses.
+    pub fn label(self) -> &'static str {
+        match self {
+            PathClass::Nvlink => "NV",
+            PathClass::SameSwitch => "PIX",
+            PathClass::MultipleSwitches => "PXB",
+            PathClass::HostBridge => "PHB",
+            PathClass::SameNumaNode => "NODE",
+            PathClass::CrossNuma => "SYS",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: usize,
+    pub name: String,
+    pub uuid: String,
+    pub pci_bus_id: String,
+    pub numa_node: Option<u32>,
+    pub pcie_gen: Option<u32>,
+    pub pcie_width: Option<u32>,
+    /// "9.0", "12.0", ...
+    pub compute_capability: Option<String>,
+    pub memory_bytes: u64,
+}
+
+/// The connection between GPUs `a` and `b` (a < b); the same both ways.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    pub a: usize,
+    pub b: usize,
+    pub path: PathClass,
+    pub p2p_read: bool,
+    pub p2p_write: bool,
+    pub nvlink: bool,
+    pub atomics: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Topology {
+    /// A sentence a person wrote (fixtures) or "detected on HOST".
+    pub description: String,
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
+    /// `None` when no NCCL library could be loaded.
+    pub nccl_version: Option<String>,
+    pub gpus: Vec<Gpu>,
+    pub links: Vec<Link>,
+}
+
+impl Topology {
+    pub fn from_json(text: &str) -> Result<Topology> {
+        let topology: Topology = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidArgument(format!("not a tpar topology file: {e}")))?;
+        topology.validate()?;
+        Ok(topology)
+    }
+
+    pub fn load(path: &Path) -> Result<Topology> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            what: "cannot read topology file",
+            path: path.to_owned(),
+            source,
+        })?;
+        Topology::from_json(&text).map_err(|e| match e {
+            Error::InvalidArgument(why) => {
+                Error::InvalidArgument(format!("{}: {why}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("topologies serialise")
+    }
+
+    /// Every GPU is indexed 0..n in order and every pair has exactly one link.
+    pub fn validate(&self) -> Result<()> {
+        let n = self.gpus.len();
+        for (i, g) in self.gpus.iter().enumerate() {
+            if g.index != i {
+                return Err(Error::InvalidArgument(format!(
+                    "GPU at position {i} says index {}",
+                    g.index
+                )));
+            }
+        }
+        for a in 0..n {
+            for b in a + 1..n {
+                let count = self.links.iter().filter(|l| (l.a, l.b) == (a, b)).count();
+                if count != 1 {
+                    return Err(Error::InvalidArgument(format!(
+                        "GPUs {a} and {b} have {count} links described; each pair needs exactly one (with a < b)"
+                    )));
+                }
+            }
+        }
+        if let Some(l) = self.links.iter().find(|l| l.a >= l.b || l.b >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "link {}-{} names no pair of GPUs 0..{n} with a < b",
+                l.a, l.b
+            )));
+        }
+        Ok(())
+    }
+
+    /// The link between two different GPUs.
+    pub fn link(&self, a: usize, b: usize) -> Option<&Link> {
+        let (a, b) = (a.min(b), a.max(b));
+        self.links.iter().find(|l| l.a == a && l.b == b)
+    }
+
+    /// The GPU each of `world_size` ranks runs on: round-robin, as the backends place them.
+    pub fn placement(&self, world_size: usize) -> Vec<usize> {
+        (0..world_size)
+            .map(|r| r % self.gpus.len().max(1))
+            .collect()
+    }
+
+    /// Names this machine's GPUs, driver and links (not the description), for keying the
+    /// tuning table measured on it.
+    pub fn fingerprint(&self) -> String {
+        let mut text = format!("{:?}|", self.driver_version);
+        for g in &self.gpus {
+            text.push_str(&format!(
+                "{}|{}|{:?}|",
+                g.name, g.uuid, g.compute_capability
+            ));
+        }
+        for l in &self.links {
+            text.push_str(&format!(
+                "{}-{}:{:?}{}{}{}|",
+                l.a, l.b, l.path, l.p2p_read, l.p2p_write, l.nvlink
+            ));
+        }
+        let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{hash:016x}")
+    }
+
+    /// Reads the machine through NVML. Errors (no driver, no NVML) say why.
+    pub fn detect() -> Result<Topology> {
+        detect::detect()
+    }
+}
+
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} GPU(s): {}", self.gpus.len(), self.description)
+    }
+}
+
+mod detect {
+    use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus, TopologyLevel};
+    use nvml_wrapper::Nvml;
+
+    use super::*;
+
+    pub fn detect() -> Result<Topology> {
+        let nvml = Nvml::init()
+            .map_err(|e| Error::Cuda(format!("NVML (libnvidia-ml.so) is not usable: {e}")))?;
+        let nv = |what: &str, e: nvml_wrapper::error::NvmlError| {
+            Error::Cuda(format!("NVML {what}: {e}"))
+        };
+        let count = nvml.device_count().map_err(|e| nv("device count", e))?;
+        let mut gpus = Vec::new();
+        let mut devices = Vec::new();
+        for i in 0..count {
+            let d = nvml.device_by_index(i).map_err(|e| nv("device", e))?;
+            let pci = d.pci_info().map_err(|e| nv("PCI info", e))?;
+            gpus.push(Gpu {
+                index: i as usize,
+                name: d.name().unwrap_or_else(|_| "unknown".into()),
+                uuid: d.uuid().unwrap_or_default(),
+                pci_bus_id: pci.bus_id.clone(),
+                numa_node: d
+                    .numa_node_id()
+                    .ok()
+                    .or_else(|| numa_from_sysfs(&pci.bus_id)),
+                pcie_gen: d.max_pcie_link_gen().ok(),
+                pcie_width: d.max_pcie_link_width().ok(),
+                compute_capability: d
+                    .cuda_compute_capability()
+                    .ok()
+                    .map(|c| format!("{}.{}", c.major, c.minor)),
+                memory_bytes: d.memory_info().map(|m| m.total).unwrap_or(0),
+            });
+            devices.push(d);
+        }
+        let mut links = Vec::new();
+        for a in 0..devices.len() {
+            for b in a + 1..devices.len() {
+                let (da, db) = (&devices[a], &devices[b]);
+                let cap = |index| matches!(da.p2p_status(db, index), Ok(P2pStatus::Ok));
+                let nvlink = cap(P2pCapabilitiesIndex::NvLink);
+                let path = if nvlink {
+                    PathClass::Nvlink
+                } else {
+                    let other = nvml
+                        .device_by_index(b as u32)
+                        .map_err(|e| nv("device", e))?;
+                    match da.topology_common_ancestor(other) {
+                        Ok(TopologyLevel::Internal) | Ok(TopologyLevel::Single) => {
+                            PathClass::SameSwitch
+                        }
+                        Ok(TopologyLevel::Multiple) => PathClass::MultipleSwitches,
+                        Ok(TopologyLevel::HostBridge) => PathClass::HostBridge,
+                        Ok(TopologyLevel::Node) => PathClass::SameNumaNode,
+                        _ => PathClass::CrossNuma,
+                    }
+                };
+                links.push(Link {
+                    a,
+                    b,
+                    path,
+                    p2p_read: cap(P2pCapabilitiesIndex::Read),
+                    p2p_write: cap(P2pCapabilitiesIndex::Write),
+                    nvlink,
+                    atomics: cap(P2pCapabilitiesIndex::Atomics),
+                });
+            }
+        }
+        let cuda = nvml
+            .sys_cuda_driver_version()
+            .ok()
+            .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10));
+        Ok(Topology {
+            description: format!("detected on {}", crate::sys::host_name()),
+            driver_version: nvml.sys_driver_version().ok(),
+            cuda_version: cuda,
+            nccl_version: crate::backend::nccl::Nccl::load()
+                .ok()
+                .map(|n| n.version_string()),
+            gpus,
+            links,
+        })
+    }
+
+    fn numa_from_sysfs(bus_id: &str) -> Option<u32> {
+        let id = bus_id.to_ascii_lowercase();
+        let short = id.get(id.len().saturating_sub(12)..)?;
+        let text =
+            std::fs::read_to_string(format!("/sys/bus/pci/devices/{short}/numa_node")).ok()?;
+        text.trim()
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(|n| n as u32)
+    }
+}
+
+/// The fixtures shipped with tpar: (file stem, JSON).
+pub const FIXTURES: [(&str, &str); 5] = [
+    (
+        "8x-h200-nvswitch",
+        include_str!("../fixtures/topologies/8x-h200-nvswitch.json"),
+    ),
+    (
+        "8x-rtx-pro-6000-pcie-2switch",
+        include_str!("../fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json"),
+    ),
+    (
+        "4x-rtx-4090-no-p2p",
+        include_str!("../fixtures/topologies/4x-rtx-4090-no-p2p.json"),
+    ),
+    (
+        "8x-l40s-2numa",
+        include_str!("../fixtures/topologies/8x-l40s-2numa.json"),
+    ),
+    (
+        "8x-a800-2islands",
+        include_str!("../fixtures/topologies/8x-a800-2islands.json"),
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fixture_loads_validates_and_round_trips() {
+        for (name, text) in FIXTURES {
+            let t = Topology::from_json(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!t.gpus.is_empty(), "{name}");
+            assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t, "{name}");
+        }
+    }
+
+    #[test]
+    fn fixtures_describe_what_their_names_say() {
+        let load =
+            |n: &str| Topology::from_json(FIXTURES.iter().find(|f| f.0 == n).unwrap().1).unwrap();
+        let h200 = load("8x-h200-nvswitch");
+        assert!(h200
+            .links
+            .iter()
+            .all(|l| l.nvlink && l.path == PathClass::Nvlink));
+        let rtx = load("4x-rtx-4090-no-p2p");
+        assert!(rtx.links.iter().all(|l| !l.p2p_read && !l.p2p_write));
+        let l40s = load("8x-l40s-2numa");
+        assert!(l40s.link(0, 3).unwrap().p2p_write && !l40s.link(3, 4).unwrap().p2p_write);
+        assert_eq!(l40s.link(5, 2).unwrap().path, PathClass::CrossNuma);
+        let pro = load("8x-rtx-pro-6000-pcie-2switch");
+        assert_eq!(pro.gpus.len(), 8);
+        assert_eq!(pro.link(0, 1).unwrap().path, PathClass::SameSwitch);
+        assert_eq!(pro.link(0, 7).unwrap().path, PathClass::CrossNuma);
+    }
+
+    #[test]
+    fn a_file_missing_a_pair_is_refused_with_the_pair() {
+        let mut t = Topology::from_json(FIXTURES[2].1).unwrap();
+        t.links.retain(|l| (l.a, l.b) != (1, 2));
+        let err = Topology::from_json(&t.to_json()).unwrap_err().to_string();
+        assert!(err.contains("GPUs 1 and 2 have 0 links"), "{err}");
+        assert!(Topology::from_json("{}")
+            .unwrap_err()
+            .to_string()
+            .contains("not a tpar topology file"));
+    }
+
+    #[test]
+    fn placement_is_round_robin() {
+        let t = Topology::from_json(FIXTURES[2].1).unwrap(); // 4 GPUs
+        assert_eq!(t.placement(6), vec![0, 1, 2, 3, 0, 1]);
+    }
+}
