@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tpar::{Algorithm, DType};
+use tpar::DType;
 
 /// `"4K"` -> 4096. Suffixes K, M, G (optionally followed by `B` or `iB`) are powers of 1024.
 pub fn parse_size(text: &str) -> Result<u64> {
@@ -44,10 +44,6 @@ pub fn parse_list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Result<T>) 
         bail!("--{what} is empty; give a comma-separated list");
     }
     Ok(items)
-}
-
-pub fn parse_algorithms(text: &str) -> Result<Vec<Algorithm>> {
-    parse_list(text, "algos", |s| Ok(s.parse::<Algorithm>()?))
 }
 
 pub fn parse_dtypes(text: &str) -> Result<Vec<DType>> {
@@ -104,10 +100,11 @@ mod tests {
         let err = parse_list("1K,,zz", "sizes", parse_size).unwrap_err();
         assert!(format!("{err:#}").contains("--sizes"), "{err:#}");
         assert!(parse_list(",", "sizes", parse_size).is_err());
-        assert_eq!(
-            parse_algorithms("one-shot,two-shot").unwrap(),
-            tpar::CpuCommunicator::ALGORITHMS.to_vec()
-        );
+        let algos = parse_list("one-shot,two-shot", "algos", |s| {
+            Ok(s.parse::<tpar::Algorithm>()?)
+        })
+        .unwrap();
+        assert_eq!(algos, tpar::CpuCommunicator::ALGORITHMS.to_vec());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! `auto` cannot use a GPU.
 
 use anyhow::{bail, Result};
+use tpar::dispatch::Choice;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -54,7 +55,8 @@ pub struct Setup {
     pub backend: Backend,
     pub note: Option<String>,
     pub world_size: usize,
-    pub algorithms: Vec<tpar::Algorithm>,
+    /// tpar's algorithms, and NCCL where the backend is CUDA.
+    pub choices: Vec<Choice>,
 }
 
 impl Setup {
@@ -73,17 +75,38 @@ impl Setup {
             Backend::Cuda => tpar::backend::cuda::probe()?,
         };
         let world_size = crate::ranks::world_size_or(world_size, default_world)?;
-        let algorithms = match algos {
-            Some(list) => crate::args::parse_algorithms(list)?,
-            None if backend == Backend::Cuda => tpar::Algorithm::ALL.to_vec(),
-            None => tpar::CpuCommunicator::ALGORITHMS.to_vec(),
+        let choices = match algos {
+            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(s.parse::<Choice>()?))?,
+            None if backend == Backend::Cuda => Choice::ALL.to_vec(),
+            None => tpar::CpuCommunicator::ALGORITHMS.map(Choice::Tpar).to_vec(),
         };
+        if backend == Backend::Cpu {
+            if let Some(c) = choices.iter().find(
+                |c| !matches!(c, Choice::Tpar(a) if tpar::CpuCommunicator::ALGORITHMS.contains(a)),
+            ) {
+                bail!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
+            }
+        }
         Ok(Setup {
             backend,
             note,
             world_size,
-            algorithms,
+            choices,
         })
+    }
+
+    /// tpar's own algorithms among the choices (for commands that check exact sums, which
+    /// NCCL's own summation order does not give).
+    pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<tpar::Algorithm>> {
+        self.choices
+            .iter()
+            .map(|c| match c {
+                Choice::Tpar(a) => Ok(*a),
+                Choice::Nccl => {
+                    bail!("{command} checks tpar's algorithms; NCCL is compared by `tpar bench`")
+                }
+            })
+            .collect()
     }
 }
 

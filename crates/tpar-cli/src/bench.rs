@@ -58,6 +58,9 @@ pub struct BenchArgs {
     /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
     #[arg(long, value_name = "PATH|-")]
     json: Option<String>,
+    /// Draw p50 latency against size, one line per algorithm, as SVG.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<String>,
 }
 
 struct BenchPlan {
@@ -70,6 +73,7 @@ struct BenchPlan {
     dtype: DType,
     timeout: Duration,
     json: Option<String>,
+    plot: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -98,12 +102,8 @@ struct BenchReport {
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     // Everything is checked before any rank starts.
-    let Setup {
-        backend,
-        note,
-        world_size,
-        algorithms,
-    } = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
+    let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
+    let (backend, world_size) = (setup.backend, setup.world_size);
     let dtype = args.dtype;
     let default_sizes = if backend == Backend::Cuda {
         DEFAULT_CUDA_SIZES
@@ -125,7 +125,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             world_size,
             crate::cuda_bench::CudaBenchPlan {
                 sizes: bytes.into_iter().zip(counts).collect(),
-                algorithms,
+                choices: setup.choices,
                 dtype,
                 replays: args.iters,
                 warmup: args.warmup.unwrap_or(5),
@@ -133,18 +133,20 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             },
             parse_seconds(&args.timeout)?,
             args.json,
+            args.plot,
         );
     }
     let plan = BenchPlan {
         backend,
-        note,
+        note: setup.note.clone(),
         sizes: bytes.into_iter().zip(counts).collect(),
-        algorithms,
+        algorithms: setup.tpar_algorithms("the CPU bench")?,
         iters: args.iters,
         warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
         dtype,
         timeout: parse_seconds(&args.timeout)?,
         json: args.json,
+        plot: args.plot,
     };
     run_ranks(world_size, plan.timeout, |rank| bench_rank(rank, &plan))
 }
@@ -216,6 +218,17 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         results: rows,
     };
     emit(&render(&report), plan.json.as_deref(), &report)?;
+    if let Some(path) = &plan.plot {
+        let series = series(
+            report
+                .results
+                .iter()
+                .map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
+        );
+        let title = format!("tpar bench: cpu, {} ranks, {}", world_size, plan.dtype);
+        crate::plot::latency_svg(path, &title, &series)?;
+        eprintln!("wrote {path}");
+    }
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
         bail!(
@@ -258,4 +271,19 @@ fn render(report: &BenchReport) -> String {
         human_bytes(report.memory_per_rank_bytes),
         table.render()
     )
+}
+
+/// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
+pub fn series<'a>(rows: impl Iterator<Item = (&'a str, u64, f64)>) -> Vec<crate::plot::Series> {
+    let mut out: Vec<crate::plot::Series> = Vec::new();
+    for (name, bytes, us) in rows {
+        match out.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push((bytes, us)),
+            None => out.push(crate::plot::Series {
+                name: name.to_owned(),
+                points: vec![(bytes, us)],
+            }),
+        }
+    }
+    out
 }

@@ -15,6 +15,7 @@ use serde::Serialize;
 use tpar::backend::cuda::driver::{
     copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
 };
+use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType};
 
 use crate::cuda_ranks::CudaRanks;
@@ -22,7 +23,8 @@ use crate::report::{bus_bandwidth_gbps, percentile};
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
-    pub algorithms: Vec<Algorithm>,
+    /// tpar's algorithms and NCCL, timed the same way.
+    pub choices: Vec<Choice>,
     pub dtype: DType,
     pub replays: usize,
     pub warmup: usize,
@@ -109,7 +111,11 @@ fn time_replays(
 
 /// Bytes through the bottleneck per allreduce of `bytes` on `n` ranks sharing one GPU (or, for
 /// host-staged, one PCIe link): LL lines carry 4 bytes in 8, so pushed data counts double.
-fn bottleneck_bytes(algorithm: Algorithm, n: f64, bytes: f64) -> f64 {
+fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
+    let Choice::Tpar(algorithm) = choice else {
+        // NCCL's ring moves 2 (n-1)/n of the message per rank.
+        return 2.0 * n * bytes;
+    };
     match algorithm {
         // n ranks each write 2B into n inboxes and read n slots of 2B.
         Algorithm::OneShot => 4.0 * n * n * bytes,
@@ -182,7 +188,7 @@ pub fn run(
     group.upload_inputs(&buffers, &known, max_count)?;
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
-        for &algo in &plan.algorithms {
+        for &algo in &plan.choices {
             progress(&format!("{} {algo}", tpar::memory::human_bytes(bytes)));
             let mut row = CudaRow {
                 bytes,
@@ -197,12 +203,22 @@ pub fn run(
                 replays: 0,
                 skipped: None,
             };
-            if let Err(why) = group.comms[0].supports(algo) {
+            if let Err(why) = group.supports(algo) {
                 row.skipped = Some(why);
                 row.correct = true;
                 rows.push(row);
                 continue;
             }
+            // NCCL adds in its own order (and rounds 16-bit partial sums): checked within a
+            // tolerance; tpar's paths bitwise.
+            let tolerance = if algo == Choice::Nccl {
+                0.01 * group.world_size as f32
+            } else {
+                0.0
+            };
+            let check = |variant: usize| {
+                group.wrong_outputs_within(&buffers, &known, count, variant, dtype, tolerance)
+            };
             let mut wrong = 0;
             let mut eager = Duration::ZERO;
             for variant in 0..2 {
@@ -210,7 +226,7 @@ pub fn run(
                 group.launch(&buffers, dtype, count, algo, variant, false)?;
                 group.synchronize()?;
                 eager = start.elapsed();
-                wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+                wrong += check(variant)?;
             }
             // About 20 ms per replay and one second per row at most: large host-staged calls
             // take milliseconds each.
@@ -230,7 +246,7 @@ pub fn run(
                 Ok(())
             })?;
             let chain_us = time_replays(group, &chain, plan.warmup.min(replays), replays)?;
-            wrong += group.wrong_outputs(&buffers, &known, count, (chain_len - 1) % 2, dtype)?;
+            wrong += check((chain_len - 1) % 2)?;
             drop(chain);
 
             let single = group.capture(|i, s| {
@@ -243,7 +259,7 @@ pub fn run(
                 plan.warmup.min(replays),
                 replays,
             )?;
-            wrong += group.wrong_outputs(&buffers, &known, count, 0, dtype)?;
+            wrong += check(0)?;
             drop(single);
 
             let wrong = group.total(wrong)?;
@@ -251,7 +267,7 @@ pub fn run(
             row.p99_us = percentile(&chain_us, 99.0) / chain_len as f64;
             row.graph_single_us = percentile(&single_us, 50.0);
             row.busbw_gbps = bus_bandwidth_gbps(bytes, row.p50_us, group.world_size);
-            let bandwidth = if algo == Algorithm::HostStaged {
+            let bandwidth = if algo == Choice::Tpar(Algorithm::HostStaged) {
                 floors.device_to_host_gbps
             } else {
                 floors.device_copy_gbps
@@ -272,9 +288,12 @@ mod tests {
     fn one_shot_moves_the_most_bytes_at_many_ranks() {
         let n = 8.0;
         assert!(
-            bottleneck_bytes(Algorithm::OneShot, n, 1.0)
-                > bottleneck_bytes(Algorithm::TwoShot, n, 1.0)
+            bottleneck_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
+                > bottleneck_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
         );
-        assert_eq!(bottleneck_bytes(Algorithm::HostStaged, 2.0, 1.0), 8.0);
+        assert_eq!(
+            bottleneck_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
+            8.0
+        );
     }
 }

@@ -83,10 +83,11 @@ pub fn bench(
     plan: CudaBenchPlan,
     timeout: Duration,
     json: Option<String>,
+    plot: Option<String>,
 ) -> Result<ExitCode> {
     let body = |mut group: CudaRanks, mode: &'static str| -> Result<()> {
         let leader = group.is_leader();
-        let mut progress = Progress::new(leader, plan.sizes.len() * plan.algorithms.len());
+        let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
         let floors = cuda_bench::measure_floors(&group, &plan)?;
         let rows = cuda_bench::run(&mut group, &plan, &floors, |what| {
             progress.step(what.to_owned())
@@ -112,6 +113,16 @@ pub fn bench(
             results: rows,
         };
         emit(&render(&report), json.as_deref(), &report)?;
+        if let Some(path) = &plot {
+            let rows = report.results.iter().filter(|r| r.skipped.is_none());
+            let series = crate::bench::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
+            let title = format!(
+                "tpar bench: {}, {world_size} ranks ({mode}), {}",
+                report.provenance.device, plan.dtype
+            );
+            crate::plot::latency_svg(path, &title, &series)?;
+            eprintln!("wrote {path}");
+        }
         let wrong = report.results.iter().filter(|r| !r.correct).count();
         if wrong > 0 {
             bail!("{wrong} configurations gave wrong results (see the table)");

@@ -11,6 +11,8 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 use tpar::backend::cuda::driver::DeviceMemory;
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
+use tpar::backend::nccl::NcclCommunicator;
+use tpar::dispatch::Choice;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
 use crate::known::{total_across_ranks, KnownData};
@@ -18,6 +20,8 @@ use crate::ranks::Rank;
 
 pub struct CudaRanks {
     pub comms: Vec<CudaCommunicator>,
+    /// NCCL communicators for the same ranks, or why there are none.
+    pub nccl: std::result::Result<Vec<NcclCommunicator>, String>,
     pub streams: Vec<Arc<CudaStream>>,
     /// The global rank of each local one.
     pub ranks: Vec<usize>,
@@ -42,12 +46,20 @@ impl CudaRanks {
         let gpus = device_count()?;
         let devices: Vec<usize> = (0..world_size).map(|r| r % gpus).collect();
         let comms = CudaCommunicator::new_local_group(&devices, config)?;
+        // One thread issuing NCCL calls for several ranks must group them, which per-rank
+        // graph capture cannot; several ranks compare with NCCL under --processes.
+        let nccl = if world_size == 1 {
+            NcclCommunicator::new_local_group(&devices).map_err(|e| e.to_string())
+        } else {
+            Err("NCCL with several ranks is measured one process per rank (--processes)".to_owned())
+        };
         let streams = comms
             .iter()
             .map(|c| c.context().new_stream().context("cannot create a stream"))
             .collect::<Result<_>>()?;
         Ok(CudaRanks {
             comms,
+            nccl,
             streams,
             ranks: (0..world_size).collect(),
             world_size,
@@ -71,8 +83,25 @@ impl CudaRanks {
             .context()
             .new_stream()
             .context("cannot create a stream")?;
+        // Every rank decides the same way (same machine, same library), so either all join
+        // NCCL's initialisation or none does.
+        let nccl = match tpar::backend::nccl::Nccl::load() {
+            Err(e) => Err(e.to_string()),
+            Ok(_) if rank.world_size() > gpus => Err(format!(
+                "NCCL needs one GPU per rank: {} ranks on {gpus} GPU(s)",
+                rank.world_size()
+            )),
+            Ok(_) => {
+                tpar::backend::cuda::driver::bind(comm.context())?;
+                Ok(vec![NcclCommunicator::new(
+                    &rank.rendezvous,
+                    config.timeout,
+                )?])
+            }
+        };
         Ok(CudaRanks {
             comms: vec![comm],
+            nccl,
             streams: vec![stream],
             ranks: vec![rank.rank()],
             world_size: rank.world_size(),
@@ -97,6 +126,11 @@ impl CudaRanks {
         for (comm, stream) in self.comms.iter().zip(&self.streams) {
             comm.synchronize(stream)
                 .with_context(|| format!("rank {}", comm.rank()))?;
+        }
+        if let Ok(nccl) = &self.nccl {
+            for comm in nccl {
+                comm.check()?;
+            }
         }
         Ok(())
     }
@@ -152,23 +186,43 @@ impl CudaRanks {
         variant: Option<usize>,
         dtype: DType,
         count: usize,
-        algorithm: Algorithm,
+        choice: Choice,
     ) -> Result<()> {
         let b = &buffers[i];
         let input = variant.map(|v| b.inputs[v % 2].ptr());
         // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
         // were sized for the largest count); the caller keeps them alive.
         unsafe {
-            self.comms[i].all_reduce_raw(
-                dtype,
-                input,
-                b.output.ptr(),
-                count,
-                algorithm,
-                stream.cu_stream(),
-            )?
+            match choice {
+                Choice::Tpar(algorithm) => self.comms[i].all_reduce_raw(
+                    dtype,
+                    input,
+                    b.output.ptr(),
+                    count,
+                    algorithm,
+                    stream.cu_stream(),
+                )?,
+                Choice::Nccl => {
+                    let nccl = self.nccl.as_ref().map_err(|why| anyhow::anyhow!("{why}"))?;
+                    nccl[i].all_reduce_raw(
+                        dtype,
+                        input,
+                        b.output.ptr(),
+                        count,
+                        stream.cu_stream() as *mut std::ffi::c_void,
+                    )?
+                }
+            }
         };
         Ok(())
+    }
+
+    /// Whether `choice` can run on these ranks, and if not, why.
+    pub fn supports(&self, choice: Choice) -> std::result::Result<(), String> {
+        match choice {
+            Choice::Tpar(algorithm) => self.comms[0].supports(algorithm),
+            Choice::Nccl => self.nccl.as_ref().map(|_| ()).map_err(Clone::clone),
+        }
     }
 
     /// Queues one allreduce on every local rank's own stream (see [`CudaRanks::queue`]) and
@@ -178,7 +232,7 @@ impl CudaRanks {
         buffers: &[RankBuffers],
         dtype: DType,
         count: usize,
-        algorithm: Algorithm,
+        choice: Choice,
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
@@ -192,14 +246,15 @@ impl CudaRanks {
                     (!in_place).then_some(variant),
                     dtype,
                     count,
-                    algorithm,
+                    choice,
                 )?
             };
         }
         Ok(())
     }
 
-    /// Ranks whose output differs from the expected sum of `variant`.
+    /// Ranks whose output differs bitwise from the expected sum of `variant`; each one is
+    /// described on stderr (first wrong element, how many) so that a failure can be diagnosed.
     pub fn wrong_outputs(
         &self,
         buffers: &[RankBuffers],
@@ -208,11 +263,45 @@ impl CudaRanks {
         variant: usize,
         dtype: DType,
     ) -> Result<u64> {
+        self.wrong_outputs_within(buffers, known, count, variant, dtype, 0.0)
+    }
+
+    /// [`CudaRanks::wrong_outputs`] allowing a relative error of `tolerance` (0: bitwise), for
+    /// NCCL, which adds in its own order and, for 16-bit types, rounds partial sums.
+    pub fn wrong_outputs_within(
+        &self,
+        buffers: &[RankBuffers],
+        known: &[KnownData],
+        count: usize,
+        variant: usize,
+        dtype: DType,
+        tolerance: f32,
+    ) -> Result<u64> {
         let mut wrong = 0;
         let mut host = vec![0u8; count * dtype.size()];
-        for (b, k) in buffers.iter().zip(known) {
+        for (i, (b, k)) in buffers.iter().zip(known).enumerate() {
             b.output.download(&mut host)?;
-            wrong += u64::from(host != k.expected(variant, count));
+            let expected = k.expected(variant, count);
+            let mismatch = if tolerance == 0.0 {
+                tpar::check::first_mismatch(dtype, &host, expected)
+            } else {
+                (0..count)
+                    .map(|e| (e, dtype.load_f32(&host, e), dtype.load_f32(expected, e)))
+                    .find(|(_, got, want)| {
+                        (got - want).abs() > tolerance * want.abs().max(1.0) || got.is_nan()
+                    })
+            };
+            if let Some((index, got, want)) = mismatch {
+                wrong += 1;
+                let previous = dtype.load_f32(k.expected(variant + 1, count), index) == got;
+                crate::ranks::say(
+                    self.ranks[i],
+                    &format!(
+                        "wrong result at {count} {dtype} elements: first at element {index}, got {got}, expected {want}{}",
+                        if previous { " (the previous call's value)" } else { "" }
+                    ),
+                );
+            }
         }
         Ok(wrong)
     }
@@ -284,7 +373,14 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     group.upload_inputs(&buffers, &known, max)?;
     for count in counts {
         for variant in 0..2 {
-            group.launch(&buffers, dtype, count, algorithm, variant, false)?;
+            group.launch(
+                &buffers,
+                dtype,
+                count,
+                Choice::Tpar(algorithm),
+                variant,
+                false,
+            )?;
             group.synchronize()?;
             let wrong = group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
             if wrong > 0 {

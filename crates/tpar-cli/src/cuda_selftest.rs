@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use tpar::backend::cuda::CudaConfig;
 use tpar::check::{fill_expected, fill_input};
+use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType, Error};
 
 use crate::cuda_ranks::CudaRanks;
@@ -68,7 +69,7 @@ pub fn run(
                         Some(0),
                         DType::F32,
                         1024,
-                        Algorithm::OneShot,
+                        Choice::Tpar(Algorithm::OneShot),
                     )?
                 };
             }
@@ -124,7 +125,7 @@ pub fn run(
         let buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
-            if let Err(why) = group.comms[0].supports(algo) {
+            if let Err(why) = group.supports(Choice::Tpar(algo)) {
                 record(
                     &mut table,
                     [algo.name(), dtype.name(), "-", "-", "-"],
@@ -140,7 +141,14 @@ pub fn run(
                     let mut wrong = 0;
                     for variant in 0..2 {
                         prepare_output(&buffers, &known, count, variant, in_place, dtype)?;
-                        group.launch(&buffers, dtype, count, algo, variant, in_place)?;
+                        group.launch(
+                            &buffers,
+                            dtype,
+                            count,
+                            Choice::Tpar(algo),
+                            variant,
+                            in_place,
+                        )?;
                         group.synchronize()?;
                         wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
                     }
@@ -169,7 +177,7 @@ pub fn run(
                                 (!in_place).then_some(0),
                                 dtype,
                                 count,
-                                algo,
+                                Choice::Tpar(algo),
                             )
                         }
                     })?;
@@ -210,12 +218,22 @@ pub fn run(
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
     for &algo in &plan.algorithms {
-        if group.comms[0].supports(algo).is_err() || plan.replays == 0 {
+        if group.supports(Choice::Tpar(algo)).is_err() || plan.replays == 0 {
             continue;
         }
         let graph = group.capture(|i, stream| {
             // SAFETY: the graph is dropped before the buffers.
-            unsafe { group.queue(i, stream, &buffers, Some(0), dtype, count, algo) }
+            unsafe {
+                group.queue(
+                    i,
+                    stream,
+                    &buffers,
+                    Some(0),
+                    dtype,
+                    count,
+                    Choice::Tpar(algo),
+                )
+            }
         })?;
         let mut wrong = 0;
         for replay in 0..plan.replays {

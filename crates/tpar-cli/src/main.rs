@@ -14,6 +14,7 @@ mod cuda_selftest;
 mod debug_rank;
 mod doctor;
 mod known;
+mod plot;
 mod progress;
 mod ranks;
 mod report;

@@ -60,12 +60,14 @@ struct Plan {
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
+    let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
+    let algorithms = setup.tpar_algorithms("tpar selftest")?;
     let Setup {
         backend,
         note,
         world_size,
-        algorithms,
-    } = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
+        ..
+    } = setup;
     let counts = parse_list(&args.counts, "counts", |s| Ok(s.trim().parse::<usize>()?))?;
     let dtypes = parse_dtypes(&args.dtypes)?;
     let timeout = parse_seconds(&args.timeout)?;

@@ -30,7 +30,7 @@ pub(crate) fn check(what: &str, result: CUresult) -> Result<()> {
 }
 
 /// Makes `ctx` current on this thread (every raw call below needs it).
-pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
+pub fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread()
         .map_err(|e| Error::Cuda(format!("cannot make the CUDA context current: {e}")))
 }

@@ -1,0 +1,99 @@
+//! `--plot FILE.svg`: latency against message size, one line per algorithm, log scales.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use plotters::prelude::*;
+use tpar::memory::human_bytes;
+
+/// One line of the plot: a name and (bytes, microseconds) points; sizes of 0 are left out
+/// (a log axis has no place for them).
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(u64, f64)>,
+}
+
+pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
+    let points = || {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|(b, us)| *b > 0 && *us > 0.0)
+    };
+    let (Some(x_min), Some(x_max)) = (points().map(|p| p.0).min(), points().map(|p| p.0).max())
+    else {
+        bail!("--plot: no measured sizes above 0 bytes to draw");
+    };
+    let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let y_max = points().map(|p| p.1).fold(0.0, f64::max);
+    let target = Path::new(path);
+    let tmp = target.with_extension("svg.tmp");
+    {
+        let root = SVGBackend::new(&tmp, (960, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(64)
+            .build_cartesian_2d(
+                (x_min as f64 / 1.5..x_max as f64 * 1.5).log_scale(),
+                (y_min / 1.5..y_max * 1.5).log_scale(),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("message size")
+            .y_desc("p50 latency per allreduce (us)")
+            .x_label_formatter(&|v| human_bytes(*v as u64))
+            .draw()?;
+        for (i, s) in series.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let line: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .filter(|(b, us)| *b > 0 && *us > 0.0)
+                .map(|(b, us)| (*b as f64, *us))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+                .label(s.name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart.draw_series(line.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+    }
+    std::fs::rename(&tmp, target).with_context(|| format!("cannot write {path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_an_svg_with_every_series() {
+        let path = std::env::temp_dir().join(format!("tpar-plot-{}.svg", std::process::id()));
+        let series = vec![
+            Series {
+                name: "one-shot".into(),
+                points: vec![(0, 1.0), (4096, 4.0), (65536, 5.0)],
+            },
+            Series {
+                name: "nccl".into(),
+                points: vec![(4096, 20.0), (65536, 22.0)],
+            },
+        ];
+        latency_svg(path.to_str().unwrap(), "test", &series).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("one-shot") && svg.contains("nccl"));
+        std::fs::remove_file(path).unwrap();
+        assert!(latency_svg("/tmp/x.svg", "empty", &[]).is_err());
+    }
+}
