@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for the device machine (no cargo there: carry a built
 # target/release/tpar). Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary.
-# Usage: scripts/gpu-check.sh [smoke|full]
+# Usage: scripts/gpu-check.sh [smoke|full|tools]   (tools: doctor, tune, NCCL and plots)
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -19,7 +19,14 @@ step() { # name, timeout seconds, command...
 }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M
-if [ "$mode" = smoke ]; then
+if [ "$mode" = tools ]; then
+  step doctor 120 $tpar doctor
+  step doctor-json 120 $tpar doctor --json
+  step tune-8 300 $tpar tune --world-size 8 --json "$out/tune-8.json"
+  step doctor-8-tuned 120 $tpar doctor -n 8
+  step bench-nccl-1 200 $tpar bench --backend cuda -n 1 --sizes 4K,32K,256K,1M,4M,16M,64M --json "$out/bench-cuda-1-nccl.json" --plot "$out/bench-cuda-1.svg"
+  step bench-plot-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,16K,42K,128K,512K,2M,8M --json "$out/bench-cuda-2-plot.json" --plot "$out/bench-cuda-2.svg"
+elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
 else
@@ -28,5 +35,7 @@ else
   step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
   step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
 fi
-for f in "$out"/bench-threads-*.log; do [ -f "$f" ] && grep -vE '^\[' "$f"; done
+for f in "$out"/bench-threads-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
+  [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 40; }
+done
 printf '%s\n' "${summary[@]}"

@@ -17,22 +17,36 @@ use crate::cuda_selftest::{self, CudaPlan};
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
 use crate::report::{emit, Provenance, Table};
+use tpar::backend::cuda::CudaConfig;
 
-fn as_processes(flag: bool) -> Result<bool> {
-    Ok(flag || RankEnv::from_env()?.is_some())
+/// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
+/// `--processes`, or under an outside launcher) this process's own, started by the launcher.
+/// `body` gets a factory for groups (it may build several) and the mode's name.
+pub fn on_ranks(
+    processes: bool,
+    world_size: usize,
+    timeout: Duration,
+    body: impl Fn(&dyn Fn(CudaConfig) -> Result<CudaRanks>, &'static str) -> Result<()>,
+) -> Result<ExitCode> {
+    if processes || RankEnv::from_env()?.is_some() {
+        run_ranks(world_size, timeout, |rank| {
+            body(&|c| CudaRanks::process(&rank, c), "processes")
+        })
+    } else {
+        body(&|c| CudaRanks::threads(world_size, c), "threads")?;
+        Ok(ExitCode::SUCCESS)
+    }
 }
 
-fn config(timeout: Duration) -> tpar::backend::cuda::CudaConfig {
-    tpar::backend::cuda::CudaConfig {
+pub fn config(timeout: Duration) -> CudaConfig {
+    CudaConfig {
         timeout,
         ..Default::default()
     }
 }
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
-    let body = |make: &dyn Fn(tpar::backend::cuda::CudaConfig) -> Result<CudaRanks>,
-                mode: &str|
-     -> Result<()> {
+    on_ranks(processes, world_size, plan.timeout, |make, mode| {
         let (rows, failed, table) = cuda_selftest::run(make, &plan)?;
         if let Some(table) = table {
             println!("tpar selftest: cuda backend, {world_size} ranks ({mode}); each row checked bitwise against the exact sum\n{table}");
@@ -42,21 +56,7 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
             bail!("{failed} of {rows} selftest rows failed");
         }
         Ok(())
-    };
-    if as_processes(processes)? {
-        run_ranks(world_size, plan.timeout, |rank| {
-            body(
-                &|c| CudaRanks::process(&rank, c),
-                "one process per rank, CUDA IPC",
-            )
-        })
-    } else {
-        body(
-            &|c| CudaRanks::threads(world_size, c),
-            "one process, a stream per rank",
-        )?;
-        Ok(ExitCode::SUCCESS)
-    }
+    })
 }
 
 #[derive(Serialize)]
@@ -129,14 +129,9 @@ pub fn bench(
         }
         Ok(())
     };
-    if as_processes(processes)? {
-        run_ranks(world_size, timeout, |rank| {
-            body(CudaRanks::process(&rank, config(timeout))?, "processes")
-        })
-    } else {
-        body(CudaRanks::threads(world_size, config(timeout))?, "threads")?;
-        Ok(ExitCode::SUCCESS)
-    }
+    on_ranks(processes, world_size, timeout, |make, mode| {
+        body(make(config(timeout))?, mode)
+    })
 }
 
 fn render(report: &CudaReport) -> String {

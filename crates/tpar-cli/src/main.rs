@@ -19,6 +19,7 @@ mod progress;
 mod ranks;
 mod report;
 mod selftest;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -56,6 +57,8 @@ enum Command {
     Selftest(selftest::SelftestArgs),
     /// What tpar sees on this machine (or a described one) and what it will run, and why.
     Doctor(doctor::DoctorArgs),
+    /// Measure every algorithm and NCCL here and write the fastest per size for the dispatcher.
+    Tune(tune::TuneArgs),
     /// Scripted calls with injected faults, for tests.
     #[command(hide = true)]
     DebugRank(debug_rank::DebugRankArgs),
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Selftest(args) => selftest::run(args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Tune(args) => tune::run(args),
         Command::DebugRank(args) => debug_rank::run(args),
     };
     match result {
