@@ -452,3 +452,21 @@ pub fn copy_to_host_async(
         sys::cuMemcpyDtoHAsync_v2(dst.host, src.ptr, bytes, stream.cu_stream())
     })
 }
+
+/// Queues a device-to-device copy of `bytes` from `src` to `dst` on `stream`.
+///
+/// # Safety
+/// Both ranges must be device memory of `ctx`'s GPU, valid until the copy has run.
+pub unsafe fn copy_raw_async(
+    ctx: &CudaContext,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
+    bind(ctx)?;
+    // SAFETY: the caller's promise.
+    check("cuMemcpyDtoDAsync", unsafe {
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+    })
+}

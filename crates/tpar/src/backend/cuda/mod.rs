@@ -631,6 +631,17 @@ impl CudaCommunicator {
             header
         };
         let input = input.unwrap_or(output);
+        if self.world_size == 1 {
+            // One rank: the sum is the input. In place there is nothing to do; otherwise a
+            // copy (a memcpy node in a captured graph) is all the work there is.
+            if input != output && count > 0 {
+                // SAFETY: the caller's promise covers both buffers and the stream.
+                unsafe {
+                    driver::copy_raw_async(&self.ctx, output, input, count * dtype.size(), stream)?
+                };
+            }
+            return Ok(());
+        }
         for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
             let lines = lines_for_bytes(elements.len() * dtype.size()) as u32;
