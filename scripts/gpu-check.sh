@@ -17,15 +17,19 @@ step() { # name, timeout seconds, command...
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:' "$out/$name.log" | tail -1)")")
 }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M
 if [ "$mode" = tools ]; then
+  # At most 8 files come back from the device machine: logs of the steps go to /tmp.
+  logs=/tmp/gpu-logs; mkdir -p $logs
+  out_final=$out; out=$logs
   step doctor 120 $tpar doctor
-  step doctor-json 120 $tpar doctor --json
-  step tune-8 300 $tpar tune --world-size 8 --json "$out/tune-8.json"
+  cp $logs/doctor.log $out_final/doctor.txt
+  $tpar doctor --json > $out_final/doctor.json 2>/dev/null
+  step tune-8 300 $tpar tune --world-size 8 --json "$out_final/tune-8.json"
   step doctor-8-tuned 120 $tpar doctor -n 8
-  step bench-nccl-1 200 $tpar bench --backend cuda -n 1 --sizes 4K,32K,256K,1M,4M,16M,64M --json "$out/bench-cuda-1-nccl.json" --plot "$out/bench-cuda-1.svg"
-  step bench-plot-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,16K,42K,128K,512K,2M,8M --json "$out/bench-cuda-2-plot.json" --plot "$out/bench-cuda-2.svg"
+  cat $logs/tune-8.log $logs/doctor-8-tuned.log > $out_final/tune-8-and-doctor.txt
+  step bench-nccl-1 200 $tpar bench --backend cuda -n 1 --sizes 4K,32K,256K,1M,4M,16M,64M --json "$out_final/bench-cuda-1-nccl.json" --plot "$out_final/bench-cuda-1.svg"
+  step bench-plot-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,16K,42K,128K,512K,2M,8M --json "$out_final/bench-cuda-2-plot.json" --plot "$out_final/bench-cuda-2.svg"
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

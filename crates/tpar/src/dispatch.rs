@@ -415,11 +415,18 @@ fn plan_inner(req: &Request) -> Result<Plan> {
                 Ok(()) => {
                     return Ok(Plan {
                         choice: entry.choice,
-                        reason: format!(
-                        "fastest up to {} in the tuning table measured on this machine ({:.1} us)",
-                        human_bytes(entry.max_bytes),
-                        entry.p50_us
-                    ),
+                        reason: if entry.max_bytes == u64::MAX {
+                            format!(
+                                "fastest for the largest sizes in the tuning table measured on this machine ({:.1} us at the largest measured)",
+                                entry.p50_us
+                            )
+                        } else {
+                            format!(
+                                "fastest up to {} in the tuning table measured on this machine ({:.1} us there)",
+                                human_bytes(entry.max_bytes),
+                                entry.p50_us
+                            )
+                        },
                     })
                 }
                 Err(why) => skipped.push(format!("tuned {} skipped: {why}", entry.choice)),
