@@ -22,6 +22,7 @@ if [ "$mode" = tools ]; then
   # At most 8 files come back from the device machine: logs of the steps go to /tmp.
   logs=/tmp/gpu-logs; mkdir -p $logs
   out_final=$out; out=$logs
+  step selftest-1 120 $tpar selftest --backend cuda -n 1 --counts 0,7,4099,70001 --replays 20
   step doctor 120 $tpar doctor
   cp $logs/doctor.log $out_final/doctor.txt
   $tpar doctor --json > $out_final/doctor.json 2>/dev/null
