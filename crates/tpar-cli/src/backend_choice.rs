@@ -57,6 +57,8 @@ pub struct Setup {
     pub world_size: usize,
     /// tpar's algorithms, and NCCL where the backend is CUDA.
     pub choices: Vec<Choice>,
+    /// The choices were named by `--algos` (not the default list).
+    pub explicit: bool,
 }
 
 impl Setup {
@@ -92,21 +94,25 @@ impl Setup {
             note,
             world_size,
             choices,
+            explicit: algos.is_some(),
         })
     }
 
-    /// tpar's own algorithms among the choices (for commands that check exact sums, which
-    /// NCCL's own summation order does not give).
+    /// tpar's own algorithms among the choices, for commands that check exact sums (NCCL's own
+    /// summation order does not give them): NCCL is left out of the default list, and refused
+    /// when asked for by name.
     pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<tpar::Algorithm>> {
-        self.choices
+        if self.explicit && self.choices.contains(&Choice::Nccl) {
+            bail!("{command} checks tpar's algorithms; NCCL is compared by `tpar bench`");
+        }
+        Ok(self
+            .choices
             .iter()
-            .map(|c| match c {
-                Choice::Tpar(a) => Ok(*a),
-                Choice::Nccl => {
-                    bail!("{command} checks tpar's algorithms; NCCL is compared by `tpar bench`")
-                }
+            .filter_map(|c| match c {
+                Choice::Tpar(a) => Some(*a),
+                Choice::Nccl => None,
             })
-            .collect()
+            .collect())
     }
 }
 
