@@ -36,15 +36,18 @@ pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(64)
+            // x is log2(bytes) on a linear axis, so ticks fall on powers of two.
             .build_cartesian_2d(
-                (x_min as f64 / 1.5..x_max as f64 * 1.5).log_scale(),
+                (x_min as f64).log2() - 0.5..(x_max as f64).log2() + 0.5,
                 (y_min / 1.5..y_max * 1.5).log_scale(),
             )?;
+        let powers = ((x_max as f64).log2() - (x_min as f64).log2()).ceil() as usize + 2;
         chart
             .configure_mesh()
             .x_desc("message size")
             .y_desc("p50 latency per allreduce (us)")
-            .x_label_formatter(&|v| human_bytes(*v as u64))
+            .x_labels(powers.min(24))
+            .x_label_formatter(&|v| human_bytes(2f64.powf(*v).round() as u64))
             .draw()?;
         for (i, s) in series.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
@@ -52,7 +55,7 @@ pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
                 .points
                 .iter()
                 .filter(|(b, us)| *b > 0 && *us > 0.0)
-                .map(|(b, us)| (*b as f64, *us))
+                .map(|(b, us)| ((*b as f64).log2(), *us))
                 .collect();
             chart
                 .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
