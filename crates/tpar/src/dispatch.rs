@@ -98,17 +98,12 @@ pub struct TuningTable {
 }
 
 impl TuningTable {
-    /// Where the table for this machine, world size and dtype lives: `TPAR_TUNING_DIR`, else
-    /// `$XDG_CACHE_HOME/tpar/tuning` or `~/.cache/tpar/tuning`.
+    /// Where the table for this machine, world size and dtype lives: `tuning/` in tpar's cache
+    /// (`TPAR_CACHE_DIR`, else `~/.cache/tpar`).
     pub fn path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
-        let dir = std::env::var("TPAR_TUNING_DIR")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|_| {
-                crate::backend::cuda::nvrtc::cache_dir()
-                    .parent()
-                    .map_or_else(std::env::temp_dir, |p| p.join("tuning"))
-            });
-        dir.join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
+        crate::backend::cuda::nvrtc::cache_root()
+            .join("tuning")
+            .join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
     }
 
     /// The table measured on `topology`'s machine, if `tpar tune` wrote one.

@@ -165,17 +165,17 @@ fn extra_defines() -> Vec<String> {
         .collect()
 }
 
-/// Where compiled kernels are kept: `TPAR_CACHE_DIR`, else `$XDG_CACHE_HOME/tpar`, else
-/// `~/.cache/tpar`.
-pub fn cache_dir() -> PathBuf {
+/// tpar's cache: `TPAR_CACHE_DIR`, else `$XDG_CACHE_HOME/tpar`, else `~/.cache/tpar`.
+/// Compiled kernels go in `kernels/`, tuning tables in `tuning/`.
+pub fn cache_root() -> PathBuf {
     if let Ok(dir) = std::env::var("TPAR_CACHE_DIR") {
         return dir.into();
     }
-    let base = std::env::var("XDG_CACHE_HOME")
+    std::env::var("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|_| std::env::temp_dir());
-    base.join("tpar").join("kernels")
+        .unwrap_or_else(|_| std::env::temp_dir())
+        .join("tpar")
 }
 
 /// [`compile_cubin`] through the disk cache.
@@ -197,7 +197,7 @@ pub fn cached_cubin(
         }
     }
     let stem = name.trim_end_matches(".cu");
-    let path = cache_dir().join(format!(
+    let path = cache_root().join("kernels").join(format!(
         "{stem}-{hash:016x}-sm{arch}-nvrtc{major}.{minor}.cubin"
     ));
     if let Ok(cubin) = std::fs::read(&path) {
