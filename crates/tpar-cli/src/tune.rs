@@ -95,18 +95,7 @@ pub fn table_from(
 }
 
 pub fn crossovers(table: &TuningTable) -> String {
-    table
-        .entries
-        .iter()
-        .map(|e| {
-            if e.max_bytes == u64::MAX {
-                format!("{} above", e.choice)
-            } else {
-                format!("{} up to {}", e.choice, human_bytes(e.max_bytes))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    tpar::dispatch::describe_ranges(table.entries.iter().map(|e| (e.max_bytes, e.choice)))
 }
 
 pub fn run(args: TuneArgs) -> Result<ExitCode> {

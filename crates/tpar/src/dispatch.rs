@@ -504,13 +504,17 @@ fn describe_machine(topology: &Topology, world_size: usize, class: Class) -> Str
 }
 
 fn rung_text(rungs: &[Rung]) -> String {
-    rungs
-        .iter()
-        .map(|r| {
-            if r.max_bytes == u64::MAX {
-                format!("{} above", r.choice)
+    describe_ranges(rungs.iter().map(|r| (r.max_bytes, r.choice)))
+}
+
+/// `one-shot up to 64 KiB, two-shot up to 1 MiB, nccl above` for (largest size, choice) pairs.
+pub fn describe_ranges(ranges: impl Iterator<Item = (u64, Choice)>) -> String {
+    ranges
+        .map(|(max_bytes, choice)| {
+            if max_bytes == u64::MAX {
+                format!("{choice} above")
             } else {
-                format!("{} up to {}", r.choice, human_bytes(r.max_bytes))
+                format!("{choice} up to {}", human_bytes(max_bytes))
             }
         })
         .collect::<Vec<_>>()

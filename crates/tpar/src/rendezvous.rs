@@ -123,6 +123,23 @@ pub fn random_token() -> Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Binary handles (IPC handles, NCCL ids) travel in records as lowercase hex.
+pub(crate) fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `N` bytes written as hex by [`to_hex`]; `None` for anything else.
+pub(crate) fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Creates `dir` with mode 0700 if it does not exist, and checks that it is private.
 pub fn ensure_private_dir(dir: &Path) -> Result<()> {
     match fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -334,6 +351,14 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn handles_round_trip_as_hex() {
+        let handle: [u8; 64] = std::array::from_fn(|i| (i * 7) as u8);
+        assert_eq!(from_hex::<64>(&to_hex(&handle)), Some(handle));
+        assert_eq!(from_hex::<64>("zz"), None);
+        assert_eq!(from_hex::<2>("0g01"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use libloading::Library;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::rendezvous::Rendezvous;
+use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 
 type NcclResult = c_int;
 type NcclComm = *mut c_void;
@@ -216,12 +216,7 @@ impl NcclCommunicator {
             let mut id = UniqueId { internal: [0; 128] };
             // SAFETY: fills the id.
             nccl.check("ncclGetUniqueId", unsafe { (nccl.get_unique_id)(&mut id) })?;
-            let hex: String = id
-                .internal
-                .iter()
-                .map(|b| format!("{:02x}", *b as u8))
-                .collect();
-            rendezvous.publish(&key, &Some(hex))?;
+            rendezvous.publish(&key, &Some(to_hex(&id.internal.map(|c| c as u8))))?;
         } else {
             rendezvous.publish(&key, &None::<String>)?;
         }
@@ -229,12 +224,11 @@ impl NcclCommunicator {
         let hex = ids[0]
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("rank 0 published no NCCL id".into()))?;
-        let mut id = UniqueId { internal: [0; 128] };
-        for (i, byte) in id.internal.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("zz"), 16)
-                .map_err(|_| Error::InvalidArgument("malformed NCCL id from rank 0".into()))?
-                as c_char;
-        }
+        let bytes = from_hex::<128>(hex)
+            .ok_or_else(|| Error::InvalidArgument("malformed NCCL id from rank 0".into()))?;
+        let id = UniqueId {
+            internal: bytes.map(|b| b as c_char),
+        };
         let mut comm = std::ptr::null_mut();
         // SAFETY: comm receives the communicator; the id is rank 0's.
         nccl.check("ncclCommInitRank", unsafe {

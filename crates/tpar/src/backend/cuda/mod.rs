@@ -30,7 +30,7 @@ use crate::memory::MemoryFootprint;
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout, BUFFERS};
 use crate::protocol::line::lines_for_bytes;
-use crate::rendezvous::Rendezvous;
+use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 use driver::{DeviceMemory, Function, IpcMapping, MappedHostMemory, Module, RegisteredSegment};
 use kernels::{KernelArgs, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, THREADS};
@@ -262,21 +262,6 @@ struct Status {
     last_call: Option<CallHeader>,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<[u8; 64]> {
-    let mut out = [0u8; 64];
-    if text.len() != 128 {
-        return None;
-    }
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(out)
-}
-
 fn context(device: usize) -> Result<Arc<CudaContext>> {
     probe()?;
     CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
@@ -390,7 +375,7 @@ impl CudaCommunicator {
                 capacity: set.sm_count * set.blocks_per_sm,
                 payload_lines: layout.payload_lines,
                 inbox_ptr: own.inbox.ptr(),
-                inbox_ipc: hex(&own.inbox.ipc_handle()?),
+                inbox_ipc: to_hex(&own.inbox.ipc_handle()?),
                 host_segment: host,
             },
         )?;
@@ -421,7 +406,7 @@ impl CudaCommunicator {
             device_inboxes[peer] = if peer == rank || record.pid == std::process::id() {
                 record.inbox_ptr
             } else {
-                let handle = unhex(&record.inbox_ipc).ok_or_else(|| {
+                let handle = from_hex::<64>(&record.inbox_ipc).ok_or_else(|| {
                     Error::InvalidArgument(format!("rank {peer} sent a malformed IPC handle"))
                 })?;
                 let mapping = IpcMapping::open(&ctx, &handle).map_err(|e| {
@@ -766,13 +751,6 @@ mod tests {
             "{names:?}"
         );
         assert_eq!(names.len(), 3);
-    }
-
-    #[test]
-    fn ipc_handles_round_trip_as_hex() {
-        let handle: [u8; 64] = std::array::from_fn(|i| (i * 7) as u8);
-        assert_eq!(unhex(&hex(&handle)), Some(handle));
-        assert_eq!(unhex("zz"), None);
     }
 
     #[test]
