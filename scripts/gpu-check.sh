@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA backend, for the device machine (no cargo there: carry a built
 # target/release/tpar). Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary.
-# Usage: scripts/gpu-check.sh [smoke|full|tools]   (tools: doctor, tune, NCCL and plots)
+# Usage: scripts/gpu-check.sh [smoke|full|tools|auto]   (tools: doctor, tune, NCCL and plots;
+# auto: the dispatched call)
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -31,6 +32,13 @@ if [ "$mode" = tools ]; then
   cat $logs/tune-8.log $logs/doctor-8-tuned.log > $out_final/tune-8-and-doctor.txt
   step bench-nccl-1 200 $tpar bench --backend cuda -n 1 --sizes 4K,32K,256K,1M,4M,16M,64M --json "$out_final/bench-cuda-1-nccl.json" --plot "$out_final/bench-cuda-1.svg"
   step bench-plot-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,16K,42K,128K,512K,2M,8M --json "$out_final/bench-cuda-2-plot.json" --plot "$out_final/bench-cuda-2.svg"
+elif [ "$mode" = auto ]; then
+  # The one call behind which the dispatcher picks tpar or NCCL (and TPAR_ALGO forces).
+  step selftest-processes-4 200 $tpar selftest --backend cuda -n 4 --processes --counts 0,7,4099,65541 --replays 20
+  step bench-auto-1 120 $tpar bench --backend cuda -n 1 --sizes 4K,256K,16M --json "$out/bench-auto-1.json"
+  step bench-auto-8 120 $tpar bench --backend cuda -n 8 --sizes 4K,42K,256K,4M --algos auto,one-shot,two-shot --json "$out/bench-auto-8.json"
+  TPAR_ALGO=host-staged step bench-forced-host-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K --algos auto
+  TPAR_ALGO=nccl step bench-forced-nccl-2 120 $tpar bench --backend cuda -n 2 --sizes 4K --algos auto
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
@@ -40,7 +48,7 @@ else
   step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
   step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
 fi
-for f in "$out"/bench-threads-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
+for f in "$out"/bench-threads-*.log "$out"/bench-auto-*.log "$out"/bench-forced-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
   [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 40; }
 done
 printf '%s\n' "${summary[@]}"

@@ -4,6 +4,8 @@
 use anyhow::{bail, Result};
 use tpar::dispatch::Choice;
 
+use crate::cuda_ranks::Route;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
     /// CUDA where a usable GPU exists, otherwise CPU (with a note saying why).
@@ -55,8 +57,8 @@ pub struct Setup {
     pub backend: Backend,
     pub note: Option<String>,
     pub world_size: usize,
-    /// tpar's algorithms, and NCCL where the backend is CUDA.
-    pub choices: Vec<Choice>,
+    /// tpar's algorithms, and NCCL and `auto` where the backend is CUDA.
+    pub choices: Vec<Route>,
     /// The choices were named by `--algos` (not the default list).
     pub explicit: bool,
 }
@@ -78,14 +80,19 @@ impl Setup {
         };
         let world_size = crate::ranks::world_size_or(world_size, default_world)?;
         let choices = match algos {
-            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(s.parse::<Choice>()?))?,
-            None if backend == Backend::Cuda => Choice::ALL.to_vec(),
-            None => tpar::CpuCommunicator::ALGORITHMS.map(Choice::Tpar).to_vec(),
+            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(s.parse::<Route>()?))?,
+            None if backend == Backend::Cuda => Choice::ALL
+                .map(Route::Fixed)
+                .into_iter()
+                .chain([Route::Auto])
+                .collect(),
+            None => tpar::CpuCommunicator::ALGORITHMS
+                .map(|a| Route::Fixed(Choice::Tpar(a)))
+                .to_vec(),
         };
         if backend == Backend::Cpu {
-            if let Some(c) = choices.iter().find(
-                |c| !matches!(c, Choice::Tpar(a) if tpar::CpuCommunicator::ALGORITHMS.contains(a)),
-            ) {
+            let cpu_runs = |c: &Route| matches!(c, Route::Fixed(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
+            if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
                 bail!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
             }
         }
@@ -102,15 +109,23 @@ impl Setup {
     /// summation order does not give them): NCCL is left out of the default list, and refused
     /// when asked for by name.
     pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<tpar::Algorithm>> {
-        if self.explicit && self.choices.contains(&Choice::Nccl) {
-            bail!("{command} checks tpar's algorithms; NCCL is compared by `tpar bench`");
+        if let Some(other) = self
+            .choices
+            .iter()
+            .find(|c| !matches!(c, Route::Fixed(Choice::Tpar(_))))
+            .filter(|_| self.explicit)
+        {
+            bail!(
+                "{command} checks tpar's algorithms one by one; {} is compared by `tpar bench`",
+                other.name()
+            );
         }
         Ok(self
             .choices
             .iter()
             .filter_map(|c| match c {
-                Choice::Tpar(a) => Some(*a),
-                Choice::Nccl => None,
+                Route::Fixed(Choice::Tpar(a)) => Some(*a),
+                _ => None,
             })
             .collect())
     }

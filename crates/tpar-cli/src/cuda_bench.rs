@@ -18,13 +18,13 @@ use tpar::backend::cuda::driver::{
 use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType};
 
-use crate::cuda_ranks::CudaRanks;
+use crate::cuda_ranks::{CudaRanks, Route};
 use crate::report::{bus_bandwidth_gbps, percentile};
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
-    /// tpar's algorithms and NCCL, timed the same way.
-    pub choices: Vec<Choice>,
+    /// tpar's algorithms, NCCL and `auto` (the dispatcher's pick per size), timed the same way.
+    pub choices: Vec<Route>,
     pub dtype: DType,
     pub replays: usize,
     pub warmup: usize,
@@ -49,6 +49,9 @@ pub struct CudaRow {
     /// call is slow (so that a row takes about a second).
     pub chain: usize,
     pub replays: usize,
+    /// For `auto`: what the dispatcher ran at this size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
     /// Set when the algorithm cannot run here, with the reason; the figures are then zero.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skipped: Option<String>,
@@ -131,12 +134,12 @@ fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
 pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
     let chain = group.capture_each(|i, s| {
         for _ in 0..plan.chain {
-            group.comms[i].launch_empty(s)?;
+            group.comms[i].cuda().launch_empty(s)?;
         }
         Ok(())
     })?;
     let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
-    let single = group.capture(|i, s| Ok(group.comms[i].launch_empty(s)?))?;
+    let single = group.capture(|i, s| Ok(group.comms[i].cuda().launch_empty(s)?))?;
     let single_us = time_replays(
         group,
         std::slice::from_ref(&single),
@@ -144,7 +147,7 @@ pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors>
         plan.replays,
     )?;
 
-    let ctx = group.comms[0].context();
+    let ctx = group.comms[0].cuda().context();
     let stream = &group.streams[0];
     let bytes = 256 << 20;
     let (a, b) = (
@@ -201,17 +204,32 @@ pub fn run(
                 wire_floor_us: 0.0,
                 chain: 0,
                 replays: 0,
+                runs: None,
                 skipped: None,
             };
-            if let Err(why) = group.supports(algo) {
-                row.skipped = Some(why);
-                row.correct = true;
-                rows.push(row);
-                continue;
+            // What actually runs: the fixed choice, or the dispatcher's for this size.
+            let planned = match algo {
+                Route::Fixed(c) => group.supports(algo).map(|_| c),
+                Route::Auto => group.comms[0]
+                    .plan(dtype, bytes, true)
+                    .map(|p| p.choice)
+                    .map_err(|e| e.to_string()),
+            };
+            let planned = match planned {
+                Ok(c) => c,
+                Err(why) => {
+                    row.skipped = Some(why);
+                    row.correct = true;
+                    rows.push(row);
+                    continue;
+                }
+            };
+            if algo == Route::Auto {
+                row.runs = Some(planned.name().to_owned());
             }
             // NCCL adds in its own order (and rounds 16-bit partial sums): checked within a
             // tolerance; tpar's paths bitwise.
-            let tolerance = if algo == Choice::Nccl {
+            let tolerance = if planned == Choice::Nccl {
                 0.01 * group.world_size as f32
             } else {
                 0.0
@@ -267,12 +285,12 @@ pub fn run(
             row.p99_us = percentile(&chain_us, 99.0) / chain_len as f64;
             row.graph_single_us = percentile(&single_us, 50.0);
             row.busbw_gbps = bus_bandwidth_gbps(bytes, row.p50_us, group.world_size);
-            let bandwidth = if algo == Choice::Tpar(Algorithm::HostStaged) {
+            let bandwidth = if planned == Choice::Tpar(Algorithm::HostStaged) {
                 floors.device_to_host_gbps
             } else {
                 floors.device_copy_gbps
             };
-            row.wire_floor_us = bottleneck_bytes(algo, n, bytes as f64) / (bandwidth * 1e3);
+            row.wire_floor_us = bottleneck_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
             row.correct = wrong == 0;
             rows.push(row);
         }

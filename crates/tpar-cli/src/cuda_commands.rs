@@ -102,13 +102,13 @@ pub fn bench(
             world_size,
             mode,
             dtype: plan.dtype,
-            provenance: Provenance::collect(cuda_device(group.comms[0].context(), gpus)),
+            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
             replays: plan.replays,
             warmup: plan.warmup,
             chain: plan.chain,
             timing: "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
             memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
-            max_blocks_per_rank: group.comms[0].max_blocks(),
+            max_blocks_per_rank: group.comms[0].cuda().max_blocks(),
             floors,
             results: rows,
         };
@@ -162,9 +162,13 @@ fn render(report: &CudaReport) -> String {
             ]);
             continue;
         }
+        let algo = match &r.runs {
+            Some(choice) => format!("{} ({choice})", r.algo),
+            None => r.algo.clone(),
+        };
         table.push(vec![
             human_bytes(r.bytes),
-            r.algo.clone(),
+            algo,
             format!("{:.2}", r.p50_us),
             format!("{:.2}", r.p99_us),
             format!("{:.2}", r.graph_single_us),

@@ -13,15 +13,49 @@ use tpar::backend::cuda::driver::DeviceMemory;
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
 use tpar::backend::nccl::NcclCommunicator;
 use tpar::dispatch::Choice;
-use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
+use tpar::topology::Topology;
+use tpar::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
 
 use crate::known::{total_across_ranks, KnownData};
 use crate::ranks::Rank;
 
+/// What a call runs: one fixed choice, or whatever the dispatcher picks for its size (`auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    Fixed(Choice),
+    Auto,
+}
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Fixed(c) => c.name(),
+            Route::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Route {
+    type Err = tpar::Error;
+    fn from_str(s: &str) -> std::result::Result<Route, tpar::Error> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            Ok(Route::Auto)
+        } else {
+            s.parse().map(Route::Fixed)
+        }
+    }
+}
+
 pub struct CudaRanks {
-    pub comms: Vec<CudaCommunicator>,
-    /// NCCL communicators for the same ranks, or why there are none.
-    pub nccl: std::result::Result<Vec<NcclCommunicator>, String>,
+    /// One communicator per local rank: tpar's CUDA backend, NCCL where it could be created,
+    /// and the dispatcher between them.
+    pub comms: Vec<Communicator>,
     pub streams: Vec<Arc<CudaStream>>,
     /// The global rank of each local one.
     pub ranks: Vec<usize>,
@@ -45,21 +79,35 @@ impl CudaRanks {
     pub fn threads(world_size: usize, config: CudaConfig) -> Result<CudaRanks> {
         let gpus = device_count()?;
         let devices: Vec<usize> = (0..world_size).map(|r| r % gpus).collect();
-        let comms = CudaCommunicator::new_local_group(&devices, config)?;
+        let cuda = CudaCommunicator::new_local_group(&devices, config)?;
         // One thread issuing NCCL calls for several ranks must group them, which per-rank
         // graph capture cannot; several ranks compare with NCCL under --processes.
-        let nccl = if world_size == 1 {
-            NcclCommunicator::new_local_group(&devices).map_err(|e| e.to_string())
+        let mut nccl: Vec<std::result::Result<NcclCommunicator, String>> = if world_size == 1 {
+            match NcclCommunicator::new_local_group(&devices) {
+                Ok(comms) => comms.into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e.to_string())],
+            }
         } else {
-            Err("NCCL with several ranks is measured one process per rank (--processes)".to_owned())
+            Vec::new()
         };
-        let streams = comms
+        nccl.resize_with(world_size, || {
+            Err(
+                "NCCL with several ranks in one process is not measured; use --processes"
+                    .to_owned(),
+            )
+        });
+        let topology = machine_topology(gpus);
+        let streams = cuda
             .iter()
             .map(|c| c.context().new_stream().context("cannot create a stream"))
             .collect::<Result<_>>()?;
+        let comms = cuda
+            .into_iter()
+            .zip(nccl)
+            .map(|(c, n)| Ok(Communicator::new(c, n, topology.clone())?))
+            .collect::<Result<_>>()?;
         Ok(CudaRanks {
             comms,
-            nccl,
             streams,
             ranks: (0..world_size).collect(),
             world_size,
@@ -93,15 +141,12 @@ impl CudaRanks {
             )),
             Ok(_) => {
                 tpar::backend::cuda::driver::bind(comm.context())?;
-                Ok(vec![NcclCommunicator::new(
-                    &rank.rendezvous,
-                    config.timeout,
-                )?])
+                Ok(NcclCommunicator::new(&rank.rendezvous, config.timeout)?)
             }
         };
+        let comm = Communicator::new(comm, nccl, machine_topology(gpus))?;
         Ok(CudaRanks {
             comms: vec![comm],
-            nccl,
             streams: vec![stream],
             ranks: vec![rank.rank()],
             world_size: rank.world_size(),
@@ -124,13 +169,11 @@ impl CudaRanks {
     /// Waits for every local stream and reports any error a kernel left.
     pub fn synchronize(&self) -> Result<()> {
         for (comm, stream) in self.comms.iter().zip(&self.streams) {
-            comm.synchronize(stream)
-                .with_context(|| format!("rank {}", comm.rank()))?;
-        }
-        if let Ok(nccl) = &self.nccl {
-            for comm in nccl {
-                comm.check()?;
-            }
+            let rank = comm.cuda().rank();
+            comm.cuda()
+                .synchronize(stream)
+                .with_context(|| format!("rank {rank}"))?;
+            comm.check().with_context(|| format!("rank {rank}"))?;
         }
         Ok(())
     }
@@ -139,7 +182,7 @@ impl CudaRanks {
         self.comms
             .iter()
             .map(|c| {
-                let alloc = || DeviceMemory::zeroed(c.context(), bytes);
+                let alloc = || DeviceMemory::zeroed(c.cuda().context(), bytes);
                 Ok(RankBuffers {
                     inputs: [alloc()?, alloc()?],
                     output: alloc()?,
@@ -186,42 +229,44 @@ impl CudaRanks {
         variant: Option<usize>,
         dtype: DType,
         count: usize,
-        choice: Choice,
+        route: Route,
     ) -> Result<()> {
         let b = &buffers[i];
         let input = variant.map(|v| b.inputs[v % 2].ptr());
         // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
         // were sized for the largest count); the caller keeps them alive.
+        let comm = &self.comms[i];
+        let (output, stream) = (b.output.ptr(), stream.cu_stream());
         unsafe {
-            match choice {
-                Choice::Tpar(algorithm) => self.comms[i].all_reduce_raw(
-                    dtype,
-                    input,
-                    b.output.ptr(),
-                    count,
-                    algorithm,
-                    stream.cu_stream(),
-                )?,
-                Choice::Nccl => {
-                    let nccl = self.nccl.as_ref().map_err(|why| anyhow::anyhow!("{why}"))?;
-                    nccl[i].all_reduce_raw(
+            match route {
+                Route::Fixed(Choice::Tpar(a)) => comm
+                    .cuda()
+                    .all_reduce_raw(dtype, input, output, count, a, stream)?,
+                Route::Fixed(Choice::Nccl) => {
+                    let nccl = comm.nccl().map_err(|why| anyhow::anyhow!("{why}"))?;
+                    nccl.all_reduce_raw(
                         dtype,
                         input,
-                        b.output.ptr(),
+                        output,
                         count,
-                        stream.cu_stream() as *mut std::ffi::c_void,
+                        stream as *mut std::ffi::c_void,
                     )?
+                }
+                Route::Auto => {
+                    comm.all_reduce_raw(dtype, input, output, count, stream, false)?;
                 }
             }
         };
         Ok(())
     }
 
-    /// Whether `choice` can run on these ranks, and if not, why.
-    pub fn supports(&self, choice: Choice) -> std::result::Result<(), String> {
-        match choice {
-            Choice::Tpar(algorithm) => self.comms[0].supports(algorithm),
-            Choice::Nccl => self.nccl.as_ref().map(|_| ()).map_err(Clone::clone),
+    /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the
+    /// dispatcher's plan says what it runs).
+    pub fn supports(&self, route: Route) -> std::result::Result<(), String> {
+        match route {
+            Route::Fixed(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
+            Route::Fixed(Choice::Nccl) => self.comms[0].nccl().map(|_| ()).map_err(str::to_owned),
+            Route::Auto => Ok(()),
         }
     }
 
@@ -232,7 +277,7 @@ impl CudaRanks {
         buffers: &[RankBuffers],
         dtype: DType,
         count: usize,
-        choice: Choice,
+        route: Route,
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
@@ -246,7 +291,7 @@ impl CudaRanks {
                     (!in_place).then_some(variant),
                     dtype,
                     count,
-                    choice,
+                    route,
                 )?
             };
         }
@@ -377,7 +422,7 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
                 &buffers,
                 dtype,
                 count,
-                Choice::Tpar(algorithm),
+                Route::Fixed(Choice::Tpar(algorithm)),
                 variant,
                 false,
             )?;
@@ -391,4 +436,45 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     Ok(format!(
         "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
     ))
+}
+
+/// This machine as NVML describes it; where NVML cannot be read, GPUs whose links are unknown
+/// and assumed to have no P2P (the dispatcher then stays on paths every machine has).
+fn machine_topology(gpus: usize) -> Topology {
+    Topology::detect().unwrap_or_else(|e| {
+        let links = (0..gpus)
+            .flat_map(|a| (a + 1..gpus).map(move |b| (a, b)))
+            .map(|(a, b)| tpar::topology::Link {
+                a,
+                b,
+                path: tpar::topology::PathClass::CrossNuma,
+                p2p_read: false,
+                p2p_write: false,
+                nvlink: false,
+                atomics: false,
+            })
+            .collect();
+        Topology {
+            description: format!("{gpus} GPU(s); links unknown ({e})"),
+            driver_version: None,
+            cuda_version: None,
+            nccl_version: tpar::backend::nccl::Nccl::load()
+                .ok()
+                .map(|n| n.version_string()),
+            gpus: (0..gpus)
+                .map(|index| tpar::topology::Gpu {
+                    index,
+                    name: "unknown".into(),
+                    uuid: String::new(),
+                    pci_bus_id: String::new(),
+                    numa_node: None,
+                    pcie_gen: None,
+                    pcie_width: None,
+                    compute_capability: None,
+                    memory_bytes: 0,
+                })
+                .collect(),
+            links,
+        }
+    })
 }

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::cuda_ranks::Route;
 use anyhow::Result;
 use tpar::backend::cuda::CudaConfig;
 use tpar::check::{fill_expected, fill_input};
@@ -69,7 +70,7 @@ pub fn run(
                         Some(0),
                         DType::F32,
                         1024,
-                        Choice::Tpar(Algorithm::OneShot),
+                        Route::Fixed(Choice::Tpar(Algorithm::OneShot)),
                     )?
                 };
             }
@@ -80,7 +81,7 @@ pub fn run(
             if group.ranks[i] == silent {
                 continue;
             }
-            let result = comm.synchronize(&group.streams[i]);
+            let result = comm.cuda().synchronize(&group.streams[i]);
             let took = start.elapsed();
             match result {
                 Err(Error::PeerTimeout { peer, .. })
@@ -125,7 +126,7 @@ pub fn run(
         let buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
-            if let Err(why) = group.supports(Choice::Tpar(algo)) {
+            if let Err(why) = group.supports(Route::Fixed(Choice::Tpar(algo))) {
                 record(
                     &mut table,
                     [algo.name(), dtype.name(), "-", "-", "-"],
@@ -145,7 +146,7 @@ pub fn run(
                             &buffers,
                             dtype,
                             count,
-                            Choice::Tpar(algo),
+                            Route::Fixed(Choice::Tpar(algo)),
                             variant,
                             in_place,
                         )?;
@@ -177,7 +178,7 @@ pub fn run(
                                 (!in_place).then_some(0),
                                 dtype,
                                 count,
-                                Choice::Tpar(algo),
+                                Route::Fixed(Choice::Tpar(algo)),
                             )
                         }
                     })?;
@@ -218,7 +219,7 @@ pub fn run(
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
     for &algo in &plan.algorithms {
-        if group.supports(Choice::Tpar(algo)).is_err() || plan.replays == 0 {
+        if group.supports(Route::Fixed(Choice::Tpar(algo))).is_err() || plan.replays == 0 {
             continue;
         }
         let graph = group.capture(|i, stream| {
@@ -231,7 +232,7 @@ pub fn run(
                     Some(0),
                     dtype,
                     count,
-                    Choice::Tpar(algo),
+                    Route::Fixed(Choice::Tpar(algo)),
                 )
             }
         })?;

@@ -109,7 +109,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
     let timeout = parse_seconds(&args.timeout)?;
     let plan = CudaBenchPlan {
         sizes: bytes.into_iter().zip(counts).collect(),
-        choices: Choice::ALL.to_vec(),
+        choices: Choice::ALL.map(crate::cuda_ranks::Route::Fixed).to_vec(),
         dtype: args.dtype,
         replays: args.iters,
         warmup: 5,
@@ -190,6 +190,7 @@ mod tests {
             wire_floor_us: 0.0,
             chain: 50,
             replays: 50,
+            runs: None,
             skipped: None,
         }
     }

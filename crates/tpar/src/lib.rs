@@ -7,7 +7,9 @@
 //! - [`rendezvous`] and [`launch`]: how the ranks of one job find each other on this host
 //!   (a private directory and a random job token) and how `tpar` starts its own ranks.
 //! - [`backend`]: transports. [`backend::cpu`] runs the protocol over POSIX shared memory
-//!   between processes.
+//!   between processes; [`backend::cuda`] runs it in CUDA kernels; [`backend::nccl`] loads NCCL.
+//! - [`topology`] and [`dispatch`]: what the machine is and which path runs each message;
+//!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call.
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
 //! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
@@ -15,6 +17,7 @@
 pub mod algorithm;
 pub mod backend;
 pub mod check;
+pub mod communicator;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
@@ -28,6 +31,7 @@ mod wait;
 
 pub use algorithm::Algorithm;
 pub use backend::cpu::{CommConfig, CpuCommunicator};
+pub use communicator::Communicator;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use memory::MemoryFootprint;

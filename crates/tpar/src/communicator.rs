@@ -1,0 +1,174 @@
+//! One allreduce call for every message: the dispatcher picks tpar's algorithm or NCCL for
+//! each call (forced by `TPAR_ALGO`, else the tuning table measured on this machine, else the
+//! built-in rules) and the call goes there. This is what an engine holds per rank.
+
+use std::collections::HashMap;
+
+use cudarc::driver::sys::CUstream;
+
+use crate::backend::cuda::CudaCommunicator;
+use crate::backend::nccl::NcclCommunicator;
+use crate::dispatch::{plan, Choice, Plan, Request, TuningTable};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::memory::MemoryFootprint;
+use crate::topology::Topology;
+
+/// The variable that forces one algorithm for every call.
+pub const ENV_ALGO: &str = "TPAR_ALGO";
+
+/// The algorithm `TPAR_ALGO` forces, if any; an unknown name is an error, not ignored.
+pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
+    value
+        .filter(|v| !v.trim().is_empty() && !v.trim().eq_ignore_ascii_case("auto"))
+        .map(|v| {
+            v.parse::<Choice>()
+                .map_err(|e| Error::InvalidArgument(format!("{ENV_ALGO}={v}: {e}")))
+        })
+        .transpose()
+}
+
+/// One rank's allreduce: tpar's CUDA communicator, NCCL for the same ranks where it could be
+/// created, and the dispatcher between them.
+pub struct Communicator {
+    cuda: CudaCommunicator,
+    nccl: std::result::Result<NcclCommunicator, String>,
+    /// The machine, as the dispatcher sees it (no NCCL when this group has none).
+    topology: Topology,
+    forced: Option<Choice>,
+    tuning: HashMap<DType, TuningTable>,
+}
+
+impl Communicator {
+    /// Puts the backends of one rank behind one call. `nccl` is the NCCL communicator for the
+    /// same ranks, or why there is none (then NCCL is never planned). Reads `TPAR_ALGO` and
+    /// the tuning tables for this machine and world size.
+    pub fn new(
+        cuda: CudaCommunicator,
+        nccl: std::result::Result<NcclCommunicator, String>,
+        mut topology: Topology,
+    ) -> Result<Communicator> {
+        let forced = forced_choice(std::env::var(ENV_ALGO).ok().as_deref())?;
+        if nccl.is_err() {
+            topology.nccl_version = None;
+        }
+        let tuning = DType::ALL
+            .into_iter()
+            .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
+            .collect();
+        Ok(Communicator {
+            cuda,
+            nccl,
+            topology,
+            forced,
+            tuning,
+        })
+    }
+
+    pub fn cuda(&self) -> &CudaCommunicator {
+        &self.cuda
+    }
+
+    pub fn nccl(&self) -> std::result::Result<&NcclCommunicator, &str> {
+        self.nccl.as_ref().map_err(String::as_str)
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can).
+    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+        plan(&Request {
+            topology: &self.topology,
+            probe: None,
+            tuning: self.tuning.get(&dtype),
+            world_size: self.cuda.world_size(),
+            dtype,
+            bytes,
+            capturing,
+            forced: self.forced,
+        })
+        .and_then(|p| match p.choice {
+            // The topology says the machine can; the group must also have the backend.
+            Choice::Tpar(a) => self.cuda.supports(a).map(|_| p).map_err(Error::Unsupported),
+            Choice::Nccl => Ok(p),
+        })
+    }
+
+    /// Plans and queues `output[i] = sum over ranks of input[i]` on `stream` (`input: None`:
+    /// in place), returning the plan it ran. Every rank must make the same calls: the plan
+    /// depends only on what every rank shares (machine, sizes, settings).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_raw(
+        &self,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
+        match plan.choice {
+            // SAFETY: the caller's promise, passed on.
+            Choice::Tpar(algorithm) => unsafe {
+                self.cuda
+                    .all_reduce_raw(dtype, input, output, count, algorithm, stream)?
+            },
+            Choice::Nccl => {
+                let nccl = self
+                    .nccl
+                    .as_ref()
+                    .map_err(|why| Error::Unsupported(why.clone()))?;
+                // SAFETY: as above.
+                unsafe {
+                    nccl.all_reduce_raw(
+                        dtype,
+                        input,
+                        output,
+                        count,
+                        stream as *mut std::ffi::c_void,
+                    )?
+                }
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Errors the kernels or NCCL reported since the last check.
+    pub fn check(&self) -> Result<()> {
+        self.cuda.check()?;
+        if let Ok(nccl) = &self.nccl {
+            nccl.check()?;
+        }
+        Ok(())
+    }
+
+    /// What tpar allocated for this rank (NCCL's own buffers are NCCL's and not counted here).
+    pub fn memory_footprint(&self) -> MemoryFootprint {
+        self.cuda.memory_footprint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    #[test]
+    fn tpar_algo_forces_a_choice_and_rejects_unknown_names() {
+        assert_eq!(forced_choice(None).unwrap(), None);
+        assert_eq!(forced_choice(Some("auto")).unwrap(), None);
+        assert_eq!(forced_choice(Some("")).unwrap(), None);
+        assert_eq!(forced_choice(Some("nccl")).unwrap(), Some(Choice::Nccl));
+        assert_eq!(
+            forced_choice(Some("host-staged")).unwrap(),
+            Some(Choice::Tpar(Algorithm::HostStaged))
+        );
+        let err = forced_choice(Some("ring")).unwrap_err().to_string();
+        assert!(err.contains("TPAR_ALGO=ring"), "{err}");
+    }
+}
