@@ -89,6 +89,11 @@ impl Communicator {
             capturing,
             forced: self.forced,
         })
+        .map_err(|e| match (&self.nccl, self.forced) {
+            // Say why this group has no NCCL, not only that the machine "has none".
+            (Err(why), Some(Choice::Nccl)) => Error::Unsupported(format!("{e}: {why}")),
+            _ => e,
+        })
         .and_then(|p| match p.choice {
             // The topology says the machine can; the group must also have the backend.
             Choice::Tpar(a) => self.cuda.supports(a).map(|_| p).map_err(Error::Unsupported),

@@ -237,7 +237,7 @@ pub fn eligibility(req: &Request, choice: Choice) -> std::result::Result<(), Str
     match choice {
         Choice::Nccl => {
             if req.topology.nccl_version.is_none() {
-                return Err("NCCL is not installed (no libnccl.so.2 found)".into());
+                return Err("NCCL is not available (no libnccl.so.2 found, or no NCCL communicator for these ranks)".into());
             }
             if req.world_size > req.topology.gpus.len() {
                 return Err(format!(
