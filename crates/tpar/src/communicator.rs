@@ -91,7 +91,10 @@ impl Communicator {
         })
         .map_err(|e| match (&self.nccl, self.forced) {
             // Say why this group has no NCCL, not only that the machine "has none".
-            (Err(why), Some(Choice::Nccl)) => Error::Unsupported(format!("{e}: {why}")),
+            (Err(why), Some(Choice::Nccl)) => match e {
+                Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
+                other => other,
+            },
             _ => e,
         })
         .and_then(|p| match p.choice {
