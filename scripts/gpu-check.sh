@@ -2,7 +2,7 @@
 # The GPU checks of the CUDA backend, for the device machine (no cargo there: carry a built
 # target/release/tpar). Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary.
 # Usage: scripts/gpu-check.sh [smoke|full|tools|auto]   (tools: doctor, tune, NCCL and plots;
-# auto: the dispatched call)
+# auto: the dispatched call; multi: one process per GPU against NCCL, on a multi-GPU machine)
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out"
@@ -39,6 +39,14 @@ elif [ "$mode" = auto ]; then
   step bench-auto-8 120 $tpar bench --backend cuda -n 8 --sizes 4K,42K,256K,4M --algos auto,one-shot,two-shot --json "$out/bench-auto-8.json"
   TPAR_ALGO=host-staged step bench-forced-host-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K --algos auto
   TPAR_ALGO=nccl step bench-forced-nccl-2 120 $tpar bench --backend cuda -n 2 --sizes 4K --algos auto
+elif [ "$mode" = multi ]; then
+  # One process per GPU: tpar's algorithms beside NCCL in the same run, then host-staged
+  # against NCCL without P2P (its shared-memory path through host memory: the same wires).
+  nvidia-smi topo -m > $out/topo.txt 2>&1
+  n=$(nvidia-smi -L | wc -l)
+  step selftest-multi 150 $tpar selftest --backend cuda -n $n --processes --counts 0,7,4099,65541 --replays 20
+  step bench-multi 200 $tpar bench --backend cuda -n $n --processes --sizes 4K,32K,42K,256K,1M,16M --iters 50 --json "$out/bench-multi-processes.json" --plot "$out/bench-multi.svg"
+  NCCL_P2P_DISABLE=1 step bench-multi-nop2p 150 $tpar bench --backend cuda -n $n --processes --algos host-staged,nccl --sizes 4K,42K,256K --iters 50 --json "$out/bench-multi-nop2p.json"
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
@@ -48,7 +56,7 @@ else
   step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
   step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
 fi
-for f in "$out"/bench-threads-*.log "$out"/bench-auto-*.log "$out"/bench-forced-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
+for f in "$out"/bench-multi*.log "$out"/bench-threads-*.log "$out"/bench-auto-*.log "$out"/bench-forced-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
   [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 40; }
 done
 printf '%s\n' "${summary[@]}"
