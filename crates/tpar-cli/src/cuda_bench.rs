@@ -234,7 +234,7 @@ pub fn run(
             } else {
                 0.0
             };
-            let check = |variant: usize| {
+            let check = |group: &CudaRanks, variant: usize| {
                 group.wrong_outputs_within(&buffers, &known, count, variant, dtype, tolerance)
             };
             let mut wrong = 0;
@@ -244,11 +244,12 @@ pub fn run(
                 group.launch(&buffers, dtype, count, algo, variant, false)?;
                 group.synchronize()?;
                 eager = start.elapsed();
-                wrong += check(variant)?;
+                wrong += check(group, variant)?;
             }
             // About 20 ms per replay and one second per row at most: large host-staged calls
-            // take milliseconds each.
-            let per_call = eager.as_secs_f64().max(1e-6);
+            // take milliseconds each. Every rank must pick the same counts (they are collective
+            // calls), so the time comes from the job-wide mean, not this process's own clock.
+            let per_call = (group.agreed_mean(eager.as_nanos() as u64)? as f64 / 1e9).max(1e-6);
             let chain_len = plan.chain.min(((0.02 / per_call) as usize).max(1));
             let replays = plan
                 .replays
@@ -264,7 +265,7 @@ pub fn run(
                 Ok(())
             })?;
             let chain_us = time_replays(group, &chain, plan.warmup.min(replays), replays)?;
-            wrong += check((chain_len - 1) % 2)?;
+            wrong += check(group, (chain_len - 1) % 2)?;
             drop(chain);
 
             let single = group.capture(|i, s| {
@@ -277,7 +278,7 @@ pub fn run(
                 plan.warmup.min(replays),
                 replays,
             )?;
-            wrong += check(0)?;
+            wrong += check(group, 0)?;
             drop(single);
 
             let wrong = group.total(wrong)?;

@@ -158,6 +158,19 @@ impl CudaRanks {
         self.ranks.contains(&0)
     }
 
+    /// The mean over the job's processes of `local` (one value per process): the same on every
+    /// rank, because the sum comes from an allreduce, whose result is identical everywhere.
+    /// Anything that decides how many collective calls to make must come from such a value,
+    /// or the ranks' call counts (and epochs) drift apart.
+    pub fn agreed_mean(&mut self, local: u64) -> Result<u64> {
+        let processes = if self.control.is_some() {
+            self.world_size as u64
+        } else {
+            1
+        };
+        Ok(self.total(local)? / processes)
+    }
+
     /// The sum over every rank of the job of each local rank's `local` value.
     pub fn total(&mut self, local: u64) -> Result<u64> {
         match &mut self.control {
