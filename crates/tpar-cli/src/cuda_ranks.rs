@@ -252,18 +252,8 @@ impl CudaRanks {
         let (output, stream) = (b.output.ptr(), stream.cu_stream());
         unsafe {
             match route {
-                Route::Fixed(Choice::Tpar(a)) => comm
-                    .cuda()
-                    .all_reduce_raw(dtype, input, output, count, a, stream)?,
-                Route::Fixed(Choice::Nccl) => {
-                    let nccl = comm.nccl().map_err(|why| anyhow::anyhow!("{why}"))?;
-                    nccl.all_reduce_raw(
-                        dtype,
-                        input,
-                        output,
-                        count,
-                        stream as *mut std::ffi::c_void,
-                    )?
+                Route::Fixed(choice) => {
+                    comm.all_reduce_with(choice, dtype, input, output, count, stream)?
                 }
                 Route::Auto => {
                     comm.all_reduce_raw(dtype, input, output, count, stream, false)?;

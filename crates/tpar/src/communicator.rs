@@ -120,11 +120,29 @@ impl Communicator {
         capturing: bool,
     ) -> Result<Plan> {
         let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
-        match plan.choice {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
+        Ok(plan)
+    }
+
+    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_with(
+        &self,
+        choice: Choice,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        match choice {
             // SAFETY: the caller's promise, passed on.
             Choice::Tpar(algorithm) => unsafe {
                 self.cuda
-                    .all_reduce_raw(dtype, input, output, count, algorithm, stream)?
+                    .all_reduce_raw(dtype, input, output, count, algorithm, stream)
             },
             Choice::Nccl => {
                 let nccl = self
@@ -139,11 +157,10 @@ impl Communicator {
                         output,
                         count,
                         stream as *mut std::ffi::c_void,
-                    )?
+                    )
                 }
             }
         }
-        Ok(plan)
     }
 
     /// Errors the kernels or NCCL reported since the last check.
