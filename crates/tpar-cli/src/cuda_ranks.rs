@@ -302,7 +302,7 @@ impl CudaRanks {
     }
 
     /// Ranks whose output differs bitwise from the expected sum of `variant`; each one is
-    /// described on stderr (first wrong element, how many) so that a failure can be diagnosed.
+    /// described on stderr (its first wrong element) so that a failure can be diagnosed.
     pub fn wrong_outputs(
         &self,
         buffers: &[RankBuffers],
