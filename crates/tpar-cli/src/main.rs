@@ -14,6 +14,7 @@ mod cuda_selftest;
 mod debug_rank;
 mod doctor;
 mod known;
+mod plan;
 mod plot;
 mod progress;
 mod ranks;
@@ -40,7 +41,9 @@ Examples:
   tpar selftest --backend cuda -n 8            # 8 ranks on the GPU(s) of this host
   tpar bench --backend cuda -n 2 --json out.json
   tpar doctor                                  # this machine: links, checks, what runs at each size
-  tpar doctor --topology crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json";
+  tpar doctor --topology crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json
+  tpar plan memory --config crates/tpar/fixtures/models/deepseek-v3.json --tp 8 --gpu-gb 96
+  tpar plan spec-decode --config crates/tpar/fixtures/models/deepseek-v3.json --tp 8 --tokens 3 --acceptance 2 --latency-us 200";
 
 #[derive(Parser, Debug)]
 #[command(name = "tpar", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TPAR_GIT_COMMIT"), ")"), about = ABOUT, after_help = AFTER_HELP)]
@@ -59,6 +62,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Measure every algorithm and NCCL here and write the fastest per size for the dispatcher.
     Tune(tune::TuneArgs),
+    /// Plan before launching: KV-cache memory, and whether speculative decoding pays.
+    #[command(subcommand)]
+    Plan(plan::PlanCommand),
     /// Scripted calls with injected faults, for tests.
     #[command(hide = true)]
     DebugRank(debug_rank::DebugRankArgs),
@@ -109,6 +115,7 @@ fn main() -> ExitCode {
         Command::Selftest(args) => selftest::run(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Tune(args) => tune::run(args),
+        Command::Plan(command) => plan::run(command),
         Command::DebugRank(args) => debug_rank::run(args),
     };
     match result {

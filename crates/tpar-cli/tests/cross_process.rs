@@ -499,3 +499,129 @@ fn doctor_on_a_machine_without_a_gpu_says_so_and_what_to_do() {
         "{stderr}"
     );
 }
+
+fn model(name: &str) -> String {
+    format!(
+        "{}/../tpar/fixtures/models/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn plan_memory_diagnoses_the_reported_case_with_the_setting_that_works() {
+    let (out, _) = run(tpar().args([
+        "plan",
+        "memory",
+        "--config",
+        &model("deepseek-v3"),
+        "--tp",
+        "8",
+        "--gpu-gb",
+        "96",
+        "--free-after-load-gb",
+        "21.7",
+        "--weights-gb",
+        "72.3",
+        "--mem-fraction-static",
+        "0.55",
+    ]));
+    assert!(!out.status.success());
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("KV budget -21.5 GiB")
+            && stdout.contains("mem_fraction_static to at least 0.78"),
+        "{stdout}"
+    );
+    let (out, _) = run(tpar().args([
+        "plan",
+        "memory",
+        "--config",
+        &model("deepseek-v3"),
+        "--tp",
+        "8",
+        "--gpu-gb",
+        "96",
+        "--free-after-load-gb",
+        "21.7",
+        "--weights-gb",
+        "72.3",
+        "--mem-fraction-static",
+        "0.78",
+        "--json",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(json["plan"]["kv_tokens"].as_u64().unwrap() >= 4096);
+}
+
+#[test]
+fn plan_memory_counts_a_dense_model_from_its_config() {
+    let (out, _) = run(tpar().args([
+        "plan",
+        "memory",
+        "--config",
+        &model("llama-3.1-70b"),
+        "--tp",
+        "8",
+        "--gpu-gb",
+        "140",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("70.6B parameters") && stdout.contains("tokens of 40960 bytes each"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tpar buffers"), "{stdout}");
+}
+
+#[test]
+fn plan_spec_decode_shows_the_reported_loss_and_where_it_breaks_even() {
+    let (out, _) = run(tpar().args([
+        "plan",
+        "spec-decode",
+        "--config",
+        &model("deepseek-v3"),
+        "--tp",
+        "8",
+        "--tokens",
+        "3",
+        "--acceptance",
+        "2",
+        "--latency-us",
+        "200",
+        "--plain-latency-us",
+        "25",
+        "--plain-ms",
+        "8",
+        "--verify-ms",
+        "10",
+        "--draft-ms",
+        "5",
+    ]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("122 of 43008 B") && stdout.contains("24.40 ms per verify pass"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("speculation LOSES") && stdout.contains("under 58.2 us"),
+        "{stdout}"
+    );
+    let (out, _) = run(tpar().args([
+        "plan",
+        "spec-decode",
+        "--config",
+        &model("deepseek-v3"),
+        "--tp",
+        "8",
+        "--tokens",
+        "3",
+        "--acceptance",
+        "4",
+        "--latency-us",
+        "10",
+    ]));
+    assert!(!out.status.success() && text(&out.stderr).contains("exceeds --tokens"));
+}
