@@ -380,12 +380,13 @@ fn a_rank_that_stops_calling_times_out_the_others_naming_it() {
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert_every_rank_reports(&stderr, [0, 1], &["timed out", "rank 2"]);
-    // Ranks fail at ~2 s; the launcher then kills the stalled rank after its grace period.
+    // Ranks fail at ~2 s; the launcher then kills the stalled rank after its grace period
+    // (deadline + 5 s), so the whole job ends by about 9 s.
     assert!(
         stderr.contains("rank 2 (pid") && stderr.contains("by the launcher"),
         "{stderr}"
     );
-    assert!(took < Duration::from_secs(2 + 5 + 3), "{took:?}");
+    assert!(took < Duration::from_secs(2 + 7 + 5), "{took:?}");
     assert_eq!(leftover_segments(&token), Vec::<String>::new());
 }
 
