@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every test of the project, as CI runs it (`.ci/run` calls this script): formatting, lints,
-# then the Rust unit, property and cross-process tests, including the compilation of every
-# CUDA kernel for sm_80..sm_120 with NVRTC from pip's wheel. Needs no GPU and no CUDA toolkit.
+# the Rust unit, property and cross-process tests (including the compilation of every CUDA
+# kernel for sm_80..sm_120 with NVRTC from pip's wheel), then the Python package: its wheel
+# is built with maturin, installed into a fresh virtual environment and tested with pytest
+# across processes. Needs no GPU and no CUDA toolkit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,3 +26,11 @@ cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== cargo test (release: the cross-process tests move megabytes between 8 ranks)"
 cargo test --workspace --release
+
+echo "== Python package: build the wheel, install it into a fresh venv, run pytest"
+rm -rf .ci/venv .ci/wheels
+python3 -m venv .ci/venv
+.ci/venv/bin/python -m pip install --quiet --disable-pip-version-check maturin numpy pytest
+.ci/venv/bin/maturin build --release --quiet -m crates/tpar-py/Cargo.toml -o .ci/wheels
+.ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps .ci/wheels/tpar-*.whl
+.ci/venv/bin/python -m pytest -rs tests/python

@@ -1,0 +1,141 @@
+"""The tpar Python package across real processes on the CPU backend: numpy arrays (and torch
+CPU tensors where torch is installed), every world size up to 4, both algorithms, in place and
+into out=, and the errors a user meets (mismatched calls, a silent rank, bad arrays)."""
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+
+import tpar
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import tpar
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    task = json.loads(sys.argv[1])
+    def values(r, count, dtype):
+        # Multiples of 1/64 in [-8, 8): sums of a few ranks are exact in every dtype.
+        i = np.arange(count, dtype=np.int64)
+        return (((i * 7 + r * 13) % 1024) - 512).astype(np.float64) / 64.0 + (1 / 64.0)
+    with tpar.Communicator(timeout=task.get("timeout", 30)) as comm:
+        assert (comm.rank, comm.world_size) == (rank, n)
+        if task["kind"] == "sum":
+            for dtype in ("float32", "float16"):
+                for count in (0, 1, 7, 1023, 70001):
+                    for algo in ("one-shot", "two-shot"):
+                        x = values(rank, count, dtype).astype(dtype)
+                        expected = sum(values(r, count, dtype).astype(dtype).astype(np.float32) for r in range(n)).astype(dtype) if count else x
+                        y = x.copy()
+                        comm.all_reduce(y, algorithm=algo)
+                        out = np.full_like(x, np.nan)
+                        comm.all_reduce(x, out=out, algorithm=algo)
+                        if count and not (np.array_equal(y, expected) and np.array_equal(out, expected)):
+                            sys.exit(f"rank {rank}: wrong sum for {count} {dtype} {algo}")
+            assert comm.memory_footprint()["shared_host_bytes"] > 0
+        elif task["kind"] == "mismatch":
+            x = np.ones(1024 if rank == 0 else 2048, dtype=np.float32)
+            try:
+                comm.all_reduce(x)
+            except tpar.TparError as e:
+                print("ERROR", e, flush=True)
+                sys.exit(3)
+        elif task["kind"] == "silent":
+            x = np.ones(16, dtype=np.float32)
+            comm.all_reduce(x)
+            if rank == n - 1:
+                import time
+                time.sleep(3)  # alive but silent: the others must hit their deadline
+                sys.exit(0)
+            try:
+                comm.all_reduce(x)
+            except tpar.TparError as e:
+                print("ERROR", e, flush=True)
+                sys.exit(3)
+    """
+)
+
+
+def run_job(n, task, timeout=120):
+    """Starts n worker processes as the ranks of one job and returns their (code, output)."""
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="tpar-py-test-") as tmp:
+        rendezvous = os.path.join(tmp, "rdv")
+        token = secrets.token_hex(16)
+        procs = []
+        for rank in range(n):
+            env = dict(os.environ, TPAR_RENDEZVOUS=rendezvous, TPAR_JOB_TOKEN=token, RANK=str(rank), WORLD_SIZE=str(n))
+            procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(task)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_sums_are_exact_on_every_rank(n):
+    for code, output in run_job(n, {"kind": "sum"}):
+        assert code == 0, output
+
+
+def test_mismatched_sizes_fail_on_every_rank_naming_both():
+    for code, output in run_job(2, {"kind": "mismatch"}):
+        assert code == 3, output
+        assert "1024 elements of f32" in output and "2048 elements of f32" in output, output
+
+
+def test_a_silent_rank_is_named_after_the_deadline():
+    results = run_job(3, {"kind": "silent", "timeout": 1})
+    for code, output in results[:-1]:
+        assert code == 3, output
+        assert "rank 2" in output and "timed out" in output, output
+
+
+def test_bad_input_is_refused_with_the_fix(tmp_path):
+    token = secrets.token_hex(16)
+    with tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token) as comm:
+        with pytest.raises(tpar.TparError, match="C-contiguous"):
+            comm.all_reduce(np.ones((4, 4), dtype=np.float32)[:, ::2])
+        with pytest.raises(tpar.TparError, match="float32, float16 or bfloat16"):
+            comm.all_reduce(np.ones(4, dtype=np.int32))
+        with pytest.raises(tpar.TparError, match="must match"):
+            comm.all_reduce(np.ones(4, dtype=np.float32), out=np.ones(5, dtype=np.float32))
+        with pytest.raises(tpar.TparError, match="unknown algorithm"):
+            comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="ring")
+        x = np.arange(5, dtype=np.float32)
+        assert comm.all_reduce(x) is x and list(x) == [0, 1, 2, 3, 4]
+    with pytest.raises(tpar.TparError, match="closed"):
+        comm.all_reduce(np.ones(4, dtype=np.float32))
+    with pytest.raises(tpar.TparError, match="CPU backend only"):
+        tpar.Communicator(0, 1, device="cuda:0", rendezvous=str(tmp_path / "rdv2"), token=token)
+
+
+def test_no_rank_environment_says_what_to_set(monkeypatch):
+    for key in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(tpar.TparError, match="TPAR_RENDEZVOUS"):
+        tpar.Communicator()
+
+
+def test_torch_cpu_tensors_reduce_like_arrays(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed here; the numpy tests cover the CPU path")
+    token = secrets.token_hex(16)
+    with tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token) as comm:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            t = torch.arange(10, dtype=dtype)
+            assert torch.equal(comm.all_reduce(t.clone()), t)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_tensor_parallel_mlp_example_matches_the_unsharded_mlp(n):
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE")}
+    done = subprocess.run([sys.executable, example, "--world-size", str(n)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"tp_mlp: {n} ranks" in done.stdout and "max relative error" in done.stdout, done.stdout
