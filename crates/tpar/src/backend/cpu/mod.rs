@@ -357,13 +357,12 @@ impl CpuCommunicator {
             } else {
                 0..lines
             };
-            for (i, line) in inbox[payload..payload + lines]
+            let first = range.start;
+            for (k, line) in inbox[payload + range.start..payload + range.end]
                 .iter()
                 .enumerate()
-                .take(range.end)
-                .skip(range.start)
             {
-                line.store(pack(tag, word_at(source, i)), Ordering::Release);
+                line.store(pack(tag, word_at(source, first + k)), Ordering::Release);
             }
             // The header goes last: a receiver that sees it will find the payload arriving
             // (it still checks each line's tag; this only shortens its wait).
@@ -470,17 +469,20 @@ impl CpuCommunicator {
         let owned = owned_lines(lines_for_bytes(chunk_bytes), self.world_size, self.rank);
         let tag = self.tag();
         let gather = self.layout.gather_slot(self.epoch);
+        // Each block is rounded to the dtype once, then pushed to every rank.
+        let mut lines = Vec::with_capacity(BLOCK_LINES);
         self.accumulate(
             acc,
             header,
             owned,
             "two-shot reduce-scatter",
             |first_line, acc| {
+                lines.clear();
+                lines.extend((0..acc.words()).map(|w| pack(tag, acc.word(w))));
                 for step in 0..self.world_size {
                     let inbox = self.inboxes[(self.rank + 1 + step) % self.world_size].lines();
-                    for w in 0..acc.words() {
-                        inbox[gather + first_line + w]
-                            .store(pack(tag, acc.word(w)), Ordering::Release);
+                    for (slot, line) in inbox[gather + first_line..].iter().zip(&lines) {
+                        slot.store(*line, Ordering::Release);
                     }
                 }
             },
