@@ -139,3 +139,22 @@ def test_the_tensor_parallel_mlp_example_matches_the_unsharded_mlp(n):
     done = subprocess.run([sys.executable, example, "--world-size", str(n)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"tp_mlp: {n} ranks" in done.stdout and "max relative error" in done.stdout, done.stdout
+
+
+def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
+    from tpar.adapter import TparAllreduce
+
+    token = secrets.token_hex(16)
+    ca = TparAllreduce(tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token), max_bytes=1024)
+    small, large = np.arange(8, dtype=np.float32), np.ones(1024, dtype=np.float32)
+    assert ca.should_custom_ar(small)
+    assert not ca.should_custom_ar(large), "over max_bytes: the engine keeps its own path"
+    assert not ca.should_custom_ar(np.ones(8, dtype=np.int32))
+    assert not ca.should_custom_ar(np.ones((4, 4), dtype=np.float32)[:, ::2])
+    with ca.capture():
+        out = ca.custom_all_reduce(small)
+    assert out is not small and np.array_equal(out, small), "one rank: the sum is the input, in a new array"
+    with pytest.raises(tpar.TparError, match="should_custom_ar"):
+        ca.custom_all_reduce(large)
+    ca.close()
+    assert not ca.should_custom_ar(small)

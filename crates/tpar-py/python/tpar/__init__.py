@@ -16,7 +16,7 @@ from ._tpar import CpuComm as _CpuComm
 from ._tpar import TparError
 from ._tpar import __version__
 
-__all__ = ["Communicator", "TparError", "__version__"]
+__all__ = ["Communicator", "TparError", "__version__"]  # tpar.adapter.TparAllreduce: the engine-shaped wrapper
 
 _ALGORITHMS = ("one-shot", "two-shot")
 

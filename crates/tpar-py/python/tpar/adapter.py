@@ -1,0 +1,74 @@
+"""An adapter with the method names engines already call on their custom allreduce (vLLM's
+and SGLang's ``CustomAllreduce``): ``should_custom_ar``, ``custom_all_reduce``, ``capture`` and
+``close``. An engine swaps its object for this one and keeps its own fallback: whenever
+``should_custom_ar`` says False, the engine runs its usual path (NCCL), so nothing is ever
+skipped silently.
+
+Wiring it into an engine, where the engine builds its custom allreduce::
+
+    from tpar.adapter import TparAllreduce
+    self.ca_comm = TparAllreduce(tpar.Communicator(), max_bytes=8 << 20)
+
+    # the engine's existing call sites stay as they are:
+    if self.ca_comm.should_custom_ar(x):
+        out = self.ca_comm.custom_all_reduce(x)
+    else:
+        out = nccl_all_reduce(x)
+
+With this package (CPU backend) that serves numpy arrays and torch CPU tensors; CUDA tensors get
+False from ``should_custom_ar`` until the package's CUDA path exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import Communicator, TparError, _describe
+
+
+class TparAllreduce:
+    """``CustomAllreduce``-shaped wrapper of a :class:`tpar.Communicator`."""
+
+    def __init__(self, comm: Communicator, max_bytes: int = 8 << 20, algorithm: str = "one-shot"):
+        self.comm = comm
+        self.max_bytes = int(max_bytes)
+        self.algorithm = algorithm
+        self.disabled = False
+        self._capturing = False
+
+    def should_custom_ar(self, inp) -> bool:
+        """True when tpar can reduce ``inp``: a contiguous array or CPU tensor of f32, f16 or
+        bf16 of at most ``max_bytes``, and the adapter is open."""
+        if self.disabled:
+            return False
+        try:
+            dtype, _, count, _ = _describe(inp)
+        except TparError:
+            return False
+        size = {"f32": 4, "f16": 2, "bf16": 2}[dtype] * count
+        return size <= self.max_bytes
+
+    def custom_all_reduce(self, input):
+        """Returns a new array (or tensor) holding the sum of ``input`` over all ranks; the
+        input is left as it was. Raises TparError where ``should_custom_ar`` would say False."""
+        if not self.should_custom_ar(input):
+            raise TparError("custom_all_reduce called on an input should_custom_ar refuses; call should_custom_ar first")
+        out = input.copy() if hasattr(input, "copy") and not hasattr(input, "clone") else input.clone()
+        return self.comm.all_reduce(input, out=out, algorithm=self.algorithm)
+
+    @contextlib.contextmanager
+    def capture(self):
+        """The engines enter this around CUDA-graph capture. tpar registers its buffers when the
+        communicator is created and keeps its epoch in device memory, so capture needs no
+        extra step; the flag only records that a capture is in progress."""
+        self._capturing = True
+        try:
+            yield
+        finally:
+            self._capturing = False
+
+    def close(self):
+        """Releases the communicator; afterwards should_custom_ar says False."""
+        if not self.disabled:
+            self.disabled = True
+            self.comm.close()
