@@ -508,13 +508,15 @@ fn model(name: &str) -> String {
     )
 }
 
-#[test]
-fn plan_memory_diagnoses_the_reported_case_with_the_setting_that_works() {
-    let (out, _) = run(tpar().args([
+/// `tpar plan memory` on the reported machine (96 GiB card, 72.3 GiB of weights, 21.7 GiB free
+/// after loading) with SGLang's `mem_fraction_static` and any further arguments.
+fn plan_reported_case(mem_fraction_static: &str, extra: &[&str]) -> Output {
+    let config = model("deepseek-v3");
+    let mut args = vec![
         "plan",
         "memory",
         "--config",
-        &model("deepseek-v3"),
+        &config,
         "--tp",
         "8",
         "--gpu-gb",
@@ -524,8 +526,15 @@ fn plan_memory_diagnoses_the_reported_case_with_the_setting_that_works() {
         "--weights-gb",
         "72.3",
         "--mem-fraction-static",
-        "0.55",
-    ]));
+        mem_fraction_static,
+    ];
+    args.extend_from_slice(extra);
+    run(tpar().args(&args)).0
+}
+
+#[test]
+fn plan_memory_diagnoses_the_reported_case_with_the_setting_that_works() {
+    let out = plan_reported_case("0.55", &[]);
     assert!(!out.status.success());
     let stdout = text(&out.stdout);
     assert!(
@@ -533,23 +542,7 @@ fn plan_memory_diagnoses_the_reported_case_with_the_setting_that_works() {
             && stdout.contains("mem_fraction_static to at least 0.78"),
         "{stdout}"
     );
-    let (out, _) = run(tpar().args([
-        "plan",
-        "memory",
-        "--config",
-        &model("deepseek-v3"),
-        "--tp",
-        "8",
-        "--gpu-gb",
-        "96",
-        "--free-after-load-gb",
-        "21.7",
-        "--weights-gb",
-        "72.3",
-        "--mem-fraction-static",
-        "0.78",
-        "--json",
-    ]));
+    let out = plan_reported_case("0.78", &["--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(json["plan"]["kv_tokens"].as_u64().unwrap() >= 4096);
