@@ -110,6 +110,8 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
             comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="ring")
         x = np.arange(5, dtype=np.float32)
         assert comm.all_reduce(x) is x and list(x) == [0, 1, 2, 3, 4]
+        assert comm.should_use(x) and comm.should_use(x, max_bytes=20) and not comm.should_use(x, max_bytes=19)
+        assert not comm.should_use(np.ones(4, dtype=np.int64)) and not comm.should_use([1.0, 2.0])
     with pytest.raises(tpar.TparError, match="closed"):
         comm.all_reduce(np.ones(4, dtype=np.float32))
     with pytest.raises(tpar.TparError, match="CPU backend only"):

@@ -97,6 +97,17 @@ class Communicator:
         self._comm.all_reduce_ptr(dtype, address, out_address, count, algorithm)
         return out
 
+    def should_use(self, array, max_bytes=None) -> bool:
+        """True when :meth:`all_reduce` can take ``array`` (a contiguous numpy array or torch
+        CPU tensor of float32, float16 or bfloat16) and, if given, it holds at most
+        ``max_bytes``. False otherwise, so a caller can take another path knowingly."""
+        try:
+            dtype, _, count, _ = _describe(array)
+        except TparError:
+            return False
+        size = {"f32": 4, "f16": 2, "bf16": 2}[dtype] * count
+        return max_bytes is None or size <= max_bytes
+
     def memory_footprint(self) -> dict:
         """Bytes this rank allocated (shared_host_bytes for the CPU backend) and peers' memory
         mapped into it."""

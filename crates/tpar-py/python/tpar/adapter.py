@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import Communicator, TparError, _describe
+from . import Communicator, TparError
 
 
 class TparAllreduce:
@@ -39,14 +39,7 @@ class TparAllreduce:
     def should_custom_ar(self, inp) -> bool:
         """True when tpar can reduce ``inp``: a contiguous array or CPU tensor of f32, f16 or
         bf16 of at most ``max_bytes``, and the adapter is open."""
-        if self.disabled:
-            return False
-        try:
-            dtype, _, count, _ = _describe(inp)
-        except TparError:
-            return False
-        size = {"f32": 4, "f16": 2, "bf16": 2}[dtype] * count
-        return size <= self.max_bytes
+        return not self.disabled and self.comm.should_use(inp, self.max_bytes)
 
     def custom_all_reduce(self, input):
         """Returns a new array (or tensor) holding the sum of ``input`` over all ranks; the
