@@ -141,7 +141,7 @@ pub fn run(
                     // Eager: two calls with different inputs.
                     let mut wrong = 0;
                     for variant in 0..2 {
-                        prepare_output(&buffers, &known, count, variant, in_place, dtype)?;
+                        prepare_output(&buffers, &known, count, variant, in_place)?;
                         group.launch(
                             &buffers,
                             dtype,
@@ -187,7 +187,7 @@ pub fn run(
                         for (b, k) in buffers.iter().zip(&known) {
                             b.inputs[0].upload(k.input(variant, count))?;
                         }
-                        prepare_output(&buffers, &known, count, variant, in_place, dtype)?;
+                        prepare_output(&buffers, &known, count, variant, in_place)?;
                         graph.launch()?;
                         group.synchronize()?;
                         wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
@@ -277,7 +277,6 @@ fn prepare_output(
     count: usize,
     variant: usize,
     in_place: bool,
-    _dtype: DType,
 ) -> Result<()> {
     for (b, k) in buffers.iter().zip(known) {
         if in_place {

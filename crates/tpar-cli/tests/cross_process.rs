@@ -291,6 +291,12 @@ fn spawn_external(
         .collect()
 }
 
+/// Nothing of an outside-launched job stays in /dev/shm; then its directory is removed.
+fn assert_job_left_nothing(token: &str, dir: &Path) {
+    assert_eq!(leftover_segments(token), Vec::<String>::new());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 fn private_dir(token: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tpar-ext-{token}"))
 }
@@ -327,8 +333,7 @@ fn sigkill_under_an_outside_launcher_fails_survivors_within_deadline() {
         "{:?}",
         killed_at.elapsed()
     );
-    assert_eq!(leftover_segments(&token), Vec::<String>::new());
-    std::fs::remove_dir_all(dir).unwrap();
+    assert_job_left_nothing(&token, &dir);
 }
 
 #[test]
@@ -357,8 +362,7 @@ fn a_rank_that_never_arrives_is_named_by_the_others() {
         "{:?}",
         start.elapsed()
     );
-    assert_eq!(leftover_segments(&token), Vec::<String>::new());
-    std::fs::remove_dir_all(dir).unwrap();
+    assert_job_left_nothing(&token, &dir);
 }
 
 #[test]
