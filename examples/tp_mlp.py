@@ -1,15 +1,15 @@
-"""A tensor-parallel MLP decode step on the CPU with tpar, checked against the unsharded MLP.
+"""A tensor-parallel MLP decode step with tpar, checked against the unsharded MLP.
 
 Each rank holds a column slice of W1 (hidden -> ffn) and the matching row slice of W2
-(ffn -> hidden): it computes relu(x @ W1_r) @ W2_r, a partial sum of the output, and tpar's
+(ffn -> hidden): it computes relu(x @ W1_r) @ W2_r, a partial sum of the output, and an
 allreduce adds the partial sums of all ranks, as in an engine's row-parallel linear layer.
 
-Run it as N processes, for example with tpar's rank environment:
+    python examples/tp_mlp.py --world-size 4                 # numpy on the CPU backend
+    python examples/tp_mlp.py --world-size 4 --device cuda   # torch on GPUs (rank r: GPU r % GPUs)
 
-    python examples/tp_mlp.py --world-size 4        # starts 4 ranks of itself
-
-The CUDA version (torch tensors, CUDA graphs, a torch.distributed comparison) needs the CUDA
-path of the Python package, which is not built yet.
+With --device cuda each rank reduces with tpar and with torch.distributed (NCCL where every
+rank has its own GPU, else gloo), checks both against the unsharded MLP, and times the step's
+allreduce both ways (eager calls, and tpar inside a captured CUDA graph).
 """
 
 import argparse
@@ -50,21 +50,100 @@ def rank_main(hidden, ffn):
             raise SystemExit(f"rank {r}: the tensor-parallel MLP differs from the unsharded one ({error:.2e})")
 
 
+def rank_main_cuda(hidden, ffn, iters):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import tpar
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = rank % torch.cuda.device_count()
+    torch.cuda.set_device(device)
+    backend = "nccl" if n <= torch.cuda.device_count() else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=n, device_id=torch.device("cuda", device) if backend == "nccl" else None)
+    comm = tpar.Communicator(group=dist.group.WORLD, device=device)
+    if ffn % n:
+        raise SystemExit(f"ffn {ffn} does not split over {n} ranks")
+    x, w1, w2 = (torch.from_numpy(a).cuda() for a in weights(hidden, ffn))
+    cols = slice(rank * ffn // n, (rank + 1) * ffn // n)
+    w1_r, w2_r = w1[:, cols].contiguous(), w2[cols, :].contiguous()
+    reference = torch.relu(x @ w1) @ w2
+
+    def step(reduce):
+        return reduce(torch.relu(x @ w1_r) @ w2_r)
+
+    def with_tpar(p):
+        return comm.all_reduce(p)
+
+    def with_dist(p):
+        dist.all_reduce(p)
+        return p
+
+    scale = max(1.0, float(reference.abs().max()))
+    errors = {name: float((step(f) - reference).abs().max()) / scale for name, f in (("tpar", with_tpar), ("torch.distributed", with_dist))}
+
+    # The step's allreduce alone, at the decode shape in bf16 (what an engine sends per layer).
+    msg = torch.ones(1, hidden, dtype=torch.bfloat16, device="cuda")
+
+    def timed(call):
+        for _ in range(10):
+            call()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / iters * 1e6
+
+    eager_tpar = timed(lambda: comm.all_reduce(msg))
+    eager_dist = timed(lambda: dist.all_reduce(msg))
+    graph = torch.cuda.CUDAGraph()
+    with comm.capture(), torch.cuda.graph(graph):
+        for _ in range(20):
+            comm.all_reduce(msg)
+    graph_tpar = timed(graph.replay) / 20
+    ran = comm.last_algorithm
+    comm.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        print(f"tp_mlp: {n} ranks on {torch.cuda.device_count()} GPU(s) ({torch.cuda.get_device_name()}), hidden {hidden}, ffn {ffn}, f32: "
+              f"max relative error against the unsharded MLP: tpar {errors['tpar']:.2e}, torch.distributed ({backend}) {errors['torch.distributed']:.2e}")
+        print(f"tp_mlp: allreduce of {hidden * 2} bytes bf16, mean of {iters} calls: tpar {eager_tpar:.1f} us eager, "
+              f"{graph_tpar:.1f} us per call in a CUDA graph ({ran}); torch.distributed ({backend}) {eager_dist:.1f} us eager")
+    worst = max(errors.values())
+    if worst > 1e-5:
+        raise SystemExit(f"rank {rank}: the tensor-parallel MLP differs from the unsharded one ({errors})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: numpy arrays, tpar's CPU backend; cuda: torch tensors on GPUs, tpar and torch.distributed")
+    parser.add_argument("--iters", type=int, default=200, help="timed allreduce calls (--device cuda)")
     args = parser.parse_args()
-    if "TPAR_RENDEZVOUS" in os.environ:
+    if "TPAR_RENDEZVOUS" in os.environ or "MASTER_PORT" in os.environ:
+        if args.device == "cuda":
+            return rank_main_cuda(args.hidden, args.ffn, args.iters)
         return rank_main(args.hidden, args.ffn)
     with tempfile.TemporaryDirectory(prefix="tpar-tp-mlp-") as tmp:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
         token = secrets.token_hex(16)
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--hidden", str(args.hidden), "--ffn", str(args.ffn)],
+                [sys.executable, __file__, "--hidden", str(args.hidden), "--ffn", str(args.ffn),
+                 "--device", args.device, "--iters", str(args.iters)],
                 env=dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=token,
-                         RANK=str(r), WORLD_SIZE=str(args.world_size)),
+                         RANK=str(r), WORLD_SIZE=str(args.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
             )
             for r in range(args.world_size)
         ]

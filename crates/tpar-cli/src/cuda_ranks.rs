@@ -96,7 +96,7 @@ impl CudaRanks {
                     .to_owned(),
             )
         });
-        let topology = machine_topology(gpus);
+        let topology = Topology::detect_or_unknown(gpus);
         let streams = cuda
             .iter()
             .map(|c| c.context().new_stream().context("cannot create a stream"))
@@ -126,25 +126,12 @@ impl CudaRanks {
                 ..CommConfig::default()
             },
         )?;
-        let comm = CudaCommunicator::new(&rank.rendezvous, device, config)?;
+        let comm = Communicator::join(&rank.rendezvous, device, config)?;
         let stream = comm
+            .cuda()
             .context()
             .new_stream()
             .context("cannot create a stream")?;
-        // Every rank decides the same way (same machine, same library), so either all join
-        // NCCL's initialisation or none does.
-        let nccl = match tpar::backend::nccl::Nccl::load() {
-            Err(e) => Err(e.to_string()),
-            Ok(_) if rank.world_size() > gpus => Err(format!(
-                "NCCL needs one GPU per rank: {} ranks on {gpus} GPU(s)",
-                rank.world_size()
-            )),
-            Ok(_) => {
-                tpar::backend::cuda::driver::bind(comm.context())?;
-                Ok(NcclCommunicator::new(&rank.rendezvous, config.timeout)?)
-            }
-        };
-        let comm = Communicator::new(comm, nccl, machine_topology(gpus))?;
         Ok(CudaRanks {
             comms: vec![comm],
             streams: vec![stream],
@@ -439,45 +426,4 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     Ok(format!(
         "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
     ))
-}
-
-/// This machine as NVML describes it; where NVML cannot be read, GPUs whose links are unknown
-/// and assumed to have no P2P (the dispatcher then stays on paths every machine has).
-fn machine_topology(gpus: usize) -> Topology {
-    Topology::detect().unwrap_or_else(|e| {
-        let links = (0..gpus)
-            .flat_map(|a| (a + 1..gpus).map(move |b| (a, b)))
-            .map(|(a, b)| tpar::topology::Link {
-                a,
-                b,
-                path: tpar::topology::PathClass::CrossNuma,
-                p2p_read: false,
-                p2p_write: false,
-                nvlink: false,
-                atomics: false,
-            })
-            .collect();
-        Topology {
-            description: format!("{gpus} GPU(s); links unknown ({e})"),
-            driver_version: None,
-            cuda_version: None,
-            nccl_version: tpar::backend::nccl::Nccl::load()
-                .ok()
-                .map(|n| n.version_string()),
-            gpus: (0..gpus)
-                .map(|index| tpar::topology::Gpu {
-                    index,
-                    name: "unknown".into(),
-                    uuid: String::new(),
-                    pci_bus_id: String::new(),
-                    numa_node: None,
-                    pcie_gen: None,
-                    pcie_width: None,
-                    compute_capability: None,
-                    memory_bytes: 0,
-                })
-                .collect(),
-            links,
-        }
-    })
 }

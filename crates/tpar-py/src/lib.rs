@@ -1,6 +1,7 @@
-//! The `tpar._tpar` extension module: tpar's CPU communicator for Python, driven by the
-//! `tpar` package (python/tpar), which checks arrays and passes their addresses. Errors arrive
-//! as `tpar.TparError` with the library's own messages.
+//! The `tpar._tpar` extension module: one rank's communicators for Python (the CPU backend for
+//! host arrays and, on a GPU, tpar's dispatched CUDA allreduce), driven by the `tpar` package
+//! (python/tpar), which checks arrays and tensors and passes their addresses and streams.
+//! Errors arrive as `tpar.TparError` with the library's own messages.
 
 use std::time::Duration;
 
@@ -8,7 +9,12 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, RankEnv, Rendezvous};
+use tpar::backend::cuda::CudaConfig;
+use tpar::dispatch::Choice;
+use tpar::{
+    Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
+    Rendezvous,
+};
 
 create_exception!(
     _tpar,
@@ -21,26 +27,70 @@ fn err(e: tpar::Error) -> PyErr {
     TparError::new_err(e.to_string())
 }
 
-/// One rank's CPU communicator (POSIX shared memory between the processes of one host).
+/// One rank's communicators: the CPU backend (POSIX shared memory between the processes of
+/// one host) always, and tpar's CUDA communicator (with NCCL behind the same call) when the
+/// rank was given a GPU.
 #[pyclass(module = "tpar._tpar", unsendable)]
-struct CpuComm {
-    comm: Option<CpuCommunicator>,
+struct Comm {
+    cpu: Option<CpuCommunicator>,
+    cuda: Option<Communicator>,
+    device: Option<usize>,
 }
 
-impl CpuComm {
+fn closed() -> PyErr {
+    TparError::new_err("the communicator is closed; create a new one")
+}
+
+impl Comm {
     fn comm(&mut self) -> PyResult<&mut CpuCommunicator> {
-        self.comm
-            .as_mut()
-            .ok_or_else(|| TparError::new_err("the communicator is closed; create a new one"))
+        self.cpu.as_mut().ok_or_else(closed)
+    }
+
+    fn cuda(&self) -> PyResult<&Communicator> {
+        match (&self.cuda, &self.cpu) {
+            (Some(c), _) => Ok(c),
+            (None, None) => Err(closed()),
+            (None, Some(_)) => Err(TparError::new_err(
+                "this communicator has no GPU: create it with device=<the rank's CUDA device> to reduce CUDA tensors",
+            )),
+        }
     }
 }
 
+/// The plan for a forced `name`, or why it cannot run on this communicator.
+fn forced(comm: &Communicator, name: &str) -> tpar::Result<tpar::dispatch::Plan> {
+    let choice: Choice = name.parse()?;
+    match choice {
+        Choice::Tpar(a) => comm.cuda().supports(a).map_err(tpar::Error::Unsupported)?,
+        Choice::Nccl => {
+            comm.nccl()
+                .map_err(|why| tpar::Error::Unsupported(why.to_owned()))?;
+        }
+    }
+    Ok(tpar::dispatch::Plan {
+        choice,
+        reason: format!("forced by algorithm={name}"),
+    })
+}
+
+fn footprint_dict<'py>(py: Python<'py>, m: &MemoryFootprint) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("device_bytes", m.device_bytes)?;
+    d.set_item("pinned_host_bytes", m.pinned_host_bytes)?;
+    d.set_item("shared_host_bytes", m.shared_host_bytes)?;
+    d.set_item("peer_mapped_bytes", m.peer_mapped_bytes)?;
+    d.set_item("allocated_bytes", m.allocated_bytes())?;
+    Ok(d)
+}
+
 #[pymethods]
-impl CpuComm {
+impl Comm {
     /// Joins the job: `rank`/`world_size`/`rendezvous`/`token` as given, or, where `rendezvous`
     /// is None, from the environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
+    /// With `device` (a CUDA ordinal) the rank also gets tpar's CUDA communicator on it.
     #[new]
-    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072))]
+    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072, device=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         rank: Option<usize>,
@@ -49,7 +99,8 @@ impl CpuComm {
         token: Option<String>,
         timeout: f64,
         chunk_bytes: usize,
-    ) -> PyResult<CpuComm> {
+        device: Option<usize>,
+    ) -> PyResult<Comm> {
         if !(timeout > 0.0 && timeout.is_finite()) {
             return Err(TparError::new_err(format!(
                 "timeout must be a positive number of seconds, not {timeout}"
@@ -76,12 +127,99 @@ impl CpuComm {
             timeout: Duration::from_secs_f64(timeout),
             chunk_bytes,
         };
+        let cuda_config = CudaConfig {
+            timeout: config.timeout,
+            ..CudaConfig::default()
+        };
         // Waiting for peers can take a while: let other Python threads run.
-        let comm =
-            py.detach(|| Rendezvous::join(env).and_then(|rdv| CpuCommunicator::new(&rdv, config)));
-        Ok(CpuComm {
-            comm: Some(comm.map_err(err)?),
+        let (cpu, cuda) = py
+            .detach(|| {
+                let rdv = Rendezvous::join(env)?;
+                let cpu = CpuCommunicator::new(&rdv, config)?;
+                let cuda = device
+                    .map(|d| Communicator::join(&rdv, d, cuda_config))
+                    .transpose()?;
+                Ok((cpu, cuda))
+            })
+            .map_err(err)?;
+        Ok(Comm {
+            cpu: Some(cpu),
+            cuda,
+            device,
         })
+    }
+
+    /// The CUDA ordinal of this rank's GPU, or None for a CPU-only communicator.
+    #[getter]
+    fn device(&self) -> Option<usize> {
+        self.device
+    }
+
+    /// Queues `output = sum over ranks of input` (`input=None`: in place) for `count`
+    /// elements of `dtype` at device addresses on the CUDA `stream` and returns what ran
+    /// (a tpar algorithm or "nccl"). No synchronisation: the caller's stream orders it. Errors
+    /// a kernel reported since the last call (a peer that timed out, a mismatched call) are
+    /// raised here first.
+    /// `algorithm` forces one path (a tpar algorithm or "nccl"); one that cannot run here is
+    /// an error, never skipped.
+    #[pyo3(signature = (dtype, input, output, count, stream, capturing, algorithm=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce_cuda(
+        &self,
+        dtype: &str,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: usize,
+        capturing: bool,
+        algorithm: Option<&str>,
+    ) -> PyResult<String> {
+        let dtype: DType = dtype.parse().map_err(err)?;
+        if count > 0 && (output == 0 || input == Some(0)) {
+            return Err(TparError::new_err("a null buffer address"));
+        }
+        let comm = self.cuda()?;
+        comm.check().map_err(err)?;
+        let choice = match algorithm {
+            None => comm.plan(dtype, (count * dtype.size()) as u64, capturing),
+            Some(name) => forced(comm, name),
+        }
+        .map_err(err)?;
+        // SAFETY: the tpar package passes live, contiguous CUDA tensors of `count` elements of
+        // `dtype` on this communicator's device and the stream torch orders them on; torch's
+        // caching allocator keeps their memory until work queued on that stream has run.
+        unsafe {
+            comm.all_reduce_with(
+                choice.choice,
+                dtype,
+                input,
+                output,
+                count,
+                stream as tpar::backend::cuda::CuStream,
+            )
+        }
+        .map_err(err)?;
+        Ok(choice.choice.name().to_owned())
+    }
+
+    /// Returns once every rank has called it (through the CPU backend).
+    fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
+        let comm = self.comm()?;
+        let mut word = [0u8; 4];
+        py.detach(|| comm.all_reduce_bytes(DType::F32, None, &mut word, Algorithm::OneShot))
+            .map_err(err)
+    }
+
+    /// `(choice, reason)`: what a CUDA call of `bytes` of `dtype` runs and why.
+    fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
+        let dtype: DType = dtype.parse().map_err(err)?;
+        let plan = self.cuda()?.plan(dtype, bytes, capturing).map_err(err)?;
+        Ok((plan.choice.name().to_owned(), plan.reason))
+    }
+
+    /// Raises the error a kernel or NCCL reported since the last check, if any.
+    fn check(&self) -> PyResult<()> {
+        self.cuda()?.check().map_err(err)
     }
 
     #[getter]
@@ -126,27 +264,42 @@ impl CpuComm {
             .map_err(err)
     }
 
-    /// Bytes this rank allocated, by kind.
+    /// Bytes this rank allocated, by kind, summed over its backends, with each backend's
+    /// own figures under "cpu" and "cuda".
     fn memory_footprint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.comm()?.memory_footprint();
-        let d = PyDict::new(py);
-        d.set_item("device_bytes", m.device_bytes)?;
-        d.set_item("pinned_host_bytes", m.pinned_host_bytes)?;
-        d.set_item("shared_host_bytes", m.shared_host_bytes)?;
-        d.set_item("peer_mapped_bytes", m.peer_mapped_bytes)?;
-        d.set_item("allocated_bytes", m.allocated_bytes())?;
+        let cpu = self.comm()?.memory_footprint();
+        let cuda = self.cuda.as_ref().map(Communicator::memory_footprint);
+        let sum = cuda.map_or(cpu, |g| MemoryFootprint {
+            device_bytes: cpu.device_bytes + g.device_bytes,
+            pinned_host_bytes: cpu.pinned_host_bytes + g.pinned_host_bytes,
+            shared_host_bytes: cpu.shared_host_bytes + g.shared_host_bytes,
+            peer_mapped_bytes: cpu.peer_mapped_bytes + g.peer_mapped_bytes,
+        });
+        let d = footprint_dict(py, &sum)?;
+        d.set_item("cpu", footprint_dict(py, &cpu)?)?;
+        if let Some(g) = cuda {
+            d.set_item("cuda", footprint_dict(py, &g)?)?;
+        }
         Ok(d)
     }
 
-    /// Releases the shared memory; later calls raise TparError.
-    fn close(&mut self) {
-        self.comm = None;
+    /// Waits for tpar's work on the GPU, then releases every buffer; later calls raise
+    /// TparError.
+    fn close(&mut self, py: Python<'_>) {
+        if let Some(cuda) = self.cuda.take() {
+            // Kernels may still be queued on the caller's stream: their buffers must outlive them.
+            py.detach(|| {
+                let _ = cuda.cuda().context().synchronize();
+                drop(cuda);
+            });
+        }
+        self.cpu = None;
     }
 }
 
 #[pymodule]
 fn _tpar(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<CpuComm>()?;
+    m.add_class::<Comm>()?;
     m.add("TparError", m.py().get_type::<TparError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

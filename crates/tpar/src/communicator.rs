@@ -6,12 +6,13 @@ use std::collections::HashMap;
 
 use cudarc::driver::sys::CUstream;
 
-use crate::backend::cuda::CudaCommunicator;
-use crate::backend::nccl::NcclCommunicator;
+use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::dispatch::{plan, Choice, Plan, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
+use crate::rendezvous::Rendezvous;
 use crate::topology::Topology;
 
 /// The variable that forces one algorithm for every call.
@@ -63,6 +64,33 @@ impl Communicator {
             forced,
             tuning,
         })
+    }
+
+    /// This process's rank of the job behind `rendezvous`, on GPU `device`: tpar's CUDA
+    /// communicator and, where NCCL loads and every rank has a GPU of its own, an NCCL
+    /// communicator for the same ranks (otherwise the reason, and NCCL is never planned).
+    /// Every rank of the job must call this together.
+    pub fn join(
+        rendezvous: &Rendezvous,
+        device: usize,
+        config: CudaConfig,
+    ) -> Result<Communicator> {
+        let gpus = crate::backend::cuda::probe()?;
+        let cuda = CudaCommunicator::new(rendezvous, device, config)?;
+        // Every rank decides the same way (same machine, same library), so either all join
+        // NCCL's initialisation or none does.
+        let nccl = match Nccl::load() {
+            Err(e) => Err(e.to_string()),
+            Ok(_) if rendezvous.world_size() > gpus => Err(format!(
+                "NCCL needs one GPU per rank: {} ranks on {gpus} GPU(s)",
+                rendezvous.world_size()
+            )),
+            Ok(_) => {
+                crate::backend::cuda::driver::bind(cuda.context())?;
+                Ok(NcclCommunicator::new(rendezvous, config.timeout)?)
+            }
+        };
+        Communicator::new(cuda, nccl, Topology::detect_or_unknown(gpus))
     }
 
     pub fn cuda(&self) -> &CudaCommunicator {

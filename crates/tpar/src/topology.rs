@@ -176,6 +176,47 @@ impl Topology {
     pub fn detect() -> Result<Topology> {
         detect::detect()
     }
+
+    /// This machine as NVML describes it; where NVML cannot be read, GPUs whose links are unknown
+    /// and assumed to have no P2P (the dispatcher then stays on paths every machine has).
+    pub fn detect_or_unknown(gpus: usize) -> Topology {
+        Topology::detect().unwrap_or_else(|e| {
+            let links = (0..gpus)
+                .flat_map(|a| (a + 1..gpus).map(move |b| (a, b)))
+                .map(|(a, b)| Link {
+                    a,
+                    b,
+                    path: PathClass::CrossNuma,
+                    p2p_read: false,
+                    p2p_write: false,
+                    nvlink: false,
+                    atomics: false,
+                })
+                .collect();
+            Topology {
+                description: format!("{gpus} GPU(s); links unknown ({e})"),
+                driver_version: None,
+                cuda_version: None,
+                nccl_version: crate::backend::nccl::Nccl::load()
+                    .ok()
+                    .map(|n| n.version_string()),
+                gpus: (0..gpus)
+                    .map(|index| Gpu {
+                        index,
+                        name: "unknown".into(),
+                        uuid: String::new(),
+                        pci_bus_id: String::new(),
+                        numa_node: None,
+                        pcie_gen: None,
+                        pcie_width: None,
+                        compute_capability: None,
+                        memory_bytes: 0,
+                    })
+                    .collect(),
+                links,
+            }
+        })
+    }
 }
 
 impl fmt::Display for Topology {

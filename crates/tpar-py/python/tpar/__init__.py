@@ -1,73 +1,165 @@
 """tpar: low-latency allreduce for tensor-parallel inference on one host.
 
-This package drives tpar's Rust library. Today it carries the CPU backend: allreduce of numpy
-arrays (and torch CPU tensors) between the processes of one host through shared memory, with
-the same protocol, deadlines and error messages as the GPU path. The CUDA path (torch CUDA
-tensors, CUDA graphs, torch.compile) is not in this package yet and is refused by name.
+This package drives tpar's Rust library:
 
-Ranks find each other like `tpar`'s own ranks: TPAR_RENDEZVOUS (a private directory),
-TPAR_JOB_TOKEN (a secret shared by the job), RANK and WORLD_SIZE in the environment, or the same
-values passed to :class:`Communicator`.
+- CUDA tensors (torch) go to tpar's CUDA communicator, which picks tpar's own kernels or NCCL
+  for each message (see :meth:`Communicator.plan`), queues the work on the tensor's current
+  stream with no extra synchronisation, and works inside CUDA-graph capture; ``tpar.ops``
+  registers ``torch.ops.tpar.all_reduce`` for torch.compile.
+- numpy arrays and torch CPU tensors go to the CPU backend (shared memory between the
+  processes of one host), with the same protocol, deadlines and error messages.
+
+Ranks find each other through tpar's rank environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK,
+WORLD_SIZE), the same values passed to :class:`Communicator`, or an existing torch.distributed
+process group (``group=``).
 """
 
 from __future__ import annotations
 
-from ._tpar import CpuComm as _CpuComm
+import contextlib
+import itertools
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+import weakref
+
+from ._tpar import Comm as _Comm
 from ._tpar import TparError
 from ._tpar import __version__
 
-__all__ = ["Communicator", "TparError", "__version__"]  # tpar.adapter.TparAllreduce: the engine-shaped wrapper
+__all__ = ["Communicator", "TparError", "__version__"]  # tpar.adapter, tpar.ops: see there
 
-_ALGORITHMS = ("one-shot", "two-shot")
+_CPU_ALGORITHMS = ("one-shot", "two-shot")
+_TORCH_DTYPES = {"torch.float32": ("f32", 4), "torch.float16": ("f16", 2), "torch.bfloat16": ("bf16", 2)}
+_NUMPY_DTYPES = {"float32": ("f32", 4), "float16": ("f16", 2), "bfloat16": ("bf16", 2)}
+
+# Live communicators by handle, so that torch.ops.tpar.all_reduce (which takes plain values)
+# can find its communicator.
+_live: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
 
 
-def _describe(array):
-    """(dtype name, address, element count, writeable) of a C-contiguous numpy array or torch
-    CPU tensor, or TparError saying why it cannot be used."""
-    module = type(array).__module__
-    if module.startswith("torch"):
-        if array.device.type != "cpu":
-            raise TparError(
-                f"tensor on {array.device}: this tpar package runs the CPU backend only; "
-                "the CUDA path is not in the Python package yet"
-            )
+def _lookup(handle: int) -> "Communicator":
+    comm = _live.get(handle)
+    if comm is None:
+        raise TparError(f"no open tpar communicator has handle {handle}; it was closed or never created")
+    return comm
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def _describe_host(array):
+    """(dtype name, element size, address, element count, writeable) of a C-contiguous numpy
+    array or torch CPU tensor, or TparError saying why it cannot be used."""
+    if _is_torch(array):
         if not array.is_contiguous():
             raise TparError("tensor is not contiguous; call .contiguous() first")
-        names = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
-        dtype = names.get(str(array.dtype))
+        dtype = _TORCH_DTYPES.get(str(array.dtype))
         if dtype is None:
             raise TparError(f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16")
-        return dtype, array.data_ptr(), array.numel(), True
-    if module.startswith("numpy"):
+        return dtype[0], dtype[1], array.data_ptr(), array.numel(), True
+    if type(array).__module__.startswith("numpy"):
         if not array.flags["C_CONTIGUOUS"]:
             raise TparError("array is not C-contiguous; use numpy.ascontiguousarray first")
-        names = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
-        dtype = names.get(str(array.dtype))
+        dtype = _NUMPY_DTYPES.get(str(array.dtype))
         if dtype is None:
             raise TparError(f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16")
         address = array.__array_interface__["data"][0]
-        return dtype, address, array.size, bool(array.flags["WRITEABLE"])
-    raise TparError(f"cannot reduce a {type(array).__name__}: pass a numpy array or a torch CPU tensor")
+        return dtype[0], dtype[1], address, array.size, bool(array.flags["WRITEABLE"])
+    raise TparError(f"cannot reduce a {type(array).__name__}: pass a torch tensor or a numpy array")
+
+
+def _cuda_ordinal(device):
+    """The CUDA ordinal ``device`` names, or None for the CPU. ``None`` means the current CUDA
+    device when torch is imported and sees a GPU, else the CPU."""
+    torch = sys.modules.get("torch")
+    if device is None:
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_device()
+        return None
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise TparError(f"device={device}: a CUDA ordinal is 0 or more")
+        return device
+    name = str(device)
+    if name == "cpu":
+        return None
+    if name == "cuda":
+        return torch.cuda.current_device() if torch is not None else 0
+    if name.startswith("cuda:") and name[5:].isdigit():
+        return int(name[5:])
+    raise TparError(f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device")
+
+
+def _join_group(group, rank, world_size):
+    """Rendezvous for the ranks of a torch.distributed group: rank 0 of the group makes a
+    private directory and a job token and sends them over the group; tpar's own handles then
+    travel through that directory. Returns (rank, world_size, directory, token, owned dir)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise TparError("group=...: torch.distributed is not initialised; call torch.distributed.init_process_group first")
+    group_rank, group_size = dist.get_rank(group), dist.get_world_size(group)
+    if group_rank < 0:
+        raise TparError("group=...: this process is not a member of that group")
+    if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
+        raise TparError(f"rank/world_size ({rank}/{world_size}) disagree with the group ({group_rank}/{group_size})")
+    owned = None
+    message = [None]
+    if group_rank == 0:
+        owned = tempfile.mkdtemp(prefix="tpar-group-")
+        message = [(os.path.join(owned, "rdv"), secrets.token_hex(16), socket.gethostname())]
+    dist.broadcast_object_list(message, src=dist.get_global_rank(group, 0), group=group)
+    directory, token, host = message[0]
+    if host != socket.gethostname():
+        raise TparError(
+            f"group=...: rank 0 of the group runs on {host}, this rank on {socket.gethostname()}; "
+            "tpar reduces within one host: pass a group of this host's ranks"
+        )
+    return group_rank, group_size, directory, token, owned
 
 
 class Communicator:
     """One rank's allreduce.
 
     ``Communicator()`` reads the rank environment; ``Communicator(rank, world_size,
-    rendezvous=DIR, token=SECRET)`` gives it explicitly. Every rank must create its
-    communicators in the same order and make the same calls with the same sizes and dtypes;
-    a rank that calls differently gets a TparError naming both sides, and a rank that stops
-    calling makes the others fail after ``timeout`` seconds naming it.
+    rendezvous=DIR, token=SECRET)`` gives it explicitly; ``Communicator(group=pg)`` joins the
+    ranks of a torch.distributed process group (all on this host). ``device`` is this rank's
+    GPU (an ordinal, ``"cuda:N"`` or a torch.device; default: torch's current device when torch
+    is imported and has a GPU) or ``"cpu"``.
+
+    Every rank must create its communicators in the same order and make the same calls with
+    the same sizes and dtypes; a rank that calls differently gets a TparError naming both
+    sides, and a rank that stops calling makes the others fail after ``timeout`` seconds
+    naming it. ``max_bytes`` is the largest CUDA tensor :meth:`all_reduce` accepts.
     """
 
-    def __init__(self, rank=None, world_size=None, device=None, *, rendezvous=None, token=None,
-                 timeout=30.0, chunk_bytes=128 << 10):
-        if device not in (None, "cpu"):
-            raise TparError(
-                f"device={device!r}: this tpar package runs the CPU backend only; "
-                "the CUDA path is not in the Python package yet"
-            )
-        self._comm = _CpuComm(rank, world_size, rendezvous, token, float(timeout), int(chunk_bytes))
+    def __init__(self, rank=None, world_size=None, device=None, *, group=None, rendezvous=None, token=None,
+                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=128 << 10):
+        owned = None
+        if group is not None:
+            if rendezvous is not None or token is not None:
+                raise TparError("pass either group= or rendezvous=/token=, not both")
+            rank, world_size, rendezvous, token, owned = _join_group(group, rank, world_size)
+        self._device = _cuda_ordinal(device)
+        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self.last_algorithm = None
+        self._capturing = False
+        try:
+            self._comm = _Comm(rank, world_size, rendezvous, token, float(timeout), int(chunk_bytes), self._device)
+            if group is not None:
+                # Every rank has mapped what it needs: the directory can go.
+                self._comm.barrier()
+        finally:
+            if owned is not None:
+                shutil.rmtree(owned, ignore_errors=True)
+        self.handle = next(_handles)
+        _live[self.handle] = self
 
     @property
     def rank(self) -> int:
@@ -77,19 +169,37 @@ class Communicator:
     def world_size(self) -> int:
         return self._comm.world_size
 
-    def all_reduce(self, array, out=None, *, algorithm="one-shot"):
-        """Sums ``array`` over all ranks, in place or into ``out`` (same shape and dtype), and
-        returns the array holding the result. Every rank gets bitwise the same result: the
-        sum is accumulated in fp32 in rank order."""
-        if algorithm not in _ALGORITHMS:
-            raise TparError(f"unknown algorithm {algorithm!r}; use one of {', '.join(_ALGORITHMS)}")
-        dtype, address, count, writeable = _describe(array)
+    @property
+    def device(self):
+        """The CUDA ordinal of this rank's GPU, or None for a CPU-only communicator."""
+        return self._device
+
+    # -- the call ---------------------------------------------------------------------------
+
+    def all_reduce(self, tensor, out=None, *, algorithm=None):
+        """Sums ``tensor`` over all ranks, in place or into ``out`` (same shape and dtype), and
+        returns the tensor holding the result.
+
+        A CUDA tensor is reduced on its current stream, without synchronising: the dispatcher
+        picks tpar's kernels or NCCL for its size (``algorithm=`` forces one; one that cannot
+        run is an error), and :attr:`last_algorithm` says what ran. numpy arrays and CPU
+        tensors are reduced through shared memory (``algorithm``: one-shot or two-shot).
+        tpar's own algorithms accumulate in fp32 in rank order, so every rank gets bitwise
+        the same result."""
+        if _is_torch(tensor) and tensor.device.type == "cuda":
+            return self._all_reduce_cuda(tensor, out, algorithm)
+        algorithm = algorithm or "one-shot"
+        if algorithm not in _CPU_ALGORITHMS:
+            raise TparError(f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}")
+        dtype, _, address, count, writeable = _describe_host(tensor)
         if out is None:
             if not writeable:
                 raise TparError("array is read-only; pass out= or a writeable array")
             self._comm.all_reduce_ptr(dtype, None, address, count, algorithm)
-            return array
-        out_dtype, out_address, out_count, out_writeable = _describe(out)
+            return tensor
+        if _is_torch(out) and out.device.type != "cpu":
+            raise TparError(f"out is on {out.device} but the input is on the CPU; they must be on the same device")
+        out_dtype, _, out_address, out_count, out_writeable = _describe_host(out)
         if (out_dtype, out_count) != (dtype, count):
             raise TparError(f"out holds {out_count} {out_dtype} elements, input {count} {dtype}; they must match")
         if not out_writeable:
@@ -97,24 +207,98 @@ class Communicator:
         self._comm.all_reduce_ptr(dtype, address, out_address, count, algorithm)
         return out
 
-    def should_use(self, array, max_bytes=None) -> bool:
-        """True when :meth:`all_reduce` can take ``array`` (a contiguous numpy array or torch
-        CPU tensor of float32, float16 or bfloat16) and, if given, it holds at most
-        ``max_bytes``. False otherwise, so a caller can take another path knowingly."""
+    def _cuda_refusal(self, tensor, max_bytes=None):
+        """Why this communicator cannot reduce the CUDA ``tensor``, or None when it can."""
+        if self._device is None:
+            return (f"tensor on {tensor.device} but this communicator has no GPU: "
+                    f"create it with device={tensor.device.index} (or device='cuda:{tensor.device.index}')")
+        if tensor.device.index != self._device:
+            return f"tensor on {tensor.device} but this communicator's GPU is cuda:{self._device}; move the tensor or use that GPU's communicator"
+        dtype = _TORCH_DTYPES.get(str(tensor.dtype))
+        if dtype is None:
+            return f"dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16"
+        if not tensor.is_contiguous():
+            return "tensor is not contiguous; call .contiguous() first"
+        limit = self.max_bytes if max_bytes is None else min(max_bytes, self.max_bytes or max_bytes)
+        size = tensor.numel() * dtype[1]
+        if limit is not None and size > limit:
+            return (f"tensor of {size} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= "
+                    "when creating the Communicator, or reduce larger tensors with torch.distributed")
+        return None
+
+    def _all_reduce_cuda(self, tensor, out, algorithm):
+        import torch
+
+        why = self._cuda_refusal(tensor)
+        if why:
+            raise TparError(why)
+        dtype = _TORCH_DTYPES[str(tensor.dtype)][0]
+        count = tensor.numel()
+        if out is None:
+            source, target = None, tensor
+        else:
+            if not _is_torch(out) or out.device != tensor.device:
+                raise TparError(f"out must be a tensor on {tensor.device}, like the input")
+            if out.dtype != tensor.dtype or out.numel() != count:
+                raise TparError(f"out holds {out.numel()} {out.dtype} elements, input {count} {tensor.dtype}; they must match")
+            if not out.is_contiguous():
+                raise TparError("out is not contiguous")
+            source, target = tensor.data_ptr(), out
+        stream = torch.cuda.current_stream(tensor.device).cuda_stream
+        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
+        self.last_algorithm = self._comm.all_reduce_cuda(
+            dtype, source, target.data_ptr(), count, stream, capturing, algorithm)
+        return target
+
+    # -- questions and lifecycle ------------------------------------------------------------
+
+    def should_use(self, tensor, max_bytes=None) -> bool:
+        """True when :meth:`all_reduce` can take ``tensor``: a contiguous CUDA tensor on this
+        communicator's GPU of float32, float16 or bfloat16 within ``max_bytes`` (this call's and
+        the communicator's), or a contiguous numpy array or CPU tensor of those dtypes. False
+        otherwise, so a caller can take another path knowingly."""
+        if _is_torch(tensor) and tensor.device.type == "cuda":
+            return self._cuda_refusal(tensor, max_bytes) is None
         try:
-            dtype, _, count, _ = _describe(array)
+            _, size, _, count, _ = _describe_host(tensor)
         except TparError:
             return False
-        size = {"f32": 4, "f16": 2, "bf16": 2}[dtype] * count
-        return max_bytes is None or size <= max_bytes
+        return max_bytes is None or size * count <= max_bytes
+
+    def plan(self, nbytes: int, dtype="bf16", capturing=False):
+        """``(algorithm, reason)``: what a CUDA call of ``nbytes`` of ``dtype`` (f32, f16 or
+        bf16, or a torch dtype) runs on this machine, and why."""
+        name = _TORCH_DTYPES.get(str(dtype), (str(dtype),))[0]
+        return self._comm.plan(name, int(nbytes), bool(capturing))
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Enter around CUDA-graph capture (as engines do with their custom allreduce). tpar's
+        buffers are registered when the communicator is created and its call counter lives in
+        device memory, so captured calls stay correct on every replay; inside, the dispatcher
+        plans for capture. Errors a kernel reported are raised on exit."""
+        previous, self._capturing = self._capturing, True
+        try:
+            yield self
+        finally:
+            self._capturing = previous
+        self.check()
+
+    def check(self):
+        """Raises the error a kernel or NCCL reported since the last check (a peer that timed
+        out, a call that did not match), if any. Every CUDA call checks first as well."""
+        if self._device is not None:
+            self._comm.check()
 
     def memory_footprint(self) -> dict:
-        """Bytes this rank allocated (shared_host_bytes for the CPU backend) and peers' memory
-        mapped into it."""
+        """Bytes this rank allocated: device_bytes, pinned_host_bytes, shared_host_bytes (and
+        their sum, allocated_bytes), peers' memory mapped into it (peer_mapped_bytes), with the
+        figures of each backend under "cpu" and "cuda"."""
         return self._comm.memory_footprint()
 
     def close(self):
-        """Releases the shared memory. Later calls raise TparError."""
+        """Waits for queued GPU work, then releases every buffer. Later calls raise TparError."""
+        _live.pop(self.handle, None)
         self._comm.close()
 
     def __enter__(self):

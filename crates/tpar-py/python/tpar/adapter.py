@@ -15,8 +15,9 @@ Wiring it into an engine, where the engine builds its custom allreduce::
     else:
         out = nccl_all_reduce(x)
 
-With this package (CPU backend) that serves numpy arrays and torch CPU tensors; CUDA tensors get
-False from ``should_custom_ar`` until the package's CUDA path exists.
+For CUDA tensors ``custom_all_reduce`` goes through ``torch.ops.tpar.all_reduce`` (see
+tpar.ops), so the engine's CUDA-graph capture and torch.compile see one opaque op; numpy arrays
+and CPU tensors go to the CPU backend.
 """
 
 from __future__ import annotations
@@ -37,26 +38,31 @@ class TparAllreduce:
         self._capturing = False
 
     def should_custom_ar(self, inp) -> bool:
-        """True when tpar can reduce ``inp``: a contiguous array or CPU tensor of f32, f16 or
-        bf16 of at most ``max_bytes``, and the adapter is open."""
+        """True when tpar can reduce ``inp``: a contiguous CUDA tensor on the communicator's GPU,
+        or an array or CPU tensor, of f32, f16 or bf16 of at most ``max_bytes``, and the
+        adapter is open."""
         return not self.disabled and self.comm.should_use(inp, self.max_bytes)
 
     def custom_all_reduce(self, input):
-        """Returns a new array (or tensor) holding the sum of ``input`` over all ranks; the
+        """Returns a new tensor (or array) holding the sum of ``input`` over all ranks; the
         input is left as it was. Raises TparError where ``should_custom_ar`` would say False."""
         if not self.should_custom_ar(input):
             raise TparError("custom_all_reduce called on an input should_custom_ar refuses; call should_custom_ar first")
-        out = input.copy() if hasattr(input, "copy") and not hasattr(input, "clone") else input.clone()
+        if type(input).__module__.startswith("torch") and input.device.type == "cuda":
+            from . import ops
+
+            return ops.all_reduce(input, self.comm)
+        out = input.clone() if hasattr(input, "clone") else input.copy()
         return self.comm.all_reduce(input, out=out, algorithm=self.algorithm)
 
     @contextlib.contextmanager
     def capture(self):
-        """The engines enter this around CUDA-graph capture. tpar registers its buffers when the
-        communicator is created and keeps its epoch in device memory, so capture needs no
-        extra step; the flag only records that a capture is in progress."""
+        """The engines enter this around CUDA-graph capture: tpar plans every call inside for
+        capture and raises, on exit, any error a kernel reported."""
         self._capturing = True
         try:
-            yield
+            with self.comm.capture():
+                yield
         finally:
             self._capturing = False
 

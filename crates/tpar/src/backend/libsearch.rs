@@ -79,6 +79,28 @@ pub fn dirs_holding(candidates: impl IntoIterator<Item = PathBuf>, files: &[&str
     found
 }
 
+/// Loads the first of `files` found in `dirs` globally and keeps it loaded, so that a later
+/// `dlopen` of its soname (as cudarc does, by name only) finds it although its folder is not
+/// on the loader's path. Returns the file loaded, if any.
+pub fn preload(dirs: &[PathBuf], files: &[&str]) -> Option<PathBuf> {
+    use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+    for path in dirs
+        .iter()
+        .flat_map(|d| files.iter().map(move |f| d.join(f)))
+    {
+        if !path.exists() {
+            continue;
+        }
+        // SAFETY: NVIDIA's libraries run no initialisers that depend on the caller; the handle
+        // is leaked on purpose so that the library stays loaded for the process's lifetime.
+        if let Ok(lib) = unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) } {
+            std::mem::forget(lib);
+            return Some(path);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cudarc::driver::sys::{CUdevice_attribute, CUstream};
+
+/// A CUDA stream handle as the driver API takes it (`cudaStream_t` in the runtime API).
+pub type CuStream = CUstream;
 use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 

@@ -13,10 +13,17 @@ use cudarc::nvrtc::sys::{self, nvrtcResult};
 
 use crate::error::{Error, Result};
 
-/// Whether libnvrtc can be loaded.
+/// Whether libnvrtc can be loaded: from the loader's path, or else from the first of
+/// [`nvrtc_search_dirs`] that has it (loaded there once, for the whole process).
 pub fn nvrtc_present() -> bool {
     // SAFETY: only tries to dlopen the library.
-    unsafe { sys::is_culib_present() }
+    if unsafe { sys::is_culib_present() } {
+        return true;
+    }
+    let files = ["libnvrtc.so.13", "libnvrtc.so.12"];
+    crate::backend::libsearch::preload(&nvrtc_search_dirs(), &files).is_some()
+        // SAFETY: as above.
+        && unsafe { sys::is_culib_present() }
 }
 
 /// Folders that commonly hold libnvrtc.so.13 (or .12): `TPAR_NVRTC_DIR`, a CUDA toolkit's,
