@@ -21,7 +21,10 @@ pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
     /// Where to run: auto picks CUDA when a usable GPU exists, else the CPU (and says why).
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
@@ -63,6 +66,13 @@ pub struct BenchArgs {
     plot: Option<String>,
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum BenchCommand {
+    /// Time one tensor-parallel forward pass (GEMMs and allreduces of a model's shapes) with
+    /// NCCL and with tpar, and the share of it spent in communication.
+    Step(crate::bench_step::StepArgs),
+}
+
 struct BenchPlan {
     backend: Backend,
     note: Option<String>,
@@ -101,6 +111,9 @@ struct BenchReport {
 }
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
+    if let Some(BenchCommand::Step(step)) = args.command {
+        return crate::bench_step::run(step);
+    }
     // Everything is checked before any rank starts.
     let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
     let (backend, world_size) = (setup.backend, setup.world_size);

@@ -72,7 +72,7 @@ pub struct Floors {
 /// Replays `graphs` (one per local rank, each on its rank's stream, or a single graph holding
 /// every rank) `warmup + replays` times, timing each replay with events on the first stream:
 /// the other streams start after it and it waits for them.
-fn time_replays(
+pub(crate) fn time_replays(
     group: &CudaRanks,
     graphs: &[CudaGraph],
     warmup: usize,

@@ -7,6 +7,8 @@
 mod args;
 mod backend_choice;
 mod bench;
+mod bench_step;
+mod blas;
 mod cuda_bench;
 mod cuda_commands;
 mod cuda_ranks;

@@ -623,3 +623,52 @@ fn plan_spec_decode_shows_the_reported_loss_and_where_it_breaks_even() {
     ]));
     assert!(!out.status.success() && text(&out.stderr).contains("exceeds --tokens"));
 }
+
+#[test]
+fn bench_step_checks_its_input_and_says_what_it_needs() {
+    let config = model("llama-3.1-70b");
+    let (out, _) = run(tpar().args([
+        "bench", "step", "--config", &config, "--tp", "8", "--layers", "81",
+    ]));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("the model has 80 layers"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (out, _) = run(tpar().args([
+        "bench",
+        "step",
+        "--config",
+        "/nonexistent.json",
+        "--tp",
+        "2",
+    ]));
+    assert!(
+        text(&out.stderr).contains("cannot read --config /nonexistent.json"),
+        "{}",
+        text(&out.stderr)
+    );
+    let (out, _) = run(tpar().args([
+        "bench", "step", "--config", &config, "--tp", "2", "--algos", "ring",
+    ]));
+    assert!(text(&out.stderr).contains("ring"), "{}", text(&out.stderr));
+    // Where no GPU can be used, it says so (and where one can, it runs: see bench/results).
+    let (out, _) = run(tpar().args([
+        "bench",
+        "step",
+        "--config",
+        &config,
+        "--tp",
+        "2",
+        "--layers",
+        "1",
+        "--replays",
+        "2",
+    ]));
+    let stderr = text(&out.stderr);
+    assert!(
+        out.status.success() || stderr.contains("runs the pass on GPUs"),
+        "{stderr}"
+    );
+}

@@ -6,6 +6,7 @@
 pub mod memory;
 pub mod model;
 pub mod spec;
+pub mod step;
 
 /// Bytes per GiB. The engines count memory in GiB and print "GB"; tpar prints GiB.
 pub const GIB: f64 = (1u64 << 30) as f64;

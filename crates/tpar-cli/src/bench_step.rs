@@ -1,0 +1,491 @@
+//! `tpar bench step`: one tensor-parallel forward pass (a decode step, or a speculative verify
+//! pass over several tokens) on real GPUs: each rank's share of the projection and MLP GEMMs
+//! (cuBLAS, random bf16 weights of the model's shapes) and the two allreduces per layer, captured
+//! as one CUDA graph and replayed. The same pass is timed with no allreduce (the compute), and
+//! with each way of reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm):
+//! the difference is what communication costs the pass. See `tpar::planner::step` for what the
+//! pass holds and leaves out.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use cudarc::driver::CudaGraph;
+use serde::Serialize;
+use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::memory::human_bytes;
+use tpar::planner::model::ModelShape;
+use tpar::planner::step::{pass_ops, slot_elements, Slot, StepOp};
+use tpar::DType;
+
+use crate::args::{parse_list, parse_seconds};
+use crate::backend_choice::cuda_device;
+use crate::blas::Blas;
+use crate::cuda_bench::time_replays;
+use crate::cuda_commands::{config, on_ranks};
+use crate::cuda_ranks::{CudaRanks, Route};
+use crate::report::{emit, percentile, Provenance, Table};
+
+#[derive(Args, Debug)]
+pub struct StepArgs {
+    /// The model's Hugging Face config.json (layers, hidden size, heads, MLP, MLA and MoE fields).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Tensor-parallel size: the number of ranks (round-robin over the GPUs; on fewer GPUs than
+    /// ranks they share, which times the protocol but not a real TP machine).
+    #[arg(long)]
+    tp: usize,
+    /// Tokens per pass: 1 for a plain decode step, draft tokens + 1 for a verify pass.
+    #[arg(long, default_value_t = 1)]
+    tokens: usize,
+    /// Layers in the pass [default: the config's num_hidden_layers].
+    #[arg(long)]
+    layers: Option<u64>,
+    /// How the allreduces run, comma-separated: nccl, auto (tpar's dispatcher, NCCL included),
+    /// or a tpar algorithm (one-shot, two-shot, one-shot-pull, host-staged). The pass without
+    /// allreduces is always timed too.
+    #[arg(long, default_value = "nccl,auto")]
+    algos: String,
+    /// Timed replays of each pass's graph.
+    #[arg(long, default_value_t = 20)]
+    replays: usize,
+    /// One process per rank (CUDA IPC) instead of one process driving every rank; NCCL needs it
+    /// with more than one rank.
+    #[arg(long)]
+    processes: bool,
+    /// Seconds a rank waits for a peer before it fails the run, naming the peer.
+    #[arg(long, default_value = "60", value_name = "SECONDS")]
+    timeout: String,
+    /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
+    #[arg(long, value_name = "PATH|-")]
+    json: Option<String>,
+}
+
+/// What reduces in one timed pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reduce {
+    /// No allreduce: the compute alone.
+    Nothing,
+    With(Route),
+}
+
+impl Reduce {
+    fn name(self) -> String {
+        match self {
+            Reduce::Nothing => "none (compute only)".into(),
+            Reduce::With(r) => r.name().into(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StepRow {
+    reduce: String,
+    /// What `auto` ran for this pass's message size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runs: Option<String>,
+    pass_p50_us: f64,
+    pass_p99_us: f64,
+    /// The pass's time minus the compute-only pass's.
+    communication_us: f64,
+    communication_share: f64,
+    per_allreduce_us: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<String>,
+}
+
+#[derive(Serialize)]
+struct StepReport {
+    model: String,
+    tp: usize,
+    tokens: usize,
+    layers: u64,
+    allreduces_per_pass: u64,
+    allreduce_bytes: u64,
+    gemms_per_pass: usize,
+    weight_bytes_per_rank_per_layer: u64,
+    mode: &'static str,
+    gpus: usize,
+    #[serde(flatten)]
+    provenance: Provenance,
+    replays: usize,
+    timing: &'static str,
+    results: Vec<StepRow>,
+}
+
+/// One rank's buffers: activations by slot and the weights of each op of a dense and of a MoE
+/// layer (layers of a kind share weights: each is larger than the GPU's L2 cache, so reuse
+/// across layers does not make them cheaper to read).
+struct RankData {
+    blas: Blas,
+    slots: Vec<(Slot, DeviceMemory)>,
+    /// `weights[kind][op]`: kind 0 for the first layer's op list, 1 for MoE layers'.
+    weights: [Vec<Option<DeviceMemory>>; 2],
+}
+
+impl RankData {
+    fn slot(&self, slot: Slot) -> u64 {
+        self.slots.iter().find(|(s, _)| *s == slot).unwrap().1.ptr()
+    }
+}
+
+/// Random bf16 in [-1/16, 1/16): the values do not change a GEMM's time, but keep the
+/// activations finite over many layers.
+fn random_bf16(elements: u64, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = Vec::with_capacity(elements as usize * 2);
+    for _ in 0..elements {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) / 8.0;
+        bytes.extend_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes());
+    }
+    bytes
+}
+
+fn layer_kind(model: &ModelShape, layer: u64) -> usize {
+    match &model.moe {
+        Some(m) if layer >= m.dense_layers => 1,
+        _ => 0,
+    }
+}
+
+pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read --config {}", args.config.display()))?;
+    let name = args
+        .config
+        .parent()
+        .and_then(|p| p.file_name())
+        .or(args.config.file_stem())
+        .map_or("model".to_owned(), |s| s.to_string_lossy().into_owned());
+    let model = ModelShape::from_config_json(&text, &name)?;
+    if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
+        bail!("--tp, --tokens and --replays must be at least 1");
+    }
+    let layers = args.layers.unwrap_or(model.layers);
+    if layers == 0 || layers > model.layers {
+        bail!(
+            "--layers {layers}: the model has {} layers; give 1 to {}",
+            model.layers,
+            model.layers
+        );
+    }
+    let mut reduces = vec![Reduce::Nothing];
+    for r in parse_list(&args.algos, "algos", |s| Ok(s.parse::<Route>()?))? {
+        reduces.push(Reduce::With(r));
+    }
+    let timeout = parse_seconds(&args.timeout)?;
+    crate::cuda_ranks::device_count().context(
+        "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
+    )?;
+    crate::blas::load()?;
+    let (tp, tokens) = (args.tp as u64, args.tokens as u64);
+    let ops = pass_ops(&model, layers, tp, tokens);
+    let sizes = slot_elements(&ops, tokens, model.hidden);
+    let count = (tokens * model.hidden) as usize;
+    let dtype = DType::Bf16;
+    let kinds: Vec<u64> = match &model.moe {
+        Some(m) if m.dense_layers < layers => vec![0, m.dense_layers],
+        _ => vec![0],
+    };
+
+    on_ranks(args.processes, args.tp, timeout, |make, mode| {
+        let mut group = make(config(timeout))?;
+        let leader = group.is_leader();
+        if leader {
+            eprintln!(
+                "tpar bench step: preparing {} ranks ({mode}): weights of {} layer kind(s), {} per rank",
+                args.tp,
+                kinds.len(),
+                human_bytes(weight_bytes(&ops, &kinds) * 2)
+            );
+        }
+        let data = prepare(&group, &ops, &sizes, &kinds)?;
+        let mut rows = Vec::new();
+        let mut compute_us = 0.0;
+        for &reduce in &reduces {
+            if let Reduce::With(route) = reduce {
+                if let Err(why) = group.supports(route) {
+                    rows.push(StepRow {
+                        reduce: reduce.name(),
+                        runs: None,
+                        pass_p50_us: 0.0,
+                        pass_p99_us: 0.0,
+                        communication_us: 0.0,
+                        communication_share: 0.0,
+                        per_allreduce_us: 0.0,
+                        skipped: Some(why),
+                    });
+                    continue;
+                }
+            }
+            if leader {
+                eprintln!("tpar bench step: timing {}", reduce.name());
+            }
+            let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
+                queue_pass(
+                    &group, &data[i], i, stream, &ops, &model, reduce, count, dtype,
+                )
+            };
+            // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
+            for (i, s) in group.streams.iter().enumerate() {
+                queue(i, s)?;
+            }
+            group.synchronize()?;
+            let graphs: Vec<CudaGraph> = if args.processes || group.comms.len() == 1 {
+                group.capture_each(queue)?
+            } else {
+                vec![group.capture(queue)?]
+            };
+            let warmup = 3;
+            let replays = group.agreed_mean(args.replays as u64)? as usize;
+            let us = time_replays(&group, &graphs, warmup, replays)?;
+            drop(graphs);
+            let p50 = percentile(&us, 50.0);
+            let p99 = percentile(&us, 99.0);
+            if reduce == Reduce::Nothing {
+                compute_us = p50;
+            }
+            let communication = (p50 - compute_us).max(0.0);
+            let runs = match reduce {
+                Reduce::With(Route::Auto) => Some(
+                    group.comms[0]
+                        .plan(dtype, (count * dtype.size()) as u64, true)?
+                        .choice
+                        .name()
+                        .to_owned(),
+                ),
+                _ => None,
+            };
+            rows.push(StepRow {
+                reduce: reduce.name(),
+                runs,
+                pass_p50_us: p50,
+                pass_p99_us: p99,
+                communication_us: communication,
+                communication_share: if p50 > 0.0 { communication / p50 } else { 0.0 },
+                per_allreduce_us: communication / (2 * layers) as f64,
+                skipped: None,
+            });
+        }
+        if !leader {
+            return Ok(());
+        }
+        let gpus = crate::cuda_ranks::device_count()?;
+        let report = StepReport {
+            model: model.name.clone(),
+            tp: args.tp,
+            tokens: args.tokens,
+            layers,
+            allreduces_per_pass: 2 * layers,
+            allreduce_bytes: (count * dtype.size()) as u64,
+            gemms_per_pass: ops.iter().flatten().filter(|o| matches!(o, StepOp::Gemm { .. })).count(),
+            weight_bytes_per_rank_per_layer: weight_bytes(&ops, &kinds[kinds.len() - 1..]) * 2,
+            mode,
+            gpus,
+            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
+            replays: args.replays,
+            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass",
+            results: rows,
+        };
+        emit(&render(&report), args.json.as_deref(), &report)
+    })
+}
+
+fn weight_bytes(ops: &[Vec<StepOp>], kinds: &[u64]) -> u64 {
+    kinds
+        .iter()
+        .map(|&l| {
+            ops[l as usize]
+                .iter()
+                .map(StepOp::weight_elements)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// cuBLAS handles, activation buffers and random weights for every local rank.
+fn prepare(
+    group: &CudaRanks,
+    ops: &[Vec<StepOp>],
+    sizes: &[(Slot, u64)],
+    kinds: &[u64],
+) -> Result<Vec<RankData>> {
+    let mut all = Vec::new();
+    for (i, (comm, stream)) in group.comms.iter().zip(&group.streams).enumerate() {
+        let ctx = comm.cuda().context();
+        let slots = sizes
+            .iter()
+            .map(|&(slot, elements)| {
+                let memory = DeviceMemory::zeroed(ctx, (elements as usize * 2).max(2))?;
+                memory.upload(&random_bf16(elements, 1000 + i as u64)[..])?;
+                Ok((slot, memory))
+            })
+            .collect::<Result<_>>()?;
+        let mut weights: [Vec<Option<DeviceMemory>>; 2] = [Vec::new(), Vec::new()];
+        for (kind, &layer) in kinds.iter().enumerate() {
+            for (j, op) in ops[layer as usize].iter().enumerate() {
+                let elements = op.weight_elements();
+                weights[kind].push(if elements == 0 {
+                    None
+                } else {
+                    let memory = DeviceMemory::zeroed(ctx, elements as usize * 2)?;
+                    memory.upload(&random_bf16(elements, (i * 1000 + kind * 100 + j) as u64))?;
+                    Some(memory)
+                });
+            }
+        }
+        all.push(RankData {
+            blas: Blas::new(stream)?,
+            slots,
+            weights,
+        });
+    }
+    Ok(all)
+}
+
+/// Queues local rank `i`'s pass on `stream`.
+#[allow(clippy::too_many_arguments)]
+fn queue_pass(
+    group: &CudaRanks,
+    data: &RankData,
+    i: usize,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    ops: &[Vec<StepOp>],
+    model: &ModelShape,
+    reduce: Reduce,
+    count: usize,
+    dtype: DType,
+) -> Result<()> {
+    for (layer, layer_ops) in ops.iter().enumerate() {
+        let kind = layer_kind(model, layer as u64).min(data.weights.len() - 1);
+        for (j, op) in layer_ops.iter().enumerate() {
+            match *op {
+                StepOp::Gemm {
+                    rows,
+                    k,
+                    n,
+                    input,
+                    input_row,
+                    output,
+                    accumulate,
+                    ..
+                } => {
+                    let w = data.weights[kind][j].as_ref().expect("a GEMM has a weight");
+                    // SAFETY: the weight holds k*n elements and the slots were sized by
+                    // slot_elements for every op of the pass; all live until the caller has
+                    // synchronised and dropped its graphs.
+                    unsafe {
+                        data.blas.gemm_bf16(
+                            rows,
+                            k,
+                            n,
+                            w.ptr(),
+                            data.slot(input),
+                            input_row,
+                            data.slot(output),
+                            accumulate,
+                        )?
+                    };
+                }
+                StepOp::AllReduce { slot } => {
+                    let Reduce::With(route) = reduce else {
+                        continue;
+                    };
+                    let comm = &group.comms[i];
+                    let (ptr, cu) = (data.slot(slot), stream.cu_stream());
+                    // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
+                    unsafe {
+                        match route {
+                            Route::Fixed(choice) => {
+                                comm.all_reduce_with(choice, dtype, None, ptr, count, cu)?
+                            }
+                            Route::Auto => {
+                                comm.all_reduce_raw(dtype, None, ptr, count, cu, true)?;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn render(report: &StepReport) -> String {
+    let mut table = Table::new(
+        &[
+            "allreduce",
+            "pass p50 us",
+            "pass p99 us",
+            "communication us",
+            "share",
+            "per allreduce us",
+        ],
+        1,
+    );
+    for r in &report.results {
+        if let Some(why) = &r.skipped {
+            table.push(vec![
+                r.reduce.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("skipped: {why}"),
+            ]);
+            continue;
+        }
+        let name = match &r.runs {
+            Some(choice) => format!("{} ({choice})", r.reduce),
+            None => r.reduce.clone(),
+        };
+        let compute = r.reduce.starts_with("none");
+        table.push(vec![
+            name,
+            format!("{:.1}", r.pass_p50_us),
+            format!("{:.1}", r.pass_p99_us),
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.1}", r.communication_us)
+            },
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.1}%", 100.0 * r.communication_share)
+            },
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.2}", r.per_allreduce_us)
+            },
+        ]);
+    }
+    let sharing = if report.gpus < report.tp {
+        format!(
+            "\nnote: {} ranks share {} GPU(s): every rank's GEMMs run on the same GPU, so the pass is not a TP-{} machine's; the real use is one GPU per rank",
+            report.tp, report.gpus, report.tp
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs and {} allreduces of {} bf16 per pass; {}, {} ranks ({})\n{}{}",
+        report.model,
+        report.tp,
+        report.tokens,
+        report.layers,
+        report.gemms_per_pass,
+        report.allreduces_per_pass,
+        human_bytes(report.allreduce_bytes),
+        report.provenance.device,
+        report.tp,
+        report.mode,
+        table.render(),
+        sharing
+    )
+}
