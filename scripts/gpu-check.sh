@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
-# The GPU checks of the CUDA backend, for the device machine (no cargo there: carry a built
-# target/release/tpar). Writes logs and JSON under $OUT (or ./gpu-out) and prints a summary.
-# Usage: scripts/gpu-check.sh [smoke|full|tools|auto]   (tools: doctor, tune, NCCL and plots;
-# auto: the dispatched call; multi: one process per GPU against NCCL, on a multi-GPU machine)
+# The GPU checks, for the device machine (no cargo there: carry a built target/release/tpar,
+# and for `python` the wheel in .ci/wheels). Each step's log and JSON go to /tmp/gpu-out/<mode>;
+# at the end everything is packed into $OUT/gpu-<modes>.tar.gz (only 8 files come back) and a
+# summary is printed. Several modes may be given: scripts/gpu-check.sh python step
+#   smoke | full | tools | auto : the one-GPU checks of the CUDA backend, doctor/tune, dispatch
+#   multi  : one process per GPU against NCCL on a multi-GPU machine (issue 7)
+#   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
+#            (with several GPUs) one per GPU
+#   step   : tpar bench step on the model fixtures
 set -uo pipefail
-out=${OUT:-gpu-out}
-mkdir -p "$out"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-export TPAR_CACHE_DIR=/tmp/tpar-cache
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export TPAR_CACHE_DIR=/tmp/tpar-cache PYTHONUNBUFFERED=1
 tpar=./target/release/tpar
-mode=${1:-full}
+modes=("${@:-full}")
+root=/tmp/gpu-out
 summary=()
 step() { # name, timeout seconds, command...
   local name=$1 limit=$2; shift 2
   local start=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:' "$out/$name.log" | tail -1)")")
+  summary+=("$(printf '%-34s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:|passed|failed' "$out/$name.log" | tail -1 | cut -c1-90)")")
 }
+gpus=$(nvidia-smi -L | wc -l)
+models=crates/tpar/fixtures/models
+for mode in "${modes[@]}"; do
+out=$root/$mode; mkdir -p "$out"
 sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M
 if [ "$mode" = tools ]; then
-  # At most 8 files come back from the device machine: logs of the steps go to /tmp.
-  logs=/tmp/gpu-logs; mkdir -p $logs
-  out_final=$out; out=$logs
+  logs=$out; out_final=$out
   step selftest-1 120 $tpar selftest --backend cuda -n 1 --counts 0,7,4099,70001 --replays 20
   step doctor 120 $tpar doctor
   cp $logs/doctor.log $out_final/doctor.txt
@@ -43,10 +49,36 @@ elif [ "$mode" = multi ]; then
   # One process per GPU: tpar's algorithms beside NCCL in the same run, then host-staged
   # against NCCL without P2P (its shared-memory path through host memory: the same wires).
   nvidia-smi topo -m > $out/topo.txt 2>&1
-  n=$(nvidia-smi -L | wc -l)
-  step selftest-multi 150 $tpar selftest --backend cuda -n $n --processes --counts 0,7,4099,65541 --replays 20
-  step bench-multi 200 $tpar bench --backend cuda -n $n --processes --sizes 4K,32K,42K,256K,1M,16M --iters 50 --json "$out/bench-multi-processes.json" --plot "$out/bench-multi.svg"
-  NCCL_P2P_DISABLE=1 step bench-multi-nop2p 150 $tpar bench --backend cuda -n $n --processes --algos host-staged,nccl --sizes 4K,42K,256K --iters 50 --json "$out/bench-multi-nop2p.json"
+  step doctor 60 $tpar doctor
+  $tpar doctor --json > $out/doctor.json 2>/dev/null
+  step selftest-$gpus-processes 150 $tpar selftest --backend cuda -n $gpus --processes --counts 0,7,4099,65541 --replays 20
+  for ws in 2 4 8; do
+    [ $ws -le $gpus ] || continue
+    step bench-$ws-processes 200 $tpar bench --backend cuda -n $ws --processes --algos one-shot,two-shot,one-shot-pull,host-staged,nccl,auto \
+      --sizes 1K,4K,16K,32K,42K,64K,256K,1M,4M,16M,64M --iters 30 --json "$out/bench-$ws-processes.json" --plot "$out/bench-$ws-processes.svg"
+    NCCL_P2P_DISABLE=1 step bench-$ws-processes-no-p2p 100 $tpar bench --backend cuda -n $ws --processes --algos host-staged,nccl \
+      --sizes 4K,16K,42K,64K,256K --iters 30 --json "$out/bench-$ws-processes-no-p2p.json" --plot "$out/bench-$ws-processes-no-p2p.svg"
+  done
+elif [ "$mode" = tune ]; then
+  step tune-$gpus 240 $tpar tune -n $gpus --processes --iters 30 --json "$out/tune-$gpus.json"
+  step doctor-tuned 60 $tpar doctor -n $gpus
+elif [ "$mode" = python ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site
+  python3 -c "import torch, tpar; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'tpar', tpar.__version__)" > $out/versions.log 2>&1
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 330 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py
+  CUDA_VISIBLE_DEVICES=0 step pytest-cpu-package 90 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
+  if [ $gpus -gt 1 ]; then
+    step pytest-cuda-gpu-per-rank 200 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "not 8 and (graph or mlp)"
+  fi
+elif [ "$mode" = step ]; then
+  if [ $gpus -gt 1 ]; then
+    for m in llama-3.1-70b deepseek-v3; do for k in 1 4; do
+      step step-$m-tp$gpus-tokens$k 100 $tpar bench step --config $models/$m.json --tp $gpus --tokens $k --processes --json "$out/step-$m-tp$gpus-tokens$k.json"
+    done; done
+  fi
+  step step-llama-tp8-shared-gpu 150 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
+  step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
@@ -56,7 +88,9 @@ else
   step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
   step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
 fi
-for f in "$out"/bench-multi*.log "$out"/bench-threads-*.log "$out"/bench-auto-*.log "$out"/bench-forced-*.log "$out"/doctor*.log "$out"/tune-8.log "$out"/bench-nccl-1.log "$out"/bench-plot-2.log; do
-  [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 40; }
+for f in "$out"/*.log; do
+  [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 25; }
 done
+done
+tar czf "${OUT:-.}/gpu-$(IFS=-; echo "${modes[*]}").tar.gz" -C $root . 2>/dev/null
 printf '%s\n' "${summary[@]}"
