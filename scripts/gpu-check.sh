@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, for the device machine (no cargo there: carry a built target/release/tpar,
 # and for `python` the wheel in .ci/wheels). Each step's log and JSON go to /tmp/gpu-out/<mode>;
-# at the end everything is packed into $OUT/gpu-<modes>.tar.gz (only 8 files come back) and a
-# summary is printed. Several modes may be given: scripts/gpu-check.sh python step
+# after each mode its folder is packed into $OUT/gpu-<mode>.tar.gz (only 8 files come back), and a
+# summary is printed at the end. Several modes may be given: scripts/gpu-check.sh python step
 #   smoke | full | tools | auto : the one-GPU checks of the CUDA backend, doctor/tune, dispatch
 #   multi  : one process per GPU against NCCL on a multi-GPU machine (issue 7)
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
@@ -91,6 +91,7 @@ fi
 for f in "$out"/*.log; do
   [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 25; }
 done
+# Packed per mode, so that a call cut off at its time limit still returns the modes before.
+tar czf "${OUT:-.}/gpu-$mode.tar.gz" -C $root "$mode" 2>/dev/null
 done
-tar czf "${OUT:-.}/gpu-$(IFS=-; echo "${modes[*]}").tar.gz" -C $root . 2>/dev/null
 printf '%s\n' "${summary[@]}"

@@ -187,7 +187,7 @@ def group():
     print(f"ok group; footprint {footprint['allocated_bytes']} bytes", flush=True)
 
 
-if task["kind"] == "group":
+if task.get("kind") == "group":
     group()
 else:
     with tpar.Communicator(device=device, timeout=task.get("timeout", 120)) as comm:

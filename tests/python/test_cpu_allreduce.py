@@ -163,3 +163,21 @@ def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
         ca.custom_all_reduce(large)
     ca.close()
     assert not ca.should_custom_ar(small)
+
+
+def test_the_torch_custom_op_runs_eagerly_and_under_torch_compile(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed here; the op needs it")
+    import tpar.ops
+
+    token = secrets.token_hex(16)
+    with tpar.Communicator(0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=token) as comm:
+        x = torch.arange(8, dtype=torch.float32)
+        y = torch.ops.tpar.all_reduce(x, comm.handle)
+        assert y is not x and torch.equal(y, x), "one rank: the sum is the input, in a new tensor"
+        for backend in ("aot_eager", "inductor"):
+            step = torch.compile(lambda t: tpar.ops.all_reduce(t * 2, comm) + 1, fullgraph=True, backend=backend)
+            assert torch.equal(step(x), x * 2 + 1), backend
+        checks = torch.library.opcheck(torch.ops.tpar.all_reduce.default, (x, comm.handle))
+        assert set(checks.values()) == {"SUCCESS"}, checks
+    with pytest.raises(tpar.TparError, match="no open tpar communicator"):
+        torch.ops.tpar.all_reduce(x, comm.handle)

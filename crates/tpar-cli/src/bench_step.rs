@@ -155,12 +155,24 @@ fn layer_kind(model: &ModelShape, layer: u64) -> usize {
 pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read --config {}", args.config.display()))?;
-    let name = args
+    // A Hugging Face checkout names the model by its folder; a renamed file by its stem.
+    let stem = args
         .config
-        .parent()
-        .and_then(|p| p.file_name())
-        .or(args.config.file_stem())
-        .map_or("model".to_owned(), |s| s.to_string_lossy().into_owned());
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned());
+    let name = match stem.as_deref() {
+        Some("config") | None => args
+            .config
+            .canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()?
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "model".to_owned()),
+        Some(stem) => stem.to_owned(),
+    };
     let model = ModelShape::from_config_json(&text, &name)?;
     if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
         bail!("--tp, --tokens and --replays must be at least 1");

@@ -3,6 +3,7 @@
 //! built-in rules) and the call goes there. This is what an engine holds per rank.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use cudarc::driver::sys::CUstream;
 
@@ -38,7 +39,13 @@ pub struct Communicator {
     topology: Topology,
     forced: Option<Choice>,
     tuning: HashMap<DType, TuningTable>,
+    /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
+    /// asks the same few sizes over and over, on its hot path.
+    plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
 }
+
+/// Distinct (dtype, size, capturing) plans kept before the cache starts over.
+const PLAN_CACHE_ENTRIES: usize = 4096;
 
 impl Communicator {
     /// Puts the backends of one rank behind one call. `nccl` is the NCCL communicator for the
@@ -63,6 +70,7 @@ impl Communicator {
             topology,
             forced,
             tuning,
+            plans: Mutex::default(),
         })
     }
 
@@ -107,6 +115,20 @@ impl Communicator {
 
     /// What a call of `bytes` of `dtype` will run, and why (or why nothing can).
     pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+        let key = (dtype, bytes, capturing);
+        if let Some(p) = self.plans.lock().expect("plan cache").get(&key) {
+            return Ok(p.clone());
+        }
+        let p = self.make_plan(dtype, bytes, capturing)?;
+        let mut plans = self.plans.lock().expect("plan cache");
+        if plans.len() >= PLAN_CACHE_ENTRIES {
+            plans.clear();
+        }
+        plans.insert(key, p.clone());
+        Ok(p)
+    }
+
+    fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
         plan(&Request {
             topology: &self.topology,
             probe: None,
