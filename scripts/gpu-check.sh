@@ -60,16 +60,26 @@ elif [ "$mode" = multi ]; then
       --sizes 4K,16K,42K,64K,256K --iters 30 --json "$out/bench-$ws-processes-no-p2p.json" --plot "$out/bench-$ws-processes-no-p2p.svg"
   done
 elif [ "$mode" = tune ]; then
-  step tune-$gpus 240 $tpar tune -n $gpus --processes --iters 30 --json "$out/tune-$gpus.json"
+  step tune-$gpus 150 $tpar tune -n $gpus --processes --iters 20 --sizes 4K,16K,64K,256K,1M,4M,16M --json "$out/tune-$gpus.json"
   step doctor-tuned 60 $tpar doctor -n $gpus
+elif [ "$mode" = oneshot ]; then
+  # One-shot across GPUs: does polling device memory slow the peers' incoming writes? The same
+  # rows with pauses between polls, in processes and with every rank in one process.
+  ( sleep 15; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv ) > $out/compute-apps.txt 2>&1 &
+  n=$(( gpus < 4 ? gpus : 4 ))
+  for ns in 0 256 2048; do
+    TPAR_KERNEL_DEFINES="-DTPAR_DEVICE_POLL_SLEEP_MAX_NS=$ns" step oneshot-$n-processes-pause$ns 90 $tpar bench --backend cuda -n $n --processes \
+      --algos one-shot,two-shot,nccl --sizes 16K,32K,42K,64K,256K --iters 30 --json "$out/oneshot-$n-processes-pause$ns.json"
+  done
+  step oneshot-$n-threads 60 $tpar bench --backend cuda -n $n --algos one-shot,two-shot --sizes 16K,32K,42K,64K,256K --iters 30 --json "$out/oneshot-$n-threads.json"
 elif [ "$mode" = python ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
   export PYTHONPATH=/tmp/site
   python3 -c "import torch, tpar; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'tpar', tpar.__version__)" > $out/versions.log 2>&1
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 330 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py
-  CUDA_VISIBLE_DEVICES=0 step pytest-cpu-package 90 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 200 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py
+  CUDA_VISIBLE_DEVICES=0 step pytest-cpu-package 40 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
   if [ $gpus -gt 1 ]; then
-    step pytest-cuda-gpu-per-rank 200 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "not 8 and (graph or mlp)"
+    step pytest-cuda-gpu-per-rank 100 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "not 8 and (graph or mlp)"
   fi
 elif [ "$mode" = step ]; then
   if [ $gpus -gt 1 ]; then

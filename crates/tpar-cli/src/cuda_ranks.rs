@@ -301,7 +301,7 @@ impl CudaRanks {
         self.wrong_outputs_within(buffers, known, count, variant, dtype, 0.0)
     }
 
-    /// [`CudaRanks::wrong_outputs`] allowing a relative error of `tolerance` (0: bitwise), for
+    /// [`CudaRanks::wrong_outputs`] allowing an error of `tolerance` x max(|expected|, 1) (0: bitwise), for
     /// NCCL, which adds in its own order and, for 16-bit types, rounds partial sums.
     pub fn wrong_outputs_within(
         &self,

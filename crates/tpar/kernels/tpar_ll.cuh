@@ -53,6 +53,11 @@ typedef long long i64;
 #ifndef TPAR_POLL_SLEEP_MAX_NS
 #define TPAR_POLL_SLEEP_MAX_NS 512
 #endif
+// The same for polls of device memory (every algorithm but host-staged): off by default; an
+// experiment knob (TPAR_KERNEL_DEFINES) for links where spinning readers slow incoming writes.
+#ifndef TPAR_DEVICE_POLL_SLEEP_MAX_NS
+#define TPAR_DEVICE_POLL_SLEEP_MAX_NS 0
+#endif
 
 // Kernel arguments, passed by value. Field order and types match `KernelArgs` in
 // crates/tpar/src/backend/cuda/kernels.rs.
@@ -236,7 +241,7 @@ __device__ __forceinline__ bool wait_line(const TparArgs& a, const u64* p, u32 t
                                           u64 start, u32* word) {
     u64 v = ld_sys(p);
     u32 spins = 0, pause = 32;
-    const u32 max_pause = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_POLL_SLEEP_MAX_NS : 0;
+    const u32 max_pause = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
     while ((u32)(v >> 32) != tag) {
         if (max_pause > 0) {
             __nanosleep(pause);

@@ -36,6 +36,20 @@ pub fn fill_expected(dtype: DType, seed: u64, world_size: usize, out: &mut [u8])
     }
 }
 
+/// The largest difference from [`fill_expected`]'s sum that a correct allreduce may show when
+/// it adds the same inputs in another order and rounds every partial sum to `dtype` (NCCL's
+/// rings and trees do): `world_size` roundings, each at most half an ulp of a partial sum,
+/// and no partial sum above `world_size` x 8 (the largest input).
+pub fn unordered_sum_error_bound(dtype: DType, world_size: usize) -> f32 {
+    let unit_roundoff = match dtype {
+        DType::F32 => 2f32.powi(-24),
+        DType::F16 => 2f32.powi(-11),
+        DType::Bf16 => 2f32.powi(-8),
+    };
+    let n = world_size.max(1) as f32;
+    n * unit_roundoff * 8.0 * n
+}
+
 /// The first element where `got` and `expected` differ bitwise: (index, got, expected).
 pub fn first_mismatch(dtype: DType, got: &[u8], expected: &[u8]) -> Option<(usize, f32, f32)> {
     let size = dtype.size();
@@ -54,6 +68,35 @@ fn splitmix64(mut x: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn another_summation_order_stays_within_the_bound() {
+        for dtype in [DType::F32, DType::F16, DType::Bf16] {
+            for n in 2..=8usize {
+                let bound = unordered_sum_error_bound(dtype, n);
+                let mut expected = vec![0u8; 4096 * dtype.size()];
+                fill_expected(dtype, 7, n, &mut expected);
+                let mut worst = 0f32;
+                let mut one = [0u8; 4];
+                let round = |x: f32, one: &mut [u8; 4]| {
+                    dtype.store_f32(one, 0, x);
+                    dtype.load_f32(one, 0)
+                };
+                for i in 0..4096 {
+                    // Reverse rank order, rounding every partial sum: a ring's worst case.
+                    let mut acc = round(input_value(7, n - 1, i), &mut one);
+                    for r in (0..n - 1).rev() {
+                        acc = round(acc + round(input_value(7, r, i), &mut one), &mut one);
+                    }
+                    worst = worst.max((acc - dtype.load_f32(&expected, i)).abs());
+                }
+                assert!(worst <= bound, "{dtype:?} n={n}: {worst} > {bound}");
+                if dtype == DType::Bf16 && n >= 4 {
+                    assert!(worst > 0.0, "the orders should differ somewhere for bf16");
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]
