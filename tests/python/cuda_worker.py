@@ -10,6 +10,7 @@ dispatcher gave to NCCL (own rounding order) within a relative 1e-2 (16-bit) or 
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -158,8 +159,6 @@ def errors(comm):
     comm.all_reduce(x)
     torch.cuda.synchronize()
     if rank == n - 1:
-        import time
-
         time.sleep(task["timeout"] * 3)
         return
     comm.all_reduce(x)
@@ -194,6 +193,8 @@ else:
         if comm.device != device or (comm.rank, comm.world_size) != (rank, n):
             fail("communicator does not describe this rank")
         for step in task["steps"]:
+            began = time.monotonic()
+            print(f"start {step}", flush=True)
             if step == "eager":
                 eager(comm)
             elif step == "graph":
@@ -204,4 +205,5 @@ else:
                 adapter(comm)
             elif step == "errors":
                 errors(comm)
+            print(f"done {step} in {time.monotonic() - began:.1f} s", flush=True)
         torch.cuda.synchronize()

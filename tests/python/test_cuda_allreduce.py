@@ -31,21 +31,32 @@ def free_port():
 
 
 def run_job(n, task, timeout=600):
-    """Starts n worker processes as the ranks of one job; returns their (code, output)."""
+    """Starts n worker processes as the ranks of one job; returns their (code, output). Each
+    rank writes to a log file as it goes (kept in TPAR_TEST_LOGS when set), so a job stopped
+    from outside still shows how far every rank got."""
     with tempfile.TemporaryDirectory(prefix="tpar-py-cuda-") as tmp:
+        logs = os.environ.get("TPAR_TEST_LOGS") or tmp
+        os.makedirs(logs, exist_ok=True)
+        tag = f"{task.get('kind', '-'.join(task.get('steps', [])))}-n{n}"
         common = dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=secrets.token_hex(16),
                       WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1")
+                      NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1",
+                      TORCHINDUCTOR_COMPILE_THREADS="1")
+        files = [open(os.path.join(logs, f"{tag}-rank{r}.log"), "w+") for r in range(n)]
         procs = [subprocess.Popen([sys.executable, WORKER, json.dumps(task)], env=dict(common, RANK=str(r)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+                                  stdout=f, stderr=subprocess.STDOUT, text=True) for r, f in enumerate(files)]
         results = []
-        for p in procs:
+        for p, f in zip(procs, files):
             try:
-                out, _ = p.communicate(timeout=timeout)
+                p.wait(timeout=timeout)
+                note = ""
             except subprocess.TimeoutExpired:
                 p.kill()
-                out = p.communicate()[0] + "\n(killed: the test's time limit)"
-            results.append((p.returncode, out))
+                p.wait()
+                note = "\n(killed: the test's time limit)"
+            f.seek(0)
+            results.append((p.returncode, f.read() + note))
+            f.close()
         return results
 
 

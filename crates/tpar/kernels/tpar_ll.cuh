@@ -47,16 +47,18 @@ typedef long long i64;
 #define TPAR_PHASE_PULL_FLAG 5
 
 // Tuning, overridable at compile time (TPAR_KERNEL_DEFINES="-DNAME=VALUE ..."): the longest
-// pause between two polls of a line in host memory, in ns (0: spin without pausing). Device
-// memory is polled without pauses: on an H200 pauses of up to 512 ns changed nothing for
-// host-staged and cost up to 1 us per call for 8 ranks in device memory.
+// pause between two polls of a line in host memory, in ns (0: spin without pausing). On one
+// H200 pauses of up to 512 ns changed nothing for host-staged.
 #ifndef TPAR_POLL_SLEEP_MAX_NS
 #define TPAR_POLL_SLEEP_MAX_NS 512
 #endif
-// The same for polls of device memory (every algorithm but host-staged): off by default; an
-// experiment knob (TPAR_KERNEL_DEFINES) for links where spinning readers slow incoming writes.
+// The same for polls of device memory (every other algorithm). Across GPUs, readers spinning
+// without pause on lines that peers write over NVLink put one-shot into a state of 200-400 us
+// per call (4 x H200, one process per GPU, 42 and 64 KiB: 214 and 418 us without pauses,
+// 6.6 and 7.0 us with up to 256 ns, 6.8 and 7.2 us with up to 2048 ns, where two-shot slowed
+// from 7.4 to 12 us); bench/README.md has the run.
 #ifndef TPAR_DEVICE_POLL_SLEEP_MAX_NS
-#define TPAR_DEVICE_POLL_SLEEP_MAX_NS 0
+#define TPAR_DEVICE_POLL_SLEEP_MAX_NS 256
 #endif
 
 // Kernel arguments, passed by value. Field order and types match `KernelArgs` in
