@@ -169,6 +169,9 @@ def test_the_torch_custom_op_runs_eagerly_and_under_torch_compile(tmp_path):
     torch = pytest.importorskip("torch", reason="torch is not installed here; the op needs it")
     import tpar.ops
 
+    # One compile worker: a pool sized to a many-core machine takes longer to start than the
+    # two tiny graphs here take to compile.
+    torch._inductor.config.compile_threads = 1
     token = secrets.token_hex(16)
     with tpar.Communicator(0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=token) as comm:
         x = torch.arange(8, dtype=torch.float32)

@@ -289,6 +289,8 @@ struct Rung {
 const ONE_SHOT_WHY: &str = "one step and no barrier: the lowest latency for small messages";
 const TWO_SHOT_WHY: &str = "moves 2(n-1)/n of the message per rank instead of (n-1) copies";
 const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link bandwidth";
+const NVLINK_NCCL_WHY: &str =
+    "over NVLink NCCL was fastest from 1 MiB on 2 and 4 H200s (its copy engines and rings run at link bandwidth)";
 
 /// The built-in rules for a class. Thresholds come from the measurements in bench/README.md
 /// and the published figures in the design brief; `tpar tune` replaces them with this
@@ -326,14 +328,17 @@ fn ladder(class: Class, world_size: usize, probe: Option<&Probe>) -> Vec<Rung> {
                 "with 8 ranks on one GPU two-shot overtook one-shot from 42 KiB (H200)",
             ),
         ],
+        // Measured on 2 and 4 H200s, one process per GPU (bench/README.md): one-shot led up to
+        // 256 KiB at 2 ranks and 64 KiB at 4, two-shot at 256 KiB with 4, NCCL from 1 MiB.
+        // 8 ranks are extrapolated (one-shot's traffic grows with the square of the ranks).
+        Class::Nvlink if world_size <= 2 => vec![
+            rung(256 * KIB, one_shot, one_shot_why),
+            rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
+        ],
         Class::Nvlink => vec![
-            rung(
-                if many { 64 * KIB } else { 256 * KIB },
-                one_shot,
-                one_shot_why,
-            ),
-            rung(2 * MIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
-            rung(u64::MAX, Choice::Nccl, NCCL_WHY),
+            rung(if many { 32 * KIB } else { 64 * KIB }, one_shot, one_shot_why),
+            rung(256 * KIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
+            rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
         ],
         Class::PcieP2p => vec![
             rung(
@@ -650,13 +655,20 @@ mod tests {
             Choice::Tpar(Algorithm::OneShot)
         );
         assert_eq!(
-            plan(&request(&h200, 8, MIB)).unwrap().choice,
+            plan(&request(&h200, 8, 128 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::TwoShot)
         );
+        assert_eq!(plan(&request(&h200, 8, MIB)).unwrap().choice, Choice::Nccl);
         assert_eq!(
             plan(&request(&h200, 8, 256 * MIB)).unwrap().choice,
             Choice::Nccl
         );
+        // Two ranks on NVLink: one-shot up to 256 KiB, then NCCL (measured on 2 H200s).
+        assert_eq!(
+            plan(&request(&h200, 2, 256 * KIB)).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShot)
+        );
+        assert_eq!(plan(&request(&h200, 2, MIB)).unwrap().choice, Choice::Nccl);
         let rtx = fixture("4x-rtx-4090-no-p2p");
         assert_eq!(
             plan(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
@@ -742,7 +754,7 @@ mod tests {
         // Past the table's last entry the rules decide.
         let req = Request {
             tuning: Some(&table),
-            ..request(&h200, 8, 64 * KIB)
+            ..request(&h200, 8, 16 * KIB)
         };
         assert_eq!(plan(&req).unwrap().choice, Choice::Tpar(Algorithm::OneShot));
     }
