@@ -336,7 +336,11 @@ fn ladder(class: Class, world_size: usize, probe: Option<&Probe>) -> Vec<Rung> {
             rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
         ],
         Class::Nvlink => vec![
-            rung(if many { 32 * KIB } else { 64 * KIB }, one_shot, one_shot_why),
+            rung(
+                if many { 32 * KIB } else { 64 * KIB },
+                one_shot,
+                one_shot_why,
+            ),
             rung(256 * KIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
             rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
         ],
