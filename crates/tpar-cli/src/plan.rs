@@ -103,6 +103,11 @@ pub struct SpecArgs {
     /// A `tpar bench --json` file: the fastest correct result at each size.
     #[arg(long, value_name = "FILE")]
     latency_json: Option<PathBuf>,
+    /// A topology file (`tpar doctor --json`'s, or crates/tpar/fixtures/topologies/*.json):
+    /// the latency tpar's model predicts there, for the path its dispatcher would pick at
+    /// each size, with --tp ranks. A measured --latency-json is better where one exists.
+    #[arg(long, value_name = "FILE")]
+    latency_topology: Option<PathBuf>,
     /// Allreduce latency of plain decoding (one token), us, if it takes another path.
     #[arg(long, value_name = "US")]
     plain_latency_us: Option<f64>,
@@ -258,12 +263,18 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
         );
     }
     let model = load_model(&a.config)?;
-    let latency = match (a.latency_us, &a.latency_json) {
-        (Some(us), None) => Latency::Flat(us),
-        (None, Some(path)) => Latency::from_bench_json(&std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?)?,
-        _ => bail!("give the allreduce latency: --latency-us US, or --latency-json FILE from `tpar bench --json`"),
-    };
     let mut assumptions = Vec::new();
+    let latency = match (a.latency_us, &a.latency_json, &a.latency_topology) {
+        (Some(us), None, None) => Latency::Flat(us),
+        (None, Some(path), None) => Latency::from_bench_json(&std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?)?,
+        (None, None, Some(path)) => {
+            let topology = tpar::topology::Topology::load(path)?;
+            let (latency, why) = tpar::planner::latency_model::modelled_latency(&topology, a.tp as usize, tpar::DType::Bf16)?;
+            assumptions.push(format!("allreduce latency {why}"));
+            latency
+        }
+        _ => bail!("give the allreduce latency one way: --latency-us US, --latency-json FILE from `tpar bench --json`, or --latency-topology FILE"),
+    };
     let mut roofline = |what: &str, tokens: u64| {
         let ms = roofline_ms(&model, a.tp, tokens, a.tflops, a.hbm_gbps);
         assumptions.push(format!(

@@ -672,3 +672,44 @@ fn bench_step_checks_its_input_and_says_what_it_needs() {
         "{stderr}"
     );
 }
+
+#[test]
+fn plan_spec_decode_predicts_from_a_topology_file() {
+    let topology = |name: &str| {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tpar/fixtures/topologies")
+            .join(format!("{name}.json"))
+            .display()
+            .to_string()
+    };
+    let args = |t: &str, tp: &'static str| {
+        vec![
+            "plan".to_owned(),
+            "spec-decode".into(),
+            "--config".into(),
+            model("deepseek-v3"),
+            "--tp".into(),
+            tp.into(),
+            "--tokens".into(),
+            "3".into(),
+            "--acceptance".into(),
+            "2".into(),
+            "--latency-topology".into(),
+            topology(t),
+        ]
+    };
+    let (out, _) = run(tpar().args(args("8x-rtx-pro-6000-pcie-2switch", "8")));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("modelled for") && stdout.contains("PCIe with P2P"),
+        "{stdout}"
+    );
+    let (out, _) = run(tpar().args(args("4x-rtx-4090-no-p2p", "8")));
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("at most 4"),
+        "{}",
+        text(&out.stderr)
+    );
+}
