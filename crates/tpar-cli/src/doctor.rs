@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
+use tpar::backend::cuda::link_probe::LinkProbe;
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
 use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
 use tpar::memory::{human_bytes, MemoryFootprint};
@@ -62,6 +63,8 @@ struct Report {
     memory_per_rank: MemoryFootprint,
     tuning_table: Option<String>,
     checks: Vec<Check>,
+    /// The init probe of the links between this machine's GPUs (two or more GPUs).
+    links: Option<LinkProbe>,
     plans: Vec<SizePlan>,
     ok: bool,
 }
@@ -99,8 +102,14 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     let memory = CudaCommunicator::planned_footprint(world_size, &config);
 
     let mut probe = Probe::default();
+    let mut links = None;
     if args.topology.is_none() {
         checks.extend(gpu_checks(&topology, world_size, &mut probe));
+        if checks.first().is_some_and(|c| c.ok) {
+            let (check, measured) = link_probe(&topology, &mut probe);
+            checks.extend(check);
+            links = measured;
+        }
     }
     let tuning = TuningTable::load_for(&topology, world_size, args.dtype);
     let mut plans = Vec::new();
@@ -142,6 +151,7 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
                 .to_string()
         }),
         checks,
+        links,
         plans,
         ok,
     };
@@ -226,6 +236,54 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
     checks
 }
 
+/// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
+/// links at once), keeps the result where communicators find it, and feeds it to the plans.
+fn link_probe(topology: &Topology, probe: &mut Probe) -> (Option<Check>, Option<LinkProbe>) {
+    let Ok(gpus) = tpar::backend::cuda::probe() else {
+        return (None, None);
+    };
+    if gpus < 2 {
+        return (None, None);
+    }
+    let devices: Vec<usize> = (0..gpus).collect();
+    let measured = tpar::backend::cuda::link_probe::probe_links(
+        &devices,
+        64 << 20,
+        std::time::Duration::from_secs(10),
+    );
+    match measured {
+        Ok(links) => {
+            let saved = links.save(&LinkProbe::path(topology));
+            let p = links.to_probe();
+            probe.push_gbps = p.push_gbps;
+            probe.pull_gbps = p.pull_gbps;
+            let detail = format!(
+                "every GPU to every peer at once: push {:.1} GB/s, pull {:.1} GB/s per GPU; {}",
+                links.all_push_gbps,
+                links.all_pull_gbps,
+                match saved {
+                    Ok(()) => format!("kept in {}", LinkProbe::path(topology).display()),
+                    Err(e) => format!("not kept: {e}"),
+                }
+            );
+            let check = Check {
+                name: "link probe".into(),
+                ok: true,
+                detail,
+            };
+            (Some(check), Some(links))
+        }
+        Err(e) => (
+            Some(Check {
+                name: "link probe".into(),
+                ok: false,
+                detail: format!("{e}; the device-memory paths need P2P between every pair, host-staged does not"),
+            }),
+            None,
+        ),
+    }
+}
+
 fn render(r: &Report) -> String {
     let t = &r.topology;
     let mut out = format!(
@@ -288,6 +346,33 @@ fn render(r: &Report) -> String {
             ]);
         }
         out.push_str(&c.render());
+    }
+    if let Some(links) = &r.links {
+        out.push_str(&format!(
+            "\n\nLinks measured, each alone ({} per copy):\n",
+            human_bytes(links.bytes_per_copy as u64)
+        ));
+        let mut t = Table::new(&["from", "to", "push GB/s", "pull GB/s", "latency us"], 2);
+        for l in &links.links {
+            t.push(vec![
+                format!("GPU{}", l.a),
+                format!("GPU{}", l.b),
+                format!("{:.1}", l.push_gbps),
+                format!("{:.1}", l.pull_gbps),
+                format!("{:.2}", l.latency_us),
+            ]);
+        }
+        out.push_str(&t.render());
+        out.push_str(&format!(
+            "\nall links at once, per GPU: push {:.1} GB/s, pull {:.1} GB/s{}",
+            links.all_push_gbps,
+            links.all_pull_gbps,
+            if links.all_push_gbps < 0.5 * links.all_pull_gbps {
+                " (writes collapse while reads hold: tpar reads its peers)"
+            } else {
+                ""
+            }
+        ));
     }
     let m = &r.memory_per_rank;
     out.push_str(&format!(

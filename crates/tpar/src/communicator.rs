@@ -7,9 +7,13 @@ use std::sync::Mutex;
 
 use cudarc::driver::sys::CUstream;
 
+use crate::algorithm::Algorithm;
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::{CudaCommunicator, CudaConfig};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
-use crate::dispatch::{plan, Choice, Plan, Request, TuningTable};
+use crate::check::{fill_expected, fill_input, first_mismatch};
+use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
@@ -18,6 +22,9 @@ use crate::topology::Topology;
 
 /// The variable that forces one algorithm for every call.
 pub const ENV_ALGO: &str = "TPAR_ALGO";
+
+/// `TPAR_INIT_SELFTEST=0` skips the numerical self-test of [`Communicator::join`].
+pub const ENV_INIT_SELFTEST: &str = "TPAR_INIT_SELFTEST";
 
 /// The algorithm `TPAR_ALGO` forces, if any; an unknown name is an error, not ignored.
 pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
@@ -39,6 +46,9 @@ pub struct Communicator {
     topology: Topology,
     forced: Option<Choice>,
     tuning: HashMap<DType, TuningTable>,
+    /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
+    /// that failed the self-test of `join`): failed paths are never planned.
+    probe: Probe,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
     plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
@@ -60,6 +70,9 @@ impl Communicator {
         if nccl.is_err() {
             topology.nccl_version = None;
         }
+        let probe = LinkProbe::load(&LinkProbe::path(&topology))
+            .map(|p| p.to_probe())
+            .unwrap_or_default();
         let tuning = DType::ALL
             .into_iter()
             .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
@@ -70,6 +83,7 @@ impl Communicator {
             topology,
             forced,
             tuning,
+            probe,
             plans: Mutex::default(),
         })
     }
@@ -98,7 +112,90 @@ impl Communicator {
                 Ok(NcclCommunicator::new(rendezvous, config.timeout)?)
             }
         };
-        Communicator::new(cuda, nccl, Topology::detect_or_unknown(gpus))
+        let mut comm = Communicator::new(cuda, nccl, Topology::detect_or_unknown(gpus))?;
+        if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
+            comm.init_selftest(rendezvous, config.timeout)?;
+        }
+        Ok(comm)
+    }
+
+    /// The numerical self-test of `join`: every tpar algorithm this group can run reduces
+    /// known values (one chunk and several) and every element is checked on every rank, which
+    /// also exercises the real IPC writes and reads between the processes. A path with a
+    /// wrong element on any rank is never planned, on every rank alike (they exchange their
+    /// findings), and the reason is logged. A path whose kernels time out leaves the group
+    /// unusable: that is returned as the error.
+    fn init_selftest(
+        &mut self,
+        rendezvous: &Rendezvous,
+        timeout: std::time::Duration,
+    ) -> Result<()> {
+        let dtype = DType::Bf16;
+        let counts = [4099usize, 140_001];
+        let rank = self.cuda.rank();
+        let ctx = self.cuda.context().clone();
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
+        let max = counts[counts.len() - 1];
+        let buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
+        let (mut input, mut output, mut expected) = (
+            vec![0u8; max * dtype.size()],
+            vec![0u8; max * dtype.size()],
+            vec![0u8; max * dtype.size()],
+        );
+        let mut failures: Vec<(String, String)> = Vec::new();
+        for algorithm in Algorithm::ALL {
+            if self.cuda.supports(algorithm).is_err() {
+                continue;
+            }
+            for (seed, &count) in counts.iter().enumerate() {
+                let bytes = count * dtype.size();
+                fill_input(dtype, seed as u64, rank, &mut input[..bytes]);
+                fill_expected(
+                    dtype,
+                    seed as u64,
+                    self.cuda.world_size(),
+                    &mut expected[..bytes],
+                );
+                buffer.upload(&input[..bytes])?;
+                // SAFETY: `buffer` holds `count` elements on this rank's GPU and outlives the
+                // call, which is synchronised before the next line.
+                unsafe {
+                    self.cuda.all_reduce_raw(
+                        dtype,
+                        None,
+                        buffer.ptr(),
+                        count,
+                        algorithm,
+                        stream.cu_stream(),
+                    )?
+                };
+                self.cuda.synchronize(&stream).map_err(|e| {
+                    Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
+                })?;
+                buffer.download(&mut output[..bytes])?;
+                if let Some((i, got, want)) =
+                    first_mismatch(dtype, &output[..bytes], &expected[..bytes])
+                {
+                    failures.push((
+                        algorithm.name().to_owned(),
+                        format!("rank {rank}, {count} bf16 elements: element {i} was {got}, expected {want}"),
+                    ));
+                    break;
+                }
+            }
+        }
+        let key = format!("selftest-g{}", rendezvous.next_generation());
+        rendezvous.publish(&key, &failures)?;
+        let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
+        for (name, why) in everyone.into_iter().flatten() {
+            let algorithm: Algorithm = name.parse()?;
+            log::warn!("{algorithm} failed the init self-test and will not be used: {why}");
+            self.probe.failed.push((Choice::Tpar(algorithm), why));
+        }
+        self.plans.lock().expect("plan cache").clear();
+        Ok(())
     }
 
     pub fn cuda(&self) -> &CudaCommunicator {
@@ -131,7 +228,7 @@ impl Communicator {
     fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
         plan(&Request {
             topology: &self.topology,
-            probe: None,
+            probe: Some(&self.probe),
             tuning: self.tuning.get(&dtype),
             world_size: self.cuda.world_size(),
             dtype,

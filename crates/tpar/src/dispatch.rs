@@ -116,19 +116,8 @@ impl TuningTable {
     /// Writes the table where [`TuningTable::load_for`] looks (atomically).
     pub fn save(&self) -> Result<std::path::PathBuf> {
         let path = Self::path(&self.fingerprint, self.world_size, self.dtype);
-        let io = |source| Error::Io {
-            what: "cannot write the tuning table",
-            path: path.clone(),
-            source,
-        };
-        std::fs::create_dir_all(path.parent().expect("has a parent")).map_err(io)?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec_pretty(self).expect("tables serialise"),
-        )
-        .map_err(io)?;
-        std::fs::rename(&tmp, &path).map_err(io)?;
+        let text = serde_json::to_vec_pretty(self).expect("tables serialise");
+        crate::sys::write_file_atomically(&path, &text, "cannot write the tuning table")?;
         Ok(path)
     }
 }
@@ -700,6 +689,32 @@ mod tests {
             "{}",
             big.reason
         );
+    }
+
+    #[test]
+    fn a_path_that_failed_its_check_is_never_planned_and_the_plan_says_so() {
+        let h200 = fixture("8x-h200-nvswitch");
+        let probe = Probe {
+            failed: vec![(
+                Choice::Tpar(Algorithm::OneShot),
+                "rank 3, 4099 bf16 elements: element 7 was 1, expected 2".into(),
+            )],
+            ..Probe::default()
+        };
+        let req = Request {
+            probe: Some(&probe),
+            ..request(&h200, 8, 4 * KIB)
+        };
+        let p = plan(&req).unwrap();
+        assert_ne!(p.choice, Choice::Tpar(Algorithm::OneShot));
+        assert!(p.reason.contains("one-shot") && p.reason.contains("failed"), "{}", p.reason);
+        // Forcing the failed path is an error naming the failure, never a silent substitute.
+        let forced = Request {
+            forced: Some(Choice::Tpar(Algorithm::OneShot)),
+            ..req
+        };
+        let err = plan(&forced).unwrap_err().to_string();
+        assert!(err.contains("element 7"), "{err}");
     }
 
     #[test]

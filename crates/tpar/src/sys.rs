@@ -230,6 +230,24 @@ pub fn host_name() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
+/// Writes `bytes` to `path` so that a reader sees the old file or the whole new one, never a
+/// part: a temporary file beside it, then a rename. Creates the folder.
+pub(crate) fn write_file_atomically(
+    path: &std::path::Path,
+    bytes: &[u8],
+    what: &'static str,
+) -> crate::error::Result<()> {
+    let io = |source| crate::error::Error::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(path.parent().expect("a file path has a parent")).map_err(io)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

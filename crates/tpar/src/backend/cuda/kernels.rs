@@ -9,7 +9,7 @@ pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -23,7 +23,11 @@ pub const SOURCES: [(&str, &str); 4] = [
         include_str!("../../../kernels/oneshot_pull.cu"),
     ),
     ("floor.cu", include_str!("../../../kernels/floor.cu")),
+    ("probe.cu", include_str!("../../../kernels/probe.cu")),
 ];
+
+/// Kernels of the init probe (`probe.cu`): not allreduces, launched with their own arguments.
+pub const PROBE_PREFIX: &str = "tpar_probe";
 
 /// Architectures tpar builds for (compute capability x 10): Ampere to Blackwell.
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];

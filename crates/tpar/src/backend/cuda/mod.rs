@@ -13,6 +13,7 @@
 
 pub mod driver;
 pub mod kernels;
+pub mod link_probe;
 pub mod nvrtc;
 
 use std::collections::HashMap;
@@ -126,7 +127,7 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         let module = Module::load(ctx, &cubin)?;
         for name in kernel_names(source) {
             let f = module.function(&name)?;
-            if name != kernels::EMPTY_KERNEL.1 {
+            if name != kernels::EMPTY_KERNEL.1 && !name.starts_with(kernels::PROBE_PREFIX) {
                 blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
             }
             functions.insert(name, f);
