@@ -707,7 +707,11 @@ mod tests {
         };
         let p = plan(&req).unwrap();
         assert_ne!(p.choice, Choice::Tpar(Algorithm::OneShot));
-        assert!(p.reason.contains("one-shot") && p.reason.contains("failed"), "{}", p.reason);
+        assert!(
+            p.reason.contains("one-shot") && p.reason.contains("failed"),
+            "{}",
+            p.reason
+        );
         // Forcing the failed path is an error naming the failure, never a silent substitute.
         let forced = Request {
             forced: Some(Choice::Tpar(Algorithm::OneShot)),
