@@ -19,12 +19,15 @@ pub enum Error {
         waited: Duration,
     },
 
-    /// A peer process is gone (exited or was killed) while this rank waited for it.
-    #[error("rank {peer} (pid {pid}) exited while this rank waited for it ({phase})")]
+    /// A peer process is gone (exited or was killed) while this rank waited for it. `also`
+    /// names other ranks found gone at the same check: when one rank dies, the others stop
+    /// too, and the first to die is often not the one this rank was waiting for.
+    #[error("rank {peer} (pid {pid}) exited while this rank waited for it ({phase}){also}")]
     PeerGone {
         peer: usize,
         pid: u32,
         phase: String,
+        also: String,
     },
 
     /// Ranks called the same collective with different arguments.

@@ -80,18 +80,40 @@ impl Watch<'_> {
                 }
                 if now - last_check >= LIVENESS_EVERY {
                     last_check = now;
-                    if let Some(pid) = self.peer_pids.get(peer).copied().flatten() {
-                        if liveness(pid) == Liveness::Gone {
-                            return Err(Error::PeerGone {
-                                peer,
-                                pid,
-                                phase: phase.to_string(),
-                            });
-                        }
+                    if let Some(err) = self.gone_peers(peer, phase) {
+                        return Err(err);
                     }
                 }
             }
         }
+    }
+}
+
+impl Watch<'_> {
+    /// Every peer whose process is gone, as one error naming the awaited `peer` first when it
+    /// is among them; `None` while all are alive.
+    fn gone_peers(&self, peer: usize, phase: Phase) -> Option<Error> {
+        let mut gone: Vec<(usize, u32)> = self
+            .peer_pids
+            .iter()
+            .enumerate()
+            .filter_map(|(r, pid)| pid.map(|p| (r, p)))
+            .filter(|&(_, pid)| liveness(pid) == Liveness::Gone)
+            .collect();
+        if let Some(i) = gone.iter().position(|&(r, _)| r == peer) {
+            gone.swap(0, i);
+        }
+        let (&(first, pid), rest) = gone.split_first()?;
+        let also = rest
+            .iter()
+            .map(|(r, p)| format!("; rank {r} (pid {p}) has exited too"))
+            .collect();
+        Some(Error::PeerGone {
+            peer: first,
+            pid,
+            phase: phase.to_string(),
+            also,
+        })
     }
 }
 
@@ -162,5 +184,41 @@ mod tests {
         let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
         assert!(matches!(err, Error::PeerGone { peer: 1, .. }), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn names_every_peer_found_gone_the_awaited_one_first() {
+        let pids: Vec<Option<u32>> = (0..3)
+            .map(|_| {
+                let mut child = std::process::Command::new("true").spawn().unwrap();
+                child.wait().unwrap();
+                Some(child.id())
+            })
+            .collect();
+        let alive = Some(std::process::id());
+        let pids = [alive, pids[1], alive, pids[2]];
+        let watch = Watch {
+            timeout: Duration::from_secs(30),
+            peer_pids: &pids,
+        };
+        // Waiting on rank 2 (alive): ranks 1 and 3 are gone, both named.
+        let line = AtomicU64::new(0);
+        let msg = watch
+            .word(&line, Tag::for_epoch(1), 2, PHASE)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("rank 1 ") && msg.contains("rank 3 (pid"),
+            "{msg}"
+        );
+        // Waiting on rank 3 (gone): it comes first.
+        let msg = watch
+            .word(&line, Tag::for_epoch(1), 3, PHASE)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("rank 3 ") && msg.contains("rank 1 (pid"),
+            "{msg}"
+        );
     }
 }
