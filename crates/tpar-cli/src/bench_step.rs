@@ -25,7 +25,7 @@ use crate::blas::Blas;
 use crate::cuda_bench::time_replays;
 use crate::cuda_commands::{config, on_ranks};
 use crate::cuda_ranks::{CudaRanks, Route};
-use crate::report::{emit, percentile, Provenance, Table};
+use crate::report::{emit, name_with_runs, percentile, skipped_row, Provenance, Table};
 
 #[derive(Args, Debug)]
 pub struct StepArgs {
@@ -407,19 +407,10 @@ fn queue_pass(
                     let Reduce::With(route) = reduce else {
                         continue;
                     };
-                    let comm = &group.comms[i];
-                    let (ptr, cu) = (data.slot(slot), stream.cu_stream());
                     // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
                     unsafe {
-                        match route {
-                            Route::Fixed(choice) => {
-                                comm.all_reduce_with(choice, dtype, None, ptr, count, cu)?
-                            }
-                            Route::Auto => {
-                                comm.all_reduce_raw(dtype, None, ptr, count, cu, true)?;
-                            }
-                        }
-                    }
+                        route.queue(&group.comms[i], dtype, None, data.slot(slot), count, stream)?
+                    };
                 }
             }
         }
@@ -441,20 +432,10 @@ fn render(report: &StepReport) -> String {
     );
     for r in &report.results {
         if let Some(why) = &r.skipped {
-            table.push(vec![
-                r.reduce.clone(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!("skipped: {why}"),
-            ]);
+            table.push(skipped_row(vec![r.reduce.clone()], 6, why));
             continue;
         }
-        let name = match &r.runs {
-            Some(choice) => format!("{} ({choice})", r.reduce),
-            None => r.reduce.clone(),
-        };
+        let name = name_with_runs(&r.reduce, r.runs.as_deref());
         let compute = r.reduce.starts_with("none");
         table.push(vec![
             name,

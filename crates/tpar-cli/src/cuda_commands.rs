@@ -16,7 +16,7 @@ use crate::cuda_ranks::CudaRanks;
 use crate::cuda_selftest::{self, CudaPlan};
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
-use crate::report::{emit, Provenance, Table};
+use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
 use tpar::backend::cuda::CudaConfig;
 
 /// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
@@ -150,22 +150,14 @@ fn render(report: &CudaReport) -> String {
     );
     for r in &report.results {
         if let Some(why) = &r.skipped {
-            table.push(vec![
-                human_bytes(r.bytes),
-                r.algo.clone(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                format!("skipped: {why}"),
-            ]);
+            table.push(skipped_row(
+                vec![human_bytes(r.bytes), r.algo.clone()],
+                8,
+                why,
+            ));
             continue;
         }
-        let algo = match &r.runs {
-            Some(choice) => format!("{} ({choice})", r.algo),
-            None => r.algo.clone(),
-        };
+        let algo = name_with_runs(&r.algo, r.runs.as_deref());
         table.push(vec![
             human_bytes(r.bytes),
             algo,

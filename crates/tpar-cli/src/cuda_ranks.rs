@@ -35,6 +35,50 @@ impl Route {
     }
 }
 
+impl Route {
+    /// Queues one allreduce on `stream` through `comm`: the fixed choice, or the dispatcher's.
+    ///
+    /// # Safety
+    /// As for [`Communicator::all_reduce_raw`].
+    pub unsafe fn queue(
+        self,
+        comm: &Communicator,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let cu = stream.cu_stream();
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            match self {
+                Route::Fixed(choice) => {
+                    comm.all_reduce_with(choice, dtype, input, output, count, cu)?
+                }
+                Route::Auto => {
+                    comm.all_reduce_raw(
+                        dtype,
+                        input,
+                        output,
+                        count,
+                        cu,
+                        stream_is_capturing(stream),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
+fn stream_is_capturing(stream: &CudaStream) -> bool {
+    stream.capture_status().is_ok_and(|s| {
+        s == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    })
+}
+
 impl std::fmt::Display for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -235,19 +279,7 @@ impl CudaRanks {
         let input = variant.map(|v| b.inputs[v % 2].ptr());
         // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
         // were sized for the largest count); the caller keeps them alive.
-        let comm = &self.comms[i];
-        let (output, stream) = (b.output.ptr(), stream.cu_stream());
-        unsafe {
-            match route {
-                Route::Fixed(choice) => {
-                    comm.all_reduce_with(choice, dtype, input, output, count, stream)?
-                }
-                Route::Auto => {
-                    comm.all_reduce_raw(dtype, input, output, count, stream, false)?;
-                }
-            }
-        };
-        Ok(())
+        unsafe { route.queue(&self.comms[i], dtype, input, b.output.ptr(), count, stream) }
     }
 
     /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the

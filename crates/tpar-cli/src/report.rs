@@ -102,6 +102,22 @@ pub fn bus_bandwidth_gbps(bytes: u64, micros: f64, world_size: usize) -> f64 {
     bytes as f64 / (micros * 1e3) * 2.0 * (n - 1.0) / n
 }
 
+/// A table row for a configuration that did not run: its leading `cells`, "-" in the figure
+/// columns, and the reason in the last of `columns`.
+pub fn skipped_row(mut cells: Vec<String>, columns: usize, why: &str) -> Vec<String> {
+    cells.resize(columns - 1, "-".into());
+    cells.push(format!("skipped: {why}"));
+    cells
+}
+
+/// `auto (one-shot)`: a route's name with what it ran, where that is known.
+pub fn name_with_runs(name: &str, runs: Option<&str>) -> String {
+    match runs {
+        Some(choice) => format!("{name} ({choice})"),
+        None => name.to_owned(),
+    }
+}
+
 /// A plain text table with right-aligned columns after the first `left` ones.
 pub struct Table {
     header: Vec<String>,
@@ -160,6 +176,14 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_skipped_row_fills_the_figures_and_ends_with_the_reason() {
+        let row = skipped_row(vec!["4 KiB".into(), "nccl".into()], 5, "no NCCL");
+        assert_eq!(row, ["4 KiB", "nccl", "-", "-", "skipped: no NCCL"]);
+        assert_eq!(name_with_runs("auto", Some("one-shot")), "auto (one-shot)");
+        assert_eq!(name_with_runs("nccl", None), "nccl");
+    }
+
     use super::*;
 
     #[test]
