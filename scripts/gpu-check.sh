@@ -4,7 +4,10 @@
 # after each mode its folder is packed into $OUT/gpu-<mode>.tar.gz (only 8 files come back), and a
 # summary is printed at the end. Several modes may be given: scripts/gpu-check.sh python step
 #   smoke | full | tools | auto : the one-GPU checks of the CUDA backend, doctor/tune, dispatch
-#   multi  : one process per GPU against NCCL on a multi-GPU machine (issue 7)
+#   multi  : one process per GPU against NCCL on a multi-GPU machine (issue 7); WORLD_SIZES="8"
+#            and MULTI_ALGOS=one-shot,two-shot,nccl,auto narrow it to fit one call
+#   oneshot: one-shot across GPUs with and without pauses between polls (the 200-400 us state)
+#   tune   : tpar tune and doctor with one process per GPU
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
 #            (with several GPUs) one per GPU
 #   step   : tpar bench step on the model fixtures
@@ -52,9 +55,10 @@ elif [ "$mode" = multi ]; then
   step doctor 60 $tpar doctor
   $tpar doctor --json > $out/doctor.json 2>/dev/null
   step selftest-$gpus-processes 150 $tpar selftest --backend cuda -n $gpus --processes --counts 0,7,4099,65541 --replays 20
-  for ws in 2 4 8; do
+  # WORLD_SIZES picks the sweeps (all three take longer than one 10-minute call on 8 GPUs).
+  for ws in ${WORLD_SIZES:-2 4 8}; do
     [ $ws -le $gpus ] || continue
-    step bench-$ws-processes 200 $tpar bench --backend cuda -n $ws --processes --algos one-shot,two-shot,one-shot-pull,host-staged,nccl,auto \
+    step bench-$ws-processes 200 $tpar bench --backend cuda -n $ws --processes --algos ${MULTI_ALGOS:-one-shot,two-shot,one-shot-pull,host-staged,nccl,auto} \
       --sizes 1K,4K,16K,32K,42K,64K,256K,1M,4M,16M,64M --iters 30 --json "$out/bench-$ws-processes.json" --plot "$out/bench-$ws-processes.svg"
     NCCL_P2P_DISABLE=1 step bench-$ws-processes-no-p2p 100 $tpar bench --backend cuda -n $ws --processes --algos host-staged,nccl \
       --sizes 4K,16K,42K,64K,256K --iters 30 --json "$out/bench-$ws-processes-no-p2p.json" --plot "$out/bench-$ws-processes-no-p2p.svg"
@@ -82,7 +86,8 @@ elif [ "$mode" = python ]; then
   pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
   if [ $gpus -gt 1 ] && [ "${PER_GPU:-1}" = 1 ]; then
     export TPAR_TEST_LOGS=$out/ranks-per-gpu
-    step pytest-cuda-gpu-per-rank 120 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k "not 8 and (graph or mlp)"
+    select="graph or mlp"; [ $gpus -ge 8 ] || select="not 8 and ($select)"
+    step pytest-cuda-gpu-per-rank 120 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k "$select"
     pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
   fi
   step pytest-cpu-package 50 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
