@@ -51,7 +51,7 @@ pub struct StepArgs {
     #[arg(long, default_value_t = 20)]
     replays: usize,
     /// One process per rank (CUDA IPC) instead of one process driving every rank; NCCL needs it
-    /// with more than one rank.
+    /// with more than one rank [default: on when every rank has a GPU of its own].
     #[arg(long)]
     processes: bool,
     /// Seconds a rank waits for a peer before it fails the run, naming the peer.
@@ -190,9 +190,16 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         reduces.push(Reduce::With(r));
     }
     let timeout = parse_seconds(&args.timeout)?;
-    crate::cuda_ranks::device_count().context(
+    let gpus = crate::cuda_ranks::device_count().context(
         "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
     )?;
+    // NCCL takes one process per rank: with a GPU for every rank, run that way by default.
+    let processes = args.processes || (args.tp > 1 && gpus >= args.tp);
+    if processes && !args.processes && std::env::var_os("RANK").is_none() {
+        eprintln!(
+            "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
+        );
+    }
     crate::blas::load()?;
     let (tp, tokens) = (args.tp as u64, args.tokens as u64);
     let ops = pass_ops(&model, layers, tp, tokens);
@@ -204,7 +211,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         _ => vec![0],
     };
 
-    on_ranks(args.processes, args.tp, timeout, |make, mode| {
+    on_ranks(processes, args.tp, timeout, |make, mode| {
         let mut group = make(config(timeout))?;
         let leader = group.is_leader();
         if leader {
@@ -247,7 +254,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
                 queue(i, s)?;
             }
             group.synchronize()?;
-            let graphs: Vec<CudaGraph> = if args.processes || group.comms.len() == 1 {
+            let graphs: Vec<CudaGraph> = if processes || group.comms.len() == 1 {
                 group.capture_each(queue)?
             } else {
                 vec![group.capture(queue)?]
