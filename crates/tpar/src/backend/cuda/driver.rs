@@ -135,13 +135,17 @@ impl DeviceMemory {
         })
     }
 
-    /// Fills the allocation with `byte` (to poison outputs before a check).
+    /// Fills the allocation with `byte` (to poison outputs before a check) and waits for it:
+    /// the memset runs on the legacy stream, which the communicators' streams do not wait for.
     pub fn fill(&self, byte: u8) -> Result<()> {
         bind(&self.ctx)?;
         // SAFETY: our allocation.
         check("cuMemsetD8", unsafe {
             sys::cuMemsetD8_v2(self.ptr, byte, self.bytes)
-        })
+        })?;
+        self.ctx
+            .synchronize()
+            .map_err(|e| Error::Cuda(format!("synchronise after memset: {e}")))
     }
 
     /// A handle another process can open with [`IpcMapping::open`].
