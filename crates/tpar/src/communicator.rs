@@ -190,10 +190,9 @@ impl Communicator {
         let key = format!("selftest-g{}", rendezvous.next_generation());
         rendezvous.publish(&key, &failures)?;
         let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
-        for (name, why) in everyone.into_iter().flatten() {
-            let algorithm: Algorithm = name.parse()?;
-            log::warn!("{algorithm} failed the init self-test and will not be used: {why}");
-            self.probe.failed.push((Choice::Tpar(algorithm), why));
+        for (choice, why) in merge_findings(everyone)? {
+            log::warn!("{choice} failed the init self-test and will not be used: {why}");
+            self.probe.failed.push((choice, why));
         }
         self.plans.lock().expect("plan cache").clear();
         Ok(())
@@ -326,10 +325,56 @@ impl Communicator {
     }
 }
 
+/// Every rank's self-test findings (algorithm name, why) as one list of failed paths, each once
+/// (with the first rank's reason), in the same order on every rank.
+fn merge_findings(everyone: Vec<Vec<(String, String)>>) -> Result<Vec<(Choice, String)>> {
+    let mut failed: Vec<(Choice, String)> = Vec::new();
+    for (name, why) in everyone.into_iter().flatten() {
+        let choice = Choice::Tpar(name.parse::<Algorithm>()?);
+        if !failed.iter().any(|(c, _)| *c == choice) {
+            failed.push((choice, why));
+        }
+    }
+    Ok(failed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
+
+    #[test]
+    fn self_test_findings_of_all_ranks_merge_into_one_list() {
+        let rank = |items: &[(&str, &str)]| {
+            items
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<Vec<_>>()
+        };
+        let merged = merge_findings(vec![
+            rank(&[]),
+            rank(&[("two-shot", "rank 1: element 3")]),
+            rank(&[
+                ("two-shot", "rank 2: element 9"),
+                ("host-staged", "rank 2: element 0"),
+            ]),
+        ])
+        .unwrap();
+        assert_eq!(
+            merged,
+            vec![
+                (
+                    Choice::Tpar(Algorithm::TwoShot),
+                    "rank 1: element 3".to_owned()
+                ),
+                (
+                    Choice::Tpar(Algorithm::HostStaged),
+                    "rank 2: element 0".to_owned()
+                ),
+            ]
+        );
+        assert!(merge_findings(vec![rank(&[("ring", "?")])]).is_err());
+    }
 
     #[test]
     fn tpar_algo_forces_a_choice_and_rejects_unknown_names() {
