@@ -51,6 +51,10 @@ struct SizePlan {
     bytes: u64,
     choice: Option<Choice>,
     reason: String,
+    /// The latency tpar's model predicts for this size on this class of machine
+    /// (`planner::latency_model`), when it has one; a measurement (`tpar bench`) beats it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_us: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -112,6 +116,14 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         }
     }
     let tuning = TuningTable::load_for(&topology, world_size, args.dtype);
+    // The model follows the built-in rules; with a forced path or a tuning table it would
+    // describe another plan than the one shown, so it is left out then.
+    let model = (forced.is_none() && tuning.is_none())
+        .then(|| {
+            tpar::planner::latency_model::modelled_latency(&topology, world_size, args.dtype).ok()
+        })
+        .flatten()
+        .map(|(latency, _)| latency);
     let mut plans = Vec::new();
     for bytes in size_buckets() {
         let req = Request {
@@ -129,11 +141,13 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
                 bytes,
                 choice: Some(p.choice),
                 reason: p.reason,
+                model_us: model.as_ref().map(|m| m.at(bytes)),
             },
             Err(e) => SizePlan {
                 bytes,
                 choice: None,
                 reason: e.to_string(),
+                model_us: None,
             },
         });
     }
@@ -392,15 +406,28 @@ fn render(r: &Report) -> String {
             .as_ref()
             .map_or(String::new(), |p| format!("; tuning table {p}"))
     ));
-    let mut p = Table::new(&["size", "algorithm", "why"], 3);
+    let modelled = r.plans.iter().any(|s| s.model_us.is_some());
+    let header: &[&str] = if modelled {
+        &["size", "algorithm", "model us", "why"]
+    } else {
+        &["size", "algorithm", "why"]
+    };
+    let mut p = Table::new(header, header.len());
     for s in &r.plans {
-        p.push(vec![
+        let mut row = vec![
             human_bytes(s.bytes),
             s.choice.map_or("NONE".into(), |c| c.to_string()),
-            s.reason.clone(),
-        ]);
+        ];
+        if modelled {
+            row.push(s.model_us.map_or("-".into(), |us| format!("{us:.1}")));
+        }
+        row.push(s.reason.clone());
+        p.push(row);
     }
     out.push_str(&p.render());
+    if modelled {
+        out.push_str("\n(model us: tpar's latency model for this class of machine, not a measurement; `tpar bench` and `tpar tune` measure)");
+    }
     if !r.ok {
         out.push_str("\n\ntpar cannot work as asked here: see the FAILED checks or the sizes with no algorithm above.");
     }

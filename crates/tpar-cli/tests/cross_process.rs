@@ -466,6 +466,11 @@ fn doctor_json_parses_and_every_size_has_a_runnable_plan() {
                 p["choice"].is_string() && !p["reason"].as_str().unwrap().is_empty(),
                 "{name}: {p}"
             );
+            // A described machine also gets the model's latency for what runs there.
+            assert!(
+                p["model_us"].as_f64().is_some_and(|us| us > 0.0),
+                "{name}: {p}"
+            );
         }
         if name == "4x-rtx-4090-no-p2p" {
             assert_eq!(plans[0]["choice"], "host-staged");

@@ -35,6 +35,8 @@ impl PathCost {
 pub struct ClassModel {
     /// tpar's kernels over this class's links (device memory, or host memory for host-staged).
     pub tpar: PathCost,
+    /// What two-shot's second step (another hop and a wait for every peer) adds, us.
+    pub two_shot_extra_us: f64,
     pub host_staged: PathCost,
     pub nccl: PathCost,
     pub source: &'static str,
@@ -58,6 +60,8 @@ pub fn class_model(class: Class) -> ClassModel {
                 per_rank_us: 0.65,
                 gbps: 340.0,
             },
+            // Two-shot 7.3 against one-shot 6.2 us at 1-4 KiB, 4 ranks.
+            two_shot_extra_us: 1.1,
             host_staged: HOST_STAGED,
             nccl: PathCost {
                 fixed_us: 3.3,
@@ -75,6 +79,8 @@ pub fn class_model(class: Class) -> ClassModel {
                 per_rank_us: 0.45,
                 gbps: 25.0,
             },
+            // One more posted-write hop and a poll.
+            two_shot_extra_us: 1.5,
             host_staged: HOST_STAGED,
             nccl: PathCost {
                 fixed_us: 20.0,
@@ -87,6 +93,7 @@ pub fn class_model(class: Class) -> ClassModel {
         // NCCL_P2P_DISABLE=1 took 9.5 / 17.3 us at 4 KiB with 2 / 4 ranks, 48 us at 256 KiB.
         Class::NoP2p => ClassModel {
             tpar: HOST_STAGED,
+            two_shot_extra_us: 0.0,
             host_staged: HOST_STAGED,
             nccl: PathCost {
                 fixed_us: 1.7,
@@ -102,6 +109,8 @@ pub fn class_model(class: Class) -> ClassModel {
                 per_rank_us: 0.85,
                 gbps: 1000.0,
             },
+            // 2 ranks on one H200: two-shot 5.8 against one-shot 4.1 us at 4 KiB.
+            two_shot_extra_us: 1.6,
             host_staged: HOST_STAGED,
             nccl: PathCost {
                 fixed_us: 4.0,
@@ -163,15 +172,16 @@ pub fn modelled_latency(
             capturing: true,
             forced: None,
         })?;
-        let cost = match p.choice {
-            Choice::Nccl => model.nccl,
-            Choice::Tpar(Algorithm::HostStaged) => model.host_staged,
-            Choice::Tpar(_) => model.tpar,
+        let (cost, extra) = match p.choice {
+            Choice::Nccl => (model.nccl, 0.0),
+            Choice::Tpar(Algorithm::HostStaged) => (model.host_staged, 0.0),
+            Choice::Tpar(Algorithm::TwoShot) => (model.tpar, model.two_shot_extra_us),
+            Choice::Tpar(_) => (model.tpar, 0.0),
         };
         let us = if world_size <= 1 {
             0.0
         } else {
-            cost.at(world_size, bottleneck_bytes(p.choice, n, bytes as f64))
+            cost.at(world_size, bottleneck_bytes(p.choice, n, bytes as f64)) + extra
         };
         points.push((bytes, us));
         if runs.last().is_none_or(|(_, c)| *c != p.choice) {
