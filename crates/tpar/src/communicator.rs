@@ -70,9 +70,16 @@ impl Communicator {
         if nccl.is_err() {
             topology.nccl_version = None;
         }
-        let probe = LinkProbe::load(&LinkProbe::path(&topology))
+        let mut probe = LinkProbe::load(&LinkProbe::path(&topology))
             .map(|p| p.to_probe())
             .unwrap_or_default();
+        // What this group cannot run (no peer access between its GPUs, no host inboxes) is
+        // never planned: the dispatcher falls back and says why.
+        for algorithm in Algorithm::ALL {
+            if let Err(why) = cuda.supports(algorithm) {
+                probe.failed.push((Choice::Tpar(algorithm), why));
+            }
+        }
         let tuning = DType::ALL
             .into_iter()
             .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))

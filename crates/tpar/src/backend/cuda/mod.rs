@@ -406,6 +406,9 @@ impl CudaCommunicator {
         let mut host_inboxes = [0u64; MAX_RANKS];
         let mut peer_device_mappings = Vec::new();
         let mut peer_host_mappings = Vec::new();
+        // GPUs without peer access cannot map each other's memory: then only host-staged (and
+        // NCCL) can run, which every rank must know alike (see the exchange below).
+        let mut peer_access: std::result::Result<(), String> = Ok(());
         for (peer, record) in records.iter().enumerate() {
             device_inboxes[peer] = if peer == rank || record.pid == std::process::id() {
                 record.inbox_ptr
@@ -413,12 +416,19 @@ impl CudaCommunicator {
                 let handle = from_hex::<64>(&record.inbox_ipc).ok_or_else(|| {
                     Error::InvalidArgument(format!("rank {peer} sent a malformed IPC handle"))
                 })?;
-                let mapping = IpcMapping::open(&ctx, &handle).map_err(|e| {
-                    Error::Cuda(format!("cannot open rank {peer}'s buffer through CUDA IPC ({e}); GPUs without peer access need --algos host-staged"))
-                })?;
-                let ptr = mapping.ptr();
-                peer_device_mappings.push(mapping);
-                ptr
+                match IpcMapping::open(&ctx, &handle) {
+                    Ok(mapping) => {
+                        let ptr = mapping.ptr();
+                        peer_device_mappings.push(mapping);
+                        ptr
+                    }
+                    Err(e) => {
+                        if peer_access.is_ok() {
+                            peer_access = Err(format!("rank {rank} cannot map rank {peer}'s device memory through CUDA IPC ({e}): no peer access between their GPUs; host-staged runs without it"));
+                        }
+                        0
+                    }
+                }
             };
             host_inboxes[peer] = match (&record.host_segment, peer == rank) {
                 (_, true) => own
@@ -434,7 +444,13 @@ impl CudaCommunicator {
                 (None, false) => 0,
             };
         }
-        rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
+        // Also the barrier after which the segments may be unlinked.
+        rendezvous.publish(&format!("{key}-mapped"), &peer_access.as_ref().err())?;
+        let everyone: Vec<Option<String>> =
+            rendezvous.gather(&format!("{key}-mapped"), config.timeout)?;
+        if let Some(why) = everyone.into_iter().flatten().next() {
+            peer_access = Err(why);
+        }
         if let Some(h) = own.host_inbox.as_mut() {
             h.segment_mut().unlink();
         }
@@ -449,7 +465,7 @@ impl CudaCommunicator {
             own,
             device_inboxes,
             host_inboxes: config.host_staged.then_some(host_inboxes),
-            peer_access: Ok(()),
+            peer_access,
             peer_device_mappings,
             peer_host_mappings,
             status: Mutex::default(),
