@@ -184,3 +184,24 @@ def test_the_torch_custom_op_runs_eagerly_and_under_torch_compile(tmp_path):
         assert set(checks.values()) == {"SUCCESS"}, checks
     with pytest.raises(tpar.TparError, match="no open tpar communicator"):
         torch.ops.tpar.all_reduce(x, comm.handle)
+
+
+def test_device_names_are_read_like_torch_reads_them():
+    from tpar import _cuda_ordinal
+
+    assert _cuda_ordinal("cpu") is None
+    assert _cuda_ordinal(3) == 3
+    assert _cuda_ordinal("cuda:2") == 2
+    for bad in ("gpu", "cuda:x", -1, "cuda:"):
+        with pytest.raises(tpar.TparError, match="device="):
+            _cuda_ordinal(bad)
+
+
+def test_a_group_needs_torch_distributed_initialised(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed here; group= needs torch.distributed")
+    if torch.distributed.is_initialized():
+        pytest.skip("torch.distributed is already initialised in this process")
+    with pytest.raises(tpar.TparError, match="init_process_group"):
+        tpar.Communicator(group=object())
+    with pytest.raises(tpar.TparError, match="not both"):
+        tpar.Communicator(group=object(), rendezvous=str(tmp_path / "rdv"))
