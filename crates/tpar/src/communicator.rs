@@ -74,7 +74,7 @@ impl Communicator {
             .map(|p| p.to_probe())
             .unwrap_or_default();
         // What this group cannot run (no peer access between its GPUs, no host inboxes) is
-        // never planned: the dispatcher falls back and says why.
+        // never planned: the dispatcher falls back and says why, and refuses it when forced.
         for algorithm in Algorithm::ALL {
             if let Err(why) = cuda.supports(algorithm) {
                 probe.failed.push((Choice::Tpar(algorithm), why));
@@ -146,26 +146,27 @@ impl Communicator {
             .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
         let max = counts[counts.len() - 1];
         let buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
-        let (mut input, mut output, mut expected) = (
-            vec![0u8; max * dtype.size()],
-            vec![0u8; max * dtype.size()],
-            vec![0u8; max * dtype.size()],
-        );
+        // Inputs and expected sums depend on the count only: made once, used for every path.
+        let cases: Vec<(usize, Vec<u8>, Vec<u8>)> = counts
+            .iter()
+            .enumerate()
+            .map(|(seed, &count)| {
+                let mut input = vec![0u8; count * dtype.size()];
+                let mut expected = vec![0u8; count * dtype.size()];
+                fill_input(dtype, seed as u64, rank, &mut input);
+                fill_expected(dtype, seed as u64, self.cuda.world_size(), &mut expected);
+                (count, input, expected)
+            })
+            .collect();
+        let mut output = vec![0u8; max * dtype.size()];
         let mut failures: Vec<(String, String)> = Vec::new();
         for algorithm in Algorithm::ALL {
             if self.cuda.supports(algorithm).is_err() {
                 continue;
             }
-            for (seed, &count) in counts.iter().enumerate() {
-                let bytes = count * dtype.size();
-                fill_input(dtype, seed as u64, rank, &mut input[..bytes]);
-                fill_expected(
-                    dtype,
-                    seed as u64,
-                    self.cuda.world_size(),
-                    &mut expected[..bytes],
-                );
-                buffer.upload(&input[..bytes])?;
+            for (count, input, expected) in &cases {
+                let (count, bytes) = (*count, input.len());
+                buffer.upload(input)?;
                 // SAFETY: `buffer` holds `count` elements on this rank's GPU and outlives the
                 // call, which is synchronised before the next line.
                 unsafe {
@@ -185,11 +186,11 @@ impl Communicator {
                 // One finding per path; every rank still makes every call (they are collective).
                 let already = failures.iter().any(|(name, _)| name == algorithm.name());
                 if let Some((i, got, want)) =
-                    first_mismatch(dtype, &output[..bytes], &expected[..bytes]).filter(|_| !already)
+                    first_mismatch(dtype, &output[..bytes], expected).filter(|_| !already)
                 {
                     failures.push((
                         algorithm.name().to_owned(),
-                        format!("rank {rank}, {count} bf16 elements: element {i} was {got}, expected {want}"),
+                        format!("the init self-test on rank {rank}, {count} bf16 elements: element {i} was {got}, expected {want}"),
                     ));
                 }
             }
@@ -250,11 +251,6 @@ impl Communicator {
                 other => other,
             },
             _ => e,
-        })
-        .and_then(|p| match p.choice {
-            // The topology says the machine can; the group must also have the backend.
-            Choice::Tpar(a) => self.cuda.supports(a).map(|_| p).map_err(Error::Unsupported),
-            Choice::Nccl => Ok(p),
         })
     }
 
