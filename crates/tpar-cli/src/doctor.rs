@@ -243,7 +243,9 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
         }
         let result = crate::cuda_ranks::quick_check(ranks, algo);
         if let Err(e) = &result {
-            probe.failed.push((choice, format!("{e:#}")));
+            probe
+                .failed
+                .push((choice, format!("its self-test failed: {e:#}")));
         }
         add(&format!("self-test {algo}"), result);
     }

@@ -79,7 +79,8 @@ impl<'de> Deserialize<'de> for Choice {
 /// What the init probe measured on this machine.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
-    /// Paths that failed a check (IPC, numerical self-test), with the reason: never used.
+    /// Paths that cannot run here, with the reason (a failed self-test, no peer access in this
+    /// group): never planned, and an error when forced.
     pub failed: Vec<(Choice, String)>,
     /// Peer-write and peer-read bandwidth with every link busy at once, GB/s.
     pub push_gbps: Option<f64>,
@@ -218,9 +219,7 @@ pub fn eligibility(req: &Request, choice: Choice) -> std::result::Result<(), Str
         .probe
         .and_then(|p| p.failed.iter().find(|(c, _)| *c == choice))
     {
-        return Err(format!(
-            "{choice} failed the init probe on this machine: {why}"
-        ));
+        return Err(format!("{choice} cannot run here: {why}"));
     }
     let pairs = distinct_pairs(req.topology, req.world_size);
     match choice {
@@ -697,7 +696,8 @@ mod tests {
         let probe = Probe {
             failed: vec![(
                 Choice::Tpar(Algorithm::OneShot),
-                "rank 3, 4099 bf16 elements: element 7 was 1, expected 2".into(),
+                "the init self-test on rank 3, 4099 bf16 elements: element 7 was 1, expected 2"
+                    .into(),
             )],
             ..Probe::default()
         };
@@ -708,7 +708,8 @@ mod tests {
         let p = plan(&req).unwrap();
         assert_ne!(p.choice, Choice::Tpar(Algorithm::OneShot));
         assert!(
-            p.reason.contains("one-shot") && p.reason.contains("failed"),
+            p.reason
+                .contains("one-shot cannot run here: the init self-test on rank 3"),
             "{}",
             p.reason
         );
