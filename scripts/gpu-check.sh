@@ -54,7 +54,7 @@ elif [ "$mode" = multi ]; then
   nvidia-smi topo -m > $out/topo.txt 2>&1
   step doctor 60 $tpar doctor
   $tpar doctor --json > $out/doctor.json 2>/dev/null
-  step selftest-$gpus-processes 150 $tpar selftest --backend cuda -n $gpus --processes --counts 0,7,4099,65541 --replays 20
+  RUST_LOG=${RUST_LOG:-info} step selftest-$gpus-processes 150 $tpar selftest --backend cuda -n $gpus --processes --counts 0,7,4099,65541 --replays 20
   # WORLD_SIZES picks the sweeps (all three take longer than one 10-minute call on 8 GPUs).
   for ws in ${WORLD_SIZES:-2 4 8}; do
     [ $ws -le $gpus ] || continue
@@ -82,7 +82,7 @@ elif [ "$mode" = python ]; then
   python3 -c "import torch, tpar; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'tpar', tpar.__version__)" > $out/versions.log 2>&1
   # Rank logs land in the mode's folder as they are written; leftovers of a stopped step go.
   export TPAR_TEST_LOGS=$out/ranks-shared
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 280 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 360 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py
   pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
   if [ $gpus -gt 1 ] && [ "${PER_GPU:-1}" = 1 ]; then
     export TPAR_TEST_LOGS=$out/ranks-per-gpu

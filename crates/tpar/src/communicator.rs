@@ -160,10 +160,12 @@ impl Communicator {
             .collect();
         let mut output = vec![0u8; max * dtype.size()];
         let mut failures: Vec<(String, String)> = Vec::new();
+        let mut checked: Vec<&str> = Vec::new();
         for algorithm in Algorithm::ALL {
             if self.cuda.supports(algorithm).is_err() {
                 continue;
             }
+            checked.push(algorithm.name());
             for (count, input, expected) in &cases {
                 let (count, bytes) = (*count, input.len());
                 buffer.upload(input)?;
@@ -198,7 +200,15 @@ impl Communicator {
         let key = format!("selftest-g{}", rendezvous.next_generation());
         rendezvous.publish(&key, &failures)?;
         let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
-        for (choice, why) in merge_findings(everyone)? {
+        let vetoed = merge_findings(everyone)?;
+        if vetoed.is_empty() {
+            log::info!(
+                "init self-test on rank {rank}: {} correct on every rank ({} bf16 elements, every element checked)",
+                checked.join(", "),
+                counts.map(|c| c.to_string()).join(" and ")
+            );
+        }
+        for (choice, why) in vetoed {
             log::warn!("{choice} failed the init self-test and will not be used: {why}");
             self.probe.failed.push((choice, why));
         }
