@@ -148,17 +148,18 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     Ok(set)
 }
 
-/// The `extern "C" __global__` function names in a source file.
+/// The `extern "C" __global__` function names in a source file: on each such line, the first
+/// word after the return type and any `__launch_bounds__(...)`, up to its parameter list
+/// (whatever the argument struct is called).
 fn kernel_names(source: &str) -> Vec<String> {
     source
         .lines()
-        .filter(|l| l.starts_with("extern \"C\" __global__"))
-        .filter_map(|l| {
-            l.split("(TparArgs")
-                .next()?
-                .split_whitespace()
-                .last()
-                .map(str::to_owned)
+        .filter_map(|l| l.strip_prefix("extern \"C\" __global__"))
+        .filter_map(|rest| {
+            rest.split_whitespace()
+                .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                .map(|word| word.split('(').next().unwrap_or(word).to_owned())
+                .next()
         })
         .collect()
 }
@@ -771,6 +772,32 @@ mod tests {
             "{names:?}"
         );
         assert_eq!(names.len(), 3);
+    }
+
+    #[test]
+    fn every_kernel_file_yields_plain_function_names() {
+        // Each file's names must be C identifiers that the module lookup can find: a parse
+        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
+        let mut all = Vec::new();
+        for (file, source) in kernels::SOURCES {
+            let declared = source
+                .lines()
+                .filter(|l| l.starts_with("extern \"C\" __global__"))
+                .count();
+            let names = kernel_names(source);
+            assert_eq!(names.len(), declared, "{file}: {names:?}");
+            for name in &names {
+                assert!(
+                    name.starts_with("tpar_")
+                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{file}: {name:?}"
+                );
+            }
+            all.extend(names);
+        }
+        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
+        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
+        assert!(all.contains(&kernels::EMPTY_KERNEL.1.to_owned()), "{all:?}");
     }
 
     #[test]
