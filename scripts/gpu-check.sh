@@ -93,7 +93,7 @@ elif [ "$mode" = python ]; then
     step pytest-cuda-gpu-per-rank 150 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k "$select"
     pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
   fi
-  step pytest-cpu-package 40 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
+  step pytest-cpu-package 150 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
 elif [ "$mode" = step ]; then
   if [ $gpus -gt 1 ]; then
     for m in llama-3.1-70b deepseek-v3; do for k in 1 4; do

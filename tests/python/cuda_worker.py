@@ -200,7 +200,16 @@ def group():
 if task.get("kind") == "group":
     group()
 else:
-    with tpar.Communicator(device=device, timeout=task.get("timeout", 120)) as comm:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        comm = tpar.Communicator(device=device, timeout=task.get("timeout", 120))
+    # Processes sharing a GPU are time-sliced: tpar must say so, and only then.
+    time_sliced = [str(w.message) for w in heard if "time-slices" in str(w.message)]
+    if bool(time_sliced) != (n > torch.cuda.device_count()):
+        fail(f"time-slicing warning {'missing' if not time_sliced else 'wrong'}: {time_sliced}")
+    with comm:
         if comm.device != device or (comm.rank, comm.world_size) != (rank, n):
             fail("communicator does not describe this rank")
         for step in task["steps"]:

@@ -217,6 +217,15 @@ impl Comm {
         Ok((plan.choice.name().to_owned(), plan.reason))
     }
 
+    /// What creating the CUDA communicator found that its user should hear about (paths the
+    /// init self-test vetoed, a GPU time-sliced between processes); empty for the CPU backend.
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.cuda
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.warnings().to_vec())
+    }
+
     /// Raises the error a kernel or NCCL reported since the last check, if any.
     fn check(&self) -> PyResult<()> {
         self.cuda()?.check().map_err(err)

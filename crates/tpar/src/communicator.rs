@@ -52,6 +52,9 @@ pub struct Communicator {
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
     plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
+    /// What creating this group found that its user should hear about (also logged):
+    /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
+    warnings: Vec<String>,
 }
 
 /// Distinct (dtype, size, capturing) plans kept before the cache starts over.
@@ -92,6 +95,7 @@ impl Communicator {
             tuning,
             probe,
             plans: Mutex::default(),
+            warnings: Vec::new(),
         })
     }
 
@@ -120,6 +124,16 @@ impl Communicator {
             }
         };
         let mut comm = Communicator::new(cuda, nccl, Topology::detect_or_unknown(gpus))?;
+        let sharing = comm.cuda.time_sliced_with();
+        if !sharing.is_empty() {
+            let warning = format!(
+                "rank {} shares GPU {device} with rank(s) {} of other processes: the driver time-slices their contexts, so every allreduce waits for each one's turn (milliseconds, not microseconds); results are right, timings are not a machine's. Give each rank its own GPU, or run the ranks as threads of one process",
+                comm.cuda.rank(),
+                sharing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
+            );
+            log::warn!("{warning}");
+            comm.warnings.push(warning);
+        }
         if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
             comm.init_selftest(rendezvous, config.timeout)?;
         }
@@ -209,11 +223,19 @@ impl Communicator {
             );
         }
         for (choice, why) in vetoed {
-            log::warn!("{choice} failed the init self-test and will not be used: {why}");
+            let warning = format!("{choice} failed the init self-test and will not be used: {why}");
+            log::warn!("{warning}");
+            self.warnings.push(warning);
             self.probe.failed.push((choice, why));
         }
         self.plans.lock().expect("plan cache").clear();
         Ok(())
+    }
+
+    /// What creating this group found that its user should hear about, one sentence each
+    /// (paths the init self-test vetoed, a GPU time-sliced between processes); also logged.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     pub fn cuda(&self) -> &CudaCommunicator {

@@ -24,6 +24,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import warnings
 import weakref
 
 from ._tpar import Comm as _Comm
@@ -158,6 +159,8 @@ class Communicator:
         finally:
             if owned is not None:
                 shutil.rmtree(owned, ignore_errors=True)
+        for warning in self._comm.warnings:
+            warnings.warn(f"tpar: {warning}", RuntimeWarning, stacklevel=2)
         self.handle = next(_handles)
         _live[self.handle] = self
 

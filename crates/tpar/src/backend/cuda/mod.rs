@@ -164,6 +164,14 @@ fn kernel_names(source: &str) -> Vec<String> {
         .collect()
 }
 
+/// The ranks whose (process id, GPU UUID) shows them on `rank`'s GPU in another process.
+fn other_processes_on_my_gpu(rank: usize, ranks: &[(u32, &str)]) -> Vec<usize> {
+    let (pid, gpu) = ranks[rank];
+    (0..ranks.len())
+        .filter(|&r| ranks[r].1 == gpu && ranks[r].0 != pid)
+        .collect()
+}
+
 /// Blocks per rank such that every spinning block of every rank on the busiest GPU is
 /// resident at once (`capacity` = SMs x blocks per SM on each GPU).
 fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>) -> Result<u32> {
@@ -258,6 +266,9 @@ pub struct CudaCommunicator {
     peer_access: std::result::Result<(), String>,
     peer_device_mappings: Vec<IpcMapping>,
     peer_host_mappings: Vec<RegisteredSegment>,
+    /// Ranks of other processes on this rank's GPU: without MPS the driver time-slices
+    /// their contexts, so every call waits for each one's turn (milliseconds, not microseconds).
+    time_sliced_with: Vec<usize>,
     status: Mutex<Status>,
 }
 
@@ -345,6 +356,7 @@ impl CudaCommunicator {
                 peer_access: peer_access.clone(),
                 peer_device_mappings: Vec::new(),
                 peer_host_mappings: Vec::new(),
+                time_sliced_with: Vec::new(),
                 status: Mutex::default(),
             })
             .collect())
@@ -469,6 +481,13 @@ impl CudaCommunicator {
             peer_access,
             peer_device_mappings,
             peer_host_mappings,
+            time_sliced_with: other_processes_on_my_gpu(
+                rank,
+                &records
+                    .iter()
+                    .map(|r| (r.pid, r.device_uuid.as_str()))
+                    .collect::<Vec<_>>(),
+            ),
             status: Mutex::default(),
         })
     }
@@ -483,6 +502,11 @@ impl CudaCommunicator {
 
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Ranks of other processes that share this rank's GPU (time-sliced by the driver).
+    pub fn time_sliced_with(&self) -> &[usize] {
+        &self.time_sliced_with
     }
 
     /// Blocks per kernel launch (the co-residency bound).
@@ -762,6 +786,14 @@ mod tests {
         assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 32);
         assert_eq!(co_resident_blocks([(264, 8), (40, 4)]).unwrap(), 10);
         assert!(co_resident_blocks([(4, 8)]).is_err());
+    }
+
+    #[test]
+    fn ranks_of_other_processes_on_the_same_gpu_are_found() {
+        let ranks = [(10, "gpu-a"), (11, "gpu-a"), (12, "gpu-b"), (10, "gpu-a")];
+        assert_eq!(other_processes_on_my_gpu(0, &ranks), vec![1]);
+        assert_eq!(other_processes_on_my_gpu(1, &ranks), vec![0, 3]);
+        assert!(other_processes_on_my_gpu(2, &ranks).is_empty());
     }
 
     #[test]
