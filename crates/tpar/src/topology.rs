@@ -172,9 +172,76 @@ impl Topology {
         format!("{hash:016x}")
     }
 
-    /// Reads the machine through NVML. Errors (no driver, no NVML) say why.
+    /// Reads the machine through NVML. Errors (no driver, no NVML) say why. Where the CUDA
+    /// driver loads, only the GPUs this process sees are kept, numbered as CUDA numbers them
+    /// (NVML ignores CUDA_VISIBLE_DEVICES: GPU 0 to CUDA may be NVML's GPU 2).
     pub fn detect() -> Result<Topology> {
-        detect::detect()
+        let machine = detect::detect()?;
+        Ok(match crate::backend::cuda::driver::visible_gpu_uuids() {
+            Ok(uuids) => machine.restricted_to(&uuids),
+            Err(_) => machine,
+        })
+    }
+
+    /// The GPUs with these UUIDs (in this order, renumbered from 0) and the links between
+    /// them. UUIDs compare as hex digits (NVML writes "GPU-" and dashes, CUDA raw bytes). If
+    /// one is not found, the topology is kept whole: a partial one would misplace links.
+    pub fn restricted_to(self, uuids: &[String]) -> Topology {
+        let key = |u: &str| {
+            u.trim_start_matches("GPU-")
+                .chars()
+                .filter(char::is_ascii_hexdigit)
+                .collect::<String>()
+                .to_ascii_lowercase()
+        };
+        let Some(picked) = uuids
+            .iter()
+            .map(|u| {
+                let wanted = key(u);
+                (!wanted.is_empty())
+                    .then(|| self.gpus.iter().position(|g| key(&g.uuid) == wanted))
+                    .flatten()
+            })
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return self;
+        };
+        if picked.iter().copied().eq(0..self.gpus.len()) {
+            return self;
+        }
+        let gpus = picked
+            .iter()
+            .enumerate()
+            .map(|(index, &old)| Gpu {
+                index,
+                ..self.gpus[old].clone()
+            })
+            .collect();
+        let new_index = |old: usize| picked.iter().position(|&p| p == old);
+        let links = self
+            .links
+            .iter()
+            .filter_map(|l| {
+                let (a, b) = (new_index(l.a)?, new_index(l.b)?);
+                Some(Link {
+                    a: a.min(b),
+                    b: a.max(b),
+                    ..l.clone()
+                })
+            })
+            .collect();
+        let physical: Vec<String> = picked.iter().map(usize::to_string).collect();
+        Topology {
+            description: format!(
+                "{}; this process sees GPUs {} of {} (CUDA_VISIBLE_DEVICES), numbered from 0 here",
+                self.description,
+                physical.join(", "),
+                self.gpus.len()
+            ),
+            gpus,
+            links,
+            ..self
+        }
     }
 
     /// This machine as NVML describes it; where NVML cannot be read, GPUs whose links are unknown
@@ -359,6 +426,36 @@ mod tests {
             assert!(!t.gpus.is_empty(), "{name}");
             assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t, "{name}");
         }
+    }
+
+    #[test]
+    fn the_gpus_cuda_sees_are_kept_in_cudas_order_with_their_links() {
+        let mut l40s =
+            Topology::from_json(FIXTURES.iter().find(|f| f.0 == "8x-l40s-2numa").unwrap().1)
+                .unwrap();
+        for g in &mut l40s.gpus {
+            g.uuid = format!("GPU-{:08x}-1111-2222-3333-444455556666", g.index);
+        }
+        let raw = |i: u32| format!("{i:08x}111122223333444455556666");
+        // CUDA_VISIBLE_DEVICES=5,1: CUDA's GPU 0 is NVML's 5, and they sit on different nodes.
+        let seen = l40s.clone().restricted_to(&[raw(5), raw(1)]);
+        assert_eq!(seen.gpus.len(), 2);
+        assert_eq!(seen.gpus[0].uuid, l40s.gpus[5].uuid);
+        assert_eq!((seen.gpus[0].index, seen.gpus[1].index), (0, 1));
+        assert_eq!(seen.links.len(), 1);
+        let link = seen.link(0, 1).unwrap();
+        assert_eq!(link.path, l40s.link(1, 5).unwrap().path);
+        assert_eq!(link.path, PathClass::CrossNuma);
+        assert!(
+            seen.description.contains("sees GPUs 5, 1 of 8"),
+            "{}",
+            seen.description
+        );
+        // Every GPU in NVML's order: nothing changes. An unknown UUID: kept whole, not guessed.
+        let all: Vec<String> = (0..8).map(raw).collect();
+        assert_eq!(l40s.clone().restricted_to(&all), l40s);
+        assert_eq!(l40s.clone().restricted_to(&[raw(1), raw(99)]), l40s);
+        assert_eq!(l40s.clone().restricted_to(&[String::new()]), l40s);
     }
 
     #[test]

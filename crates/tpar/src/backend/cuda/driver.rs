@@ -21,6 +21,24 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// The UUIDs (32 hex digits) of the GPUs this process sees, in CUDA's ordinal order: after
+/// CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER, which NVML ignores. No context is created.
+pub fn visible_gpu_uuids() -> Result<Vec<String>> {
+    if !driver_present() {
+        return Err(Error::Cuda("no NVIDIA driver".into()));
+    }
+    let failed = |e: cudarc::driver::DriverError| Error::Cuda(format!("listing GPUs: {e}"));
+    cudarc::driver::result::init().map_err(failed)?;
+    let count = cudarc::driver::result::device::get_count().map_err(failed)?;
+    (0..count)
+        .map(|ordinal| {
+            let device = cudarc::driver::result::device::get(ordinal).map_err(failed)?;
+            let uuid = cudarc::driver::result::device::get_uuid(device).map_err(failed)?;
+            Ok(uuid_hex(&uuid))
+        })
+        .collect()
+}
+
 pub(crate) fn check(what: &str, result: CUresult) -> Result<()> {
     if result == CUresult::CUDA_SUCCESS {
         Ok(())
@@ -54,11 +72,15 @@ pub fn device_uuid(ctx: &CudaContext) -> Result<String> {
     let uuid = ctx
         .uuid()
         .map_err(|e| Error::Cuda(format!("cuDeviceGetUuid: {e}")))?;
-    Ok(uuid
-        .bytes
+    Ok(uuid_hex(&uuid))
+}
+
+/// 32 lowercase hex digits: the form NVML's "GPU-xxxxxxxx-xxxx-..." reduces to.
+fn uuid_hex(uuid: &sys::CUuuid) -> String {
+    uuid.bytes
         .iter()
         .map(|b| format!("{:02x}", *b as u8))
-        .collect())
+        .collect()
 }
 
 /// Device memory from cuMemAlloc (not a pool: IPC needs it), zeroed, freed on drop.
