@@ -400,17 +400,19 @@ fn render(r: &Report) -> String {
         ));
     }
     let m = &r.memory_per_rank;
+    let ranks = match r.world_size {
+        1 => "1 rank".to_owned(),
+        n => format!("{n} ranks"),
+    };
     out.push_str(&format!(
-        "\n\nMemory tpar reserves per rank with {} ranks: {} device, {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
-        r.world_size,
+        "\n\nMemory tpar reserves per rank with {ranks}: {} device, {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
         human_bytes(m.device_bytes),
         human_bytes(m.pinned_host_bytes),
         human_bytes(m.shared_host_bytes),
         human_bytes(m.allocated_bytes()),
     ));
     out.push_str(&format!(
-        "\nWhat runs, {} ranks, {} ({}{}):\n",
-        r.world_size,
+        "\nWhat runs, {ranks}, {} ({}{}):\n",
         r.dtype,
         classify_text(r.class),
         r.tuning_table
