@@ -238,7 +238,11 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
                 .iter()
                 .map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
         );
-        let title = format!("tpar bench: cpu, {} ranks, {}", world_size, plan.dtype);
+        let title = format!(
+            "tpar bench: cpu, {}, {}",
+            crate::report::ranks(world_size),
+            plan.dtype
+        );
         crate::plot::latency_svg(path, &title, &series)?;
         eprintln!("wrote {path}");
     }
@@ -275,9 +279,9 @@ fn render(report: &BenchReport) -> String {
         ]);
     }
     format!(
-        "tpar bench: {} backend, {} ranks, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
+        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
         report.backend,
-        report.world_size,
+        crate::report::ranks(report.world_size),
         report.dtype,
         report.iters,
         report.warmup,

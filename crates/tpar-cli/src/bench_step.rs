@@ -216,8 +216,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         let leader = group.is_leader();
         if leader {
             eprintln!(
-                "tpar bench step: preparing {} ranks ({mode}): weights of {} layer kind(s), {} per rank",
-                args.tp,
+                "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
+                crate::report::ranks(args.tp),
                 kinds.len(),
                 human_bytes(weight_bytes(&ops, &kinds) * 2)
             );
@@ -474,7 +474,7 @@ fn render(report: &StepReport) -> String {
         String::new()
     };
     format!(
-        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs and {} allreduces of {} bf16 per pass; {}, {} ranks ({})\n{}{}",
+        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs and {} allreduces of {} bf16 per pass; {}, {} ({})\n{}{}",
         report.model,
         report.tp,
         report.tokens,
@@ -483,7 +483,7 @@ fn render(report: &StepReport) -> String {
         report.allreduces_per_pass,
         human_bytes(report.allreduce_bytes),
         report.provenance.device,
-        report.tp,
+        crate::report::ranks(report.tp),
         report.mode,
         table.render(),
         sharing

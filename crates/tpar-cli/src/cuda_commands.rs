@@ -49,7 +49,10 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
     on_ranks(processes, world_size, plan.timeout, |make, mode| {
         let (rows, failed, table) = cuda_selftest::run(make, &plan)?;
         if let Some(table) = table {
-            println!("tpar selftest: cuda backend, {world_size} ranks ({mode}); each row checked bitwise against the exact sum\n{table}");
+            println!(
+                "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{table}",
+                crate::report::ranks(world_size)
+            );
             println!("selftest: {} passed, {failed} failed", rows - failed);
         }
         if failed > 0 {
@@ -117,8 +120,10 @@ pub fn bench(
             let rows = report.results.iter().filter(|r| r.skipped.is_none());
             let series = crate::bench::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
             let title = format!(
-                "tpar bench: {}, {world_size} ranks ({mode}), {}",
-                report.provenance.device, plan.dtype
+                "tpar bench: {}, {} ({mode}), {}",
+                report.provenance.device,
+                crate::report::ranks(world_size),
+                plan.dtype
             );
             crate::plot::latency_svg(path, &title, &series)?;
             eprintln!("wrote {path}");
@@ -171,10 +176,10 @@ fn render(report: &CudaReport) -> String {
     }
     let f = &report.floors;
     format!(
-        "tpar bench: cuda backend ({}), {} ranks ({}), {}; {} replays of a graph with {} allreduces per rank; {} per rank\n\
+        "tpar bench: cuda backend ({}), {} ({}), {}; {} replays of a graph with {} allreduces per rank; {} per rank\n\
          floors in this run: empty kernel {:.2} us per op in the chain, {:.2} us for a 1-op graph; device copy {:.0} GB/s, device->host {:.1} GB/s\n{}",
         report.provenance.device,
-        report.world_size,
+        crate::report::ranks(report.world_size),
         report.mode,
         report.dtype,
         report.replays,

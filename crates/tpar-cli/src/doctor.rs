@@ -400,10 +400,7 @@ fn render(r: &Report) -> String {
         ));
     }
     let m = &r.memory_per_rank;
-    let ranks = match r.world_size {
-        1 => "1 rank".to_owned(),
-        n => format!("{n} ranks"),
-    };
+    let ranks = crate::report::ranks(r.world_size);
     out.push_str(&format!(
         "\n\nMemory tpar reserves per rank with {ranks}: {} device, {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
         human_bytes(m.device_bytes),

@@ -88,6 +88,15 @@ pub fn emit<T: Serialize>(text: &str, json: Option<&str>, value: &T) -> Result<(
 }
 
 /// Nearest-rank percentile `p` of sorted samples.
+/// "1 rank", "8 ranks": for the headers that say how many ranks ran.
+pub fn ranks(n: usize) -> String {
+    if n == 1 {
+        "1 rank".to_owned()
+    } else {
+        format!("{n} ranks")
+    }
+}
+
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
@@ -176,6 +185,12 @@ impl Table {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rank_counts_read_as_english() {
+        assert_eq!(ranks(1), "1 rank");
+        assert_eq!(ranks(8), "8 ranks");
+    }
+
     #[test]
     fn a_skipped_row_fills_the_figures_and_ends_with_the_reason() {
         let row = skipped_row(vec!["4 KiB".into(), "nccl".into()], 5, "no NCCL");

@@ -169,8 +169,8 @@ fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
     }
     if leader {
         println!(
-            "tpar selftest: cpu backend, {} ranks; each row is two calls checked bitwise against the exact sum\n{}",
-            rank.world_size(),
+            "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}",
+            crate::report::ranks(rank.world_size()),
             table.render()
         );
         println!("selftest: {} passed, {failed} failed", rows - failed);

@@ -153,7 +153,8 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             .into_iter()
             .collect();
         let text = format!(
-            "tpar tune: {world_size} ranks, {} on {}\n{}\n\ncrossovers: {}\n{}wrote {}",
+            "tpar tune: {}, {} on {}\n{}\n\ncrossovers: {}\n{}wrote {}",
+            crate::report::ranks(world_size),
             args.dtype,
             topology,
             t.render(),

@@ -148,13 +148,16 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     Ok(set)
 }
 
+/// How every kernel in the `.cu` files begins its line (the loader finds them by it).
+const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
+
 /// The `extern "C" __global__` function names in a source file: on each such line, the first
 /// word after the return type and any `__launch_bounds__(...)`, up to its parameter list
 /// (whatever the argument struct is called).
 fn kernel_names(source: &str) -> Vec<String> {
     source
         .lines()
-        .filter_map(|l| l.strip_prefix("extern \"C\" __global__"))
+        .filter_map(|l| l.strip_prefix(KERNEL_DECLARATION))
         .filter_map(|rest| {
             rest.split_whitespace()
                 .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
@@ -814,7 +817,7 @@ mod tests {
         for (file, source) in kernels::SOURCES {
             let declared = source
                 .lines()
-                .filter(|l| l.starts_with("extern \"C\" __global__"))
+                .filter(|l| l.starts_with(KERNEL_DECLARATION))
                 .count();
             let names = kernel_names(source);
             assert_eq!(names.len(), declared, "{file}: {names:?}");
