@@ -198,7 +198,10 @@ def main():
     ap.add_argument("--no-nccl-symmetric-backend", dest="nccl_symmetric_backend", action="store_false",
                     help="do not switch torch's symmetric memory to its NCCL backend for nccl-symmetric")
     args = ap.parse_args()
-    args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"--sizes: {exc}")
     args.algos = [a.strip() for a in args.algos.split(",")]
     for a in args.algos:
         if a not in ALGOS:
