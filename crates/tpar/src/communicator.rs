@@ -211,7 +211,7 @@ impl Communicator {
                 }
             }
         }
-        let key = format!("selftest-g{}", rendezvous.next_generation());
+        let key = format!("selftest-{}", rendezvous.next_instance());
         rendezvous.publish(&key, &failures)?;
         let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
         let vetoed = merge_findings(everyone)?;

@@ -61,7 +61,11 @@ impl SharedSegment {
             };
             return Err(shm_error(name, "reserve memory for", err, &hint));
         }
-        segment.ptr = map(fd, len).map_err(|e| shm_error(name, "map", e, ""))?;
+        let mapped = map(fd, len);
+        // SAFETY: fd is open; the mapping (if any) stays valid after close. Keeping it open
+        // would leak one descriptor per communicator.
+        unsafe { libc::close(fd) };
+        segment.ptr = mapped.map_err(|e| shm_error(name, "map", e, ""))?;
         Ok(segment)
     }
 

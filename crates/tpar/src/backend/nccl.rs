@@ -211,7 +211,7 @@ impl NcclCommunicator {
     /// rank's context current first).
     pub fn new(rendezvous: &Rendezvous, timeout: std::time::Duration) -> Result<NcclCommunicator> {
         let nccl = Nccl::load()?;
-        let key = format!("nccl-g{}", rendezvous.next_generation());
+        let key = format!("nccl-{}", rendezvous.next_instance());
         if rendezvous.rank() == 0 {
             let mut id = UniqueId { internal: [0; 128] };
             // SAFETY: fills the id.

@@ -100,14 +100,11 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let generation = rendezvous.next_generation();
+        let instance = rendezvous.next_instance();
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 
-        let name = format!(
-            "/{}g{generation}-r{rank}",
-            segment_prefix(rendezvous.token())
-        );
+        let name = rendezvous.shm_name(&format!("{instance}-r{rank}"));
         let own = SharedSegment::create(&name, layout.total_bytes())?;
         let header = [
             SEGMENT_MAGIC,
@@ -121,7 +118,7 @@ impl CpuCommunicator {
             line.store(value, Ordering::Release);
         }
 
-        let key = format!("cpu-g{generation}");
+        let key = format!("cpu-{instance}");
         rendezvous.publish(
             &format!("{key}-inbox"),
             &InboxRecord {
@@ -179,6 +176,7 @@ impl CpuCommunicator {
         // Everyone has mapped everyone: the names can go, the mappings stay.
         rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
         inboxes[rank].unlink();
+        rendezvous.retire(&format!("{key}-inbox"));
 
         let peer_pids = records
             .iter()

@@ -378,15 +378,12 @@ impl CudaCommunicator {
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let ctx = context(device)?;
         let set = kernel_set(&ctx)?;
-        let generation = rendezvous.next_generation();
-        let host = config.host_staged.then(|| {
-            format!(
-                "/{}cuda-g{generation}-r{rank}",
-                crate::backend::cpu::segment_prefix(rendezvous.token())
-            )
-        });
+        let instance = rendezvous.next_instance();
+        let host = config
+            .host_staged
+            .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
         let mut own = Owned::allocate(&ctx, &layout, host.clone())?;
-        let key = format!("cuda-g{generation}");
+        let key = format!("cuda-{instance}");
         rendezvous.publish(
             &format!("{key}-buffers"),
             &CudaRecord {
@@ -470,6 +467,7 @@ impl CudaCommunicator {
         if let Some(h) = own.host_inbox.as_mut() {
             h.segment_mut().unlink();
         }
+        rendezvous.retire(&format!("{key}-buffers"));
         Ok(CudaCommunicator {
             rank,
             world_size,
