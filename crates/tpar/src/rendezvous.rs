@@ -201,9 +201,11 @@ pub struct Rendezvous {
 /// Every rank creates its communicators in the same order, so the n-th one has the same number
 /// on every rank; keeping the count per process (not per `Rendezvous` value) is what lets a
 /// process open several communicators over one rank environment, close and re-create them.
-fn creation_counter() -> &'static Mutex<HashMap<(PathBuf, String, String, usize), u32>> {
-    static COUNTERS: OnceLock<Mutex<HashMap<(PathBuf, String, String, usize), u32>>> =
-        OnceLock::new();
+/// (directory, token, group namespace, rank): one rank of one group of one job.
+type GroupRank = (PathBuf, String, String, usize);
+
+fn creation_counter() -> &'static Mutex<HashMap<GroupRank, u32>> {
+    static COUNTERS: OnceLock<Mutex<HashMap<GroupRank, u32>>> = OnceLock::new();
     COUNTERS.get_or_init(Default::default)
 }
 
@@ -459,8 +461,7 @@ impl Rendezvous {
     pub fn barrier(&self, key: &str, timeout: Duration) -> Result<()> {
         self.publish(key, &())?;
         self.gather::<()>(key, timeout)?;
-        static PREVIOUS: OnceLock<Mutex<HashMap<(PathBuf, String, String, usize), String>>> =
-            OnceLock::new();
+        static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
         let previous = PREVIOUS
             .get_or_init(Default::default)
             .lock()

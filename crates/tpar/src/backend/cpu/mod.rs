@@ -22,6 +22,7 @@ use crate::protocol::line::{lines_for_bytes, pack, put_word, word_at, Tag};
 use crate::protocol::reduce::Accumulator;
 use crate::rendezvous::Rendezvous;
 use crate::sys::{liveness, Liveness, SharedSegment};
+pub use crate::wait::InterruptCheck;
 use crate::wait::{Phase, Watch};
 
 /// Settings every rank of a communicator must agree on.
@@ -83,6 +84,8 @@ pub struct CpuCommunicator {
     seq: u32,
     /// Set by the first failed call: the ranks' epochs may no longer agree.
     poisoned: Option<String>,
+    /// Asked while a wait is slow; true interrupts the call (and poisons the communicator).
+    interrupt: Option<std::sync::Arc<InterruptCheck>>,
 }
 
 impl CpuCommunicator {
@@ -193,6 +196,7 @@ impl CpuCommunicator {
             epoch: 0,
             seq: 0,
             poisoned: None,
+            interrupt: None,
         })
     }
 
@@ -335,7 +339,15 @@ impl CpuCommunicator {
         Watch {
             timeout: self.timeout,
             peer_pids: &self.peer_pids,
+            interrupted: self.interrupt.as_deref(),
         }
+    }
+
+    /// A check asked every ~50 ms while a call waits for a peer: when it says true the call
+    /// fails with [`Error::Interrupted`] and the communicator is unusable afterwards (the
+    /// ranks' epochs no longer agree). The Python package stops on Ctrl-C this way.
+    pub fn set_interrupt(&mut self, check: Option<std::sync::Arc<InterruptCheck>>) {
+        self.interrupt = check;
     }
 
     /// Writes the header and this rank's payload into every peer's stage-one slot: all lines

@@ -87,6 +87,29 @@ struct KernelSet {
     /// Blocks of `THREADS` threads of the most demanding kernel that fit on one SM.
     blocks_per_sm: u32,
     sm_count: u32,
+    /// Drop in free device memory measured around loading the modules (code, constants,
+    /// local-memory reservation): what the kernels cost this GPU's context, once per process.
+    module_bytes: u64,
+}
+
+/// Whether `stream` is being captured into a CUDA graph (false where the driver cannot say).
+///
+/// # Safety
+/// `stream` is a live stream of the current context (or null, the legacy stream).
+pub unsafe fn is_capturing(stream: CUstream) -> bool {
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: queries a caller's live stream handle; writes one enum.
+    let rc = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream, &mut status) };
+    rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+        && status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// Free device memory of the current context's GPU, or None where the driver cannot say.
+pub(crate) fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
+    ctx.bind_to_thread().ok()?;
+    cudarc::driver::result::mem_get_info()
+        .ok()
+        .map(|(free, _)| free as u64)
 }
 
 impl KernelSet {
@@ -114,16 +137,23 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         )));
     }
     let arch = (major * 10 + minor) as u32;
+    // Compiled (or read from the disk cache) before measuring: only the load takes GPU memory.
+    let cubins = kernels::SOURCES
+        .iter()
+        .map(|(file, source)| {
+            nvrtc::cached_cubin(
+                file,
+                source,
+                &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
+                arch,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let free_before = free_device_memory(ctx);
     let mut modules = Vec::new();
     let mut functions = HashMap::new();
     let mut blocks_per_sm = u32::MAX;
-    for (file, source) in kernels::SOURCES {
-        let cubin = nvrtc::cached_cubin(
-            file,
-            source,
-            &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
-            arch,
-        )?;
+    for ((_, source), cubin) in kernels::SOURCES.iter().zip(cubins) {
         let module = Module::load(ctx, &cubin)?;
         for name in kernel_names(source) {
             let f = module.function(&name)?;
@@ -138,11 +168,16 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         ctx,
         CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )? as u32;
+    let module_bytes = match (free_before, free_device_memory(ctx)) {
+        (Some(before), Some(after)) => before.saturating_sub(after),
+        _ => 0,
+    };
     let set = Arc::new(KernelSet {
         _modules: modules,
         functions,
         blocks_per_sm,
         sm_count,
+        module_bytes,
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
@@ -535,11 +570,14 @@ impl CudaCommunicator {
         } else {
             0
         };
+        let buffers = (device_inbox_bytes(&layout) + STATE_BYTES) as u64;
         MemoryFootprint {
-            device_bytes: (device_inbox_bytes(&layout) + STATE_BYTES) as u64,
+            device_bytes: buffers,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,
             shared_host_bytes: host,
             peer_mapped_bytes: 0,
+            device_buffer_bytes: buffers,
+            ..MemoryFootprint::default()
         }
     }
 
@@ -550,8 +588,13 @@ impl CudaCommunicator {
             .host_inbox
             .as_ref()
             .map_or(0, |h| h.segment().len_bytes() as u64);
+        let buffers = (self.own.inbox.bytes() + self.own.state.bytes()) as u64;
         MemoryFootprint {
-            device_bytes: (self.own.inbox.bytes() + self.own.state.bytes()) as u64,
+            device_bytes: buffers + self.kernels.module_bytes,
+            device_buffer_bytes: buffers,
+            module_bytes: self.kernels.module_bytes,
+            nccl_bytes: 0,
+            nccl_estimated: false,
             pinned_host_bytes: self.own.error.bytes() as u64,
             shared_host_bytes: host_inbox,
             peer_mapped_bytes: self.peer_device_mappings.len() as u64
