@@ -10,6 +10,7 @@ use cudarc::driver::sys::CUstream;
 use crate::algorithm::Algorithm;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::stream_order::StreamOrder;
 use crate::backend::cuda::{CudaCommunicator, CudaConfig};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::check::{fill_expected, fill_input, first_mismatch};
@@ -116,6 +117,8 @@ pub struct Communicator {
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
     probe: Probe,
+    /// Orders calls issued from several streams as they were issued on the host.
+    order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
     plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
@@ -171,7 +174,9 @@ impl Communicator {
             .into_iter()
             .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
             .collect();
+        let order = StreamOrder::new(cuda.context())?;
         Ok(Communicator {
+            order,
             cuda,
             nccl: Mutex::new(slot),
             nccl_ready,
@@ -349,9 +354,60 @@ impl Communicator {
         rendezvous: &Rendezvous,
         timeout: std::time::Duration,
     ) -> Result<()> {
+        // A group over the same GPUs with the same settings already passed (or failed) the
+        // test in this process: reuse its findings when every rank has them, so that an
+        // engine's many groups pay for the test once.
+        let instance = rendezvous.next_instance();
+        let cache_key = self.cuda.group_key().to_owned();
+        let cached = selftest_cache()
+            .lock()
+            .expect("self-test cache")
+            .get(&cache_key)
+            .cloned();
+        let cache_round = format!("selftest-{instance}-cached");
+        rendezvous.publish(&cache_round, &cached.is_some())?;
+        let everyone_cached = rendezvous
+            .gather::<bool>(&cache_round, timeout)?
+            .into_iter()
+            .all(|c| c);
+        let vetoed = match cached.filter(|_| everyone_cached) {
+            Some(vetoed) => {
+                log::info!(
+                    "init self-test on rank {}: reused this process's result for the same GPUs and settings",
+                    self.cuda.rank()
+                );
+                vetoed
+            }
+            None => {
+                let vetoed = self.run_selftest(rendezvous, &instance, timeout)?;
+                selftest_cache()
+                    .lock()
+                    .expect("self-test cache")
+                    .insert(cache_key, vetoed.clone());
+                vetoed
+            }
+        };
+        for (choice, why) in vetoed {
+            let warning = format!("{choice} failed the init self-test and will not be used: {why}");
+            log::warn!("{warning}");
+            self.warnings.push(warning);
+            self.probe.failed.push((choice, why));
+        }
+        self.plans.lock().expect("plan cache").clear();
+        Ok(())
+    }
+
+    /// The self-test itself; returns the paths that failed on any rank.
+    fn run_selftest(
+        &mut self,
+        rendezvous: &Rendezvous,
+        instance: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<(Choice, String)>> {
         let dtype = DType::Bf16;
         let counts = [4099usize, 140_001];
         let rank = self.cuda.rank();
+
         let ctx = self.cuda.context().clone();
         let stream = ctx
             .new_stream()
@@ -409,7 +465,7 @@ impl Communicator {
                 }
             }
         }
-        let key = format!("selftest-{}", rendezvous.next_instance());
+        let key = format!("selftest-{instance}");
         rendezvous.publish(&key, &failures)?;
         let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
         let vetoed = merge_findings(everyone)?;
@@ -420,14 +476,7 @@ impl Communicator {
                 counts.map(|c| c.to_string()).join(" and ")
             );
         }
-        for (choice, why) in vetoed {
-            let warning = format!("{choice} failed the init self-test and will not be used: {why}");
-            log::warn!("{warning}");
-            self.warnings.push(warning);
-            self.probe.failed.push((choice, why));
-        }
-        self.plans.lock().expect("plan cache").clear();
-        Ok(())
+        Ok(vetoed)
     }
 
     /// What creating this group found that its user should hear about, one sentence each
@@ -537,22 +586,26 @@ impl Communicator {
         count: usize,
         stream: CUstream,
     ) -> Result<()> {
-        match choice {
-            // SAFETY: the caller's promise, passed on.
-            Choice::Tpar(algorithm) => unsafe {
-                self.cuda
-                    .all_reduce_raw(dtype, input, output, count, algorithm, stream)
-            },
-            Choice::Nccl => {
-                // SAFETY: the caller's promise: `stream` is live on this rank's context.
-                if self.nccl_pending() && unsafe { crate::backend::cuda::is_capturing(stream) } {
-                    return Err(Error::Unsupported(
-                        "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
-                    ));
-                }
-                let nccl = self.nccl().map_err(Error::Unsupported)?;
-                // SAFETY: as above.
-                unsafe {
+        if choice == Choice::Nccl {
+            // SAFETY: the caller's promise: `stream` is live on this rank's context.
+            if self.nccl_pending() && unsafe { crate::backend::cuda::is_capturing(stream) } {
+                return Err(Error::Unsupported(
+                    "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
+                ));
+            }
+            // Created (collectively) before the ordered section, which must not block.
+            self.nccl().map_err(Error::Unsupported)?;
+        }
+        // SAFETY: the caller's promise: `stream` is live on this rank's context.
+        unsafe {
+            self.order.ordered(stream, || match choice {
+                // SAFETY: the caller's promise, passed on.
+                Choice::Tpar(algorithm) => self
+                    .cuda
+                    .all_reduce_raw(dtype, input, output, count, algorithm, stream),
+                Choice::Nccl => {
+                    let nccl = self.nccl().map_err(Error::Unsupported)?;
+                    // SAFETY: as above.
                     nccl.all_reduce_raw(
                         dtype,
                         input,
@@ -561,7 +614,7 @@ impl Communicator {
                         stream as *mut std::ffi::c_void,
                     )
                 }
-            }
+            })
         }
     }
 
@@ -585,6 +638,14 @@ impl Communicator {
         }
         m
     }
+}
+
+/// Init self-test findings per group key (GPUs in rank order and settings) in this process.
+type Findings = Vec<(Choice, String)>;
+
+fn selftest_cache() -> &'static Mutex<HashMap<String, Findings>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Findings>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
 }
 
 /// What a rank of a `world_size` group will take, by part, before anything is allocated (for

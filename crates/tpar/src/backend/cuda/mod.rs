@@ -15,6 +15,7 @@ pub mod driver;
 pub mod kernels;
 pub mod link_probe;
 pub mod nvrtc;
+pub mod stream_order;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -307,6 +308,9 @@ pub struct CudaCommunicator {
     /// Ranks of other processes on this rank's GPU: without MPS the driver time-slices
     /// their contexts, so every call waits for each one's turn (milliseconds, not microseconds).
     time_sliced_with: Vec<usize>,
+    /// The group's GPUs in rank order (UUIDs, or ordinals for a group of one process) and
+    /// the settings that shape its buffers: what an init self-test result depends on.
+    group_key: String,
     status: Mutex<Status>,
 }
 
@@ -395,6 +399,7 @@ impl CudaCommunicator {
                 peer_device_mappings: Vec::new(),
                 peer_host_mappings: Vec::new(),
                 time_sliced_with: Vec::new(),
+                group_key: format!("local {devices:?} {config:?}"),
                 status: Mutex::default(),
             })
             .collect())
@@ -517,6 +522,13 @@ impl CudaCommunicator {
             peer_access,
             peer_device_mappings,
             peer_host_mappings,
+            group_key: format!(
+                "{:?} {config:?}",
+                records
+                    .iter()
+                    .map(|r| r.device_uuid.as_str())
+                    .collect::<Vec<_>>()
+            ),
             time_sliced_with: other_processes_on_my_gpu(
                 rank,
                 &records
@@ -541,6 +553,12 @@ impl CudaCommunicator {
     }
 
     /// Ranks of other processes that share this rank's GPU (time-sliced by the driver).
+    /// The group's GPUs in rank order and its buffer settings, as one string: groups with the
+    /// same key run the same kernels over the same links.
+    pub fn group_key(&self) -> &str {
+        &self.group_key
+    }
+
     pub fn time_sliced_with(&self) -> &[usize] {
         &self.time_sliced_with
     }
