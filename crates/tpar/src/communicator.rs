@@ -720,6 +720,25 @@ mod tests {
     }
 
     #[test]
+    fn nccl_modes_parse_and_unknown_names_say_the_choices() {
+        assert_eq!("own".parse::<NcclMode>().unwrap(), NcclMode::Own);
+        assert_eq!("none".parse::<NcclMode>().unwrap(), NcclMode::None);
+        let err = "mine".parse::<NcclMode>().unwrap_err().to_string();
+        assert!(err.contains("\"own\"") && err.contains("\"none\""), "{err}");
+    }
+
+    #[test]
+    fn the_planned_footprint_shows_its_nccl_part_as_an_estimate() {
+        let config = CudaConfig::default();
+        let none = planned_footprint(8, &config, NcclMode::None);
+        let own = planned_footprint(8, &config, NcclMode::Own);
+        assert_eq!((none.nccl_bytes, none.nccl_estimated), (0, false));
+        assert!(own.nccl_estimated && own.nccl_bytes > 400 << 20, "{own:?}");
+        assert_eq!(own.device_bytes, none.device_bytes + own.nccl_bytes);
+        assert_eq!(none.device_bytes, none.device_buffer_bytes);
+    }
+
+    #[test]
     fn tpar_algo_forces_a_choice_and_rejects_unknown_names() {
         assert_eq!(forced_choice(None).unwrap(), None);
         assert_eq!(forced_choice(Some("auto")).unwrap(), None);

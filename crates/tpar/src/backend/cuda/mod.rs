@@ -105,6 +105,29 @@ pub unsafe fn is_capturing(stream: CUstream) -> bool {
         && status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
+/// An exclusive lock (flock) on a per-GPU file in the temporary directory, held while tpar
+/// loads its kernels and allocates its buffers on that GPU, so that ranks of several
+/// processes sharing a GPU do not allocate inside each other's measured windows. None when
+/// the file cannot be opened or locked (then measurements may include a neighbour's bytes).
+fn allocation_lock(device_uuid: &str) -> Option<std::fs::File> {
+    let name: String = device_uuid
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let path = std::env::temp_dir().join(format!("tpar-gpu-{name}.lock"));
+    let file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true),
+        0o600,
+    )
+    .open(path)
+    .ok()?;
+    file.lock().ok()?;
+    Some(file)
+}
+
 /// Free device memory of the current context's GPU, or None where the driver cannot say.
 pub(crate) fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
     ctx.bind_to_thread().ok()?;
@@ -417,12 +440,16 @@ impl CudaCommunicator {
         check_world(world_size)?;
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let ctx = context(device)?;
+        // Ranks of other processes on this GPU load and allocate one at a time, so that the
+        // free-memory drop measured around the module load is this process's alone.
+        let gpu_lock = allocation_lock(&driver::device_uuid(&ctx)?);
         let set = kernel_set(&ctx)?;
         let instance = rendezvous.next_instance();
         let host = config
             .host_staged
             .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
         let mut own = Owned::allocate(&ctx, &layout, host.clone())?;
+        drop(gpu_lock);
         let key = format!("cuda-{instance}");
         rendezvous.publish(
             &format!("{key}-buffers"),

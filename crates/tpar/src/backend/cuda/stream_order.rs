@@ -5,12 +5,10 @@
 //! 88 of 100 results wrong). Each call records an event after its work; a call on another
 //! stream first makes its stream wait on that event.
 //!
-//! Under CUDA-graph capture: a call captured on another stream of the same capture joins the
-//! previous call's node (an ordinary event wait inside one capture); a captured call after an
-//! eager one waits on the eager work as an external event wait node (replays wait for the
-//! latest eager call). A call after one captured in a capture that has ended is not ordered
-//! here: that work runs when its graph is replayed, which the caller orders by the stream it
-//! replays on.
+//! Eager calls and captured calls are ordered separately, each with its own event: an eager
+//! call waits for the previous eager call; a captured call waits for the previous call of the
+//! same capture (an ordinary join inside the graph). A graph's calls run when it is replayed,
+//! which the caller orders against eager calls by the stream it replays on (as for any work).
 //!
 //! All FFI of this file is the few driver calls below, each with its safety note.
 
@@ -31,18 +29,20 @@ fn check(what: &str, rc: CUresult) -> Result<()> {
     }
 }
 
-/// The stream and capture (if any) of the last call.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+/// The last eager call's stream, and the last captured call's stream and capture id.
+#[derive(Default)]
 struct Last {
-    stream: usize,
-    capture: Option<u64>,
+    eager: Option<usize>,
+    captured: Option<(usize, u64)>,
 }
 
-/// One communicator's cross-stream ordering: an event recorded after every call.
+/// One communicator's cross-stream ordering: an event recorded after every call (one for eager
+/// calls, one for captured calls).
 pub struct StreamOrder {
     ctx: Arc<CudaContext>,
-    event: CUevent,
-    last: Mutex<Option<Last>>,
+    eager: CUevent,
+    captured: CUevent,
+    last: Mutex<Last>,
     /// The driver tells captures apart (`cuStreamGetCaptureInfo_v3`).
     with_ids: bool,
 }
@@ -90,28 +90,39 @@ unsafe fn capture_of(stream: CUstream, with_ids: bool) -> Result<Option<u64>> {
     })
 }
 
+fn new_event() -> Result<CUevent> {
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: creates one event in the current context into `event`.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
+        )
+    })?;
+    Ok(event)
+}
+
 impl StreamOrder {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<StreamOrder> {
         super::driver::bind(ctx)?;
-        let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: creates one event in the current context into `event`.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
-            )
+        let eager = new_event()?;
+        let captured = new_event().inspect_err(|_| {
+            // SAFETY: destroys the event just created, once.
+            unsafe { sys::cuEventDestroy_v2(eager) };
         })?;
         Ok(StreamOrder {
             ctx: ctx.clone(),
-            event,
-            last: Mutex::new(None),
+            eager,
+            captured,
+            last: Mutex::default(),
             with_ids: super::driver::driver_version().is_ok_and(|v| v >= CAPTURE_INFO_V3),
         })
     }
 
-    /// Runs `enqueue` (which queues one call's work on `stream`) after the previous call,
-    /// whatever stream that was on, and records the point after it for the next call. The
-    /// lock keeps host order: two threads cannot interleave their waits and records.
+    /// Runs `enqueue` (which queues one call's work on `stream`) after the previous call of
+    /// the same kind (eager, or captured in the same capture), whatever stream that was on,
+    /// and records the point after it for the next call. The lock keeps host order: two
+    /// threads cannot interleave their waits and records.
     ///
     /// # Safety
     /// `stream` is a live stream of this communicator's context.
@@ -124,35 +135,30 @@ impl StreamOrder {
         super::driver::bind(&self.ctx)?;
         // SAFETY: the caller's promise.
         let capture = unsafe { capture_of(stream, self.with_ids) }?;
-        let now = Last {
-            stream: stream as usize,
-            capture,
+        let here = stream as usize;
+        let (event, wait) = match capture {
+            None => (self.eager, last.eager.is_some_and(|s| s != here)),
+            Some(id) => (
+                self.captured,
+                last.captured.is_some_and(|(s, c)| c == id && s != here),
+            ),
         };
-        if let Some(prev) = *last {
-            if prev.stream != now.stream {
-                let flags = match (prev.capture, now.capture) {
-                    (None, None) => Some(0),
-                    (None, Some(_)) => {
-                        Some(sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as std::ffi::c_uint)
-                    }
-                    (Some(a), Some(b)) if a == b => Some(0),
-                    // Captured in a graph that has ended: ordered by its replay's stream.
-                    (Some(_), _) => None,
-                };
-                if let Some(flags) = flags {
-                    // SAFETY: both handles are live; the event was recorded by the last call.
-                    check("cuStreamWaitEvent", unsafe {
-                        sys::cuStreamWaitEvent(stream, self.event, flags)
-                    })?;
-                }
-            }
+        if wait {
+            // SAFETY: both handles are live; the event was recorded by the previous call of
+            // this kind (in this capture, for a captured call).
+            check("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream, event, 0)
+            })?;
         }
         let result = enqueue()?;
         // SAFETY: live event and stream of the current context.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.event, stream)
+            sys::cuEventRecord(event, stream)
         })?;
-        *last = Some(now);
+        match capture {
+            None => last.eager = Some(here),
+            Some(id) => last.captured = Some((here, id)),
+        }
         Ok(result)
     }
 }
@@ -160,9 +166,12 @@ impl StreamOrder {
 impl Drop for StreamOrder {
     fn drop(&mut self) {
         if super::driver::bind(&self.ctx).is_ok() {
-            // SAFETY: destroys our event once; pending waits on it stay valid (the driver
-            // releases it when they complete).
-            unsafe { sys::cuEventDestroy_v2(self.event) };
+            // SAFETY: destroys our events once; pending waits on them stay valid (the driver
+            // releases them when they complete).
+            unsafe {
+                sys::cuEventDestroy_v2(self.eager);
+                sys::cuEventDestroy_v2(self.captured);
+            }
         }
     }
 }
