@@ -171,6 +171,18 @@ fn map(fd: libc::c_int, len: usize) -> io::Result<*mut libc::c_void> {
     }
 }
 
+/// Blocks until this process holds an exclusive advisory lock (flock) on `file`; released when
+/// the file is closed.
+pub fn lock_exclusive(file: &std::fs::File) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor `file` keeps open for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() }

@@ -124,7 +124,7 @@ fn allocation_lock(device_uuid: &str) -> Option<std::fs::File> {
     )
     .open(path)
     .ok()?;
-    file.lock().ok()?;
+    crate::sys::lock_exclusive(&file).ok()?;
     Some(file)
 }
 
