@@ -101,6 +101,8 @@ elif [ "$mode" = python ]; then
 elif [ "$mode" = engine-comm ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
   export PYTHONPATH=/tmp/site
+  # The CPU half with torch present (torch group= subgroups), then the GPU half.
+  step pytest-engine-comm-cpu 120 python3 -m pytest -rs -q tests/python/test_cpu_engine_comm.py
   OUT=$out CUDA_VISIBLE_DEVICES=0 step engine-comm 360 python3 scripts/gpu_engine_comm.py
   cp $out/engine-comm.json "${OUT:-.}/engine-comm.json" 2>/dev/null
   grep -A40 '== engine-comm summary' $out/engine-comm.log

@@ -7,7 +7,8 @@ $OUT/engine-comm.json.
 Checks:
 - footprint: reported memory_footprint() against the drop in free device memory
   (cudaMemGetInfo) around creating and using a communicator, world size 1 and 2, nccl=own and
-  nccl=none; the CUDA context is created before the first reading and nothing else allocates.
+  nccl=none, and (world size 1) borrowing torch's ProcessGroupNCCL communicator; the CUDA
+  context is created before the first reading and nothing else allocates.
 - leak: create/use/close cycles at world size 1 (1,000) and 2 (100): descriptors, threads, RSS,
   /dev/shm entries and free device memory at cycle 10 and at the end.
 - streams: one communicator, calls issued on 2 and 3 streams with no ordering between them,
@@ -73,15 +74,30 @@ def rank_main(check, args):
     out = {"rank": rank, "check": check, "args": args}
     if check == "footprint":
         mode = args["nccl"]
+        nccl_arg = mode
+        if mode == "borrowed":
+            # The engine's own NCCL (torch's ProcessGroupNCCL), created before measuring.
+            import torch.distributed as dist
+
+            dist.init_process_group("nccl", init_method="file://" + args["store"], rank=rank, world_size=n,
+                                    device_id=torch.device("cuda", 0))
+            ones = torch.ones(1, device="cuda")
+            dist.all_reduce(ones)
+            nccl_arg = dist.group.WORLD
         x = values(1 << 20, 1)  # 4 MiB: planned for NCCL where NCCL is there
         small = values(4096, 2)
         barrier()
         before = free() if rank == 0 else 0
         barrier()
-        comm = tpar.Communicator(device=0, nccl=mode, timeout=120)
+        try:
+            comm = tpar.Communicator(device=0, nccl=nccl_arg, timeout=120)
+        except tpar.TparError as e:
+            out["error"] = f"creating with nccl={mode}: {e}"
+            print("RESULT " + json.dumps(out), flush=True)
+            return
         comm.all_reduce(small)
         nccl_call = None
-        if mode == "own":
+        if mode in ("own", "borrowed"):
             try:
                 comm.all_reduce(x, algorithm="nccl")
                 nccl_call = "ran"
@@ -272,21 +288,21 @@ def main(checks):
         print(f"{name}: {'PASS' if ok else 'FAIL'} {detail}", flush=True)
 
     if "footprint" in checks:
-        for n in (1, 2):
-            for mode in ("none", "own"):
-                res, logs = run_ranks("footprint", n, {"nccl": mode})
-                record[f"footprint-{n}-{mode}"] = {"results": res, "log_tail": [log[-2000:] for log in logs]}
-                r0 = res[0]
-                if "error" in r0 or "measured_drop" not in r0:
-                    row(f"footprint n={n} nccl={mode}", False, str(r0.get("error", r0))[:300])
-                    continue
-                drop, rep = r0["measured_drop"], r0["reported_sum"]
-                fp = r0["footprint"]
-                ok = abs(drop - rep) <= max(2 << 20, 0.02 * drop)
-                row(f"footprint n={n} nccl={mode}", ok,
-                    f"reported {mib(rep)} MiB (rank0: buffers {mib(fp['device_buffer_bytes'])}, modules "
-                    f"{mib(fp['module_bytes'])}, nccl {mib(fp['nccl_bytes'])}) vs measured drop {mib(drop)} MiB; "
-                    f"nccl call: {r0.get('nccl_call')}; own NCCL created: {r0.get('own_nccl_created')}")
+        for n, mode in ((1, "none"), (1, "own"), (1, "borrowed"), (2, "none"), (2, "own")):
+            store = os.path.join(tempfile.mkdtemp(prefix="tpar-store-"), "store")
+            res, logs = run_ranks("footprint", n, {"nccl": mode, "store": store})
+            record[f"footprint-{n}-{mode}"] = {"results": res, "log_tail": [log[-2000:] for log in logs]}
+            r0 = res[0]
+            if "error" in r0 or "measured_drop" not in r0:
+                row(f"footprint n={n} nccl={mode}", False, str(r0.get("error", r0))[:300])
+                continue
+            drop, rep = r0["measured_drop"], r0["reported_sum"]
+            fp = r0["footprint"]
+            ok = abs(drop - rep) <= max(2 << 20, 0.02 * drop)
+            row(f"footprint n={n} nccl={mode}", ok,
+                f"reported {mib(rep)} MiB (rank0: buffers {mib(fp['device_buffer_bytes'])}, modules "
+                f"{mib(fp['module_bytes'])}, nccl {mib(fp['nccl_bytes'])}) vs measured drop {mib(drop)} MiB; "
+                f"nccl call: {r0.get('nccl_call')}; own NCCL created: {r0.get('own_nccl_created')}")
     if "leak" in checks:
         for n, cycles in ((1, 1000), (2, 100)):
             res, logs = run_ranks("leak", n, {"cycles": cycles}, timeout=500)

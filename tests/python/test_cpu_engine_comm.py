@@ -79,6 +79,23 @@ WORKER = textwrap.dedent(
         again = tpar.Communicator(members=pair)
         check(again, 7)
         print("OK", flush=True)
+    elif task["kind"] == "torch-groups":
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="file://" + task["store"], rank=rank, world_size=n)
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group
+        pair = groups[0] if rank < 2 else groups[1]
+        sub = tpar.Communicator(group=pair, device="cpu")
+        world = tpar.Communicator(group=dist.group.WORLD, device="cpu")
+        assert (sub.rank, sub.world_size) == (rank % 2, 2), (sub.rank, sub.world_size)
+        for seed in range(5):
+            check(sub, seed)
+            check(world, seed)
+        sub.close()
+        again = tpar.Communicator(group=pair, device="cpu")
+        check(again, 3)
+        again.close(); world.close()
+        dist.destroy_process_group()
+        print("OK", flush=True)
     elif task["kind"] == "interrupt":
         comm = tpar.Communicator(timeout=60)
         check(comm, 0)
@@ -128,6 +145,13 @@ def test_many_communicators_open_close_and_recreate(n):
 
 def test_subgroups_of_a_world_of_four_via_members():
     for code, output in finish(start_job(4, {"kind": "subgroups"})):
+        assert code == 0 and "OK" in output, output
+
+
+def test_subgroups_of_a_world_of_four_via_torch_groups(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed here; group= needs torch.distributed")
+    store = str(tmp_path / "store")
+    for code, output in finish(start_job(4, {"kind": "torch-groups", "store": store})):
         assert code == 0 and "OK" in output, output
 
 
