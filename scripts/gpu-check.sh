@@ -11,6 +11,10 @@
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
 #            (with several GPUs) one per GPU
 #   step   : tpar bench step on the model fixtures
+#   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
+#            vs measured drop in free device memory (1 and 2 ranks, nccl own/none), 1,000
+#            create/use/close cycles, calls from 2 and 3 streams eager and in one graph, several
+#            communicators and subgroups, init cost of 8 groups; table last, JSON in $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export TPAR_CACHE_DIR=/tmp/tpar-cache PYTHONUNBUFFERED=1
@@ -94,6 +98,14 @@ elif [ "$mode" = python ]; then
     pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
   fi
   step pytest-cpu-package 150 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
+elif [ "$mode" = engine-comm ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site
+  # The CPU half with torch present (torch group= subgroups), then the GPU half.
+  step pytest-engine-comm-cpu 120 python3 -m pytest -rs -q tests/python/test_cpu_engine_comm.py
+  OUT=$out CUDA_VISIBLE_DEVICES=0 step engine-comm 360 python3 scripts/gpu_engine_comm.py
+  cp $out/engine-comm.json "${OUT:-.}/engine-comm.json" 2>/dev/null
+  grep -A40 '== engine-comm summary' $out/engine-comm.log
 elif [ "$mode" = step ]; then
   if [ $gpus -gt 1 ]; then
     for m in llama-3.1-70b deepseek-v3; do for k in 1 4; do

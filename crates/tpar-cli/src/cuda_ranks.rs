@@ -287,7 +287,7 @@ impl CudaRanks {
     pub fn supports(&self, route: Route) -> std::result::Result<(), String> {
         match route {
             Route::Fixed(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
-            Route::Fixed(Choice::Nccl) => self.comms[0].nccl().map(|_| ()).map_err(str::to_owned),
+            Route::Fixed(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
             Route::Auto => Ok(()),
         }
     }

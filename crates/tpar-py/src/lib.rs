@@ -9,7 +9,10 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use std::sync::{Arc, Mutex};
+
 use tpar::backend::cuda::CudaConfig;
+use tpar::communicator::{BorrowedNccl, NcclMode};
 use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
@@ -23,8 +26,84 @@ create_exception!(
     "An error reported by tpar; the message says why and what to do."
 );
 
+/// The library's error as a TparError, its text in the Python user's words (the Rust field
+/// names it suggests become the Python keyword arguments).
 fn err(e: tpar::Error) -> PyErr {
-    TparError::new_err(e.to_string())
+    TparError::new_err(
+        e.to_string()
+            .replace(
+                "--timeout / CommConfig::timeout",
+                "timeout= when creating the tpar.Communicator",
+            )
+            .replace(
+                "every rank must use the same CommConfig",
+                "every rank must pass the same chunk_bytes=",
+            ),
+    )
+}
+
+/// Runs `f`, turning a panic (a bug in tpar) into a TparError instead of pyo3's
+/// PanicException, which `except Exception` does not catch.
+fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            Err(TparError::new_err(format!(
+                "internal error in {what}: {text}; please report it with the arguments that caused it"
+            )))
+        }
+    }
+}
+
+/// The longest `timeout=` accepted: a year, far beyond any real wait, well inside what a
+/// `Duration` and the kernels' globaltimer deadline can hold.
+const MAX_TIMEOUT_S: f64 = 365.0 * 86400.0;
+
+/// Checks the arguments of `Comm.new` that Python cannot type, naming the Python argument.
+fn check_args(rank: usize, world_size: usize, timeout: f64, chunk_bytes: usize) -> PyResult<()> {
+    if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_S) {
+        return Err(TparError::new_err(format!(
+            "timeout={timeout}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year)"
+        )));
+    }
+    if world_size == 0 {
+        return Err(TparError::new_err(
+            "world_size=0: a group has at least one rank",
+        ));
+    }
+    if rank >= world_size {
+        return Err(TparError::new_err(format!(
+            "rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {}",
+            world_size - 1
+        )));
+    }
+    if !(64..=(1 << 30)).contains(&chunk_bytes) {
+        return Err(TparError::new_err(format!(
+            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is 131072)"
+        )));
+    }
+    Ok(())
+}
+
+/// `nccl=` as the Python package passes it: "own", "none", or a raw `ncclComm_t` address.
+fn nccl_mode(nccl: &Bound<'_, PyAny>) -> PyResult<NcclMode> {
+    if let Ok(name) = nccl.extract::<String>() {
+        return name.parse().map_err(err);
+    }
+    match nccl.extract::<u64>() {
+        Ok(0) => Err(TparError::new_err("nccl=0: a null NCCL communicator")),
+        Ok(address) => Ok(NcclMode::Borrowed(BorrowedNccl(
+            address as usize as *mut std::ffi::c_void,
+        ))),
+        Err(_) => Err(TparError::new_err(
+            "nccl=: use \"own\", \"none\", a torch ProcessGroupNCCL or an ncclComm_t address (int)",
+        )),
+    }
 }
 
 /// One rank's communicators: the CPU backend (POSIX shared memory between the processes of
@@ -35,6 +114,9 @@ struct Comm {
     cpu: Option<CpuCommunicator>,
     cuda: Option<Communicator>,
     device: Option<usize>,
+    /// The KeyboardInterrupt (or other exception) a signal handler raised while a call
+    /// waited for peers: the call stops and raises it.
+    interrupted: Arc<Mutex<Option<PyErr>>>,
 }
 
 fn closed() -> PyErr {
@@ -63,8 +145,7 @@ fn forced(comm: &Communicator, name: &str) -> tpar::Result<tpar::dispatch::Plan>
     match choice {
         Choice::Tpar(a) => comm.cuda().supports(a).map_err(tpar::Error::Unsupported)?,
         Choice::Nccl => {
-            comm.nccl()
-                .map_err(|why| tpar::Error::Unsupported(why.to_owned()))?;
+            comm.ensure_nccl()?;
         }
     }
     Ok(tpar::dispatch::Plan {
@@ -80,18 +161,16 @@ fn footprint_dict<'py>(py: Python<'py>, m: &MemoryFootprint) -> PyResult<Bound<'
     d.set_item("shared_host_bytes", m.shared_host_bytes)?;
     d.set_item("peer_mapped_bytes", m.peer_mapped_bytes)?;
     d.set_item("allocated_bytes", m.allocated_bytes())?;
+    d.set_item("device_buffer_bytes", m.device_buffer_bytes)?;
+    d.set_item("module_bytes", m.module_bytes)?;
+    d.set_item("nccl_bytes", m.nccl_bytes)?;
+    d.set_item("nccl_estimated", m.nccl_estimated)?;
     Ok(d)
 }
 
-#[pymethods]
 impl Comm {
-    /// Joins the job: `rank`/`world_size`/`rendezvous`/`token` as given, or, where `rendezvous`
-    /// is None, from the environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
-    /// With `device` (a CUDA ordinal) the rank also gets tpar's CUDA communicator on it.
-    #[new]
-    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072, device=None))]
     #[allow(clippy::too_many_arguments)]
-    fn new(
+    fn create(
         py: Python<'_>,
         rank: Option<usize>,
         world_size: Option<usize>,
@@ -100,26 +179,29 @@ impl Comm {
         timeout: f64,
         chunk_bytes: usize,
         device: Option<usize>,
+        members: Option<Vec<usize>>,
+        nccl: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Comm> {
-        if !(timeout > 0.0 && timeout.is_finite()) {
-            return Err(TparError::new_err(format!(
-                "timeout must be a positive number of seconds, not {timeout}"
-            )));
-        }
+        let nccl = match &nccl {
+            None => NcclMode::None,
+            Some(n) => nccl_mode(n)?,
+        };
         let env = match rendezvous {
             Some(dir) => {
                 let (Some(rank), Some(world_size), Some(token)) = (rank, world_size, token) else {
-                    return Err(TparError::new_err("with rendezvous=..., give rank, world_size and token too"));
+                    return Err(TparError::new_err("with rendezvous=..., give rank=, world_size= and token= too"));
                 };
+                check_args(rank, world_size, timeout, chunk_bytes)?;
                 RankEnv { rank, world_size, local_rank: rank, local_world_size: world_size, dir: dir.into(), token }
             }
             None => RankEnv::from_env().map_err(err)?.ok_or_else(|| {
                 TparError::new_err("no rank environment: set TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK and WORLD_SIZE, or pass rendezvous=, token=, rank=, world_size=")
             })?,
         };
+        check_args(env.rank, env.world_size, timeout, chunk_bytes)?;
         if rank.is_some_and(|r| r != env.rank) || world_size.is_some_and(|w| w != env.world_size) {
             return Err(TparError::new_err(format!(
-                "rank/world_size ({rank:?}/{world_size:?}) disagree with the environment ({}/{})",
+                "rank=/world_size= ({rank:?}/{world_size:?}) disagree with the environment ({}/{})",
                 env.rank, env.world_size
             )));
         }
@@ -132,20 +214,86 @@ impl Comm {
             ..CudaConfig::default()
         };
         // Waiting for peers can take a while: let other Python threads run.
-        let (cpu, cuda) = py
+        let (mut cpu, cuda) = py
             .detach(|| {
-                let rdv = Rendezvous::join(env)?;
+                let job = Rendezvous::join(env)?;
+                let rdv = match &members {
+                    Some(m) => job.subgroup(m)?,
+                    None => job,
+                };
                 let cpu = CpuCommunicator::new(&rdv, config)?;
                 let cuda = device
-                    .map(|d| Communicator::join(&rdv, d, cuda_config))
+                    // SAFETY: a borrowed communicator's address comes from the Python caller,
+                    // who promises (documented on `nccl=`) it is live and outlives this one.
+                    .map(|d| unsafe { Communicator::join_with(&rdv, d, cuda_config, nccl) })
                     .transpose()?;
                 Ok((cpu, cuda))
             })
             .map_err(err)?;
+        let interrupted: Arc<Mutex<Option<PyErr>>> = Arc::default();
+        let seen = interrupted.clone();
+        // Asked every ~50 ms while a call waits for peers (without the GIL): runs Python's
+        // signal handlers, so Ctrl-C raises KeyboardInterrupt within a fraction of a second.
+        cpu.set_interrupt(Some(Arc::new(move || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    *seen.lock().expect("interrupt slot") = Some(e);
+                    true
+                }
+            })
+        })));
         Ok(Comm {
             cpu: Some(cpu),
             cuda,
             device,
+            interrupted,
+        })
+    }
+
+    /// The exception a signal handler raised during a wait, if that is why `e` happened.
+    fn interrupted_or(slot: &Mutex<Option<PyErr>>, e: tpar::Error) -> PyErr {
+        let raised = slot.lock().expect("interrupt slot").take();
+        match (raised, &e) {
+            (Some(py_err), tpar::Error::Interrupted { .. }) => py_err,
+            _ => err(e),
+        }
+    }
+}
+
+#[pymethods]
+impl Comm {
+    /// Joins the job: `rank`/`world_size`/`rendezvous`/`token` as given, or, where `rendezvous`
+    /// is None, from the environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
+    /// With `device` (a CUDA ordinal) the rank also gets tpar's CUDA communicator on it.
+    #[new]
+    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072, device=None, members=None, nccl=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        rank: Option<usize>,
+        world_size: Option<usize>,
+        rendezvous: Option<String>,
+        token: Option<String>,
+        timeout: f64,
+        chunk_bytes: usize,
+        device: Option<usize>,
+        members: Option<Vec<usize>>,
+        nccl: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Comm> {
+        guard("Communicator()", || {
+            Self::create(
+                py,
+                rank,
+                world_size,
+                rendezvous,
+                token,
+                timeout,
+                chunk_bytes,
+                device,
+                members,
+                nccl,
+            )
         })
     }
 
@@ -180,11 +328,19 @@ impl Comm {
         }
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
+        let bytes = count
+            .checked_mul(dtype.size())
+            .ok_or_else(|| TparError::new_err(format!("count={count} elements is too many")))?;
         let choice = match algorithm {
-            None => comm.plan(dtype, (count * dtype.size()) as u64, capturing),
+            None => comm.plan(dtype, bytes as u64, capturing),
             Some(name) => forced(comm, name),
         }
         .map_err(err)?;
+        if let Some(why) = comm.refusal(&choice) {
+            return Err(TparError::new_err(format!(
+                "this call is planned for {why}"
+            )));
+        }
         // SAFETY: the tpar package passes live, contiguous CUDA tensors of `count` elements of
         // `dtype` on this communicator's device and the stream torch orders them on; torch's
         // caching allocator keeps their memory until work queued on that stream has run.
@@ -204,17 +360,38 @@ impl Comm {
 
     /// Returns once every rank has called it (through the CPU backend).
     fn barrier(&mut self, py: Python<'_>) -> PyResult<()> {
+        let slot = self.interrupted.clone();
         let comm = self.comm()?;
         let mut word = [0u8; 4];
         py.detach(|| comm.all_reduce_bytes(DType::F32, None, &mut word, Algorithm::OneShot))
-            .map_err(err)
+            .map_err(|e| Self::interrupted_or(&slot, e))
     }
 
     /// `(choice, reason)`: what a CUDA call of `bytes` of `dtype` runs and why.
     fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
         let dtype: DType = dtype.parse().map_err(err)?;
-        let plan = self.cuda()?.plan(dtype, bytes, capturing).map_err(err)?;
-        Ok((plan.choice.name().to_owned(), plan.reason))
+        let comm = self.cuda()?;
+        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let reason = match comm.refusal(&plan) {
+            Some(_) => format!("{}; REFUSED here: this communicator has nccl=\"none\", so all_reduce raises for this call and should_use() says False: keep it on your own NCCL", plan.reason),
+            None => plan.reason,
+        };
+        Ok((plan.choice.name().to_owned(), reason))
+    }
+
+    /// Why a CUDA call of `bytes` of `dtype` would be refused before launch (planned for NCCL
+    /// with nccl="none"), or None when it runs.
+    fn refusal(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<Option<String>> {
+        let dtype: DType = dtype.parse().map_err(err)?;
+        let comm = self.cuda()?;
+        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        Ok(comm.refusal(&plan))
+    }
+
+    /// How many NCCL communicators tpar created itself for this communicator (0 or 1).
+    #[getter]
+    fn own_nccl_created(&self) -> usize {
+        self.cuda.as_ref().map_or(0, Communicator::own_nccl_created)
     }
 
     /// What creating the CUDA communicator found that its user should hear about (paths the
@@ -255,10 +432,14 @@ impl Comm {
     ) -> PyResult<()> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let algorithm: Algorithm = algorithm.parse().map_err(err)?;
-        let bytes = count * dtype.size();
+        let bytes = count
+            .checked_mul(dtype.size())
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| TparError::new_err(format!("count={count} elements is too many")))?;
         if output == 0 || input == Some(0) {
             return Err(TparError::new_err("a null buffer address"));
         }
+        let slot = self.interrupted.clone();
         let comm = self.comm()?;
         // SAFETY: the tpar package passes the addresses of live, C-contiguous arrays of
         // `count` elements of `dtype` that it keeps referenced for the duration of the call.
@@ -269,8 +450,10 @@ impl Comm {
             )
         };
         // The wait for peers happens without the GIL: other ranks may be threads of this process.
-        py.detach(|| comm.all_reduce_bytes(dtype, input, output, algorithm))
-            .map_err(err)
+        guard("all_reduce", || {
+            py.detach(|| comm.all_reduce_bytes(dtype, input, output, algorithm))
+                .map_err(|e| Self::interrupted_or(&slot, e))
+        })
     }
 
     /// Bytes this rank allocated, by kind, summed over its backends, with each backend's
@@ -278,12 +461,7 @@ impl Comm {
     fn memory_footprint<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let cpu = self.comm()?.memory_footprint();
         let cuda = self.cuda.as_ref().map(Communicator::memory_footprint);
-        let sum = cuda.map_or(cpu, |g| MemoryFootprint {
-            device_bytes: cpu.device_bytes + g.device_bytes,
-            pinned_host_bytes: cpu.pinned_host_bytes + g.pinned_host_bytes,
-            shared_host_bytes: cpu.shared_host_bytes + g.shared_host_bytes,
-            peer_mapped_bytes: cpu.peer_mapped_bytes + g.peer_mapped_bytes,
-        });
+        let sum = cuda.map_or(cpu, |g| cpu + g);
         let d = footprint_dict(py, &sum)?;
         d.set_item("cpu", footprint_dict(py, &cpu)?)?;
         if let Some(g) = cuda {

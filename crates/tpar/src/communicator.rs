@@ -3,13 +3,14 @@
 //! built-in rules) and the call goes there. This is what an engine holds per rank.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUstream;
 
 use crate::algorithm::Algorithm;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::stream_order::StreamOrder;
 use crate::backend::cuda::{CudaCommunicator, CudaConfig};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::check::{fill_expected, fill_input, first_mismatch};
@@ -37,11 +38,78 @@ pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
         .transpose()
 }
 
+/// Which NCCL communicator serves the calls the dispatcher gives to NCCL (large messages,
+/// anything tpar's kernels do not cover).
+///
+/// Defaults: the Rust [`Communicator::join`] (the `tpar` tool, benchmarks) uses [`NcclMode::Own`];
+/// the Python package, which engines call, defaults to [`NcclMode::None`], because an engine
+/// already holds NCCL communicators for its groups and a second one costs about 0.5 GiB per
+/// GPU per group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclMode {
+    /// tpar creates its own NCCL communicator, lazily at the first call planned for NCCL
+    /// (logged; every rank reaches it at the same call), and counts it in the footprint.
+    Own,
+    /// tpar's kernels only: a call the dispatcher would give to NCCL is refused with an error,
+    /// and [`Communicator::plan`] says so beforehand.
+    None,
+    /// An existing `ncclComm_t` of the same ranks (see [`NcclCommunicator::borrow`]): the
+    /// fallback costs no memory. tpar never destroys it.
+    Borrowed(BorrowedNccl),
+}
+
+/// A raw `ncclComm_t` lent to tpar by its owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BorrowedNccl(pub *mut std::ffi::c_void);
+
+// SAFETY: a plain handle; the safety contract is on `Communicator::join_with`.
+unsafe impl Send for BorrowedNccl {}
+// SAFETY: as above; tpar only reads the handle.
+unsafe impl Sync for BorrowedNccl {}
+
+impl std::str::FromStr for NcclMode {
+    type Err = Error;
+
+    /// `own` or `none` (a borrowed communicator is given as a handle, not a name).
+    fn from_str(s: &str) -> Result<NcclMode> {
+        match s {
+            "own" => Ok(NcclMode::Own),
+            "none" => Ok(NcclMode::None),
+            other => Err(Error::InvalidArgument(format!(
+                "nccl={other:?}: use \"own\" (tpar creates its own NCCL communicator when a call needs it), \"none\" (tpar's kernels only) or an existing NCCL communicator to borrow"
+            ))),
+        }
+    }
+}
+
+/// Where this communicator's NCCL stands.
+enum NcclSlot {
+    /// Created (own or borrowed): in `Communicator::nccl_ready`.
+    Ready,
+    /// `own`: created at the first call planned for NCCL, through this rendezvous.
+    Lazy {
+        rendezvous: Rendezvous,
+        instance: String,
+        timeout: std::time::Duration,
+    },
+    /// `none`: refused by the user's choice.
+    Refused,
+    /// Cannot exist here (no library, ranks sharing a GPU): never planned.
+    Unavailable(String),
+}
+
+/// The sentence a refused NCCL call (nccl=none) gets.
+const NCCL_NONE: &str = "this communicator was created with nccl=none (tpar's kernels only), so it refuses calls planned for NCCL: keep such calls on your own NCCL (should_use() says False for them), or create the communicator with nccl=\"own\" or with your NCCL communicator to borrow";
+
 /// One rank's allreduce: tpar's CUDA communicator, NCCL for the same ranks where it could be
 /// created, and the dispatcher between them.
 pub struct Communicator {
     cuda: CudaCommunicator,
-    nccl: std::result::Result<NcclCommunicator, String>,
+    nccl: Mutex<NcclSlot>,
+    /// The NCCL communicator once created (or borrowed), for `&self` calls without the lock.
+    nccl_ready: OnceLock<NcclCommunicator>,
+    /// Drop in free device memory measured around creating our own NCCL communicator.
+    nccl_bytes: std::sync::atomic::AtomicU64,
     /// The machine, as the dispatcher sees it (no NCCL when this group has none).
     topology: Topology,
     forced: Option<Choice>,
@@ -49,6 +117,8 @@ pub struct Communicator {
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
     probe: Probe,
+    /// Orders calls issued from several streams as they were issued on the host.
+    order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
     plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
@@ -67,10 +137,27 @@ impl Communicator {
     pub fn new(
         cuda: CudaCommunicator,
         nccl: std::result::Result<NcclCommunicator, String>,
+        topology: Topology,
+    ) -> Result<Communicator> {
+        let ready = OnceLock::new();
+        let slot = match nccl {
+            Ok(n) => {
+                let _ = ready.set(n);
+                NcclSlot::Ready
+            }
+            Err(why) => NcclSlot::Unavailable(why),
+        };
+        Self::with_slot(cuda, slot, ready, topology)
+    }
+
+    fn with_slot(
+        cuda: CudaCommunicator,
+        slot: NcclSlot,
+        nccl_ready: OnceLock<NcclCommunicator>,
         mut topology: Topology,
     ) -> Result<Communicator> {
         let forced = forced_choice(std::env::var(ENV_ALGO).ok().as_deref())?;
-        if nccl.is_err() {
+        if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
         let mut probe = LinkProbe::load(&LinkProbe::path(&topology))
@@ -87,9 +174,13 @@ impl Communicator {
             .into_iter()
             .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
             .collect();
+        let order = StreamOrder::new(cuda.context())?;
         Ok(Communicator {
+            order,
             cuda,
-            nccl,
+            nccl: Mutex::new(slot),
+            nccl_ready,
+            nccl_bytes: Default::default(),
             topology,
             forced,
             tuning,
@@ -99,31 +190,62 @@ impl Communicator {
         })
     }
 
-    /// This process's rank of the job behind `rendezvous`, on GPU `device`: tpar's CUDA
-    /// communicator and, where NCCL loads and every rank has a GPU of its own, an NCCL
-    /// communicator for the same ranks (otherwise the reason, and NCCL is never planned).
-    /// Every rank of the job must call this together.
+    /// This process's rank of the job behind `rendezvous`, on GPU `device`, with its own NCCL
+    /// communicator created when a call first needs it ([`NcclMode::Own`]; see
+    /// [`Communicator::join_with`]). Every rank of the job must call this together.
     pub fn join(
         rendezvous: &Rendezvous,
         device: usize,
         config: CudaConfig,
     ) -> Result<Communicator> {
+        // SAFETY: no borrowed communicator.
+        unsafe { Self::join_with(rendezvous, device, config, NcclMode::Own) }
+    }
+
+    /// This process's rank of the group behind `rendezvous` (the job, or a subgroup from
+    /// [`Rendezvous::subgroup`]), on GPU `device`: tpar's CUDA communicator and, as `nccl`
+    /// says, NCCL behind the same call. Every rank of the group must call this together, and
+    /// create its communicators in the same order.
+    ///
+    /// # Safety
+    /// With [`NcclMode::Borrowed`], as for [`NcclCommunicator::borrow`]; otherwise none.
+    pub unsafe fn join_with(
+        rendezvous: &Rendezvous,
+        device: usize,
+        config: CudaConfig,
+        nccl: NcclMode,
+    ) -> Result<Communicator> {
         let gpus = crate::backend::cuda::probe()?;
         let cuda = CudaCommunicator::new(rendezvous, device, config)?;
-        // Every rank decides the same way (same machine, same library), so either all join
-        // NCCL's initialisation or none does.
-        let nccl = match Nccl::load() {
-            Err(e) => Err(e.to_string()),
-            Ok(_) if rendezvous.world_size() > gpus => Err(format!(
-                "NCCL needs one GPU per rank: {} ranks on {gpus} GPU(s)",
-                rendezvous.world_size()
-            )),
-            Ok(_) => {
+        let ready = OnceLock::new();
+        // Every rank decides the same way (same machine, same library, same mode), so either
+        // all take part in NCCL's initialisation at the same call or none does.
+        let slot = match nccl {
+            NcclMode::None => NcclSlot::Refused,
+            NcclMode::Borrowed(BorrowedNccl(comm)) => {
                 crate::backend::cuda::driver::bind(cuda.context())?;
-                Ok(NcclCommunicator::new(rendezvous, config.timeout)?)
+                // SAFETY: the caller's promise.
+                let n = unsafe {
+                    NcclCommunicator::borrow(comm, rendezvous.rank(), rendezvous.world_size())?
+                };
+                let _ = ready.set(n);
+                NcclSlot::Ready
             }
+            NcclMode::Own => match Nccl::load() {
+                Err(e) => NcclSlot::Unavailable(e.to_string()),
+                Ok(_) if rendezvous.world_size() > gpus => NcclSlot::Unavailable(format!(
+                    "NCCL needs one GPU per rank: {} ranks on {gpus} GPU(s)",
+                    rendezvous.world_size()
+                )),
+                Ok(_) => NcclSlot::Lazy {
+                    rendezvous: rendezvous.clone(),
+                    instance: rendezvous.next_instance(),
+                    timeout: config.timeout,
+                },
+            },
         };
-        let mut comm = Communicator::new(cuda, nccl, Topology::detect_or_unknown(gpus))?;
+        let gpus_seen = Topology::detect_or_unknown(gpus);
+        let mut comm = Communicator::with_slot(cuda, slot, ready, gpus_seen)?;
         let sharing = comm.cuda.time_sliced_with();
         if !sharing.is_empty() {
             let warning = format!(
@@ -140,6 +262,87 @@ impl Communicator {
         Ok(comm)
     }
 
+    /// The NCCL communicator behind this one: created now if `nccl=own` left it for the first
+    /// call that needs it (collective: every rank must reach this at the same call, as they
+    /// do when the dispatcher plans NCCL for a call), or why there is none.
+    pub fn nccl(&self) -> std::result::Result<&NcclCommunicator, String> {
+        if let Some(n) = self.nccl_ready.get() {
+            return Ok(n);
+        }
+        let mut slot = self.nccl.lock().expect("nccl slot");
+        match &*slot {
+            NcclSlot::Ready => {}
+            NcclSlot::Refused => return Err(NCCL_NONE.to_owned()),
+            NcclSlot::Unavailable(why) => return Err(why.clone()),
+            NcclSlot::Lazy {
+                rendezvous,
+                instance,
+                timeout,
+            } => {
+                let created = self.create_own_nccl(rendezvous, instance, *timeout);
+                match created {
+                    Ok(n) => {
+                        let _ = self.nccl_ready.set(n);
+                        *slot = NcclSlot::Ready;
+                    }
+                    Err(e) => {
+                        let why = format!("creating tpar's own NCCL communicator failed: {e}");
+                        *slot = NcclSlot::Unavailable(why.clone());
+                        return Err(why);
+                    }
+                }
+            }
+        }
+        self.nccl_ready
+            .get()
+            .ok_or_else(|| "NCCL communicator missing".to_owned())
+    }
+
+    /// Creates tpar's own NCCL communicator (nccl=own), measuring the free device memory it
+    /// takes with nothing else of tpar's allocating meanwhile.
+    fn create_own_nccl(
+        &self,
+        rendezvous: &Rendezvous,
+        instance: &str,
+        timeout: std::time::Duration,
+    ) -> Result<NcclCommunicator> {
+        let ctx = self.cuda.context();
+        crate::backend::cuda::driver::bind(ctx)?;
+        let before = crate::backend::cuda::free_device_memory(ctx);
+        let started = std::time::Instant::now();
+        let nccl = NcclCommunicator::new_named(rendezvous, instance, timeout)?;
+        let after = crate::backend::cuda::free_device_memory(ctx);
+        let taken = match (before, after) {
+            (Some(b), Some(a)) => b.saturating_sub(a),
+            _ => 0,
+        };
+        self.nccl_bytes
+            .store(taken, std::sync::atomic::Ordering::Relaxed);
+        log::info!(
+            "rank {}: created tpar's own NCCL communicator ({} ranks) for the first call planned for NCCL, in {:.2?}; it took {} of device memory (nccl=own; pass nccl=none or borrow an existing NCCL communicator to avoid it)",
+            self.cuda.rank(),
+            self.cuda.world_size(),
+            started.elapsed(),
+            crate::memory::human_bytes(taken)
+        );
+        Ok(nccl)
+    }
+
+    /// Creates tpar's own NCCL communicator now (nccl=own) instead of at the first call that
+    /// needs it, e.g. before CUDA-graph capture; collective. An error says why there is none.
+    pub fn ensure_nccl(&self) -> Result<()> {
+        self.nccl().map(|_| ()).map_err(Error::Unsupported)
+    }
+
+    /// How many NCCL communicators tpar created itself for this communicator (0 or 1).
+    pub fn own_nccl_created(&self) -> usize {
+        usize::from(
+            self.nccl_ready
+                .get()
+                .is_some_and(NcclCommunicator::is_owned),
+        )
+    }
+
     /// The numerical self-test of `join`: every tpar algorithm this group can run reduces
     /// known values (one chunk and several) and every element is checked on every rank, which
     /// also exercises the real IPC writes and reads between the processes. A path with a
@@ -151,9 +354,60 @@ impl Communicator {
         rendezvous: &Rendezvous,
         timeout: std::time::Duration,
     ) -> Result<()> {
+        // A group over the same GPUs with the same settings already passed (or failed) the
+        // test in this process: reuse its findings when every rank has them, so that an
+        // engine's many groups pay for the test once.
+        let instance = rendezvous.next_instance();
+        let cache_key = self.cuda.group_key().to_owned();
+        let cached = selftest_cache()
+            .lock()
+            .expect("self-test cache")
+            .get(&cache_key)
+            .cloned();
+        let cache_round = format!("selftest-{instance}-cached");
+        rendezvous.publish(&cache_round, &cached.is_some())?;
+        let everyone_cached = rendezvous
+            .gather::<bool>(&cache_round, timeout)?
+            .into_iter()
+            .all(|c| c);
+        let vetoed = match cached.filter(|_| everyone_cached) {
+            Some(vetoed) => {
+                log::info!(
+                    "init self-test on rank {}: reused this process's result for the same GPUs and settings",
+                    self.cuda.rank()
+                );
+                vetoed
+            }
+            None => {
+                let vetoed = self.run_selftest(rendezvous, &instance, timeout)?;
+                selftest_cache()
+                    .lock()
+                    .expect("self-test cache")
+                    .insert(cache_key, vetoed.clone());
+                vetoed
+            }
+        };
+        for (choice, why) in vetoed {
+            let warning = format!("{choice} failed the init self-test and will not be used: {why}");
+            log::warn!("{warning}");
+            self.warnings.push(warning);
+            self.probe.failed.push((choice, why));
+        }
+        self.plans.lock().expect("plan cache").clear();
+        Ok(())
+    }
+
+    /// The self-test itself; returns the paths that failed on any rank.
+    fn run_selftest(
+        &mut self,
+        rendezvous: &Rendezvous,
+        instance: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<(Choice, String)>> {
         let dtype = DType::Bf16;
         let counts = [4099usize, 140_001];
         let rank = self.cuda.rank();
+
         let ctx = self.cuda.context().clone();
         let stream = ctx
             .new_stream()
@@ -211,7 +465,7 @@ impl Communicator {
                 }
             }
         }
-        let key = format!("selftest-g{}", rendezvous.next_generation());
+        let key = format!("selftest-{instance}");
         rendezvous.publish(&key, &failures)?;
         let everyone: Vec<Vec<(String, String)>> = rendezvous.gather(&key, timeout)?;
         let vetoed = merge_findings(everyone)?;
@@ -222,14 +476,7 @@ impl Communicator {
                 counts.map(|c| c.to_string()).join(" and ")
             );
         }
-        for (choice, why) in vetoed {
-            let warning = format!("{choice} failed the init self-test and will not be used: {why}");
-            log::warn!("{warning}");
-            self.warnings.push(warning);
-            self.probe.failed.push((choice, why));
-        }
-        self.plans.lock().expect("plan cache").clear();
-        Ok(())
+        Ok(vetoed)
     }
 
     /// What creating this group found that its user should hear about, one sentence each
@@ -240,10 +487,6 @@ impl Communicator {
 
     pub fn cuda(&self) -> &CudaCommunicator {
         &self.cuda
-    }
-
-    pub fn nccl(&self) -> std::result::Result<&NcclCommunicator, &str> {
-        self.nccl.as_ref().map_err(String::as_str)
     }
 
     pub fn topology(&self) -> &Topology {
@@ -266,6 +509,10 @@ impl Communicator {
     }
 
     fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+        let slot_why = match &*self.nccl.lock().expect("nccl slot") {
+            NcclSlot::Unavailable(why) => Some(why.clone()),
+            _ => None,
+        };
         plan(&Request {
             topology: &self.topology,
             probe: Some(&self.probe),
@@ -276,14 +523,28 @@ impl Communicator {
             capturing,
             forced: self.forced,
         })
-        .map_err(|e| match (&self.nccl, self.forced) {
+        .map_err(|e| match (slot_why, self.forced) {
             // Say why this group has no NCCL, not only that the machine "has none".
-            (Err(why), Some(Choice::Nccl)) => match e {
+            (Some(why), Some(Choice::Nccl)) => match e {
                 Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
                 other => other,
             },
             _ => e,
         })
+    }
+
+    /// Why a call with this plan would be refused before launch (NCCL planned on a
+    /// communicator created with nccl=none), or None when it runs.
+    pub fn refusal(&self, plan: &Plan) -> Option<String> {
+        (plan.choice == Choice::Nccl
+            && matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Refused))
+        .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
+    }
+
+    /// Whether tpar's own NCCL communicator is still to be created by the first call planned
+    /// for NCCL (which cannot happen inside CUDA-graph capture).
+    pub fn nccl_pending(&self) -> bool {
+        matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Lazy { .. })
     }
 
     /// Plans and queues `output[i] = sum over ranks of input[i]` on `stream` (`input: None`:
@@ -302,6 +563,11 @@ impl Communicator {
         capturing: bool,
     ) -> Result<Plan> {
         let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
         // SAFETY: the caller's promise, passed on.
         unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
         Ok(plan)
@@ -320,19 +586,26 @@ impl Communicator {
         count: usize,
         stream: CUstream,
     ) -> Result<()> {
-        match choice {
-            // SAFETY: the caller's promise, passed on.
-            Choice::Tpar(algorithm) => unsafe {
-                self.cuda
-                    .all_reduce_raw(dtype, input, output, count, algorithm, stream)
-            },
-            Choice::Nccl => {
-                let nccl = self
-                    .nccl
-                    .as_ref()
-                    .map_err(|why| Error::Unsupported(why.clone()))?;
-                // SAFETY: as above.
-                unsafe {
+        if choice == Choice::Nccl {
+            // SAFETY: the caller's promise: `stream` is live on this rank's context.
+            if self.nccl_pending() && unsafe { crate::backend::cuda::is_capturing(stream) } {
+                return Err(Error::Unsupported(
+                    "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
+                ));
+            }
+            // Created (collectively) before the ordered section, which must not block.
+            self.nccl().map_err(Error::Unsupported)?;
+        }
+        // SAFETY: the caller's promise: `stream` is live on this rank's context.
+        unsafe {
+            self.order.ordered(stream, || match choice {
+                // SAFETY: the caller's promise, passed on.
+                Choice::Tpar(algorithm) => self
+                    .cuda
+                    .all_reduce_raw(dtype, input, output, count, algorithm, stream),
+                Choice::Nccl => {
+                    let nccl = self.nccl().map_err(Error::Unsupported)?;
+                    // SAFETY: as above.
                     nccl.all_reduce_raw(
                         dtype,
                         input,
@@ -341,23 +614,58 @@ impl Communicator {
                         stream as *mut std::ffi::c_void,
                     )
                 }
-            }
+            })
         }
     }
 
     /// Errors the kernels or NCCL reported since the last check.
     pub fn check(&self) -> Result<()> {
         self.cuda.check()?;
-        if let Ok(nccl) = &self.nccl {
+        if let Some(nccl) = self.nccl_ready.get() {
             nccl.check()?;
         }
         Ok(())
     }
 
-    /// What tpar allocated for this rank (NCCL's own buffers are NCCL's and not counted here).
+    /// Everything creating and using this communicator took on this rank, by part: tpar's
+    /// buffers, its kernels' modules (shared by the process's communicators on this GPU) and
+    /// the NCCL communicator tpar created itself (nccl=own, once created; measured).
     pub fn memory_footprint(&self) -> MemoryFootprint {
-        self.cuda.memory_footprint()
+        let mut m = self.cuda.memory_footprint();
+        if self.own_nccl_created() == 1 {
+            m.nccl_bytes = self.nccl_bytes.load(std::sync::atomic::Ordering::Relaxed);
+            m.device_bytes += m.nccl_bytes;
+        }
+        m
     }
+}
+
+/// Init self-test findings per group key (GPUs in rank order and settings) in this process.
+type Findings = Vec<(Choice, String)>;
+
+fn selftest_cache() -> &'static Mutex<HashMap<String, Findings>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Findings>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// What a rank of a `world_size` group will take, by part, before anything is allocated (for
+/// `tpar plan memory`, `tpar doctor` and an engine's KV-cache budget): tpar's buffers from
+/// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
+/// settings (`nccl_estimated` is then true). The kernels' modules (tens of MiB, measured when
+/// loaded) are not known before they load and are left out of the plan.
+pub fn planned_footprint(
+    world_size: usize,
+    config: &CudaConfig,
+    nccl: NcclMode,
+) -> MemoryFootprint {
+    let mut m = CudaCommunicator::planned_footprint(world_size, config);
+    if nccl == NcclMode::Own {
+        m.nccl_bytes =
+            crate::backend::nccl::estimated_footprint(world_size, |k| std::env::var(k).ok());
+        m.nccl_estimated = true;
+        m.device_bytes += m.nccl_bytes;
+    }
+    m
 }
 
 /// Every rank's self-test findings (algorithm name, why) as one list of failed paths, each once
@@ -409,6 +717,25 @@ mod tests {
             ]
         );
         assert!(merge_findings(vec![rank(&[("ring", "?")])]).is_err());
+    }
+
+    #[test]
+    fn nccl_modes_parse_and_unknown_names_say_the_choices() {
+        assert_eq!("own".parse::<NcclMode>().unwrap(), NcclMode::Own);
+        assert_eq!("none".parse::<NcclMode>().unwrap(), NcclMode::None);
+        let err = "mine".parse::<NcclMode>().unwrap_err().to_string();
+        assert!(err.contains("\"own\"") && err.contains("\"none\""), "{err}");
+    }
+
+    #[test]
+    fn the_planned_footprint_shows_its_nccl_part_as_an_estimate() {
+        let config = CudaConfig::default();
+        let none = planned_footprint(8, &config, NcclMode::None);
+        let own = planned_footprint(8, &config, NcclMode::Own);
+        assert_eq!((none.nccl_bytes, none.nccl_estimated), (0, false));
+        assert!(own.nccl_estimated && own.nccl_bytes > 400 << 20, "{own:?}");
+        assert_eq!(own.device_bytes, none.device_bytes + own.nccl_bytes);
+        assert_eq!(none.device_bytes, none.device_buffer_bytes);
     }
 
     #[test]

@@ -30,6 +30,10 @@ pub enum Error {
         also: String,
     },
 
+    /// The caller interrupted a wait (Ctrl-C); the ranks' epochs may no longer agree.
+    #[error("interrupted while waiting for rank {peer} ({phase}); this communicator is unusable now: create a new one on every rank")]
+    Interrupted { peer: usize, phase: String },
+
     /// Ranks called the same collective with different arguments.
     #[error("mismatched allreduce call #{seq}: this rank (rank {rank}) passed {mine}, rank {peer} passed {theirs}; every rank must pass the same element count, dtype and algorithm")]
     CallMismatch {

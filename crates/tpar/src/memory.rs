@@ -12,6 +12,41 @@ pub struct MemoryFootprint {
     pub shared_host_bytes: u64,
     /// Peers' memory mapped into this rank: address space, not new memory.
     pub peer_mapped_bytes: u64,
+    /// The parts of `device_bytes`: tpar's own buffers (inboxes, state)...
+    #[serde(default)]
+    pub device_buffer_bytes: u64,
+    /// ...the drop in free device memory measured around loading tpar's kernels into this
+    /// GPU's context (modules, their local memory), shared by every communicator of this
+    /// process on that GPU (count it once when adding communicators up)...
+    #[serde(default)]
+    pub module_bytes: u64,
+    /// ...and the NCCL communicator tpar created itself (`nccl=own`), measured as the drop in
+    /// free device memory around its initialisation; 0 with `none`, borrowed, or before the
+    /// first call planned for NCCL created it.
+    #[serde(default)]
+    pub nccl_bytes: u64,
+    /// True where `nccl_bytes` is an estimate from NCCL's settings (a plan made before
+    /// anything was allocated), not a measurement.
+    #[serde(default)]
+    pub nccl_estimated: bool,
+}
+
+impl std::ops::Add for MemoryFootprint {
+    type Output = MemoryFootprint;
+
+    /// Two footprints together (the parts add; an estimate in either makes an estimate).
+    fn add(self, o: MemoryFootprint) -> MemoryFootprint {
+        MemoryFootprint {
+            device_bytes: self.device_bytes + o.device_bytes,
+            pinned_host_bytes: self.pinned_host_bytes + o.pinned_host_bytes,
+            shared_host_bytes: self.shared_host_bytes + o.shared_host_bytes,
+            peer_mapped_bytes: self.peer_mapped_bytes + o.peer_mapped_bytes,
+            device_buffer_bytes: self.device_buffer_bytes + o.device_buffer_bytes,
+            module_bytes: self.module_bytes + o.module_bytes,
+            nccl_bytes: self.nccl_bytes + o.nccl_bytes,
+            nccl_estimated: self.nccl_estimated || o.nccl_estimated,
+        }
+    }
 }
 
 impl MemoryFootprint {
@@ -59,6 +94,7 @@ mod tests {
             pinned_host_bytes: 2,
             shared_host_bytes: 4,
             peer_mapped_bytes: 100,
+            ..MemoryFootprint::default()
         };
         assert_eq!(m.allocated_bytes(), 7);
     }

@@ -9,11 +9,12 @@
 //!   `[A-Za-z0-9_-]`; e.g. `openssl rand -hex 16`);
 //! - `RANK`, `WORLD_SIZE`, and optionally `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names).
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -182,20 +183,101 @@ struct Record<T> {
     value: T,
 }
 
-/// A rank's handle on the job's rendezvous directory.
-#[derive(Debug)]
+/// A rank's handle on the job's rendezvous directory, or on a subgroup of the job's ranks
+/// (see [`Rendezvous::subgroup`]).
+#[derive(Clone, Debug)]
 pub struct Rendezvous {
+    /// This rank as the group sees it: for a subgroup, its index among the members and the
+    /// number of members.
     env: RankEnv,
-    generation: AtomicU32,
+    /// Prefix of every record and shared-memory name of this group: empty for the whole job,
+    /// `m<hash of the members>-` for a subgroup, so groups never read each other's records.
+    namespace: String,
+    /// The job's ranks in this group, in group-rank order (0..world for the whole job).
+    members: Vec<usize>,
+}
+
+/// Communicators created so far per (directory, token, group namespace, rank) in this process.
+/// Every rank creates its communicators in the same order, so the n-th one has the same number
+/// on every rank; keeping the count per process (not per `Rendezvous` value) is what lets a
+/// process open several communicators over one rank environment, close and re-create them.
+/// (directory, token, group namespace, rank): one rank of one group of one job.
+type GroupRank = (PathBuf, String, String, usize);
+
+fn creation_counter() -> &'static Mutex<HashMap<GroupRank, u32>> {
+    static COUNTERS: OnceLock<Mutex<HashMap<GroupRank, u32>>> = OnceLock::new();
+    COUNTERS.get_or_init(Default::default)
+}
+
+/// FNV-1a of the member list: a short, stable name for a subgroup.
+fn members_hash(members: &[usize]) -> u64 {
+    members
+        .iter()
+        .flat_map(|m| (*m as u64).to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 impl Rendezvous {
     pub fn join(env: RankEnv) -> Result<Rendezvous> {
         check_token(&env.token)?;
         ensure_private_dir(&env.dir)?;
+        let members = (0..env.world_size).collect();
         Ok(Rendezvous {
             env,
-            generation: AtomicU32::new(0),
+            namespace: String::new(),
+            members,
+        })
+    }
+
+    /// The group of the job's ranks `members` (job ranks, each once, this rank among them),
+    /// with this rank renumbered as its index in `members`. Every member must name the same
+    /// list in the same order. Groups with different members never see each other's records
+    /// or shared memory, so a process may hold communicators of several groups at once.
+    pub fn subgroup(&self, members: &[usize]) -> Result<Rendezvous> {
+        let job_rank = self.members[self.env.rank];
+        let mut seen = std::collections::HashSet::new();
+        if members.is_empty() {
+            return Err(Error::InvalidArgument(
+                "members=[]: a group needs at least one rank".into(),
+            ));
+        }
+        if let Some(m) = members.iter().find(|m| !seen.insert(**m)) {
+            return Err(Error::InvalidArgument(format!(
+                "members={members:?} names rank {m} twice; name each rank once"
+            )));
+        }
+        if let Some(m) = members.iter().find(|m| !self.members.contains(m)) {
+            return Err(Error::InvalidArgument(format!(
+                "members={members:?} names rank {m}, which is not a rank of this job (ranks {:?})",
+                self.members
+            )));
+        }
+        let rank = members
+            .iter()
+            .position(|m| *m == job_rank)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "members={members:?} does not include this rank (rank {job_rank}); only members create the group's communicator"
+                ))
+            })?;
+        let whole = members.len() == self.members.len() && members == self.members.as_slice();
+        Ok(Rendezvous {
+            env: RankEnv {
+                rank,
+                world_size: members.len(),
+                local_rank: rank,
+                local_world_size: members.len(),
+                dir: self.env.dir.clone(),
+                token: self.env.token.clone(),
+            },
+            namespace: if whole {
+                self.namespace.clone()
+            } else {
+                format!("m{:016x}-", members_hash(members))
+            },
+            members: members.to_vec(),
         })
     }
 
@@ -215,14 +297,50 @@ impl Rendezvous {
         &self.env.token
     }
 
-    /// A number for the next communicator, the same on every rank as long as all ranks create
-    /// their communicators in the same order (as they must for collectives anyway).
-    pub(crate) fn next_generation(&self) -> u32 {
-        self.generation.fetch_add(1, Ordering::Relaxed)
+    /// The job's ranks in this group, in group-rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// A fresh name for the next communicator of this group in this process (`g<n>`), the same on every rank as long as all ranks create their
+    /// communicators in the same order (as they must for collectives anyway). Records and
+    /// shared-memory names of one communicator start with it, so they never collide with an
+    /// earlier, a closed or a concurrently open communicator of the same job.
+    pub(crate) fn next_instance(&self) -> String {
+        let key = (
+            self.env.dir.clone(),
+            self.env.token.clone(),
+            self.namespace.clone(),
+            self.env.rank,
+        );
+        let mut counters = creation_counter().lock().expect("creation counter");
+        let n = counters.entry(key).or_insert(0);
+        let instance = format!("g{n}");
+        *n += 1;
+        instance
+    }
+
+    /// The /dev/shm name of this rank's segment `what` of this group: the job token (so
+    /// another job's names never collide and a leftover is attributable) and the group's
+    /// namespace in front.
+    pub(crate) fn shm_name(&self, what: &str) -> String {
+        format!(
+            "/{}{}{what}",
+            crate::backend::cpu::segment_prefix(&self.env.token),
+            self.namespace
+        )
+    }
+
+    /// Removes this rank's record for `key` (once every rank has read it: after a later
+    /// barrier), so a long-lived job does not fill its directory.
+    pub fn retire(&self, key: &str) {
+        let _ = fs::remove_file(self.path(key, self.env.rank));
     }
 
     fn path(&self, key: &str, rank: usize) -> PathBuf {
-        self.env.dir.join(format!("{key}.{rank}.json"))
+        self.env
+            .dir
+            .join(format!("{}{key}.{rank}.json", self.namespace))
     }
 
     /// Publishes this rank's `value` under `key`, atomically (write, then rename).
@@ -235,7 +353,8 @@ impl Rendezvous {
         };
         let final_path = self.path(key, self.env.rank);
         let tmp = self.env.dir.join(format!(
-            ".{key}.{}.{}.tmp",
+            ".{}{key}.{}.{}.tmp",
+            self.namespace,
             self.env.rank,
             std::process::id()
         ));
@@ -334,9 +453,32 @@ impl Rendezvous {
     }
 
     /// Returns once every rank has reached the barrier named `key`.
+    ///
+    /// Records are never read after the barrier that follows them: once every rank has
+    /// reached this barrier, every rank has also passed this rank's previous one, so that
+    /// one's record is removed here (a long-lived job keeps one barrier record per rank and
+    /// group, not one per communicator it ever created).
     pub fn barrier(&self, key: &str, timeout: Duration) -> Result<()> {
         self.publish(key, &())?;
-        self.gather::<()>(key, timeout).map(|_| ())
+        self.gather::<()>(key, timeout)?;
+        static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
+        let previous = PREVIOUS
+            .get_or_init(Default::default)
+            .lock()
+            .expect("previous barrier")
+            .insert(
+                (
+                    self.env.dir.clone(),
+                    self.env.token.clone(),
+                    self.namespace.clone(),
+                    self.env.rank,
+                ),
+                key.to_owned(),
+            );
+        if let Some(previous) = previous.filter(|p| p != key) {
+            self.retire(&previous);
+        }
+        Ok(())
     }
 }
 

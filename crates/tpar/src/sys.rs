@@ -61,7 +61,11 @@ impl SharedSegment {
             };
             return Err(shm_error(name, "reserve memory for", err, &hint));
         }
-        segment.ptr = map(fd, len).map_err(|e| shm_error(name, "map", e, ""))?;
+        let mapped = map(fd, len);
+        // SAFETY: fd is open; the mapping (if any) stays valid after close. Keeping it open
+        // would leak one descriptor per communicator.
+        unsafe { libc::close(fd) };
+        segment.ptr = mapped.map_err(|e| shm_error(name, "map", e, ""))?;
         Ok(segment)
     }
 
@@ -164,6 +168,18 @@ fn map(fd: libc::c_int, len: usize) -> io::Result<*mut libc::c_void> {
         Err(io::Error::last_os_error())
     } else {
         Ok(ptr)
+    }
+}
+
+/// Blocks until this process holds an exclusive advisory lock (flock) on `file`; released when
+/// the file is closed.
+pub fn lock_exclusive(file: &std::fs::File) -> io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock on a descriptor `file` keeps open for the duration of the call.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -34,10 +34,15 @@ impl fmt::Display for Phase {
     }
 }
 
+/// Asked while a wait is slow: true stops the wait with [`Error::Interrupted`] (Ctrl-C
+/// reaching a Python caller, for one).
+pub type InterruptCheck = dyn Fn() -> bool + Send + Sync;
+
 /// The deadline and the peers' process ids (where this rank can see them).
 pub(crate) struct Watch<'a> {
     pub timeout: Duration,
     pub peer_pids: &'a [Option<u32>],
+    pub interrupted: Option<&'a InterruptCheck>,
 }
 
 impl Watch<'_> {
@@ -82,6 +87,12 @@ impl Watch<'_> {
                     last_check = now;
                     if let Some(err) = self.gone_peers(peer, phase) {
                         return Err(err);
+                    }
+                    if self.interrupted.is_some_and(|stop| stop()) {
+                        return Err(Error::Interrupted {
+                            peer,
+                            phase: phase.to_string(),
+                        });
                     }
                 }
             }
@@ -147,9 +158,25 @@ mod tests {
         let watch = Watch {
             timeout: Duration::from_secs(5),
             peer_pids: &[],
+            interrupted: None,
         };
         assert_eq!(watch.word(&line, tag, 1, PHASE).unwrap(), 99);
         writer.join().unwrap();
+    }
+
+    #[test]
+    fn an_interrupt_stops_the_wait_naming_the_peer() {
+        let line = AtomicU64::new(0);
+        let stop = || true;
+        let watch = Watch {
+            timeout: Duration::from_secs(30),
+            peer_pids: &[],
+            interrupted: Some(&stop),
+        };
+        let start = Instant::now();
+        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(1));
+        assert!(matches!(err, Error::Interrupted { peer: 1, .. }), "{err}");
     }
 
     #[test]
@@ -158,6 +185,7 @@ mod tests {
         let watch = Watch {
             timeout: Duration::from_millis(100),
             peer_pids: &[None, None, None],
+            interrupted: None,
         };
         let start = Instant::now();
         let err = watch.word(&line, Tag::for_epoch(7), 2, PHASE).unwrap_err();
@@ -179,6 +207,7 @@ mod tests {
         let watch = Watch {
             timeout: Duration::from_secs(30),
             peer_pids: &pids,
+            interrupted: None,
         };
         let start = Instant::now();
         let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
@@ -200,6 +229,7 @@ mod tests {
         let watch = Watch {
             timeout: Duration::from_secs(30),
             peer_pids: &pids,
+            interrupted: None,
         };
         // Waiting on rank 2 (alive): ranks 1 and 3 are gone, both named.
         let line = AtomicU64::new(0);

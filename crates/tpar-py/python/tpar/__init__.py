@@ -97,6 +97,58 @@ def _cuda_ordinal(device):
     raise TparError(f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device")
 
 
+def _integer(name, value, low=0, allow_none=True, high=1 << 31):
+    """``value`` as an int of at least ``low`` (None passes when allowed), or TparError naming
+    the argument."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if type(value).__module__.startswith("numpy") and hasattr(value, "item") and isinstance(value.item(), int):
+            value = value.item()
+        else:
+            raise TparError(f"{name}={value!r}: give an integer")
+    if value < low or value > high:
+        raise TparError(f"{name}={value}: give an integer from {low} to {high}")
+    return value
+
+
+def _seconds(name, value):
+    """``value`` as a positive, finite number of seconds, or TparError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TparError(f"{name}={value!r}: give a number of seconds")
+    value = float(value)
+    if not (value > 0 and value <= 365 * 86400):  # also refuses NaN
+        raise TparError(f"{name}={value}: give a number of seconds above 0 and at most a year")
+    return value
+
+
+def _nccl_choice(nccl):
+    """What ``nccl=`` names: "own", "none", an ncclComm_t address, or the communicator behind a
+    torch ProcessGroupNCCL (borrowed: tpar's NCCL calls then cost no memory)."""
+    if isinstance(nccl, str):
+        if nccl not in ("own", "none"):
+            raise TparError(f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)")
+        return nccl
+    if isinstance(nccl, int) and not isinstance(nccl, bool):
+        if nccl <= 0:
+            raise TparError(f"nccl={nccl}: an ncclComm_t address is a positive integer")
+        return nccl
+    if type(nccl).__module__.startswith("torch"):
+        import torch
+
+        try:
+            backend = nccl._get_backend(torch.device("cuda"))
+            address = backend._comm_ptr()
+        except Exception as e:  # noqa: BLE001 - any failure means the pointer is not reachable
+            raise TparError(
+                f"nccl=<{type(nccl).__name__}>: cannot reach its NCCL communicator ({e}); this torch does not "
+                "expose it: pass nccl='none' and keep NCCL-sized calls on the group, or an ncclComm_t address") from e
+        if not address:
+            raise TparError("nccl=<ProcessGroup>: its NCCL communicator is not created yet; run one collective on it first")
+        return int(address)
+    raise TparError(f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)")
+
+
 def _join_group(group, rank, world_size):
     """Rendezvous for the ranks of a torch.distributed group: rank 0 of the group makes a
     private directory and a job token and sends them over the group; tpar's own handles then
@@ -138,21 +190,56 @@ class Communicator:
     the same sizes and dtypes; a rank that calls differently gets a TparError naming both
     sides, and a rank that stops calling makes the others fail after ``timeout`` seconds
     naming it. ``max_bytes`` is the largest CUDA tensor :meth:`all_reduce` accepts.
+
+    Any number of communicators may be open at once in one process, and closed and created
+    again (also after an error), as long as every rank creates them in the same order.
+    ``members=[job ranks]`` makes a subgroup of the rank environment's job (every member names
+    the same list; this rank's ``rank`` becomes its index in it); ``group=`` a torch subgroup.
+
+    ``nccl`` says what serves calls tpar's dispatcher gives to NCCL (large messages):
+    ``"none"`` (the default, for engines that already hold NCCL: such calls are refused, and
+    :meth:`should_use` says False and :meth:`plan` says so beforehand), ``"own"`` (tpar creates
+    its own NCCL communicator at the first such call, about 0.5 GiB of device memory, counted
+    in :meth:`memory_footprint`), or an existing communicator to borrow: a torch
+    ProcessGroupNCCL or an ``ncclComm_t`` address (int) of the same ranks, from the same
+    libnccl.so.2 tpar loads, alive until this communicator is closed.
+
+    A call blocked waiting for peers on the CPU backend stops on Ctrl-C with KeyboardInterrupt
+    within a fraction of a second; the communicator is unusable afterwards (create a new one
+    on every rank).
     """
 
     def __init__(self, rank=None, world_size=None, device=None, *, group=None, rendezvous=None, token=None,
-                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=128 << 10):
+                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=128 << 10, members=None, nccl="none"):
+        self._comm = None
+        rank = _integer("rank", rank)
+        world_size = _integer("world_size", world_size, low=1)
+        if rank is not None and world_size is not None and rank >= world_size:
+            raise TparError(f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}")
+        timeout = _seconds("timeout", timeout)
+        chunk_bytes = _integer("chunk_bytes", chunk_bytes, low=64, allow_none=False, high=1 << 30)
+        self.max_bytes = _integer("max_bytes", max_bytes, low=1, high=1 << 62)
+        if token is not None and not isinstance(token, str):
+            raise TparError(f"token={type(token).__name__}: give the job's token as a string")
+        if rendezvous is not None and not isinstance(rendezvous, (str, os.PathLike)):
+            raise TparError(f"rendezvous={rendezvous!r}: give a directory path")
+        if members is not None:
+            if group is not None:
+                raise TparError("pass either group= or members=, not both (a torch group already names its members)")
+            members = [_integer("members[]", m, allow_none=False) for m in members]
+        nccl = _nccl_choice(nccl)
         owned = None
         if group is not None:
             if rendezvous is not None or token is not None:
                 raise TparError("pass either group= or rendezvous=/token=, not both")
             rank, world_size, rendezvous, token, owned = _join_group(group, rank, world_size)
         self._device = _cuda_ordinal(device)
-        self.max_bytes = None if max_bytes is None else int(max_bytes)
+        self.nccl = nccl if isinstance(nccl, str) else "borrowed"
         self.last_algorithm = None
         self._capturing = False
         try:
-            self._comm = _Comm(rank, world_size, rendezvous, token, float(timeout), int(chunk_bytes), self._device)
+            self._comm = _Comm(rank, world_size, None if rendezvous is None else os.fspath(rendezvous), token,
+                               timeout, chunk_bytes, self._device, members, nccl)
             if group is not None:
                 # Every rank has mapped what it needs: the directory can go.
                 self._comm.barrier()
@@ -227,7 +314,10 @@ class Communicator:
         if limit is not None and size > limit:
             return (f"tensor of {size} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= "
                     "when creating the Communicator, or reduce larger tensors with torch.distributed")
-        return None
+        import torch
+
+        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
+        return self._comm.refusal(dtype[0], size, capturing)
 
     def _all_reduce_cuda(self, tensor, out, algorithm):
         import torch
@@ -270,9 +360,11 @@ class Communicator:
 
     def plan(self, nbytes: int, dtype="bf16", capturing=False):
         """``(algorithm, reason)``: what a CUDA call of ``nbytes`` of ``dtype`` (f32, f16 or
-        bf16, or a torch dtype) runs on this machine, and why."""
+        bf16, or a torch dtype) runs on this machine, and why. With ``nccl="none"`` a call
+        planned for NCCL is refused by :meth:`all_reduce`, and the reason says so."""
+        nbytes = _integer("nbytes", nbytes, allow_none=False, high=1 << 62)
         name = _TORCH_DTYPES.get(str(dtype), (str(dtype),))[0]
-        return self._comm.plan(name, int(nbytes), bool(capturing))
+        return self._comm.plan(name, nbytes, bool(capturing))
 
     @contextlib.contextmanager
     def capture(self):
@@ -300,9 +392,11 @@ class Communicator:
         return self._comm.memory_footprint()
 
     def close(self):
-        """Waits for queued GPU work, then releases every buffer. Later calls raise TparError."""
-        _live.pop(self.handle, None)
-        self._comm.close()
+        """Waits for queued GPU work, then releases every buffer. Later calls raise TparError.
+        A communicator that is dropped without close() releases the same when collected."""
+        _live.pop(getattr(self, "handle", None), None)
+        if self._comm is not None:
+            self._comm.close()
 
     def __enter__(self):
         return self

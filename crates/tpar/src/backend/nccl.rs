@@ -36,6 +36,8 @@ pub struct Nccl {
     comm_init_all: unsafe extern "C" fn(*mut NcclComm, c_int, *const c_int) -> NcclResult,
     comm_destroy: unsafe extern "C" fn(NcclComm) -> NcclResult,
     comm_get_async_error: unsafe extern "C" fn(NcclComm, *mut NcclResult) -> NcclResult,
+    comm_count: unsafe extern "C" fn(NcclComm, *mut c_int) -> NcclResult,
+    comm_user_rank: unsafe extern "C" fn(NcclComm, *mut c_int) -> NcclResult,
     all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -119,6 +121,8 @@ impl Nccl {
             comm_init_all: sym!(b"ncclCommInitAll"),
             comm_destroy: sym!(b"ncclCommDestroy"),
             comm_get_async_error: sym!(b"ncclCommGetAsyncError"),
+            comm_count: sym!(b"ncclCommCount"),
+            comm_user_rank: sym!(b"ncclCommUserRank"),
             all_reduce: sym!(b"ncclAllReduce"),
             group_start: sym!(b"ncclGroupStart"),
             group_end: sym!(b"ncclGroupEnd"),
@@ -164,6 +168,8 @@ pub struct NcclCommunicator {
     comm: NcclComm,
     rank: usize,
     world_size: usize,
+    /// tpar created it and destroys it on drop; a borrowed one stays its owner's.
+    owned: bool,
 }
 
 // SAFETY: an NCCL communicator may be used from another thread as long as calls on it are not
@@ -203,6 +209,7 @@ impl NcclCommunicator {
                 comm,
                 rank,
                 world_size: devices.len(),
+                owned: true,
             })
             .collect())
     }
@@ -210,8 +217,18 @@ impl NcclCommunicator {
     /// This process's rank of the job behind `rendezvous`, on the current CUDA device (make the
     /// rank's context current first).
     pub fn new(rendezvous: &Rendezvous, timeout: std::time::Duration) -> Result<NcclCommunicator> {
+        Self::new_named(rendezvous, &rendezvous.next_instance(), timeout)
+    }
+
+    /// [`NcclCommunicator::new`] with the records named by `instance` (a communicator's own
+    /// name from the rendezvous, so a lazily created NCCL does not take a creation number).
+    pub(crate) fn new_named(
+        rendezvous: &Rendezvous,
+        instance: &str,
+        timeout: std::time::Duration,
+    ) -> Result<NcclCommunicator> {
         let nccl = Nccl::load()?;
-        let key = format!("nccl-g{}", rendezvous.next_generation());
+        let key = format!("nccl-{instance}");
         if rendezvous.rank() == 0 {
             let mut id = UniqueId { internal: [0; 128] };
             // SAFETY: fills the id.
@@ -244,7 +261,54 @@ impl NcclCommunicator {
             comm,
             rank: rendezvous.rank(),
             world_size: rendezvous.world_size(),
+            owned: true,
         })
+    }
+
+    /// Uses an NCCL communicator someone else created (an engine's, torch's ProcessGroupNCCL's)
+    /// for tpar's NCCL calls; tpar never destroys it. It must span the same ranks in the same
+    /// order (checked: its size and this rank's place in it) and come from the NCCL library
+    /// tpar loads (set `TPAR_NCCL_LIBRARY` to the engine's libnccl.so.2 if they differ).
+    ///
+    /// # Safety
+    /// `comm` is a live `ncclComm_t` of the library [`Nccl::load`] returns, and outlives the
+    /// returned value; its owner makes no call on it concurrently with tpar's.
+    pub unsafe fn borrow(
+        comm: *mut c_void,
+        rank: usize,
+        world_size: usize,
+    ) -> Result<NcclCommunicator> {
+        if comm.is_null() {
+            return Err(Error::InvalidArgument(
+                "a null NCCL communicator was given to borrow".into(),
+            ));
+        }
+        let nccl = Nccl::load()?;
+        let (mut count, mut user_rank) = (0, 0);
+        // SAFETY: the caller's promise that `comm` is live; each call writes one int.
+        nccl.check("ncclCommCount", unsafe {
+            (nccl.comm_count)(comm, &mut count)
+        })?;
+        nccl.check("ncclCommUserRank", unsafe {
+            (nccl.comm_user_rank)(comm, &mut user_rank)
+        })?;
+        if (count as usize, user_rank as usize) != (world_size, rank) {
+            return Err(Error::InvalidArgument(format!(
+                "the borrowed NCCL communicator has {count} ranks with this process as rank {user_rank}, but this tpar group has {world_size} with this process as rank {rank}; borrow the communicator of the same group"
+            )));
+        }
+        Ok(NcclCommunicator {
+            nccl,
+            comm,
+            rank,
+            world_size,
+            owned: false,
+        })
+    }
+
+    /// Whether tpar created this communicator (and counts and destroys it).
+    pub fn is_owned(&self) -> bool {
+        self.owned
     }
 
     pub fn rank(&self) -> usize {
@@ -301,9 +365,37 @@ impl NcclCommunicator {
 
 impl Drop for NcclCommunicator {
     fn drop(&mut self) {
-        // SAFETY: destroys our communicator once.
-        unsafe { (self.nccl.comm_destroy)(self.comm) };
+        if self.owned {
+            // SAFETY: destroys our communicator once.
+            unsafe { (self.nccl.comm_destroy)(self.comm) };
+        }
     }
+}
+
+/// NCCL's default simple-protocol buffer per channel and peer (`NCCL_BUFFSIZE`).
+const DEFAULT_BUFFSIZE: u64 = 4 << 20;
+/// Free device memory one NCCL communicator took at world size 1 (H200, NCCL 2.28; DESIGN.md):
+/// its device code and fixed structures, which do not grow with peers.
+const MEASURED_FIXED_BYTES: u64 = 488 << 20;
+
+/// An estimate, before anything is allocated, of the device memory an NCCL communicator of
+/// `world_size` ranks takes on each rank: the fixed part measured on one machine plus, per
+/// peer and channel, the send and receive buffers of the simple, LL128 and LL protocols, from
+/// `NCCL_BUFFSIZE` (default 4 MiB), `NCCL_LL128_BUFFSIZE` (about 4.6 MiB), `NCCL_LL_BUFFSIZE`
+/// (256 KiB) and `NCCL_MAX_NCHANNELS` (else 2 channels per peer, NCCL's usual count over PCIe).
+/// `lookup` reads the variables (the environment, or a test's map). An estimate, and called one.
+pub fn estimated_footprint(world_size: usize, lookup: impl Fn(&str) -> Option<String>) -> u64 {
+    let var = |name: &str, default: u64| {
+        lookup(name)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    let per_channel = var("NCCL_BUFFSIZE", DEFAULT_BUFFSIZE)
+        + var("NCCL_LL128_BUFFSIZE", 4_718_592)
+        + var("NCCL_LL_BUFFSIZE", 256 << 10);
+    let channels = var("NCCL_MAX_NCHANNELS", 2).max(1);
+    let peers = world_size.saturating_sub(1) as u64;
+    MEASURED_FIXED_BYTES + peers * channels * 2 * per_channel
 }
 
 #[cfg(test)]
@@ -317,6 +409,18 @@ mod tests {
             Ok(n) => assert!(n.version_string().starts_with('2')),
             Err(e) => assert!(e.to_string().contains("TPAR_NCCL_LIBRARY"), "{e}"),
         }
+    }
+
+    #[test]
+    fn the_nccl_estimate_grows_with_peers_and_its_settings() {
+        let none = |_: &str| None;
+        assert_eq!(estimated_footprint(1, none), MEASURED_FIXED_BYTES);
+        let two = estimated_footprint(2, none);
+        let eight = estimated_footprint(8, none);
+        assert!(two > MEASURED_FIXED_BYTES && eight > two);
+        let small =
+            estimated_footprint(8, |k: &str| (k == "NCCL_BUFFSIZE").then(|| "65536".into()));
+        assert!(small < eight, "{small} vs {eight}");
     }
 
     #[test]

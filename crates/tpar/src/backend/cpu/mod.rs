@@ -22,6 +22,7 @@ use crate::protocol::line::{lines_for_bytes, pack, put_word, word_at, Tag};
 use crate::protocol::reduce::Accumulator;
 use crate::rendezvous::Rendezvous;
 use crate::sys::{liveness, Liveness, SharedSegment};
+pub use crate::wait::InterruptCheck;
 use crate::wait::{Phase, Watch};
 
 /// Settings every rank of a communicator must agree on.
@@ -83,6 +84,8 @@ pub struct CpuCommunicator {
     seq: u32,
     /// Set by the first failed call: the ranks' epochs may no longer agree.
     poisoned: Option<String>,
+    /// Asked while a wait is slow; true interrupts the call (and poisons the communicator).
+    interrupt: Option<std::sync::Arc<InterruptCheck>>,
 }
 
 impl CpuCommunicator {
@@ -100,14 +103,11 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let generation = rendezvous.next_generation();
+        let instance = rendezvous.next_instance();
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 
-        let name = format!(
-            "/{}g{generation}-r{rank}",
-            segment_prefix(rendezvous.token())
-        );
+        let name = rendezvous.shm_name(&format!("{instance}-r{rank}"));
         let own = SharedSegment::create(&name, layout.total_bytes())?;
         let header = [
             SEGMENT_MAGIC,
@@ -121,7 +121,7 @@ impl CpuCommunicator {
             line.store(value, Ordering::Release);
         }
 
-        let key = format!("cpu-g{generation}");
+        let key = format!("cpu-{instance}");
         rendezvous.publish(
             &format!("{key}-inbox"),
             &InboxRecord {
@@ -179,6 +179,7 @@ impl CpuCommunicator {
         // Everyone has mapped everyone: the names can go, the mappings stay.
         rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
         inboxes[rank].unlink();
+        rendezvous.retire(&format!("{key}-inbox"));
 
         let peer_pids = records
             .iter()
@@ -195,6 +196,7 @@ impl CpuCommunicator {
             epoch: 0,
             seq: 0,
             poisoned: None,
+            interrupt: None,
         })
     }
 
@@ -337,7 +339,15 @@ impl CpuCommunicator {
         Watch {
             timeout: self.timeout,
             peer_pids: &self.peer_pids,
+            interrupted: self.interrupt.as_deref(),
         }
+    }
+
+    /// A check asked every ~50 ms while a call waits for a peer: when it says true the call
+    /// fails with [`Error::Interrupted`] and the communicator is unusable afterwards (the
+    /// ranks' epochs no longer agree). The Python package stops on Ctrl-C this way.
+    pub fn set_interrupt(&mut self, check: Option<std::sync::Arc<InterruptCheck>>) {
+        self.interrupt = check;
     }
 
     /// Writes the header and this rank's payload into every peer's stage-one slot: all lines

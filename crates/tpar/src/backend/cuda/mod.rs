@@ -15,6 +15,7 @@ pub mod driver;
 pub mod kernels;
 pub mod link_probe;
 pub mod nvrtc;
+pub mod stream_order;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -87,6 +88,52 @@ struct KernelSet {
     /// Blocks of `THREADS` threads of the most demanding kernel that fit on one SM.
     blocks_per_sm: u32,
     sm_count: u32,
+    /// Drop in free device memory measured around loading the modules (code, constants,
+    /// local-memory reservation): what the kernels cost this GPU's context, once per process.
+    module_bytes: u64,
+}
+
+/// Whether `stream` is being captured into a CUDA graph (false where the driver cannot say).
+///
+/// # Safety
+/// `stream` is a live stream of the current context (or null, the legacy stream).
+pub unsafe fn is_capturing(stream: CUstream) -> bool {
+    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: queries a caller's live stream handle; writes one enum.
+    let rc = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream, &mut status) };
+    rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+        && status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// An exclusive lock (flock) on a per-GPU file in the temporary directory, held while tpar
+/// loads its kernels and allocates its buffers on that GPU, so that ranks of several
+/// processes sharing a GPU do not allocate inside each other's measured windows. None when
+/// the file cannot be opened or locked (then measurements may include a neighbour's bytes).
+fn allocation_lock(device_uuid: &str) -> Option<std::fs::File> {
+    let name: String = device_uuid
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let path = std::env::temp_dir().join(format!("tpar-gpu-{name}.lock"));
+    let file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true),
+        0o600,
+    )
+    .open(path)
+    .ok()?;
+    crate::sys::lock_exclusive(&file).ok()?;
+    Some(file)
+}
+
+/// Free device memory of the current context's GPU, or None where the driver cannot say.
+pub(crate) fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
+    ctx.bind_to_thread().ok()?;
+    cudarc::driver::result::mem_get_info()
+        .ok()
+        .map(|(free, _)| free as u64)
 }
 
 impl KernelSet {
@@ -114,16 +161,23 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         )));
     }
     let arch = (major * 10 + minor) as u32;
+    // Compiled (or read from the disk cache) before measuring: only the load takes GPU memory.
+    let cubins = kernels::SOURCES
+        .iter()
+        .map(|(file, source)| {
+            nvrtc::cached_cubin(
+                file,
+                source,
+                &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
+                arch,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let free_before = free_device_memory(ctx);
     let mut modules = Vec::new();
     let mut functions = HashMap::new();
     let mut blocks_per_sm = u32::MAX;
-    for (file, source) in kernels::SOURCES {
-        let cubin = nvrtc::cached_cubin(
-            file,
-            source,
-            &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
-            arch,
-        )?;
+    for ((_, source), cubin) in kernels::SOURCES.iter().zip(cubins) {
         let module = Module::load(ctx, &cubin)?;
         for name in kernel_names(source) {
             let f = module.function(&name)?;
@@ -138,11 +192,16 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         ctx,
         CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )? as u32;
+    let module_bytes = match (free_before, free_device_memory(ctx)) {
+        (Some(before), Some(after)) => before.saturating_sub(after),
+        _ => 0,
+    };
     let set = Arc::new(KernelSet {
         _modules: modules,
         functions,
         blocks_per_sm,
         sm_count,
+        module_bytes,
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
@@ -272,6 +331,9 @@ pub struct CudaCommunicator {
     /// Ranks of other processes on this rank's GPU: without MPS the driver time-slices
     /// their contexts, so every call waits for each one's turn (milliseconds, not microseconds).
     time_sliced_with: Vec<usize>,
+    /// The group's GPUs in rank order (UUIDs, or ordinals for a group of one process) and
+    /// the settings that shape its buffers: what an init self-test result depends on.
+    group_key: String,
     status: Mutex<Status>,
 }
 
@@ -360,6 +422,7 @@ impl CudaCommunicator {
                 peer_device_mappings: Vec::new(),
                 peer_host_mappings: Vec::new(),
                 time_sliced_with: Vec::new(),
+                group_key: format!("local {devices:?} {config:?}"),
                 status: Mutex::default(),
             })
             .collect())
@@ -377,16 +440,17 @@ impl CudaCommunicator {
         check_world(world_size)?;
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let ctx = context(device)?;
+        // Ranks of other processes on this GPU load and allocate one at a time, so that the
+        // free-memory drop measured around the module load is this process's alone.
+        let gpu_lock = allocation_lock(&driver::device_uuid(&ctx)?);
         let set = kernel_set(&ctx)?;
-        let generation = rendezvous.next_generation();
-        let host = config.host_staged.then(|| {
-            format!(
-                "/{}cuda-g{generation}-r{rank}",
-                crate::backend::cpu::segment_prefix(rendezvous.token())
-            )
-        });
+        let instance = rendezvous.next_instance();
+        let host = config
+            .host_staged
+            .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
         let mut own = Owned::allocate(&ctx, &layout, host.clone())?;
-        let key = format!("cuda-g{generation}");
+        drop(gpu_lock);
+        let key = format!("cuda-{instance}");
         rendezvous.publish(
             &format!("{key}-buffers"),
             &CudaRecord {
@@ -470,6 +534,7 @@ impl CudaCommunicator {
         if let Some(h) = own.host_inbox.as_mut() {
             h.segment_mut().unlink();
         }
+        rendezvous.retire(&format!("{key}-buffers"));
         Ok(CudaCommunicator {
             rank,
             world_size,
@@ -484,6 +549,13 @@ impl CudaCommunicator {
             peer_access,
             peer_device_mappings,
             peer_host_mappings,
+            group_key: format!(
+                "{:?} {config:?}",
+                records
+                    .iter()
+                    .map(|r| r.device_uuid.as_str())
+                    .collect::<Vec<_>>()
+            ),
             time_sliced_with: other_processes_on_my_gpu(
                 rank,
                 &records
@@ -508,6 +580,12 @@ impl CudaCommunicator {
     }
 
     /// Ranks of other processes that share this rank's GPU (time-sliced by the driver).
+    /// The group's GPUs in rank order and its buffer settings, as one string: groups with the
+    /// same key run the same kernels over the same links.
+    pub fn group_key(&self) -> &str {
+        &self.group_key
+    }
+
     pub fn time_sliced_with(&self) -> &[usize] {
         &self.time_sliced_with
     }
@@ -537,11 +615,14 @@ impl CudaCommunicator {
         } else {
             0
         };
+        let buffers = (device_inbox_bytes(&layout) + STATE_BYTES) as u64;
         MemoryFootprint {
-            device_bytes: (device_inbox_bytes(&layout) + STATE_BYTES) as u64,
+            device_bytes: buffers,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,
             shared_host_bytes: host,
             peer_mapped_bytes: 0,
+            device_buffer_bytes: buffers,
+            ..MemoryFootprint::default()
         }
     }
 
@@ -552,8 +633,13 @@ impl CudaCommunicator {
             .host_inbox
             .as_ref()
             .map_or(0, |h| h.segment().len_bytes() as u64);
+        let buffers = (self.own.inbox.bytes() + self.own.state.bytes()) as u64;
         MemoryFootprint {
-            device_bytes: (self.own.inbox.bytes() + self.own.state.bytes()) as u64,
+            device_bytes: buffers + self.kernels.module_bytes,
+            device_buffer_bytes: buffers,
+            module_bytes: self.kernels.module_bytes,
+            nccl_bytes: 0,
+            nccl_estimated: false,
             pinned_host_bytes: self.own.error.bytes() as u64,
             shared_host_bytes: host_inbox,
             peer_mapped_bytes: self.peer_device_mappings.len() as u64

@@ -1,0 +1,177 @@
+//! Keeps one communicator's calls in the order they were issued on the host when they come
+//! from several streams. tpar's kernels take their call number (epoch) from device memory and
+//! every rank must run its calls in the same order, so two calls of one communicator running
+//! concurrently on two streams could pair the wrong calls across ranks (issue 12, finding 5:
+//! 88 of 100 results wrong). Each call records an event after its work; a call on another
+//! stream first makes its stream wait on that event.
+//!
+//! Eager calls and captured calls are ordered separately, each with its own event: an eager
+//! call waits for the previous eager call; a captured call waits for the previous call of the
+//! same capture (an ordinary join inside the graph). A graph's calls run when it is replayed,
+//! which the caller orders against eager calls by the stream it replays on (as for any work).
+//!
+//! All FFI of this file is the few driver calls below, each with its safety note.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstream, CUstreamCaptureStatus};
+use cudarc::driver::CudaContext;
+
+use crate::error::{Error, Result};
+
+fn check(what: &str, rc: CUresult) -> Result<()> {
+    if rc == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Cuda(format!(
+            "{what} failed ({rc:?}) while ordering a call after the previous call on another stream"
+        )))
+    }
+}
+
+/// The last eager call's stream, and the last captured call's stream and capture id.
+#[derive(Default)]
+struct Last {
+    eager: Option<usize>,
+    captured: Option<(usize, u64)>,
+}
+
+/// One communicator's cross-stream ordering: an event recorded after every call (one for eager
+/// calls, one for captured calls).
+pub struct StreamOrder {
+    ctx: Arc<CudaContext>,
+    eager: CUevent,
+    captured: CUevent,
+    last: Mutex<Last>,
+    /// The driver tells captures apart (`cuStreamGetCaptureInfo_v3`).
+    with_ids: bool,
+}
+
+// SAFETY: the event handle is used only under `last`'s lock (or in drop), and CUDA events may
+// be used from any thread of the process.
+unsafe impl Send for StreamOrder {}
+unsafe impl Sync for StreamOrder {}
+
+/// Drivers before 12.3 lack `cuStreamGetCaptureInfo_v3` (cudarc panics on a missing symbol).
+const CAPTURE_INFO_V3: i32 = 12030;
+
+/// The id of the capture `stream` is part of, or None when it is not capturing. On a driver
+/// without capture ids, every capture counts as one (id 0).
+///
+/// # Safety
+/// `stream` is a live stream of the current context.
+unsafe fn capture_of(stream: CUstream, with_ids: bool) -> Result<Option<u64>> {
+    if !with_ids {
+        // SAFETY: the caller's promise.
+        return Ok(unsafe { super::is_capturing(stream) }.then_some(0));
+    }
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: the caller's promise; the optional outputs (graph, dependencies, edges, count)
+    // are null, which the driver accepts.
+    check("cuStreamGetCaptureInfo", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream,
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok(match status {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Some(id),
+        _ => return Err(Error::Cuda(
+            "the stream's capture was invalidated by an earlier error; end it and capture again"
+                .into(),
+        )),
+    })
+}
+
+fn new_event() -> Result<CUevent> {
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: creates one event in the current context into `event`.
+    check("cuEventCreate", unsafe {
+        sys::cuEventCreate(
+            &mut event,
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
+        )
+    })?;
+    Ok(event)
+}
+
+impl StreamOrder {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<StreamOrder> {
+        super::driver::bind(ctx)?;
+        let eager = new_event()?;
+        let captured = new_event().inspect_err(|_| {
+            // SAFETY: destroys the event just created, once.
+            unsafe { sys::cuEventDestroy_v2(eager) };
+        })?;
+        Ok(StreamOrder {
+            ctx: ctx.clone(),
+            eager,
+            captured,
+            last: Mutex::default(),
+            with_ids: super::driver::driver_version().is_ok_and(|v| v >= CAPTURE_INFO_V3),
+        })
+    }
+
+    /// Runs `enqueue` (which queues one call's work on `stream`) after the previous call of
+    /// the same kind (eager, or captured in the same capture), whatever stream that was on,
+    /// and records the point after it for the next call. The lock keeps host order: two
+    /// threads cannot interleave their waits and records.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this communicator's context.
+    pub unsafe fn ordered<T>(
+        &self,
+        stream: CUstream,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let mut last = self.last.lock().expect("stream order lock");
+        super::driver::bind(&self.ctx)?;
+        // SAFETY: the caller's promise.
+        let capture = unsafe { capture_of(stream, self.with_ids) }?;
+        let here = stream as usize;
+        let (event, wait) = match capture {
+            None => (self.eager, last.eager.is_some_and(|s| s != here)),
+            Some(id) => (
+                self.captured,
+                last.captured.is_some_and(|(s, c)| c == id && s != here),
+            ),
+        };
+        if wait {
+            // SAFETY: both handles are live; the event was recorded by the previous call of
+            // this kind (in this capture, for a captured call).
+            check("cuStreamWaitEvent", unsafe {
+                sys::cuStreamWaitEvent(stream, event, 0)
+            })?;
+        }
+        let result = enqueue()?;
+        // SAFETY: live event and stream of the current context.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(event, stream)
+        })?;
+        match capture {
+            None => last.eager = Some(here),
+            Some(id) => last.captured = Some((here, id)),
+        }
+        Ok(result)
+    }
+}
+
+impl Drop for StreamOrder {
+    fn drop(&mut self) {
+        if super::driver::bind(&self.ctx).is_ok() {
+            // SAFETY: destroys our events once; pending waits on them stay valid (the driver
+            // releases them when they complete).
+            unsafe {
+                sys::cuEventDestroy_v2(self.eager);
+                sys::cuEventDestroy_v2(self.captured);
+            }
+        }
+    }
+}
