@@ -81,7 +81,9 @@ fn launch(world_size: usize, timeout: Duration) -> Result<ExitCode> {
 /// The world size to use: the environment's when this process is a rank, else the flag's,
 /// else `default`.
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
-    let from_env = RankEnv::from_env()?.map(|e| e.world_size);
+    let from_env = RankEnv::from_env()
+        .map_err(|e| crate::args::usage(e.into()))?
+        .map(|e| e.world_size);
     let n = flag.or(from_env).unwrap_or(default);
     if n == 0 {
         bail!("--world-size must be at least 1");
