@@ -223,6 +223,14 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
                 busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
                 correct: wrong == 0,
             });
+            if leader {
+                rank.save_partial(&format!(
+                    "tpar bench (partial): cpu backend, {}, {}\n{}",
+                    crate::report::ranks(world_size),
+                    plan.dtype,
+                    table(&rows)
+                ));
+            }
         }
     }
     progress.finish();
@@ -268,6 +276,19 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
 }
 
 fn render(report: &BenchReport) -> String {
+    format!(
+        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
+        report.backend,
+        crate::report::ranks(report.world_size),
+        report.dtype,
+        report.iters,
+        report.warmup,
+        human_bytes(report.memory_per_rank_bytes),
+        table(&report.results)
+    )
+}
+
+fn table(rows: &[BenchRow]) -> String {
     let mut table = Table::new(
         &[
             "size",
@@ -279,7 +300,7 @@ fn render(report: &BenchReport) -> String {
         ],
         2,
     );
-    for r in &report.results {
+    for r in rows {
         table.push(vec![
             human_bytes(r.bytes),
             r.algo.clone(),
@@ -289,16 +310,7 @@ fn render(report: &BenchReport) -> String {
             if r.correct { "yes" } else { "NO" }.to_owned(),
         ]);
     }
-    format!(
-        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
-        report.backend,
-        crate::report::ranks(report.world_size),
-        report.dtype,
-        report.iters,
-        report.warmup,
-        human_bytes(report.memory_per_rank_bytes),
-        table.render()
-    )
+    table.render()
 }
 
 /// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
