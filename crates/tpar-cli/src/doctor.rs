@@ -85,10 +85,14 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("TPAR_ALGO").ok())
         .map(|a| a.parse::<Choice>())
-        .transpose()?;
+        .transpose()
+        .map_err(|e| crate::args::usage(e.into()))?;
     let mut checks = Vec::new();
     let (topology, source) = match &args.topology {
-        Some(path) => (Topology::load(path)?, format!("file {}", path.display())),
+        Some(path) => (
+            Topology::load(path).map_err(|e| crate::args::usage(e.into()))?,
+            format!("file {}", path.display()),
+        ),
         None => match Topology::detect() {
             Ok(t) => (t, "this machine (NVML)".to_owned()),
             Err(e) => {
