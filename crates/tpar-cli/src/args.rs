@@ -1,10 +1,139 @@
 //! Parsing of the list arguments shared by the commands: sizes with binary suffixes, element
-//! counts, algorithm and dtype lists, durations in seconds.
+//! counts, algorithm and dtype lists, durations in seconds; the value parsers clap runs on
+//! numeric flags; and the [`Usage`] marker that makes `main` exit 2 for a usage error.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tpar::DType;
+
+/// Marks an error as the user's input being wrong (exit 2) rather than the run failing (exit 1).
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// Turns any error found while checking arguments into a usage error with the same message.
+pub fn usage(e: anyhow::Error) -> anyhow::Error {
+    if is_usage(&e) {
+        return e;
+    }
+    anyhow::Error::new(Usage(format!("{e:#}")))
+}
+
+/// A usage error anywhere in the chain.
+pub fn is_usage(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<Usage>().is_some())
+}
+
+/// The most ranks a command starts or plans for: far above any host's GPUs, and a clear limit
+/// instead of a fork storm.
+pub const MAX_WORLD_SIZE: usize = 4096;
+
+/// The longest peer timeout: a day. Beyond that a hung peer is never reported in practice, and
+/// `Duration` would overflow on values such as 1e30.
+pub const MAX_TIMEOUT_SECS: f64 = 86_400.0;
+
+/// A whole number in `min..=max`, with messages that say which bound was crossed. Negative
+/// numbers reach here (`allow_negative_numbers`) so they get "must be >= 1", not clap's
+/// "unexpected argument '-1'".
+pub fn whole_in(text: &str, min: u64, max: u64) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(format!("empty; give a whole number >= {min}"));
+    }
+    let value: i128 = match t.parse() {
+        Ok(v) => v,
+        Err(_) if t.bytes().all(|b| b.is_ascii_digit()) => {
+            return Err(format!("'{t}' is too large; must be <= {max}"))
+        }
+        Err(_) => return Err(format!("'{t}' is not a whole number (must be >= {min})")),
+    };
+    if value < i128::from(min) {
+        return Err(format!("must be >= {min} (got {t})"));
+    }
+    if value > i128::from(max) {
+        return Err(format!("must be <= {max} (got {t})"));
+    }
+    Ok(value as u64)
+}
+
+/// `-n/--world-size`: 1 to [`MAX_WORLD_SIZE`].
+pub fn world_size_arg(text: &str) -> std::result::Result<usize, String> {
+    whole_in(text, 1, MAX_WORLD_SIZE as u64).map(|v| v as usize)
+}
+
+/// Iteration counts (`--iters`, `--replays`, `--chain`): 1 to a million.
+pub fn iterations_arg(text: &str) -> std::result::Result<usize, String> {
+    whole_in(text, 1, 1_000_000).map(|v| v as usize)
+}
+
+/// Warm-up calls: 0 to a million.
+pub fn warmup_arg(text: &str) -> std::result::Result<usize, String> {
+    whole_in(text, 0, 1_000_000).map(|v| v as usize)
+}
+
+/// `--tp`: 1 to [`MAX_WORLD_SIZE`].
+pub fn tp_arg(text: &str) -> std::result::Result<u64, String> {
+    whole_in(text, 1, MAX_WORLD_SIZE as u64)
+}
+
+/// Token counts (`--tokens`, `--context`): 1 to 2^40.
+pub fn tokens_arg(text: &str) -> std::result::Result<u64, String> {
+    whole_in(text, 1, 1 << 40)
+}
+
+/// `--kv-bytes`: bytes per KV element, 1 (fp8), 2 (bf16/fp16) or 4 (f32).
+pub fn kv_bytes_arg(text: &str) -> std::result::Result<u64, String> {
+    match whole_in(text, 1, 4)? {
+        v @ (1 | 2 | 4) => Ok(v),
+        v => Err(format!(
+            "must be 1 (fp8), 2 (bf16/fp16) or 4 (f32), not {v}"
+        )),
+    }
+}
+
+/// A finite number > 0 (throughputs, latencies, memory sizes).
+pub fn positive_f64(text: &str) -> std::result::Result<f64, String> {
+    let v = finite_f64(text)?;
+    if v <= 0.0 {
+        return Err(format!("must be positive (got {})", text.trim()));
+    }
+    Ok(v)
+}
+
+/// A finite number >= 0.
+pub fn non_negative_f64(text: &str) -> std::result::Result<f64, String> {
+    let v = finite_f64(text)?;
+    if v < 0.0 {
+        return Err(format!("must be >= 0 (got {})", text.trim()));
+    }
+    Ok(v)
+}
+
+/// A fraction in (0, 1] (memory fractions of engines).
+pub fn fraction_arg(text: &str) -> std::result::Result<f64, String> {
+    let v = finite_f64(text)?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!("must be in (0, 1] (got {})", text.trim()));
+    }
+    Ok(v)
+}
+
+fn finite_f64(text: &str) -> std::result::Result<f64, String> {
+    let t = text.trim();
+    let v: f64 = t.parse().map_err(|_| format!("'{t}' is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("must be a finite number (got {t})"));
+    }
+    Ok(v)
+}
 
 /// `"4K"` -> 4096. Suffixes K, M, G (optionally followed by `B` or `iB`) are powers of 1024.
 pub fn parse_size(text: &str) -> Result<u64> {
@@ -34,14 +163,40 @@ pub fn parse_size(text: &str) -> Result<u64> {
         .with_context(|| format!("size '{text}' is too large"))
 }
 
-pub fn parse_list<T>(text: &str, what: &str, parse: impl Fn(&str) -> Result<T>) -> Result<Vec<T>> {
-    let items: Vec<T> = text
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(|s| parse(s).with_context(|| format!("in --{what} '{text}'")))
-        .collect::<Result<_>>()?;
-    if items.is_empty() {
+/// A comma-separated list; an empty item (`4K,,8K`) or a repeated one is refused, as is an
+/// empty list. Errors are usage errors naming the flag.
+pub fn parse_list<T: PartialEq + std::fmt::Debug>(
+    text: &str,
+    what: &str,
+    parse: impl Fn(&str) -> Result<T>,
+) -> Result<Vec<T>> {
+    parse_list_inner(text, what, parse).map_err(usage)
+}
+
+fn parse_list_inner<T: PartialEq + std::fmt::Debug>(
+    text: &str,
+    what: &str,
+    parse: impl Fn(&str) -> Result<T>,
+) -> Result<Vec<T>> {
+    if text.trim().is_empty() {
         bail!("--{what} is empty; give a comma-separated list");
+    }
+    let mut items: Vec<T> = Vec::new();
+    for (i, s) in text.split(',').enumerate() {
+        if s.trim().is_empty() {
+            bail!(
+                "--{what} '{text}' has an empty item (number {}); remove the extra comma",
+                i + 1
+            );
+        }
+        let item = parse(s).with_context(|| format!("in --{what} '{text}'"))?;
+        if items.contains(&item) {
+            bail!(
+                "--{what} '{text}' names '{}' twice; give each once",
+                s.trim()
+            );
+        }
+        items.push(item);
     }
     Ok(items)
 }
@@ -50,19 +205,71 @@ pub fn parse_dtypes(text: &str) -> Result<Vec<DType>> {
     parse_list(text, "dtypes", |s| Ok(s.parse::<DType>()?))
 }
 
-pub fn parse_seconds(text: &str) -> Result<Duration> {
-    let secs: f64 = text
-        .trim()
+/// `--timeout`: seconds, > 0 and at most [`MAX_TIMEOUT_SECS`].
+pub fn timeout_arg(text: &str) -> std::result::Result<Duration, String> {
+    let t = text.trim();
+    let secs: f64 = t
         .parse()
-        .with_context(|| format!("'{text}' is not a number of seconds"))?;
-    if !(secs > 0.0 && secs.is_finite()) {
-        bail!("a timeout must be a positive number of seconds, not '{text}'");
+        .map_err(|_| format!("'{t}' is not a number of seconds"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!(
+            "a timeout must be positive (got {t}); give seconds, e.g. 30"
+        ));
+    }
+    if secs > MAX_TIMEOUT_SECS {
+        return Err(format!(
+            "a timeout must be at most {MAX_TIMEOUT_SECS} s (a day), got {t}"
+        ));
     }
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// Checks before any work that `--json PATH` / `--plot PATH` can be written: the folder exists
+/// and is writable, and the path is not a folder. `-` (stdout) always can.
+pub fn check_writable(flag: &str, path: &str) -> Result<()> {
+    if path == "-" {
+        return Ok(());
+    }
+    let p = std::path::Path::new(path);
+    if path.is_empty() {
+        bail!(Usage(format!(
+            "--{flag} is empty; give a file path (or - for stdout)"
+        )));
+    }
+    if p.is_dir() {
+        bail!(Usage(format!(
+            "--{flag} {path} is a folder; give a file path"
+        )));
+    }
+    let parent = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!(Usage(format!(
+            "--{flag} {path}: folder {} does not exist; create it or pick another path",
+            parent.display()
+        )));
+    }
+    let c_parent = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
+        .map_err(|_| Usage(format!("--{flag} {path}: the path holds a NUL byte")))?;
+    // SAFETY: access only reads the NUL-terminated path.
+    let writable = unsafe { libc::access(c_parent.as_ptr(), libc::W_OK) } == 0;
+    let file_ok = !p.exists() || std::fs::OpenOptions::new().append(true).open(p).is_ok();
+    if !writable || !file_ok {
+        bail!(Usage(format!(
+            "--{flag} {path}: cannot write there (permission denied); pick another path"
+        )));
+    }
+    Ok(())
+}
+
 /// Sizes in bytes as elements of `dtype`, refusing sizes that are not whole elements.
 pub fn sizes_to_counts(sizes: &[u64], dtype: DType) -> Result<Vec<usize>> {
+    sizes_to_counts_inner(sizes, dtype).map_err(usage)
+}
+
+fn sizes_to_counts_inner(sizes: &[u64], dtype: DType) -> Result<Vec<usize>> {
     sizes
         .iter()
         .map(|&bytes| {
@@ -108,6 +315,32 @@ mod tests {
     }
 
     #[test]
+    fn lists_refuse_empty_items_and_repeats() {
+        let err = parse_list("4K,,8K", "sizes", parse_size).unwrap_err();
+        assert!(
+            is_usage(&err) && err.to_string().contains("empty item"),
+            "{err}"
+        );
+        let err = parse_list("4K,4096", "sizes", parse_size).unwrap_err();
+        assert!(err.to_string().contains("twice"), "{err}");
+    }
+
+    #[test]
+    fn whole_numbers_name_the_bound() {
+        assert_eq!(world_size_arg("8").unwrap(), 8);
+        assert!(world_size_arg("-1").unwrap_err().contains("must be >= 1"));
+        assert!(world_size_arg("0").unwrap_err().contains("must be >= 1"));
+        assert!(world_size_arg("18446744073709551615")
+            .unwrap_err()
+            .contains("<="));
+        assert!(world_size_arg("99999999999999999999999999999999999999999")
+            .unwrap_err()
+            .contains("too large"));
+        assert!(positive_f64("nan").is_err() && positive_f64("0").is_err());
+        assert!(fraction_arg("1.5").is_err() && fraction_arg("1").is_ok());
+    }
+
+    #[test]
     fn sizes_must_be_whole_elements() {
         assert_eq!(sizes_to_counts(&[8, 0], DType::F32).unwrap(), vec![2, 0]);
         assert!(sizes_to_counts(&[6], DType::F32)
@@ -118,9 +351,13 @@ mod tests {
 
     #[test]
     fn timeouts_are_positive() {
-        assert_eq!(parse_seconds("1.5").unwrap(), Duration::from_millis(1500));
-        assert!(parse_seconds("0").is_err());
-        assert!(parse_seconds("-3").is_err());
-        assert!(parse_seconds("soon").is_err());
+        assert_eq!(timeout_arg("1.5").unwrap(), Duration::from_millis(1500));
+        assert!(timeout_arg("0").is_err());
+        assert!(timeout_arg("-3").unwrap_err().contains("must be positive"));
+        assert!(timeout_arg("soon").is_err());
+        assert!(timeout_arg("nan").is_err());
+        // Duration::from_secs_f64 panics on these: they must be refused first.
+        assert!(timeout_arg("1e30").unwrap_err().contains("at most"));
+        assert!(timeout_arg("inf").is_err());
     }
 }

@@ -71,7 +71,26 @@ impl Setup {
         world_size: Option<usize>,
         algos: Option<&str>,
     ) -> Result<Setup> {
-        let (backend, note) = resolve(backend)?;
+        // A misspelt TPAR_ALGO would otherwise be read only where a communicator is built
+        // (never, on the CPU backend): refuse it before anything starts.
+        let forced = std::env::var(tpar::communicator::ENV_ALGO).ok();
+        let forced = tpar::communicator::forced_choice(forced.as_deref())
+            .map_err(|e| crate::args::usage(e.into()))?;
+        let (backend, mut note) = resolve(backend)?;
+        if let Some(choice) = forced {
+            if backend == Backend::Cpu {
+                bail!(crate::args::Usage(format!(
+                    "TPAR_ALGO={choice} steers the CUDA dispatcher; the CPU backend runs the algorithms of --algos: unset TPAR_ALGO and pass --algos {choice}"
+                )));
+            }
+            let line = format!(
+                "note: TPAR_ALGO={choice} forces the `auto` route; the other routes run as named"
+            );
+            note = Some(match note {
+                Some(n) => format!("{n}\n{line}"),
+                None => line,
+            });
+        }
         let default_world = match backend {
             Backend::Cpu => std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
@@ -93,7 +112,7 @@ impl Setup {
         if backend == Backend::Cpu {
             let cpu_runs = |c: &Route| matches!(c, Route::Fixed(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
             if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
-                bail!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
+                bail!(crate::args::Usage(format!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)")));
             }
         }
         Ok(Setup {
@@ -115,10 +134,10 @@ impl Setup {
             .find(|c| !matches!(c, Route::Fixed(Choice::Tpar(_))))
             .filter(|_| self.explicit)
         {
-            bail!(
+            bail!(crate::args::Usage(format!(
                 "{command} checks tpar's algorithms one by one; {} is compared by `tpar bench`",
                 other.name()
-            );
+            )));
         }
         Ok(self
             .choices

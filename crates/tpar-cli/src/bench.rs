@@ -10,7 +10,7 @@ use serde::Serialize;
 use tpar::memory::human_bytes;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
-use crate::args::{parse_list, parse_seconds, parse_size, sizes_to_counts};
+use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
 use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::known::{total_across_ranks, KnownData};
 use crate::progress::Progress;
@@ -21,7 +21,7 @@ pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
 
 #[derive(Args, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
+#[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
 pub struct BenchArgs {
     #[command(subcommand)]
     command: Option<BenchCommand>,
@@ -30,7 +30,7 @@ pub struct BenchArgs {
     backend: BackendArg,
     /// Ranks to start on this host (default: the number of cores, 2 to 8). Under an outside
     /// launcher (TPAR_RENDEZVOUS, RANK, WORLD_SIZE set) the environment decides.
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024
     /// [default: cpu 1K..4M, cuda 4K..8M including 42K].
@@ -41,23 +41,23 @@ pub struct BenchArgs {
     #[arg(long)]
     algos: Option<String>,
     /// Timed calls per size and algorithm (CUDA: timed graph replays).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = crate::args::iterations_arg)]
     iters: usize,
     /// CUDA: allreduces per rank in the timed graph; the figure is the replay time over this.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
     chain: usize,
     /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
     #[arg(long)]
     processes: bool,
     /// Untimed calls before timing (default: a tenth of --iters, at least 5).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::warmup_arg)]
     warmup: Option<usize>,
     /// Element type: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Seconds a rank waits for a peer before it fails the run, naming the peer.
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    timeout: String,
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
     /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
     #[arg(long, value_name = "PATH|-")]
     json: Option<String>,
@@ -129,8 +129,11 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         parse_size,
     )?;
     let counts = sizes_to_counts(&bytes, dtype)?;
-    if args.iters == 0 || args.chain == 0 {
-        bail!("--iters and --chain must be at least 1");
+    let timeout = args.timeout;
+    for (flag, path) in [("json", &args.json), ("plot", &args.plot)] {
+        if let Some(path) = path {
+            check_writable(flag, path)?;
+        }
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::bench(
@@ -144,11 +147,19 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 warmup: args.warmup.unwrap_or(5),
                 chain: args.chain,
             },
-            parse_seconds(&args.timeout)?,
+            timeout,
             args.json,
             args.plot,
         );
     }
+    if args.processes {
+        bail!(Usage(
+            "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda".into()
+        ));
+    }
+    let max_bytes = bytes.iter().copied().max().unwrap_or(0);
+    // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
+    crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
     let plan = BenchPlan {
         backend,
         note: setup.note.clone(),
@@ -157,7 +168,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         iters: args.iters,
         warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
         dtype,
-        timeout: parse_seconds(&args.timeout)?,
+        timeout,
         json: args.json,
         plot: args.plot,
     };
@@ -212,6 +223,14 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
                 busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
                 correct: wrong == 0,
             });
+            if leader {
+                rank.save_partial(&format!(
+                    "tpar bench (partial): cpu backend, {}, {}\n{}",
+                    crate::report::ranks(world_size),
+                    plan.dtype,
+                    table(&rows)
+                ));
+            }
         }
     }
     progress.finish();
@@ -257,6 +276,19 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
 }
 
 fn render(report: &BenchReport) -> String {
+    format!(
+        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
+        report.backend,
+        crate::report::ranks(report.world_size),
+        report.dtype,
+        report.iters,
+        report.warmup,
+        human_bytes(report.memory_per_rank_bytes),
+        table(&report.results)
+    )
+}
+
+fn table(rows: &[BenchRow]) -> String {
     let mut table = Table::new(
         &[
             "size",
@@ -268,7 +300,7 @@ fn render(report: &BenchReport) -> String {
         ],
         2,
     );
-    for r in &report.results {
+    for r in rows {
         table.push(vec![
             human_bytes(r.bytes),
             r.algo.clone(),
@@ -278,16 +310,7 @@ fn render(report: &BenchReport) -> String {
             if r.correct { "yes" } else { "NO" }.to_owned(),
         ]);
     }
-    format!(
-        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
-        report.backend,
-        crate::report::ranks(report.world_size),
-        report.dtype,
-        report.iters,
-        report.warmup,
-        human_bytes(report.memory_per_rank_bytes),
-        table.render()
-    )
+    table.render()
 }
 
 /// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.

@@ -19,7 +19,7 @@ use tpar::planner::model::ModelShape;
 use tpar::planner::step::{pass_ops, slot_elements, Slot, StepOp};
 use tpar::DType;
 
-use crate::args::{parse_list, parse_seconds};
+use crate::args::parse_list;
 use crate::backend_choice::cuda_device;
 use crate::blas::Blas;
 use crate::cuda_bench::time_replays;
@@ -28,6 +28,7 @@ use crate::cuda_ranks::{CudaRanks, Route};
 use crate::report::{emit, name_with_runs, percentile, skipped_row, Provenance, Table};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct StepArgs {
     /// The model's Hugging Face config.json (layers, hidden size, heads, MLP, MLA and MoE fields).
     #[arg(long, value_name = "FILE")]
@@ -48,15 +49,15 @@ pub struct StepArgs {
     #[arg(long, default_value = "nccl,auto")]
     algos: String,
     /// Timed replays of each pass's graph.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
     replays: usize,
     /// One process per rank (CUDA IPC) instead of one process driving every rank; NCCL needs it
     /// with more than one rank [default: on when every rank has a GPU of its own].
     #[arg(long)]
     processes: bool,
     /// Seconds a rank waits for a peer before it fails the run, naming the peer.
-    #[arg(long, default_value = "60", value_name = "SECONDS")]
-    timeout: String,
+    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
     /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
     #[arg(long, value_name = "PATH|-")]
     json: Option<String>,
@@ -189,7 +190,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     for r in parse_list(&args.algos, "algos", |s| Ok(s.parse::<Route>()?))? {
         reduces.push(Reduce::With(r));
     }
-    let timeout = parse_seconds(&args.timeout)?;
+    let timeout = args.timeout;
     let gpus = crate::cuda_ranks::device_count().context(
         "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
     )?;

@@ -7,13 +7,13 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
-use crate::args::parse_seconds;
 use crate::known::KnownData;
 use crate::ranks::{run_ranks, say, world_size_or, Rank};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct DebugRankArgs {
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Elements per call.
     #[arg(long, default_value_t = 1024)]
@@ -37,8 +37,8 @@ pub struct DebugRankArgs {
     /// RANK@CALL: that rank stops calling (sleeps) before that call.
     #[arg(long, value_name = "RANK@CALL")]
     stall_on: Option<String>,
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    timeout: String,
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
 }
 
 fn split_pair(text: &Option<String>, sep: char) -> Result<Option<(usize, String)>> {
@@ -54,7 +54,7 @@ fn split_pair(text: &Option<String>, sep: char) -> Result<Option<(usize, String)
 
 pub fn run(args: DebugRankArgs) -> Result<std::process::ExitCode> {
     let world_size = world_size_or(args.world_size, 2)?;
-    let timeout = parse_seconds(&args.timeout)?;
+    let timeout = args.timeout;
     run_ranks(world_size, timeout, |rank| debug_rank(rank, &args, timeout))
 }
 

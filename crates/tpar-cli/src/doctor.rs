@@ -20,13 +20,14 @@ use tpar::DType;
 use crate::report::{emit, Table};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct DoctorArgs {
     /// Explain a machine described in this JSON file instead of this one (touches no GPU).
     /// Fixtures: crates/tpar/fixtures/topologies/*.json.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
     /// Ranks to plan for [default: one per GPU].
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     #[arg(long, default_value = "bf16")]
     dtype: DType,
@@ -84,10 +85,14 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         .clone()
         .or_else(|| std::env::var("TPAR_ALGO").ok())
         .map(|a| a.parse::<Choice>())
-        .transpose()?;
+        .transpose()
+        .map_err(|e| crate::args::usage(e.into()))?;
     let mut checks = Vec::new();
     let (topology, source) = match &args.topology {
-        Some(path) => (Topology::load(path)?, format!("file {}", path.display())),
+        Some(path) => (
+            Topology::load(path).map_err(|e| crate::args::usage(e.into()))?,
+            format!("file {}", path.display()),
+        ),
         None => match Topology::detect() {
             Ok(t) => (t, "this machine (NVML)".to_owned()),
             Err(e) => {

@@ -16,6 +16,7 @@ mod cuda_selftest;
 mod debug_rank;
 mod doctor;
 mod known;
+mod limits;
 mod plan;
 mod plot;
 mod progress;
@@ -111,7 +112,10 @@ fn main() -> ExitCode {
     prepare_cuda_environment();
     // RUST_LOG=tpar=debug shows every dispatch decision with its reason.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(e),
+    };
     let result = match cli.command {
         Command::Bench(args) => bench::run(args),
         Command::Selftest(args) => selftest::run(args),
@@ -123,8 +127,52 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("tpar: error: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("tpar: error: {}", one_line(&format!("{e:#}")));
+            if args::is_usage(&e) {
+                ExitCode::from(USAGE_EXIT)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// Exit status of a usage error (clap's, and ours found while checking arguments); a run that
+/// fails exits 1.
+const USAGE_EXIT: u8 = 2;
+
+/// Help and version go to stdout with status 0; a usage error is one line on stderr, status 2
+/// (clap's own rendering adds a usage block and a tip over several lines).
+fn clap_exit(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            ExitCode::SUCCESS
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(USAGE_EXIT)
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("invalid arguments");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("tpar: error: {first} (see tpar help)");
+            ExitCode::from(USAGE_EXIT)
+        }
+    }
+}
+
+/// Messages are one line: a multi-line cause (a rank's output, a parser's report) is joined.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }

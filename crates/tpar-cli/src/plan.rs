@@ -16,6 +16,7 @@ use tpar::planner::model::ModelShape;
 use tpar::planner::spec::{plan_spec, roofline_ms, Latency, SpecInputs, SpecPlan};
 use tpar::planner::{gib, GIB};
 
+use crate::args::usage;
 use crate::report::{emit, Table};
 
 #[derive(Subcommand, Debug)]
@@ -35,50 +36,51 @@ pub enum Engine {
 }
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct MemoryArgs {
     /// The model's Hugging Face config.json (fixtures: crates/tpar/fixtures/models/).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// Tensor-parallel size.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::tp_arg)]
     tp: u64,
     /// GPU memory in GiB [default: read from GPU 0].
-    #[arg(long, value_name = "GIB")]
+    #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     gpu_gb: Option<f64>,
     /// Free GPU memory after the engine loaded its weights, in GiB, if measured.
-    #[arg(long, value_name = "GIB")]
+    #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     free_after_load_gb: Option<f64>,
     /// Weights per rank in GiB [default: computed from the config].
-    #[arg(long, value_name = "GIB")]
+    #[arg(long, value_name = "GIB", value_parser = crate::args::non_negative_f64)]
     weights_gb: Option<f64>,
     #[arg(long, value_enum, default_value = "sglang")]
     engine: Engine,
     /// SGLang's fraction of GPU memory for weights and KV cache.
-    #[arg(long, default_value_t = 0.88)]
+    #[arg(long, default_value_t = 0.88, value_parser = crate::args::fraction_arg)]
     mem_fraction_static: f64,
     /// vLLM's fraction of GPU memory it may use.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.9, value_parser = crate::args::fraction_arg)]
     gpu_memory_utilization: f64,
     /// Bytes per KV element: 2 (bf16/fp16) or 1 (fp8) [default: the model's dtype].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::kv_bytes_arg)]
     kv_bytes: Option<u64>,
     /// CUDA-graph pool, GiB (an estimate: it grows with the captured batch sizes).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative_f64)]
     cuda_graph_gb: f64,
     /// Draft model (speculative decoding) per rank, GiB; or --draft-config.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::non_negative_f64)]
     draft_gb: f64,
     /// The draft model's config.json: its weights per rank are computed.
     #[arg(long, value_name = "FILE")]
     draft_config: Option<PathBuf>,
     /// CUDA context, libraries and allocator slack, GiB.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.5, value_parser = crate::args::non_negative_f64)]
     runtime_gb: f64,
     /// vLLM: profiled peak activations, GiB.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = crate::args::non_negative_f64)]
     activation_gb: f64,
     /// Fewest KV tokens worth running with (one full context).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = crate::args::tokens_arg)]
     context: u64,
     /// Print the plan as JSON on stdout (the text goes to stderr).
     #[arg(long)]
@@ -86,19 +88,20 @@ pub struct MemoryArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct SpecArgs {
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::tp_arg)]
     tp: u64,
     /// Tokens per verify pass: draft tokens + 1.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::tokens_arg)]
     tokens: u64,
     /// Tokens accepted per verify pass on average (acceptance length).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive_f64)]
     acceptance: f64,
     /// Allreduce latency at every size, us; or --latency-json.
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = crate::args::positive_f64)]
     latency_us: Option<f64>,
     /// A `tpar bench --json` file: the fastest correct result at each size.
     #[arg(long, value_name = "FILE")]
@@ -109,23 +112,23 @@ pub struct SpecArgs {
     #[arg(long, value_name = "FILE")]
     latency_topology: Option<PathBuf>,
     /// Allreduce latency of plain decoding (one token), us, if it takes another path.
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = crate::args::positive_f64)]
     plain_latency_us: Option<f64>,
     /// Compute of a plain decode step, ms [default: roofline from --tflops and --hbm-gbps].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive_f64)]
     plain_ms: Option<f64>,
     /// Compute of a verify pass, ms [default: roofline].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::positive_f64)]
     verify_ms: Option<f64>,
     /// Draft model time per verify pass, ms [default: (tokens - 1) draft steps, each 2/layers
     /// of a plain step, as for a one-layer EAGLE-3 head].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::non_negative_f64)]
     draft_ms: Option<f64>,
     /// Dense bf16 TFLOP/s per GPU for the roofline.
-    #[arg(long, default_value_t = 400.0)]
+    #[arg(long, default_value_t = 400.0, value_parser = crate::args::positive_f64)]
     tflops: f64,
     /// Memory bandwidth per GPU, GB/s, for the roofline.
-    #[arg(long, default_value_t = 1800.0)]
+    #[arg(long, default_value_t = 1800.0, value_parser = crate::args::positive_f64)]
     hbm_gbps: f64,
     #[arg(long)]
     json: bool,
@@ -141,10 +144,12 @@ fn load_model(path: &PathBuf) -> Result<ModelShape> {
 }
 
 pub fn run(command: PlanCommand) -> Result<ExitCode> {
+    // The planner does no work that can fail at run time: every error is about its inputs.
     match command {
         PlanCommand::Memory(args) => memory(args),
         PlanCommand::SpecDecode(args) => spec(args),
     }
+    .map_err(usage)
 }
 
 #[derive(Serialize)]
@@ -161,6 +166,7 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         bail!("--tp must be at least 1");
     }
     let model = load_model(&a.config)?;
+    model.check_tp(a.tp).map_err(anyhow::Error::from)?;
     let gpu_bytes = match a.gpu_gb {
         Some(g) => g * GIB,
         None => tpar::topology::Topology::detect()
@@ -197,6 +203,7 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         kv_bytes_per_token: model.kv_bytes_per_token(a.tp, kv_bytes) as f64,
         min_tokens: a.context,
     };
+    inputs.check().map_err(anyhow::Error::from)?;
     let plan = plan_memory(&inputs);
     let mut t = Table::new(&["term", "GiB", "what"], 1);
     for term in &plan.terms {
@@ -263,6 +270,7 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
         );
     }
     let model = load_model(&a.config)?;
+    model.check_tp(a.tp).map_err(anyhow::Error::from)?;
     let mut assumptions = Vec::new();
     let latency = match (a.latency_us, &a.latency_json, &a.latency_topology) {
         (Some(us), None, None) => Latency::Flat(us),

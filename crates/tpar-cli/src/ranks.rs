@@ -28,7 +28,20 @@ impl Rank {
     pub fn is_leader(&self) -> bool {
         self.rank() == 0
     }
+
+    /// Keeps `text` (the table so far) where tpar's launcher prints it if the job is
+    /// interrupted; replaced whole each time, so a reader never sees half of it.
+    pub fn save_partial(&self, text: &str) {
+        let dir = &self.rendezvous.env().dir;
+        let tmp = dir.join(format!("{PARTIAL_FILE}.tmp"));
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, dir.join(PARTIAL_FILE));
+        }
+    }
 }
+
+/// Rank 0's results so far, in the rendezvous directory.
+const PARTIAL_FILE: &str = "partial-output.txt";
 
 /// Runs `body` as every rank of a job of `world_size` ranks: in this process if it already is
 /// a rank, otherwise by launching `world_size` copies of this command.
@@ -60,12 +73,34 @@ pub fn run_ranks(
 }
 
 fn launch(world_size: usize, timeout: Duration) -> Result<ExitCode> {
-    let launcher = Launcher::new(world_size)?;
+    let mut launcher = Launcher::new(world_size)?;
+    for line in launcher.swept() {
+        eprintln!("tpar: removed leftovers of a dead job: {line}");
+    }
     let program =
         std::env::current_exe().context("cannot find the tpar executable to start ranks")?;
     let args: Vec<_> = std::env::args_os().skip(1).collect();
     // Survivors notice a failed peer within their deadline; give them that and a margin.
     let outcome = launcher.run(&program, &args, timeout + Duration::from_secs(5))?;
+    if let Some(sig) = outcome.interrupted {
+        let partial = std::fs::read_to_string(launcher.rendezvous_dir().join(PARTIAL_FILE));
+        let cleanup = launcher.cleanup();
+        match partial {
+            Ok(text) if !text.trim().is_empty() => {
+                println!("{}", text.trim_end());
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            }
+            _ => eprintln!("tpar: no results yet"),
+        }
+        eprintln!(
+            "tpar: interrupted by {}: stopped {} of {world_size} rank(s), removed the rendezvous directory{} and {} shared-memory segment(s)",
+            signal_name(sig),
+            outcome.ranks.len(),
+            if cleanup.dir_removed { "" } else { " (already gone)" },
+            cleanup.segments_removed
+        );
+        return Ok(ExitCode::from((128 + sig).clamp(0, 255) as u8));
+    }
     if outcome.success() {
         return Ok(ExitCode::SUCCESS);
     }
@@ -78,10 +113,21 @@ fn launch(world_size: usize, timeout: Duration) -> Result<ExitCode> {
     Ok(ExitCode::FAILURE)
 }
 
+fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGHUP => "SIGHUP".into(),
+        other => format!("signal {other}"),
+    }
+}
+
 /// The world size to use: the environment's when this process is a rank, else the flag's,
 /// else `default`.
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
-    let from_env = RankEnv::from_env()?.map(|e| e.world_size);
+    let from_env = RankEnv::from_env()
+        .map_err(|e| crate::args::usage(e.into()))?
+        .map(|e| e.world_size);
     let n = flag.or(from_env).unwrap_or(default);
     if n == 0 {
         bail!("--world-size must be at least 1");

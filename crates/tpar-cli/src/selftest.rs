@@ -10,19 +10,20 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
 
-use crate::args::{parse_dtypes, parse_list, parse_seconds};
+use crate::args::{parse_dtypes, parse_list};
 use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::known::{total_across_ranks, KnownData};
 use crate::ranks::{run_ranks, Rank};
 use crate::report::Table;
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct SelftestArgs {
     /// Where to run: auto picks CUDA when a usable GPU exists, else the CPU (and says why).
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
     /// Ranks to start on this host (default: the number of cores, 2 to 8).
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Element counts to test, comma-separated (odd ones on purpose).
     #[arg(long, default_value = "0,1,7,1023,65541,1048579")]
@@ -37,11 +38,11 @@ pub struct SelftestArgs {
     #[arg(long)]
     processes: bool,
     /// CUDA: replays of the graph that gets new inputs before every replay.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = crate::args::iterations_arg)]
     replays: usize,
     /// Seconds a rank waits for a peer in the sweep.
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    timeout: String,
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
     /// Skip the peer-timeout case (it costs about a second).
     #[arg(long)]
     no_timeout_case: bool,
@@ -68,9 +69,26 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         world_size,
         ..
     } = setup;
-    let counts = parse_list(&args.counts, "counts", |s| Ok(s.trim().parse::<usize>()?))?;
+    let counts = parse_list(&args.counts, "counts", |s| {
+        crate::args::whole_in(s, 0, 1 << 40)
+            .map(|c| c as usize)
+            .map_err(anyhow::Error::msg)
+    })?;
     let dtypes = parse_dtypes(&args.dtypes)?;
-    let timeout = parse_seconds(&args.timeout)?;
+    let timeout = args.timeout;
+    if backend == Backend::Cpu && args.processes {
+        anyhow::bail!(crate::args::Usage(
+            "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda".into()
+        ));
+    }
+    if backend == Backend::Cpu {
+        let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
+        let max_bytes = counts
+            .iter()
+            .max()
+            .map_or(0, |&c| (c as u64).saturating_mul(widest));
+        crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
+    }
     if backend == Backend::Cuda {
         return crate::cuda_commands::selftest(
             args.processes,

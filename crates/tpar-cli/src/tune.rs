@@ -13,15 +13,16 @@ use tpar::memory::human_bytes;
 use tpar::topology::Topology;
 use tpar::DType;
 
-use crate::args::{parse_list, parse_seconds, parse_size, sizes_to_counts};
+use crate::args::{parse_list, parse_size, sizes_to_counts};
 use crate::cuda_bench::{self, CudaBenchPlan, CudaRow};
 use crate::cuda_commands::{config, on_ranks};
 use crate::report::{emit, Table};
 
 #[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
 pub struct TuneArgs {
     /// Ranks to tune for [default: one per GPU].
-    #[arg(long, short = 'n')]
+    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     #[arg(long, default_value = "bf16")]
     dtype: DType,
@@ -32,13 +33,13 @@ pub struct TuneArgs {
     )]
     sizes: String,
     /// Timed graph replays per size and algorithm.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
     iters: usize,
     /// One process per rank (CUDA IPC); NCCL with several ranks is only measured this way.
     #[arg(long)]
     processes: bool,
-    #[arg(long, default_value = "30", value_name = "SECONDS")]
-    timeout: String,
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
     /// Also write the measurements and the table as JSON (`-`: stdout).
     #[arg(long, value_name = "PATH|-")]
     json: Option<String>,
@@ -99,14 +100,18 @@ pub fn crossovers(table: &TuningTable) -> String {
 }
 
 pub fn run(args: TuneArgs) -> Result<ExitCode> {
+    // Arguments first: a typo is reported as such, on any machine.
+    let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
+    let counts = sizes_to_counts(&bytes, args.dtype)?;
+    if let Some(path) = &args.json {
+        crate::args::check_writable("json", path)?;
+    }
     let gpus =
         tpar::backend::cuda::probe().context("tpar tune measures GPUs, and none is usable here")?;
     let topology =
         Topology::detect().context("tpar tune keys its table by the machine's topology")?;
     let world_size = args.world_size.unwrap_or(gpus).max(1);
-    let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
-    let counts = sizes_to_counts(&bytes, args.dtype)?;
-    let timeout = parse_seconds(&args.timeout)?;
+    let timeout = args.timeout;
     let plan = CudaBenchPlan {
         sizes: bytes.into_iter().zip(counts).collect(),
         choices: Choice::ALL.map(crate::cuda_ranks::Route::Fixed).to_vec(),

@@ -44,10 +44,11 @@ impl RankEnv {
     }
 
     /// [`RankEnv::from_env`] over any variable source, for tests.
+    /// A launcher's variables without `TPAR_RENDEZVOUS` (`RANK=1 WORLD_SIZE=4` alone) are an
+    /// error, not ignored: every such process would otherwise start a job of its own. So are
+    /// local ranks that cannot be (`LOCAL_RANK` not below `LOCAL_WORLD_SIZE`, more local ranks
+    /// than ranks).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>> {
-        let Some(dir) = get(ENV_RENDEZVOUS) else {
-            return Ok(None);
-        };
         let number = |key: &str| -> Result<Option<usize>> {
             get(key)
                 .map(|v| {
@@ -56,6 +57,27 @@ impl RankEnv {
                     })
                 })
                 .transpose()
+        };
+        let Some(dir) = get(ENV_RENDEZVOUS) else {
+            let launcher_vars = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"];
+            let mut set = Vec::new();
+            for key in launcher_vars {
+                if let Some(v) = number(key)? {
+                    set.push((key, v));
+                }
+            }
+            check_local(&set)?;
+            let value = |key| set.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+            // torchrun's single-process case (RANK=0 WORLD_SIZE=1) is no job to join.
+            let lone = value("WORLD_SIZE").unwrap_or(1) <= 1 && value("RANK").unwrap_or(0) == 0;
+            if !lone {
+                let shown: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                return Err(Error::Environment(format!(
+                    "{} is set but {ENV_RENDEZVOUS} is not: this process would start a job of its own instead of joining yours; set {ENV_RENDEZVOUS} (a directory) and {ENV_JOB_TOKEN} for every rank, or unset RANK and WORLD_SIZE",
+                    shown.join(" ")
+                )));
+            }
+            return Ok(None);
         };
         let required = |key: &str| -> Result<usize> {
             number(key)?.ok_or_else(|| {
@@ -73,6 +95,12 @@ impl RankEnv {
         }
         let local_rank = number("LOCAL_RANK")?.unwrap_or(rank);
         let local_world_size = number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+        check_local(&[
+            ("RANK", rank),
+            ("WORLD_SIZE", world_size),
+            ("LOCAL_RANK", local_rank),
+            ("LOCAL_WORLD_SIZE", local_world_size),
+        ])?;
         let token = get(ENV_JOB_TOKEN).ok_or_else(|| {
             Error::Environment(format!(
                 "{ENV_RENDEZVOUS} is set but {ENV_JOB_TOKEN} is not; give every rank the same secret token, e.g. {ENV_JOB_TOKEN}=$(openssl rand -hex 16)"
@@ -100,6 +128,38 @@ impl RankEnv {
             ("LOCAL_WORLD_SIZE", self.local_world_size.to_string()),
         ]
     }
+}
+
+/// Local ranks that cannot be, among the launcher variables given as (name, value).
+fn check_local(vars: &[(&str, usize)]) -> Result<()> {
+    let value = |key| vars.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    let bad = |why: String| Err(Error::Environment(why));
+    if let (Some(r), Some(w)) = (value("RANK"), value("WORLD_SIZE")) {
+        if w == 0 || r >= w {
+            return bad(format!("RANK={r} is not below WORLD_SIZE={w}"));
+        }
+    }
+    if value("LOCAL_WORLD_SIZE") == Some(0) {
+        return bad("LOCAL_WORLD_SIZE=0: a job has at least one local rank".into());
+    }
+    if let (Some(r), Some(w)) = (value("LOCAL_RANK"), value("LOCAL_WORLD_SIZE")) {
+        if r >= w {
+            return bad(format!("LOCAL_RANK={r} is not below LOCAL_WORLD_SIZE={w}"));
+        }
+    }
+    if let (Some(lw), Some(w)) = (value("LOCAL_WORLD_SIZE"), value("WORLD_SIZE")) {
+        if lw > w {
+            return bad(format!(
+                "LOCAL_WORLD_SIZE={lw} is more than WORLD_SIZE={w}: a host cannot hold more ranks than the job has"
+            ));
+        }
+    }
+    if let (Some(lr), Some(w)) = (value("LOCAL_RANK"), value("WORLD_SIZE")) {
+        if lr >= w {
+            return bad(format!("LOCAL_RANK={lr} is not below WORLD_SIZE={w}"));
+        }
+    }
+    Ok(())
 }
 
 pub fn check_token(token: &str) -> Result<()> {
@@ -524,6 +584,46 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(back, env);
+    }
+
+    #[test]
+    fn launcher_variables_without_a_rendezvous_or_impossible_local_ranks_are_refused() {
+        let err = RankEnv::from_lookup(lookup(&[("RANK", "1"), ("WORLD_SIZE", "4")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("RANK=1 WORLD_SIZE=4") && err.contains(ENV_RENDEZVOUS),
+            "{err}"
+        );
+        // torchrun with one process: nothing to join, not an error.
+        assert_eq!(
+            RankEnv::from_lookup(lookup(&[("RANK", "0"), ("WORLD_SIZE", "1")])).unwrap(),
+            None
+        );
+        let err = RankEnv::from_lookup(lookup(&[
+            ("LOCAL_RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("WORLD_SIZE", "1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("LOCAL_RANK=3 is not below LOCAL_WORLD_SIZE=2"),
+            "{err}"
+        );
+        let err = RankEnv::from_lookup(lookup(&[
+            (ENV_RENDEZVOUS, "/tmp/x"),
+            (ENV_JOB_TOKEN, "abcdefgh12"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("LOCAL_WORLD_SIZE=2 is more than WORLD_SIZE=1"),
+            "{err}"
+        );
     }
 
     #[test]

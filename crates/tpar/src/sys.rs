@@ -216,18 +216,70 @@ pub fn liveness(pid: u32) -> Liveness {
 }
 
 /// Makes the child started by `command` receive SIGKILL when this process dies, so a launcher
-/// that crashes leaves no ranks behind.
+/// that crashes leaves no ranks behind. The signal is armed in the child before anything else
+/// (between fork and exec); a parent that died before that moment is caught by comparing the
+/// child's parent with the launcher's pid, and the child exits at once.
 pub fn kill_child_with_parent(command: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe, which is all pre_exec requires.
+    // SAFETY: getpid cannot fail.
+    let launcher = unsafe { libc::getpid() };
+    // SAFETY: prctl, getppid and _exit are async-signal-safe, which is all pre_exec requires.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            if libc::getppid() != launcher {
+                libc::_exit(1);
             }
             Ok(())
         });
     }
+}
+
+/// The signal (SIGINT, SIGTERM or SIGHUP) that asked this process to stop, 0 for none.
+static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn note_stop_signal(sig: libc::c_int) {
+    // An atomic store is async-signal-safe; the launcher's wait loop acts on it.
+    STOP_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// From now on SIGINT, SIGTERM and SIGHUP only set a flag ([`stop_signal`]) instead of killing
+/// this process, so a launcher can stop its ranks and clean up first. Children get the default
+/// actions back at exec.
+pub fn catch_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: a zeroed sigaction with a handler that only stores to an atomic; sigaction
+        // copies the struct.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = note_stop_signal as extern "C" fn(libc::c_int) as usize;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// The stop signal received since [`catch_stop_signals`], if any.
+pub fn stop_signal() -> Option<i32> {
+    match STOP_SIGNAL.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        sig => Some(sig),
+    }
+}
+
+/// Sends SIGTERM to `pid` (a rank of this job, asked to stop).
+pub fn send_term(pid: u32) {
+    // SAFETY: sending SIGTERM to a child we started.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+}
+
+/// The owner of a file, without following a final symbolic link.
+pub fn owner_uid(path: &std::path::Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| m.uid())
 }
 
 pub fn send_kill(pid: u32) {

@@ -81,11 +81,32 @@ pub struct Topology {
     pub links: Vec<Link>,
 }
 
+/// The most GPUs a described machine may have: far beyond any one host (16 today), and a
+/// clear limit instead of minutes of planning over every pair.
+pub const MAX_GPUS: usize = 128;
+
 impl Topology {
     pub fn from_json(text: &str) -> Result<Topology> {
-        let topology: Topology = serde_json::from_str(text)
+        // Count the GPUs before building every link: a description of thousands of GPUs (half a
+        // million links per thousand) is refused in the time it takes to skim it.
+        #[derive(Deserialize)]
+        struct Count {
+            gpus: Vec<serde::de::IgnoredAny>,
+        }
+        if let Ok(count) = serde_json::from_str::<Count>(text) {
+            if count.gpus.len() > MAX_GPUS {
+                return Err(Error::InvalidArgument(format!(
+                    "the topology has {} GPUs; tpar plans for one host of at most {MAX_GPUS}",
+                    count.gpus.len()
+                )));
+            }
+        }
+        let mut topology: Topology = serde_json::from_str(text)
             .map_err(|e| Error::InvalidArgument(format!("not a tpar topology file: {e}")))?;
         topology.validate()?;
+        // Sorted by pair, so that `link` finds one by binary search (doctor asks for every
+        // pair: with a linear search 1000 GPUs took minutes).
+        topology.links.sort_by_key(|l| (l.a, l.b));
         Ok(topology)
     }
 
@@ -107,9 +128,20 @@ impl Topology {
         serde_json::to_string_pretty(self).expect("topologies serialise")
     }
 
-    /// Every GPU is indexed 0..n in order and every pair has exactly one link.
+    /// Every GPU is indexed 0..n in order and every pair has exactly one link; at least one
+    /// GPU, at most [`MAX_GPUS`]. Linear in the number of links.
     pub fn validate(&self) -> Result<()> {
         let n = self.gpus.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument(
+                "the topology has no GPUs; describe at least one (or run `tpar doctor` without --topology on this machine)".into(),
+            ));
+        }
+        if n > MAX_GPUS {
+            return Err(Error::InvalidArgument(format!(
+                "the topology has {n} GPUs; tpar plans for one host of at most {MAX_GPUS}"
+            )));
+        }
         for (i, g) in self.gpus.iter().enumerate() {
             if g.index != i {
                 return Err(Error::InvalidArgument(format!(
@@ -118,9 +150,21 @@ impl Topology {
                 )));
             }
         }
+        if let Some(l) = self.links.iter().find(|l| l.a >= l.b || l.b >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "link {}-{} names no pair of GPUs 0..{n} with a < b",
+                l.a, l.b
+            )));
+        }
+        let mut pairs: Vec<(usize, usize)> = self.links.iter().map(|l| (l.a, l.b)).collect();
+        pairs.sort_unstable();
+        let mut next = pairs.iter().copied().peekable();
         for a in 0..n {
             for b in a + 1..n {
-                let count = self.links.iter().filter(|l| (l.a, l.b) == (a, b)).count();
+                let mut count = 0;
+                while next.next_if_eq(&(a, b)).is_some() {
+                    count += 1;
+                }
                 if count != 1 {
                     return Err(Error::InvalidArgument(format!(
                         "GPUs {a} and {b} have {count} links described; each pair needs exactly one (with a < b)"
@@ -128,19 +172,17 @@ impl Topology {
                 }
             }
         }
-        if let Some(l) = self.links.iter().find(|l| l.a >= l.b || l.b >= n) {
-            return Err(Error::InvalidArgument(format!(
-                "link {}-{} names no pair of GPUs 0..{n} with a < b",
-                l.a, l.b
-            )));
-        }
         Ok(())
     }
 
     /// The link between two different GPUs.
     pub fn link(&self, a: usize, b: usize) -> Option<&Link> {
         let (a, b) = (a.min(b), a.max(b));
-        self.links.iter().find(|l| l.a == a && l.b == b)
+        match self.links.binary_search_by_key(&(a, b), |l| (l.a, l.b)) {
+            Ok(i) => Some(&self.links[i]),
+            // Not sorted (built in code, not loaded): look at every link.
+            Err(_) => self.links.iter().find(|l| l.a == a && l.b == b),
+        }
     }
 
     /// The GPU each of `world_size` ranks runs on: round-robin, as the backends place them.
@@ -417,6 +459,59 @@ pub const FIXTURES: [(&str, &str); 5] = [
 
 #[cfg(test)]
 mod tests {
+
+    fn uniform(n: usize) -> String {
+        let gpu = |i: usize| {
+            format!(
+                r#"{{"index":{i},"name":"G","uuid":"GPU-{i}","pci_bus_id":"0000:{i:02x}:00.0","numa_node":0,"pcie_gen":5,"pcie_width":16,"compute_capability":"9.0","memory_bytes":1}}"#
+            )
+        };
+        let mut links = Vec::new();
+        for a in 0..n {
+            for b in a + 1..n {
+                links.push(format!(
+                    r#"{{"a":{a},"b":{b},"path":"same-switch","p2p_read":true,"p2p_write":true,"nvlink":false,"atomics":false}}"#
+                ));
+            }
+        }
+        let gpus: Vec<String> = (0..n).map(gpu).collect();
+        format!(
+            r#"{{"description":"test","driver_version":null,"cuda_version":null,"nccl_version":null,"gpus":[{}],"links":[{}]}}"#,
+            gpus.join(","),
+            links.join(",")
+        )
+    }
+
+    #[test]
+    fn no_gpus_and_too_many_are_clear_errors_and_the_limit_loads_fast() {
+        let err = Topology::from_json(&uniform(0)).unwrap_err().to_string();
+        assert!(err.contains("no GPUs"), "{err}");
+        let err = Topology::from_json(&uniform(MAX_GPUS + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("at most {MAX_GPUS}")), "{err}");
+        // Validation and lookups were n^4 together (200 GPUs: 8.6 s in doctor).
+        let start = std::time::Instant::now();
+        let t = Topology::from_json(&uniform(MAX_GPUS)).unwrap();
+        for a in 0..MAX_GPUS {
+            for b in 0..MAX_GPUS {
+                assert_eq!(t.link(a, b).is_some(), a != b);
+            }
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        let mut missing = Topology::from_json(&uniform(3)).unwrap();
+        missing.links.pop();
+        assert!(missing
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("GPUs 1 and 2 have 0 links"));
+    }
+
     use super::*;
 
     #[test]

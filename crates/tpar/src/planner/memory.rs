@@ -58,6 +58,61 @@ pub struct MemoryPlan {
     pub problem: Option<String>,
 }
 
+impl MemoryInputs {
+    /// Refuses inputs that would give a confident wrong plan: non-finite or negative figures,
+    /// fractions outside (0, 1], free memory above the GPU's total, KV of 0 bytes per token.
+    pub fn check(&self) -> crate::Result<()> {
+        let bad = |what: String| Err(crate::Error::InvalidArgument(what));
+        let figures = [
+            ("GPU memory", self.gpu_total_bytes),
+            ("weights", self.weights_bytes),
+            ("runtime overhead", self.runtime_overhead_bytes),
+            ("tpar buffers", self.tpar_bytes),
+            ("CUDA-graph pool", self.cuda_graph_bytes),
+            ("draft model", self.draft_bytes),
+            ("activation peak", self.activation_peak_bytes),
+            ("KV bytes per token", self.kv_bytes_per_token),
+        ];
+        for (name, value) in figures {
+            if !value.is_finite() || value < 0.0 {
+                return bad(format!(
+                    "{name} is {value}; it must be a finite number >= 0"
+                ));
+            }
+        }
+        if self.gpu_total_bytes <= 0.0 {
+            return bad("GPU memory must be above 0".into());
+        }
+        if self.kv_bytes_per_token <= 0.0 {
+            return bad("KV cache of 0 bytes per token: check --kv-bytes and the config".into());
+        }
+        if let Some(free) = self.free_after_load_bytes {
+            if !free.is_finite() || free < 0.0 {
+                return bad(format!("free memory after load is {free}; it must be >= 0"));
+            }
+            if free > self.gpu_total_bytes {
+                return bad(format!(
+                    "free memory after load ({}) is more than the GPU's total ({}); check --free-after-load-gb and --gpu-gb",
+                    gib(free),
+                    gib(self.gpu_total_bytes)
+                ));
+            }
+        }
+        let (flag, fraction) = match self.rule {
+            EngineRule::Sglang {
+                mem_fraction_static,
+            } => ("--mem-fraction-static", mem_fraction_static),
+            EngineRule::Vllm {
+                gpu_memory_utilization,
+            } => ("--gpu-memory-utilization", gpu_memory_utilization),
+        };
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return bad(format!("{flag} {fraction} is outside (0, 1]"));
+        }
+        Ok(())
+    }
+}
+
 pub fn plan_memory(i: &MemoryInputs) -> MemoryPlan {
     let mut terms = Vec::new();
     let mut term = |name: &str, bytes: f64, note: String| {

@@ -91,7 +91,7 @@ impl ModelShape {
                     .unwrap_or(0),
                 dense_layers: field(&v, "first_k_dense_replace").unwrap_or(0),
             });
-        Ok(ModelShape {
+        let shape = ModelShape {
             name: name.to_owned(),
             layers: need("num_hidden_layers")?,
             hidden,
@@ -108,7 +108,67 @@ impl ModelShape {
             activation_bytes: dtype_bytes,
             mla,
             moe,
-        })
+        };
+        shape.check_sizes()?;
+        Ok(shape)
+    }
+
+    /// Refuses a shape no engine could load: a zero dimension makes every figure 0 ("0 tokens
+    /// of 0 bytes") instead of an answer.
+    fn check_sizes(&self) -> Result<()> {
+        let dims = [
+            ("num_hidden_layers", self.layers),
+            ("hidden_size", self.hidden),
+            ("num_attention_heads", self.heads),
+            ("num_key_value_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab),
+        ];
+        for (key, value) in dims {
+            if value == 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: config.json has `{key}` 0; every dimension must be at least 1",
+                    self.name
+                )));
+            }
+        }
+        if self.kv_heads > self.heads {
+            return Err(Error::InvalidArgument(format!(
+                "{}: config.json has more key/value heads ({}) than attention heads ({})",
+                self.name, self.kv_heads, self.heads
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a TP size the engines refuse (vLLM and SGLang alike): attention heads must split
+    /// evenly over the ranks, and key/value heads must either split evenly (more heads than
+    /// ranks) or be replicated evenly (fewer heads: the TP size a multiple of them). MLA keeps
+    /// one latent per rank, so only the attention heads count there.
+    pub fn check_tp(&self, tp: u64) -> Result<()> {
+        if tp == 0 {
+            return Err(Error::InvalidArgument("TP size must be at least 1".into()));
+        }
+        if self.heads % tp != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: {} attention heads do not divide over TP {tp}; engines refuse it: pick a TP that divides {}",
+                self.name, self.heads, self.heads
+            )));
+        }
+        if self.mla.is_none() {
+            let splits = if self.kv_heads >= tp {
+                self.kv_heads % tp == 0
+            } else {
+                tp % self.kv_heads == 0
+            };
+            if !splits {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: {} key/value heads do not divide over TP {tp} (nor does TP {tp} replicate them evenly); engines refuse it: pick a TP that divides {} or a multiple of it",
+                    self.name, self.kv_heads, self.kv_heads
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn attention_parameters(&self) -> u64 {

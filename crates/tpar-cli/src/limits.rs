@@ -1,0 +1,163 @@
+//! What this host can hold, checked before any rank starts: ranks against cores (a warning:
+//! waits yield, so it runs, slowly), and shared memory and buffers against free /dev/shm and
+//! available RAM (an error naming both numbers). Without this, `-n 1000` or `--sizes 16G`
+//! forked ranks until the machine stopped answering.
+
+use anyhow::{bail, Result};
+use tpar::memory::human_bytes;
+
+use crate::args::Usage;
+
+/// Free bytes of the host, as far as they can be read.
+#[derive(Clone, Copy, Debug)]
+pub struct HostRoom {
+    /// `MemAvailable` of /proc/meminfo.
+    pub ram_available: Option<u64>,
+    /// Free bytes of the file system under /dev/shm (tmpfs: also RAM).
+    pub shm_free: Option<u64>,
+    pub cores: usize,
+}
+
+impl HostRoom {
+    pub fn here() -> HostRoom {
+        HostRoom {
+            ram_available: ram_available(),
+            shm_free: free_bytes("/dev/shm"),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+fn ram_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+fn free_bytes(path: &str) -> Option<u64> {
+    let c_path = std::ffi::CString::new(path).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
+    if rc != 0 {
+        return None;
+    }
+    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
+}
+
+/// What a CPU-backend job of `world_size` ranks needs: each rank's inbox segment in /dev/shm,
+/// and in each rank's own memory `buffers_per_rank` bytes (inputs, expected sums, output).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuJobNeeds {
+    pub world_size: usize,
+    pub shm_per_rank: u64,
+    pub buffers_per_rank: u64,
+}
+
+impl CpuJobNeeds {
+    /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
+    /// the largest message (bench and selftest keep two inputs, two expected sums and an output).
+    pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
+        let layout = tpar::protocol::layout::InboxLayout::new(
+            world_size,
+            tpar::CommConfig::default().chunk_bytes,
+        );
+        CpuJobNeeds {
+            world_size,
+            shm_per_rank: layout.total_bytes() as u64,
+            buffers_per_rank: max_message_bytes.saturating_mul(buffer_copies),
+        }
+    }
+
+    /// Refuses a job that cannot fit (a usage error naming what is needed and what is free);
+    /// returns the warnings to print for one that fits but will be slow.
+    pub fn check(&self, room: &HostRoom) -> Result<Vec<String>> {
+        let n = self.world_size as u64;
+        let shm_total = self.shm_per_rank.saturating_mul(n);
+        let buffers_total = self.buffers_per_rank.saturating_mul(n);
+        if let Some(free) = room.shm_free {
+            if shm_total > free {
+                bail!(Usage(format!(
+                    "{} ranks need {} of shared memory ({} each) but /dev/shm has {} free; use fewer ranks (-n)",
+                    self.world_size,
+                    human_bytes(shm_total),
+                    human_bytes(self.shm_per_rank),
+                    human_bytes(free)
+                )));
+            }
+        }
+        if let Some(ram) = room.ram_available {
+            let total = shm_total.saturating_add(buffers_total);
+            if total > ram {
+                bail!(Usage(format!(
+                    "{} ranks need {} of memory ({} of shared memory and {} of message buffers, {} per rank) but {} is available; use smaller --sizes or fewer ranks (-n)",
+                    self.world_size,
+                    human_bytes(total),
+                    human_bytes(shm_total),
+                    human_bytes(buffers_total),
+                    human_bytes(self.buffers_per_rank),
+                    human_bytes(ram)
+                )));
+            }
+        }
+        let mut warnings = Vec::new();
+        if self.world_size > room.cores {
+            warnings.push(format!(
+                "tpar: warning: {} ranks on {} cores: ranks take turns, so latencies measure the scheduler more than the protocol",
+                self.world_size, room.cores
+            ));
+        }
+        Ok(warnings)
+    }
+}
+
+/// Checks a CPU job against this host, printing its warnings; see [`CpuJobNeeds::check`].
+pub fn check_cpu_job(needs: CpuJobNeeds) -> Result<()> {
+    for warning in needs.check(&HostRoom::here())? {
+        eprintln!("{warning}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn room(ram: u64, shm: u64, cores: usize) -> HostRoom {
+        HostRoom {
+            ram_available: Some(ram),
+            shm_free: Some(shm),
+            cores,
+        }
+    }
+
+    #[test]
+    fn a_small_job_fits_and_too_many_ranks_warn() {
+        let needs = CpuJobNeeds::cpu(4, 4 << 20, 5);
+        assert!(needs.check(&room(16 * GIB, 8 * GIB, 8)).unwrap().is_empty());
+        let warnings = needs.check(&room(16 * GIB, 8 * GIB, 2)).unwrap();
+        assert!(warnings[0].contains("4 ranks on 2 cores"), "{warnings:?}");
+    }
+
+    #[test]
+    fn shared_memory_beyond_dev_shm_names_both_numbers() {
+        let needs = CpuJobNeeds::cpu(1000, 4096, 5);
+        let err = needs
+            .check(&room(64 * GIB, GIB, 2))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1000 ranks need"), "{err}");
+        assert!(err.contains("/dev/shm has 1 GiB free"), "{err}");
+    }
+
+    #[test]
+    fn huge_messages_are_refused_without_overflow() {
+        let needs = CpuJobNeeds::cpu(2, u64::MAX - 1, 5);
+        let err = needs.check(&room(64 * GIB, 64 * GIB, 2)).unwrap_err();
+        assert!(crate::args::is_usage(&err));
+        assert!(err.to_string().contains("64 GiB is available"), "{err}");
+    }
+}
