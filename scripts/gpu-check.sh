@@ -102,6 +102,17 @@ elif [ "$mode" = step ]; then
   fi
   step step-llama-tp8-shared-gpu 150 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
   step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
+elif [ "$mode" = engines ]; then
+  # tpar.engines under vLLM's / SGLang's calling sequence (scripts/engine_harness.py): TP 2
+  # and 4 ranks sharing GPU 0, then one GPU per rank where there are several (the engine's
+  # NCCL fallback needs that). Needs the wheel in .ci/wheels (carry it).
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site
+  CUDA_VISIBLE_DEVICES=0 step engines-shared-gpu 300 python3 scripts/engine_harness.py --tp 2 4 --out $out/shared-gpu
+  if [ $gpus -gt 1 ]; then
+    tps="2"; [ $gpus -ge 4 ] && tps="2 4"
+    step engines-gpu-per-rank 200 python3 scripts/engine_harness.py --tp $tps --out $out/gpu-per-rank
+  fi
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

@@ -33,4 +33,24 @@ python3 -m venv .ci/venv
 .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check maturin numpy pytest
 .ci/venv/bin/maturin build --release --quiet -m crates/tpar-py/Cargo.toml -o .ci/wheels
 .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps .ci/wheels/tpar-*.whl
-.ci/venv/bin/python -m pytest -rs tests/python
+# tpar.engines' tests read the pinned vLLM and SGLang wheels (375 MB, downloaded once into
+# .ci/engines) and run gloo groups with torch: PyPI's torch 2.11 with its CUDA libraries is
+# ~4.7 GB and ~2.5 minutes to install, so it goes once into .ci/torch and is reused; set
+# TPAR_CI_TORCH=0 to skip it (the gloo tests then skip and say why). A failed download only
+# makes those tests skip.
+pythonpath=""
+if [ "${TPAR_CI_TORCH:-1}" != 0 ]; then
+  if [ ! -e .ci/torch/torch/__init__.py ]; then
+    echo "== torch 2.11 into .ci/torch (once) for the gloo tests of tpar.engines"
+    .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+      --target .ci/torch "torch==2.11.0" || { echo "warning: torch did not install; the gloo tests will skip"; rm -rf .ci/torch; }
+  fi
+  [ -e .ci/torch/torch/__init__.py ] && pythonpath="$PWD/.ci/torch"
+fi
+mkdir -p .ci/engines
+for engine in vllm==0.33.0 sglang==0.5.23; do
+  ls .ci/engines/"${engine%%==*}"-"${engine##*==}"-*.whl >/dev/null 2>&1 ||
+    .ci/venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps "$engine" -d .ci/engines ||
+    echo "warning: $engine did not download; the engine contract tests will skip"
+done
+PYTHONPATH="$pythonpath" TPAR_ENGINE_WHEELS="$PWD/.ci/engines" .ci/venv/bin/python -m pytest -rs tests/python
