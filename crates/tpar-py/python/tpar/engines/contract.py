@@ -122,6 +122,7 @@ class TparCustomAllreduce:
         self.comm = None
         self._routes: dict = {}
         self._cuda = False
+        self._plan_warned = False
 
         import torch.distributed as dist
 
@@ -216,8 +217,16 @@ class TparCustomAllreduce:
         if not self._cuda:
             return "one-shot"
         try:
-            algorithm, _reason = self.comm.plan(nbytes, dtype, capturing)
-        except Exception:
+            try:
+                algorithm, _reason = self.comm.plan(nbytes, dtype, capturing)
+            except TypeError:  # a Communicator.plan without the capturing argument
+                algorithm, _reason = self.comm.plan(nbytes, dtype)
+        except Exception as error:
+            # The engine's NCCL is always correct; say so once rather than fail the call.
+            if not self._plan_warned:
+                self._plan_warned = True
+                logger.warning("tpar could not plan %d bytes of %s (%s); such sizes stay on the engine's NCCL",
+                               nbytes, dtype, error)
             return "nccl"
         return "nccl" if str(algorithm).startswith("nccl") else str(algorithm)
 
@@ -239,7 +248,7 @@ class TparCustomAllreduce:
             return False
         if inp.device.type != self.device.type or (self._cuda and inp.device.index != self.device.index):
             return False
-        capturing = self._IS_CAPTURING or (self._cuda and torch.cuda.is_current_stream_capturing())
+        capturing = self._IS_CAPTURING or (inp.is_cuda and torch.cuda.is_current_stream_capturing())
         key = (inp.dtype, nbytes, capturing)
         route = self._routes.get(key)
         if route is None:
