@@ -4,8 +4,8 @@ warning naming the failing rank and its cause), routing that is the same on ever
 ``custom_all_reduce`` out of place on tpar's CPU backend.
 
 Needs torch (for torch.distributed's gloo); skipped with the reason where torch is missing.
-scripts/test.sh installs it for CI only when TPAR_CI_TORCH=1 (PyPI's torch pulls ~4.7 GB of
-CUDA libraries: about 2.5 minutes on a fast link).
+scripts/test.sh installs it once into .ci/torch unless TPAR_CI_TORCH=0 (PyPI's torch pulls
+4.6 GB of CUDA libraries: 2-4 minutes here).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 pytest.importorskip("torch", reason="torch is not installed: the gloo group tests need torch.distributed "
-                                    "(scripts/test.sh installs it with TPAR_CI_TORCH=1)")
+                                    "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
 
 WORKER = textwrap.dedent(
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: these tests build torch tensors "
-                                            "(scripts/test.sh installs it with TPAR_CI_TORCH=1)")
+                                            "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
 
 from tpar.engines import TparCustomAllreduce  # noqa: E402
 
