@@ -186,7 +186,115 @@ def rank_main() -> None:
     print(json.dumps(report), flush=True)
 
 
-def launch(n: int, out: str) -> dict:
+def sglang_rank_main() -> None:
+    """SGLang 0.5.23's own code on the GPU: its plugin loader finds tpar's entry point, its
+    GroupCoordinator builds the "tp" group, and its ``all_reduce`` (eager) and ``graph_capture``
+    with a CUDA graph run every size. Sizes SGLang would hand to NCCL run only with one GPU per
+    rank (NCCL refuses ranks sharing a GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # SGLang's FlashInfer PCIe-IPC allreduce ranks after "ca" anyway; off, it opens no NCCL
+    # during construction (NCCL refuses ranks sharing a GPU).
+    os.environ.setdefault("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0")
+    gpus = torch.cuda.device_count()
+    shared = gpus < n
+    torch.cuda.set_device(rank % gpus)
+    report = {"rank": rank, "world_size": n, "device": f"cuda:{rank % gpus}", "shared_gpu": shared,
+              "fallback": "SGLang's own (torch NCCL group)" if not shared else "none: sizes over tpar's are left out"}
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
+    from sglang.srt.distributed import parallel_state as ps
+
+    from tpar.engines import TparCustomAllreduce
+
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    group = ps.GroupCoordinator([list(range(n))], rank % gpus, "nccl", use_pynccl=False, use_mscclpp=False,
+                                use_custom_allreduce=True, use_torch_symm_mem_all_reduce=False,
+                                use_hpu_communicator=False, use_xpu_communicator=False, group_name="tp")
+    torch.cuda.synchronize()
+    ca = group.ca_comm
+    report["free_bytes_taken"] = free_before - torch.cuda.mem_get_info()[0]
+    report["class"] = type(ca).__name__
+    report["disabled"] = not isinstance(ca, TparCustomAllreduce) or ca.disabled
+    if report["disabled"]:
+        report["error"] = f"SGLang built {type(ca).__name__}, disabled={getattr(ca, 'disabled', None)}"
+        print(json.dumps(report), flush=True)
+        return
+    report["footprint"] = ca.memory_footprint()
+    report["log_line"] = ca.describe()
+    calls = []
+    real = ca.custom_all_reduce
+    ca.custom_all_reduce = lambda x: calls.append(x.numel()) or real(x)
+    device = torch.device("cuda", rank % gpus)
+
+    def values(r, count, dtype, seed):
+        i = torch.arange(count, device=device, dtype=torch.int64)
+        return ((i * 7 + r * 13 + seed * 5) % 17 - 8).to(dtype)
+
+    def expected(count, dtype, seed):
+        return sum(values(r, count, dtype, seed).float() for r in range(n)).to(dtype)
+
+    cases = [(d, c) for d, c in CASES if not shared or ca.should_custom_ar(values(rank, c, getattr(torch, d), 0))]
+    rows, routes = [], []
+    for dtype_name, count in cases:
+        dtype = getattr(torch, dtype_name)
+        x = values(rank, count, dtype, 1)
+        method = group._resolve_outplace_all_reduce_method(x)
+        before = len(calls)
+        times = []
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            y = group.all_reduce(x.clone())
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e6)
+        took = len(calls) - before
+        routes.append(int(method == "ca"))
+        rows.append({"dtype": dtype_name, "bytes": count * x.element_size(),
+                     "route": f"ca (tpar x{took})" if method == "ca" and took == 3 else f"{method} (tpar x{took})",
+                     "eager_ok": bool(torch.equal(y, expected(count, dtype, 1))), "eager_us": round(sorted(times)[1], 1)})
+    everyone = [torch.zeros(len(routes), dtype=torch.int32) for _ in range(n)]
+    dist.all_gather(everyone, torch.tensor(routes, dtype=torch.int32), group=group.cpu_group)
+    report["routes_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
+
+    # The graph holds the sizes SGLang gives tpar: its table has torch.distributed (the NCCL
+    # fallback without pynccl) disabled in graph mode.
+    graphed = [i for i, routed in enumerate(routes) if routed]
+    graph_error = None
+    statics = [values(rank, cases[i][1], getattr(torch, cases[i][0]), 2) for i in graphed]
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with group.graph_capture() as context:
+            for x in statics:
+                group.all_reduce(x.clone())
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=context.stream):
+                outputs = [group.all_reduce(x) for x in statics]
+        for replay in range(REPLAYS):
+            seed = 3 + replay
+            for x, i in zip(statics, graphed):
+                x.copy_(values(rank, cases[i][1], getattr(torch, cases[i][0]), seed))
+            dist.barrier(group=group.cpu_group)
+            graph.replay()
+            torch.cuda.synchronize()
+            for out, i in zip(outputs, graphed):
+                ok = torch.equal(out, expected(cases[i][1], getattr(torch, cases[i][0]), seed))
+                rows[i]["graph_ok"] = rows[i].get("graph_ok", True) and bool(ok)
+    except Exception as error:
+        graph_error = f"{type(error).__name__}: {error}"
+    for i, row in enumerate(rows):
+        row.setdefault("graph_ok", False if i in graphed else None)
+    report["graph_error"] = graph_error
+    report["rows"] = rows
+    print(json.dumps(report), flush=True)
+
+
+def launch(n: int, out: str, name: str = "engines") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
         procs = [subprocess.Popen([sys.executable, __file__, "--rank"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -200,12 +308,12 @@ def launch(n: int, out: str) -> dict:
             except subprocess.TimeoutExpired:
                 p.kill()
                 stdout, stderr = p.communicate()
-            with open(os.path.join(out, f"engines-tp{n}-rank{r}.log"), "w") as log:
+            with open(os.path.join(out, f"{name}-tp{n}-rank{r}.log"), "w") as log:
                 log.write(stdout + "\n--- stderr\n" + stderr)
             lines = [line for line in stdout.splitlines() if line.startswith("{")]
             results.append(json.loads(lines[-1]) if lines else {"rank": r, "error": f"exit {p.returncode}: {stderr[-400:]}"})
-    summary = {"world_size": n, "ranks": results}
-    with open(os.path.join(out, f"engines-tp{n}.json"), "w") as f:
+    summary = {"world_size": n, "harness": name, "ranks": results}
+    with open(os.path.join(out, f"{name}-tp{n}.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
 
@@ -214,7 +322,7 @@ def table(summaries) -> int:
     failures = 0
     for s in summaries:
         r0 = s["ranks"][0]
-        print(f"== TP {s['world_size']}: {r0.get('device')} shared={r0.get('shared_gpu')} fallback={r0.get('fallback')}")
+        print(f"== {s.get('harness', 'engines')} TP {s['world_size']}: {r0.get('device')} shared={r0.get('shared_gpu')} fallback={r0.get('fallback')}")
         for r in s["ranks"]:
             if "error" in r or r.get("disabled"):
                 failures += 1
@@ -243,15 +351,19 @@ def main() -> int:
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--cpu", action="store_true", help="dry run on tpar's CPU backend, no graph")
+    parser.add_argument("--sglang", action="store_true",
+                        help="SGLang's own GroupCoordinator (needs its sources and imports on PYTHONPATH)")
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cpu:
         os.environ["HARNESS_CPU"] = "1"
+    if args.sglang:
+        os.environ["HARNESS_SGLANG"] = "1"
     if args.rank:
-        rank_main()
+        sglang_rank_main() if os.environ.get("HARNESS_SGLANG") == "1" else rank_main()
         return 0
     os.makedirs(args.out, exist_ok=True)
-    return table([launch(n, args.out) for n in args.tp])
+    return table([launch(n, args.out, "sglang" if args.sglang else "engines") for n in args.tp])
 
 
 if __name__ == "__main__":

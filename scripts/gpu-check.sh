@@ -113,6 +113,16 @@ elif [ "$mode" = engines ]; then
     tps="2"; [ $gpus -ge 4 ] && tps="2 4"
     step engines-gpu-per-rank 200 python3 scripts/engine_harness.py --tp $tps --out $out/gpu-per-rank
   fi
+  # SGLang 0.5.23's own GroupCoordinator, when .ci/engines-gpu is carried
+  # (scripts/engine_harness_bundle.sh builds it: SGLang's sources and its imports for cp312).
+  if [ -d .ci/engines-gpu ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/sglang-site .ci/engines-gpu/deps/*.whl > $out/pip-sglang.log 2>&1
+    rm -rf /tmp/sglang-src && python3 -m zipfile -e .ci/engines-gpu/sglang-0.5.23-src.zip /tmp/sglang-src
+    PYTHONPATH=/tmp/site:/tmp/sglang-site:/tmp/sglang-src CUDA_VISIBLE_DEVICES=0 step sglang-shared-gpu 200 python3 scripts/engine_harness.py --sglang --tp 2 4 --out $out/sglang-shared-gpu
+    if [ $gpus -gt 1 ]; then
+      PYTHONPATH=/tmp/site:/tmp/sglang-site:/tmp/sglang-src step sglang-gpu-per-rank 150 python3 scripts/engine_harness.py --sglang --tp $tps --out $out/sglang-gpu-per-rank
+    fi
+  fi
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
