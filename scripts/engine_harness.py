@@ -330,7 +330,8 @@ def table(summaries) -> int:
         if "rows" not in r0:
             continue
         print(f"   {r0['log_line']}")
-        print(f"   free memory taken by construction: {r0['free_bytes_taken']} B; memory_footprint: "
+        print(f"   drop in rank 0's GPU free memory around construction (every rank on that GPU): "
+              f"{r0['free_bytes_taken']} B; memory_footprint: "
               f"{r0['footprint'].get('device_bytes')} device B; routes agree on all ranks: "
               f"{all(r.get('routes_agree') for r in s['ranks'])}; graph error: {r0['graph_error']}")
         print(f"   {'dtype':9} {'bytes':>9} {'route':14} {'eager':6} {'graph':6} {'eager us (rank 0)':>18}")
