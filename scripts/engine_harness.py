@@ -294,7 +294,7 @@ def sglang_rank_main() -> None:
     print(json.dumps(report), flush=True)
 
 
-def launch(n: int, out: str, name: str = "engines") -> dict:
+def launch(n: int, out: str, name: str = "engines", timeout: float = 100.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
         procs = [subprocess.Popen([sys.executable, __file__, "--rank"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -302,16 +302,18 @@ def launch(n: int, out: str, name: str = "engines") -> dict:
                                                   "STORE": os.path.join(tmp, "store")})
                  for r in range(n)]
         results = []
+        deadline = time.monotonic() + timeout
         for r, p in enumerate(procs):
             try:
-                stdout, stderr = p.communicate(timeout=300)
+                stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 stdout, stderr = p.communicate()
             with open(os.path.join(out, f"{name}-tp{n}-rank{r}.log"), "w") as log:
                 log.write(stdout + "\n--- stderr\n" + stderr)
             lines = [line for line in stdout.splitlines() if line.startswith("{")]
-            results.append(json.loads(lines[-1]) if lines else {"rank": r, "error": f"exit {p.returncode}: {stderr[-400:]}"})
+            results.append(json.loads(lines[-1]) if lines else
+                           {"rank": r, "error": f"exit {p.returncode} (killed after {timeout:.0f} s if -9): {stderr[-400:]}"})
     summary = {"world_size": n, "harness": name, "ranks": results}
     with open(os.path.join(out, f"{name}-tp{n}.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -351,6 +353,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--timeout", type=float, default=100.0, help="seconds for all ranks of one TP size")
     parser.add_argument("--cpu", action="store_true", help="dry run on tpar's CPU backend, no graph")
     parser.add_argument("--sglang", action="store_true",
                         help="SGLang's own GroupCoordinator (needs its sources and imports on PYTHONPATH)")
@@ -364,7 +367,7 @@ def main() -> int:
         sglang_rank_main() if os.environ.get("HARNESS_SGLANG") == "1" else rank_main()
         return 0
     os.makedirs(args.out, exist_ok=True)
-    return table([launch(n, args.out, "sglang" if args.sglang else "engines") for n in args.tp])
+    return table([launch(n, args.out, "sglang" if args.sglang else "engines", args.timeout) for n in args.tp])
 
 
 if __name__ == "__main__":
