@@ -114,6 +114,29 @@ elif [ "$mode" = step ]; then
   fi
   step step-llama-tp8-shared-gpu 150 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
   step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
+elif [ "$mode" = engines ]; then
+  # tpar.engines under vLLM's / SGLang's calling sequence (scripts/engine_harness.py): TP 2
+  # and 4 ranks sharing GPU 0, then one GPU per rank where there are several (the engine's
+  # NCCL fallback needs that); ENGINES_SHARED=0 runs only the latter. Needs the wheel in
+  # .ci/wheels; SGLang's own GroupCoordinator also runs when .ci/engines-gpu is carried
+  # (scripts/engine_harness_bundle.sh builds it: SGLang's sources and its imports for cp312).
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site
+  sglang=0
+  if [ -d .ci/engines-gpu ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/sglang-site .ci/engines-gpu/deps/*.whl > $out/pip-sglang.log 2>&1
+    rm -rf /tmp/sglang-src && python3 -m zipfile -e .ci/engines-gpu/sglang-0.5.23-src.zip /tmp/sglang-src && sglang=1
+  fi
+  with_sglang="/tmp/site:/tmp/sglang-site:/tmp/sglang-src"
+  tps="2"; [ $gpus -ge 4 ] && tps="2 4"
+  if [ "${ENGINES_SHARED:-1}" = 1 ]; then
+    CUDA_VISIBLE_DEVICES=0 step engines-shared-gpu 230 python3 scripts/engine_harness.py --tp 2 4 --timeout 110 --out $out/shared-gpu
+    [ $sglang = 1 ] && PYTHONPATH=$with_sglang CUDA_VISIBLE_DEVICES=0 step sglang-shared-gpu 170 python3 scripts/engine_harness.py --sglang --tp 2 4 --timeout 80 --out $out/sglang-shared-gpu
+  fi
+  if [ $gpus -gt 1 ]; then
+    step engines-gpu-per-rank 170 python3 scripts/engine_harness.py --tp $tps --timeout 80 --out $out/gpu-per-rank
+    [ $sglang = 1 ] && PYTHONPATH=$with_sglang step sglang-gpu-per-rank 170 python3 scripts/engine_harness.py --sglang --tp $tps --timeout 80 --out $out/sglang-gpu-per-rank
+  fi
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

@@ -33,4 +33,37 @@ python3 -m venv .ci/venv
 .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check maturin numpy pytest
 .ci/venv/bin/maturin build --release --quiet -m crates/tpar-py/Cargo.toml -o .ci/wheels
 .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps .ci/wheels/tpar-*.whl
-.ci/venv/bin/python -m pytest -rs tests/python
+# tpar.engines' tests read the pinned vLLM and SGLang wheels (375 MB, downloaded once into
+# .ci/engines) and run gloo groups with torch: PyPI's torch 2.11 with its CUDA libraries is
+# 4.6 GB and took 2-4 minutes to install here, so it goes once into .ci/torch and is reused; set
+# TPAR_CI_TORCH=0 to skip it (the gloo tests then skip and say why). A failed download only
+# makes those tests skip.
+pythonpath=""
+if [ "${TPAR_CI_TORCH:-1}" != 0 ]; then
+  if [ ! -e .ci/torch/.complete ]; then
+    echo "== torch 2.11 into .ci/torch (once) for the gloo tests of tpar.engines"
+    rm -rf .ci/torch
+    .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+      --target .ci/torch "torch==2.11.0" && touch .ci/torch/.complete ||
+      echo "warning: torch did not install; the gloo tests will skip"
+  fi
+  [ -e .ci/torch/.complete ] && pythonpath="$PWD/.ci/torch"
+  # What SGLang's parallel_state imports besides torch (133 MB, ~1 minute, once): its own
+  # GroupCoordinator then runs with tpar's plugin in test_engines_sglang.py.
+  if [ ! -e .ci/sglang-deps/.complete ]; then
+    echo "== SGLang's pure-Python imports into .ci/sglang-deps (once)"
+    rm -rf .ci/sglang-deps
+    .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+      --target .ci/sglang-deps orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq tqdm \
+      ipython aiohttp apache-tvm-ffi && touch .ci/sglang-deps/.complete ||
+      echo "warning: SGLang's imports did not install; test_engines_sglang.py will skip"
+  fi
+  [ -e .ci/sglang-deps/.complete ] && pythonpath="${pythonpath:+$pythonpath:}$PWD/.ci/sglang-deps"
+fi
+mkdir -p .ci/engines
+for engine in vllm==0.33.0 sglang==0.5.23; do
+  ls .ci/engines/"${engine%%==*}"-"${engine##*==}"-*.whl >/dev/null 2>&1 ||
+    .ci/venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps "$engine" -d .ci/engines ||
+    echo "warning: $engine did not download; the engine contract tests will skip"
+done
+PYTHONPATH="$pythonpath" TPAR_ENGINE_WHEELS="$PWD/.ci/engines" .ci/venv/bin/python -m pytest -rs tests/python
