@@ -87,6 +87,8 @@ struct KernelSet {
     /// Blocks of `THREADS` threads of the most demanding kernel that fit on one SM.
     blocks_per_sm: u32,
     sm_count: u32,
+    /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
+    pdl: bool,
 }
 
 impl KernelSet {
@@ -143,6 +145,7 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         functions,
         blocks_per_sm,
         sm_count,
+        pdl: driver::pdl_supported(ctx),
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
@@ -693,10 +696,17 @@ impl CudaCommunicator {
                 chunk: index as u32,
                 algo: u32::from(algorithm.code()),
             };
-            let grid = lines.div_ceil(THREADS).clamp(1, self.max_blocks);
+            let (grid, pdl) = launch_shape(
+                algorithm,
+                lines,
+                self.layout.payload_lines,
+                self.max_blocks,
+                self.kernels.pdl,
+            );
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
-            // for the communicator's lifetime; input/output are the caller's promise.
-            unsafe { function.launch(grid, THREADS, stream, &args)? };
+            // for the communicator's lifetime; input/output are the caller's promise. Every
+            // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
+            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(())
     }
@@ -723,6 +733,26 @@ impl CudaCommunicator {
         // SAFETY: the empty kernel touches nothing.
         unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }
+}
+
+/// Blocks and whether to use programmatic dependent launch for one chunk of `lines` 8-byte
+/// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
+/// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
+/// rank's next kernel can be resident while this one spins, so each gets half the co-resident
+/// blocks; a rank allowed a single block runs without PDL.
+fn launch_shape(
+    algorithm: Algorithm,
+    lines: u32,
+    payload_lines: usize,
+    max_blocks: u32,
+    pdl_supported: bool,
+) -> (u32, bool) {
+    let wide =
+        matches!(algorithm, Algorithm::OneShot | Algorithm::HostStaged) && payload_lines % 2 == 0;
+    let threads_needed = if wide { lines.div_ceil(2) } else { lines };
+    let pdl = pdl_supported && max_blocks >= 2;
+    let cap = if pdl { max_blocks / 2 } else { max_blocks };
+    (threads_needed.div_ceil(THREADS).clamp(1, cap), pdl)
 }
 
 /// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
@@ -781,6 +811,38 @@ mod tests {
             },
         );
         assert_eq!(off.shared_host_bytes, 0);
+    }
+
+    #[test]
+    fn pdl_halves_the_grid_and_wide_lines_halve_the_threads() {
+        // 4 KiB of bf16: 1024 lines, 512 wide lines: one block.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 1024, 65536, 32, true),
+            (1, true)
+        );
+        assert_eq!(
+            launch_shape(Algorithm::TwoShot, 1024, 65536, 32, false),
+            (2, false)
+        );
+        // An odd payload_lines keeps 8-byte lines.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 1024, 65535, 32, false),
+            (2, false)
+        );
+        // 256 KiB: 32 blocks without PDL, 16 with it.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 32, false),
+            (32, false)
+        );
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
+            (16, true)
+        );
+        // One co-resident block: no PDL, so no second grid waits beside it.
+        assert_eq!(
+            launch_shape(Algorithm::HostStaged, 65536, 65536, 1, true),
+            (1, false)
+        );
     }
 
     #[test]
