@@ -64,6 +64,11 @@ typedef long long i64;
 // arrives within about a microsecond (the common case once the ranks run in step) is seen at
 // once instead of up to one pause late; a wait longer than that falls back to the pauses, which
 // is what kept the multi-GPU state above away.
+// Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
+// common world sizes in one round trip within 64 registers.
+#ifndef TPAR_RANK_GROUP
+#define TPAR_RANK_GROUP 8
+#endif
 #ifndef TPAR_DEVICE_FREE_POLLS
 #define TPAR_DEVICE_FREE_POLLS 64
 #endif
@@ -143,11 +148,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // The call counter. Thread 0 of every block reads the last epoch, then arrives on the block
-// counter with a release add (its read happens before the arrival); the last block to arrive
-// has seen every block's read, so it may publish the new epoch. The add is issued at the start
-// and its result used only at the end, so the round trip overlaps the call instead of
-// following it; a single-block grid needs no add at all. Every thread must call begin_epoch.
-// The arrival count lives in this thread's register between the two calls.
+// counter; the last block to arrive has seen every block's arrival, so every block has read
+// the epoch, and it may publish the new one. The add is issued at the start and its result
+// used only at the end, so its round trip overlaps the call instead of following it, and it
+// is relaxed: the add's address depends on the value read (its top bit, zero for any epoch below
+// 2^63, which the assembler cannot fold away), so the GPU cannot perform the add before the read, and the publishing store
+// depends on the add's result, and GPUs do not perform stores speculatively. No fence, no
+// barrier at the end. A single-block grid needs no add at all. Every thread must call it.
 struct EpochTicket {
     u64 epoch;
     u32 arrived;
@@ -158,9 +165,17 @@ __device__ __forceinline__ EpochTicket begin_epoch(const TparArgs& a) {
     t.arrived = 0;
     pdl_wait();
     if (threadIdx.x == 0) {
-        shared_epoch = *(volatile u64*)a.state + 1;
+        const u64 last = *(volatile u64*)a.state;
+        shared_epoch = last + 1;
         if (gridDim.x > 1) {
-            asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;" : "=r"(t.arrived) : "l"(a.state + 1) : "memory");
+            asm volatile(
+                "{\n\t.reg .u64 zero, addr;\n\t"
+                "shr.u64 zero, %1, 63;\n\t"
+                "add.u64 addr, %2, zero;\n\t"
+                "atom.relaxed.gpu.global.add.u32 %0, [addr], 1;\n\t}"
+                : "=r"(t.arrived)
+                : "l"(last), "l"(a.state + 1)
+                : "memory");
         }
     }
     __syncthreads();
@@ -173,7 +188,6 @@ __device__ __forceinline__ void end_epoch(const TparArgs& a, const EpochTicket& 
     if (gridDim.x == 1) {
         *(volatile u64*)a.state = t.epoch;  // the block's threads read it before the barrier
     } else if (t.arrived == gridDim.x - 1) {
-        asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire the other blocks' arrivals
         *(volatile u32*)(a.state + 1) = 0;
         *(volatile u64*)a.state = t.epoch;
     }
@@ -290,7 +304,7 @@ template <int DT> __device__ __forceinline__ void store_word(void* base, u64 i, 
 
 // ---- errors and deadlines ----
 
-__device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
+__device__ __noinline__ void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
                                              u32 detail) {
     // No atomics on host memory over PCIe: first writer usually wins, any writer is a valid report.
     if (ld_sys(a.error) == 0) {
@@ -304,7 +318,7 @@ __device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 pe
 // Between polls of host memory a waiting thread sleeps a little (32 ns, doubling to the
 // maximum): thousands of spinning threads would otherwise flood the PCIe link that the data
 // they wait for must cross.
-__device__ __forceinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
+__device__ __noinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
                                           u64 start, u32* word) {
     u64 v = ld_sys(p);
     u32 spins = 0, pause = 32;
@@ -379,17 +393,40 @@ __device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 ta
     }
 }
 
+// Words 2..5 of the peer's call header in this rank's inbox (the ones compared), all in flight
+// at once.
+__device__ __forceinline__ void load_header_words(const TparArgs& a, u64 epoch, u32 peer, u64* words) {
+    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+    for (int i = 0; i < 4; ++i) words[i] = ld_sys(slot + 2 + i);
+}
+
 // Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
-// algorithm, chunk) and reports the first word that differs with the peer's value.
-__device__ __forceinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
+// algorithm, chunk) and reports the first word that differs with the peer's value. The four
+// words are polled together: waiting for each in turn cost a round trip apiece in host memory.
+__device__ __noinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
     if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return true;
     u32 peer = threadIdx.x;
-    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
     u64 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = ld_sys(slot + 2 + i);  // all in flight at once
+    u32 spins = 0, pause = 32;
+    const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
+    const u32 max_pause = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
+    const u32 free_spins = host ? 0u : TPAR_DEVICE_FREE_POLLS;
+    for (;;) {
+        load_header_words(a, epoch, peer, v);
+        bool all = true;
+        for (int i = 0; i < 4; ++i) all = all && (u32)(v[i] >> 32) == tag;
+        if (all) break;
+        if (max_pause > 0 && spins >= free_spins) {
+            __nanosleep(pause);
+            pause = pause < max_pause ? pause * 2 : max_pause;
+        }
+        if ((++spins & 255u) == 0) {
+            if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, TPAR_PHASE_HEADER, 0, 0); return false; }
+            if (ld_sys(a.error) != 0) return false;
+        }
+    }
     for (int i = 2; i <= 5; ++i) {
         u32 w = (u32)v[i - 2];
-        if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
         if (w != header_word(a, i, dtype)) {
             report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
             return false;
@@ -447,10 +484,11 @@ template <int DT> __device__ __forceinline__ void store_pair(void* base, u64 pai
     if (i + 1 < words) store_word<DT>(base, i + 1, count, w1);
 }
 
+
 // The peer's call header in this rank's inbox, if it has arrived for this epoch: 0 when it
 // matches ours (or has not arrived yet), else the first differing word's index with the
 // peer's value in *theirs.
-__device__ __forceinline__ u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
+__device__ __noinline__ u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
                                                  u32* theirs) {
     const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
     u64 v[4];
@@ -469,8 +507,8 @@ __device__ __forceinline__ u32 header_difference(const TparArgs& a, u64 epoch, u
 // pause (see TPAR_DEVICE_FREE_POLLS); once the wait is slow, the peer's header is compared
 // with ours on every deadline check, so a mismatched call (different size, dtype or algorithm,
 // whose lines never come) is named as such instead of timing out.
-__device__ __forceinline__ bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
-                                          u64 epoch, int dtype, Wide* out) {
+__device__ __noinline__ bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
+                                          u64 epoch, int dtype, Wide* out, u64* header_polls) {
     Wide v = ld_wide(p);
     u32 spins = 0, pause = 32;
     const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
@@ -490,16 +528,11 @@ __device__ __forceinline__ bool wait_wide(const TparArgs& a, const u64* p, u32 t
             if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, phase, 0, 0); return false; }
             if (ld_sys(a.error) != 0) return false;
         }
+        // header_polls, when given, are block 0's thread `peer`'s words of that peer's header.
+        if (header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
         v = ld_wide(p);
     }
     *out = v;
     return true;
 }
 
-// Block 0, thread `peer`, after its share of the reduction: waits for the peer's header and
-// compares it with ours, naming the first differing word. Off the critical path: the data
-// itself is its own signal, and a call whose data never comes is caught in wait_wide.
-__device__ __forceinline__ void check_header_after(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
-    if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return;
-    check_header(a, epoch, tag, dtype, start);
-}

@@ -196,8 +196,8 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|v| *v >= 1)
-        .unwrap_or(32);
-    Ok(blocks.min(cap).min(32))
+        .unwrap_or(MAX_BLOCKS);
+    Ok(blocks.min(cap).min(MAX_BLOCKS))
 }
 
 /// This rank's own allocations.
@@ -738,8 +738,9 @@ impl CudaCommunicator {
 /// Blocks and whether to use programmatic dependent launch for one chunk of `lines` 8-byte
 /// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
 /// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
-/// rank's next kernel can be resident while this one spins, so each gets half the co-resident
-/// blocks; a rank allowed a single block runs without PDL.
+/// rank's next kernel can be resident while this one spins, so PDL is used only where the grid
+/// fits in half the co-resident blocks; a larger grid runs in full without it (at 256 KiB,
+/// twice the blocks saved more than PDL did, in `tpar bench --anatomy`).
 fn launch_shape(
     algorithm: Algorithm,
     lines: u32,
@@ -750,9 +751,9 @@ fn launch_shape(
     let wide =
         matches!(algorithm, Algorithm::OneShot | Algorithm::HostStaged) && payload_lines % 2 == 0;
     let threads_needed = if wide { lines.div_ceil(2) } else { lines };
-    let pdl = pdl_supported && max_blocks >= 2;
-    let cap = if pdl { max_blocks / 2 } else { max_blocks };
-    (threads_needed.div_ceil(THREADS).clamp(1, cap), pdl)
+    let blocks = threads_needed.div_ceil(THREADS).max(1);
+    let pdl = pdl_supported && blocks <= max_blocks / 2;
+    (blocks.min(max_blocks), pdl)
 }
 
 /// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
@@ -814,7 +815,7 @@ mod tests {
     }
 
     #[test]
-    fn pdl_halves_the_grid_and_wide_lines_halve_the_threads() {
+    fn pdl_only_where_half_the_grid_suffices_and_wide_lines_halve_the_threads() {
         // 4 KiB of bf16: 1024 lines, 512 wide lines: one block.
         assert_eq!(
             launch_shape(Algorithm::OneShot, 1024, 65536, 32, true),
@@ -829,26 +830,32 @@ mod tests {
             launch_shape(Algorithm::OneShot, 1024, 65535, 32, false),
             (2, false)
         );
-        // 256 KiB: 32 blocks without PDL, 16 with it.
+        // 32 KiB: 8 blocks, within half of 16.
         assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 32, false),
+            launch_shape(Algorithm::OneShot, 8192, 65536, 16, true),
+            (8, true)
+        );
+        // 256 KiB: 64 blocks; capped at 32 and more than half of it: no PDL.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
             (32, false)
         );
         assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
-            (16, true)
+            launch_shape(Algorithm::OneShot, 65536, 65536, 64, true),
+            (64, false)
         );
         // One co-resident block: no PDL, so no second grid waits beside it.
         assert_eq!(
-            launch_shape(Algorithm::HostStaged, 65536, 65536, 1, true),
+            launch_shape(Algorithm::HostStaged, 1024, 65536, 1, true),
             (1, false)
         );
     }
 
     #[test]
     fn co_residency_divides_the_gpu_among_its_ranks() {
-        // 132 SMs x 2 blocks, 8 ranks on it: 33 each, capped at 32.
-        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 32);
+        // 132 SMs x 2 blocks, 8 ranks on it: 33 each; 2 ranks: 132, capped at 64.
+        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 33);
+        assert_eq!(co_resident_blocks([(264, 2)]).unwrap(), MAX_BLOCKS);
         assert_eq!(co_resident_blocks([(264, 8), (40, 4)]).unwrap(), 10);
         assert!(co_resident_blocks([(4, 8)]).is_err());
     }
