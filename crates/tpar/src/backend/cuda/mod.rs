@@ -739,9 +739,11 @@ impl CudaCommunicator {
 /// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
 /// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
 /// rank's next kernel can be resident while this one spins, so with PDL a kernel gets half the
-/// co-resident blocks. PDL is used where that half gives each thread at most twice its lines:
-/// at 256 KiB on 2 ranks of one H200, 32 blocks with PDL took 3.96 us and 64 without 6.08, but
-/// 16 blocks with PDL took 7.5 and 32 without 5.8 (`tpar bench --anatomy`).
+/// co-resident blocks. PDL is used where that half gives each thread at most twice its lines.
+/// At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01) the choice was close
+/// and went either way with the build: 32 blocks with PDL 3.96 us against 64 without 6.08
+/// (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks with PDL lost
+/// clearly to 32 without (7.5 against 5.8).
 fn launch_shape(
     algorithm: Algorithm,
     lines: u32,
