@@ -61,6 +61,10 @@ pub struct BenchArgs {
     /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
     #[arg(long, value_name = "PATH|-")]
     json: Option<String>,
+    /// CUDA: time the pieces of one call (a ladder of kernels, with and without PDL) for
+    /// -n ranks as streams on GPU 0 (2 and 8 when -n is not given); see bench/README.md.
+    #[arg(long)]
+    anatomy: bool,
     /// Draw p50 latency against size, one line per algorithm, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<String>,
@@ -113,6 +117,10 @@ struct BenchReport {
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if let Some(BenchCommand::Step(step)) = args.command {
         return crate::bench_step::run(step);
+    }
+    if args.anatomy {
+        crate::anatomy::run(args.world_size, args.iters, args.json.as_deref())?;
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     // Everything is checked before any rank starts.
     let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;

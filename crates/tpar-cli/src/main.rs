@@ -4,6 +4,7 @@
 //! host), or run as one rank when an outside launcher set the rank environment (see
 //! `tpar help bench` and the README).
 
+mod anatomy;
 mod args;
 mod backend_choice;
 mod bench;

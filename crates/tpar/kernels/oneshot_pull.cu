@@ -19,7 +19,8 @@ __device__ void oneshot_pull(const TparArgs& a) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
-    const u64 epoch = begin_epoch(a);
+    const EpochTicket ticket = begin_epoch(a);
+    const u64 epoch = ticket.epoch;
     const u32 tag = tag_for_epoch(epoch);
     const u64 start = now_ns();
     const u64 lines = words_for<DT>(a.count);
@@ -82,7 +83,7 @@ __device__ void oneshot_pull(const TparArgs& a) {
         }
     }
 done:
-    end_epoch(a, epoch);
+    end_epoch(a, ticket);
 }
 
 extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f32(TparArgs a) { oneshot_pull<TPAR_DTYPE_F32>(a); }

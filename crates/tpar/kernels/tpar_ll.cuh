@@ -60,6 +60,43 @@ typedef long long i64;
 #ifndef TPAR_DEVICE_POLL_SLEEP_MAX_NS
 #define TPAR_DEVICE_POLL_SLEEP_MAX_NS 256
 #endif
+// Polls of device memory made without any pause before the pauses above begin: a line that
+// arrives within about a microsecond (the common case once the ranks run in step) is seen at
+// once instead of up to one pause late; a wait longer than that falls back to the pauses, which
+// is what kept the multi-GPU state above away.
+// How the slow paths (waits, error reports, header checks) are compiled: inlined (1, the
+// default) or as calls (0; each call takes the argument block by reference, which puts a copy
+// of it on the stack). One H200, 2 ranks as streams, bf16, 2026-12-01 (bench/README.md,
+// "Anatomy of one call"): as calls, 0 B took 2.45 us against 2.17 inlined, but 4 KiB 2.72
+// against 2.86, 32 KiB 2.77 against 3.20 and 256 KiB 3.98 against 4.09. The 8-rank figures
+// were measured inlined only; which to default to per world size is open.
+#ifndef TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH_INLINE 1
+#endif
+#if TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH __forceinline__
+#else
+#define TPAR_SLOW_PATH __noinline__
+#endif
+// Whether the header check polls its four words together also in device memory (it always
+// does in host memory, where waiting for each word in turn costs a PCIe round trip apiece).
+// Same run as above: 1 took 0 B to 1.89 us from 2.17, and changed 4 KiB to 256 KiB by at most
+// 0.07 us either way (2 ranks; 8 ranks not measured with it).
+#ifndef TPAR_HEADER_BATCH_POLL
+#define TPAR_HEADER_BATCH_POLL 0
+#endif
+// Polls of host memory made without pause (host-staged) before the pauses begin.
+#ifndef TPAR_HOST_FREE_POLLS
+#define TPAR_HOST_FREE_POLLS 0
+#endif
+// Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
+// common world sizes in one round trip within 64 registers.
+#ifndef TPAR_RANK_GROUP
+#define TPAR_RANK_GROUP 8
+#endif
+#ifndef TPAR_DEVICE_FREE_POLLS
+#define TPAR_DEVICE_FREE_POLLS 64
+#endif
 
 // Kernel arguments, passed by value. Field order and types match `KernelArgs` in
 // crates/tpar/src/backend/cuda/kernels.rs.
@@ -118,12 +155,79 @@ __device__ __forceinline__ u64 pack_line(u32 tag, u32 word) {
     return ((u64)tag << 32) | (u64)word;
 }
 
-// Every block reads the epoch before any block can finish, so the last block to finish may
-// publish it for the next launch.
-__device__ __forceinline__ u64 begin_epoch(const TparArgs& a) {
-    return *(volatile u64*)a.state + 1;
+// Programmatic dependent launch (sm_90+). A kernel launched with programmatic stream
+// serialization may start while the kernel before it on the stream still runs; it must not
+// read anything that kernel wrote (the input, the state word) before `pdl_wait`, which returns
+// once the previous grid has completed and its memory is visible. Launched without the
+// attribute both are no-ops. `pdl_launch_dependents` lets the next kernel's launch begin now:
+// its blocks then sit in `pdl_wait`, so the host halves the co-resident grid when it uses PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
-__device__ __forceinline__ void end_epoch(const TparArgs& a, u64 epoch) {
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The call counter. Thread 0 of every block reads the last epoch, then arrives on the block
+// counter; the last block to arrive has seen every block's arrival, so every block has read
+// the epoch, and it may publish the new one. The add is issued at the start and its result
+// used only at the end, so its round trip overlaps the call instead of following it, and it
+// is relaxed: the add's address depends on the value read (its top bit, zero for any epoch below
+// 2^63, which the assembler cannot fold away), so the GPU cannot perform the add before the read, and the publishing store
+// depends on the add's result, and GPUs do not perform stores speculatively. No fence, no
+// barrier at the end. A single-block grid needs no add at all. Every thread must call it.
+struct EpochTicket {
+    u64 epoch;
+    u32 arrived;
+};
+__device__ __forceinline__ EpochTicket begin_epoch(const TparArgs& a) {
+    __shared__ u64 shared_epoch;
+    EpochTicket t;
+    t.arrived = 0;
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        const u64 last = *(volatile u64*)a.state;
+        shared_epoch = last + 1;
+        if (gridDim.x > 1) {
+            asm volatile(
+                "{\n\t.reg .u64 zero, addr;\n\t"
+                "shr.u64 zero, %1, 63;\n\t"
+                "add.u64 addr, %2, zero;\n\t"
+                "atom.relaxed.gpu.global.add.u32 %0, [addr], 1;\n\t}"
+                : "=r"(t.arrived)
+                : "l"(last), "l"(a.state + 1)
+                : "memory");
+        }
+    }
+    __syncthreads();
+    t.epoch = shared_epoch;
+    pdl_launch_dependents();
+    return t;
+}
+__device__ __forceinline__ void end_epoch(const TparArgs& a, const EpochTicket& t) {
+    if (threadIdx.x != 0) return;
+    if (gridDim.x == 1) {
+        *(volatile u64*)a.state = t.epoch;  // the block's threads read it before the barrier
+    } else if (t.arrived == gridDim.x - 1) {
+        *(volatile u32*)(a.state + 1) = 0;
+        *(volatile u64*)a.state = t.epoch;
+    }
+}
+
+// The bookkeeping of the first kernels (kept for `tpar bench --anatomy`, which times what it
+// cost): every block reads the epoch before any block can finish, and the last block to
+// finish publishes it after a fence and an atomic add at the end of the call.
+__device__ __forceinline__ u64 begin_epoch_at_end(const TparArgs& a) {
+    pdl_wait();
+    u64 e = *(volatile u64*)a.state + 1;
+    pdl_launch_dependents();
+    return e;
+}
+__device__ __forceinline__ void end_epoch_at_end(const TparArgs& a, u64 epoch) {
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
@@ -225,7 +329,7 @@ template <int DT> __device__ __forceinline__ void store_word(void* base, u64 i, 
 
 // ---- errors and deadlines ----
 
-__device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
+__device__ TPAR_SLOW_PATH void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
                                              u32 detail) {
     // No atomics on host memory over PCIe: first writer usually wins, any writer is a valid report.
     if (ld_sys(a.error) == 0) {
@@ -239,13 +343,14 @@ __device__ __forceinline__ void report_error(const TparArgs& a, u32 code, u32 pe
 // Between polls of host memory a waiting thread sleeps a little (32 ns, doubling to the
 // maximum): thousands of spinning threads would otherwise flood the PCIe link that the data
 // they wait for must cross.
-__device__ __forceinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
+__device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
                                           u64 start, u32* word) {
     u64 v = ld_sys(p);
     u32 spins = 0, pause = 32;
     const u32 max_pause = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
+    const u32 free_spins = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
     while ((u32)(v >> 32) != tag) {
-        if (max_pause > 0) {
+        if (max_pause > 0 && spins >= free_spins) {
             __nanosleep(pause);
             pause = pause < max_pause ? pause * 2 : max_pause;
         }
@@ -313,17 +418,53 @@ __device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 ta
     }
 }
 
+// Words 2..5 of the peer's call header in this rank's inbox (the ones compared), all in flight
+// at once.
+__device__ __forceinline__ void load_header_words(const TparArgs& a, u64 epoch, u32 peer, u64* words) {
+    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+    for (int i = 0; i < 4; ++i) words[i] = ld_sys(slot + 2 + i);
+}
+
 // Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
-// algorithm, chunk) and reports the first word that differs with the peer's value.
-__device__ __forceinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
+// algorithm, chunk) and reports the first word that differs with the peer's value. The four
+// words are polled together: waiting for each in turn cost a round trip apiece in host memory.
+__device__ TPAR_SLOW_PATH bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
     if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return true;
     u32 peer = threadIdx.x;
-    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
     u64 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = ld_sys(slot + 2 + i);  // all in flight at once
+    if (a.algo != TPAR_ALGO_HOST_STAGED && !TPAR_HEADER_BATCH_POLL) {
+        const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+        load_header_words(a, epoch, peer, v);  // all in flight at once, then each awaited
+        for (int i = 2; i <= 5; ++i) {
+            u32 w = (u32)v[i - 2];
+            if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
+            if (w != header_word(a, i, dtype)) {
+                report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
+                return false;
+            }
+        }
+        return true;
+    }
+    u32 spins = 0, pause = 32;
+    const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
+    const u32 max_pause = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
+    const u32 free_spins = host ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
+    for (;;) {
+        load_header_words(a, epoch, peer, v);
+        bool all = true;
+        for (int i = 0; i < 4; ++i) all = all && (u32)(v[i] >> 32) == tag;
+        if (all) break;
+        if (max_pause > 0 && spins >= free_spins) {
+            __nanosleep(pause);
+            pause = pause < max_pause ? pause * 2 : max_pause;
+        }
+        if ((++spins & 255u) == 0) {
+            if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, TPAR_PHASE_HEADER, 0, 0); return false; }
+            if (ld_sys(a.error) != 0) return false;
+        }
+    }
     for (int i = 2; i <= 5; ++i) {
         u32 w = (u32)v[i - 2];
-        if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
         if (w != header_word(a, i, dtype)) {
             report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
             return false;
@@ -331,3 +472,105 @@ __device__ __forceinline__ bool check_header(const TparArgs& a, u64 epoch, u32 t
     }
     return true;
 }
+
+// ---- wide lines: 16 bytes, two payload words each beside its own copy of the tag ----
+// {word0, tag, word1, tag}, written with one 16-byte store. Each 8-byte half is written
+// atomically, so a reader that sees the tag in both halves has both words; it never takes a
+// stale word. Half the store and load instructions of 8-byte lines for the same bytes. Needs
+// 16-byte aligned slots: the host uses it when payload_lines is even.
+
+struct Wide {
+    u32 w0, t0, w1, t1;
+};
+__device__ __forceinline__ void st_wide(u64* p, u32 tag, u32 w0, u32 w1) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w0), "r"(tag), "r"(w1), "r"(tag)
+                 : "memory");
+}
+__device__ __forceinline__ Wide ld_wide(const u64* p) {
+    Wide v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.w0), "=r"(v.t0), "=r"(v.w1), "=r"(v.t1)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ bool wide_has(const Wide& v, u32 tag) { return v.t0 == tag && v.t1 == tag; }
+
+// Two payload words (elements 2*pair.. of the input) with as few loads as alignment allows.
+template <int DT> __device__ __forceinline__ void load_pair(const void* base, u64 pair, u64 count, u64 words,
+                                                            u32* w0, u32* w1) {
+    const u64 i = 2 * pair;
+    const u64 elems_per_pair = 2 * Lanes<DT>::PER_WORD;
+    if ((((unsigned long long)base) & 7) == 0 && (pair + 1) * elems_per_pair <= count) {
+        uint2 v = ((const uint2*)base)[pair];
+        *w0 = v.x;
+        *w1 = v.y;
+        return;
+    }
+    *w0 = load_word<DT>(base, i, count);
+    *w1 = i + 1 < words ? load_word<DT>(base, i + 1, count) : 0u;
+}
+template <int DT> __device__ __forceinline__ void store_pair(void* base, u64 pair, u64 count, u64 words, u32 w0,
+                                                             u32 w1) {
+    const u64 i = 2 * pair;
+    const u64 elems_per_pair = 2 * Lanes<DT>::PER_WORD;
+    if ((((unsigned long long)base) & 7) == 0 && (pair + 1) * elems_per_pair <= count) {
+        ((uint2*)base)[pair] = make_uint2(w0, w1);
+        return;
+    }
+    store_word<DT>(base, i, count, w0);
+    if (i + 1 < words) store_word<DT>(base, i + 1, count, w1);
+}
+
+
+// The peer's call header in this rank's inbox, if it has arrived for this epoch: 0 when it
+// matches ours (or has not arrived yet), else the first differing word's index with the
+// peer's value in *theirs.
+__device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
+                                                 u32* theirs) {
+    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+    u64 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = ld_sys(slot + 2 + i);
+    for (int i = 2; i <= 5; ++i) {
+        if ((u32)(v[i - 2] >> 32) != tag) return 0;
+        if ((u32)v[i - 2] != header_word(a, i, dtype)) {
+            *theirs = (u32)v[i - 2];
+            return (u32)i;
+        }
+    }
+    return 0;
+}
+
+// Spins until the wide line at `p` carries `tag` in both halves. The first polls run without
+// pause (see TPAR_DEVICE_FREE_POLLS); once the wait is slow, the peer's header is compared
+// with ours on every deadline check, so a mismatched call (different size, dtype or algorithm,
+// whose lines never come) is named as such instead of timing out.
+__device__ TPAR_SLOW_PATH bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
+                                          u64 epoch, int dtype, Wide* out, u64* header_polls) {
+    Wide v = ld_wide(p);
+    u32 spins = 0, pause = 32;
+    const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
+    const u32 max_pause = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
+    const u32 free_spins = host ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
+    while (!wide_has(v, tag)) {
+        if (max_pause > 0 && spins >= free_spins) {
+            __nanosleep(pause);
+            pause = pause < max_pause ? pause * 2 : max_pause;
+        }
+        if ((++spins & 255u) == 0) {
+            u32 theirs = 0, field = header_difference(a, epoch, tag, dtype, peer, &theirs);
+            if (field != 0) {
+                report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, field, theirs);
+                return false;
+            }
+            if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, phase, 0, 0); return false; }
+            if (ld_sys(a.error) != 0) return false;
+        }
+        // header_polls, when given, are block 0's thread `peer`'s words of that peer's header.
+        if (header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
+        v = ld_wide(p);
+    }
+    *out = v;
+    return true;
+}
+

@@ -7,7 +7,8 @@
 
 template <int DT>
 __device__ void twoshot_push(const TparArgs& a) {
-    const u64 epoch = begin_epoch(a);
+    const EpochTicket ticket = begin_epoch(a);
+    const u64 epoch = ticket.epoch;
     const u32 tag = tag_for_epoch(epoch);
     const u64 start = now_ns();
     const u64 lines = words_for<DT>(a.count);
@@ -42,7 +43,7 @@ __device__ void twoshot_push(const TparArgs& a) {
         store_word<DT>(a.output, i, a.count, w);
     }
 done:
-    end_epoch(a, epoch);
+    end_epoch(a, ticket);
 }
 
 extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_f32(TparArgs a) { twoshot_push<TPAR_DTYPE_F32>(a); }

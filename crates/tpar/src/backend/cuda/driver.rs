@@ -449,6 +449,63 @@ impl Function {
     }
 }
 
+impl Function {
+    /// [`Function::launch`], optionally with programmatic dependent launch: with `pdl` the
+    /// kernel may start while the previous kernel on `stream` still runs (its
+    /// `griddepcontrol.wait` holds it until that kernel's memory is visible), which hides
+    /// most of the launch gap between consecutive allreduces in a stream or captured graph.
+    ///
+    /// # Safety
+    /// As for [`Function::launch`]; with `pdl` the kernel must also execute
+    /// `griddepcontrol.wait` before it touches memory the previous kernel may write.
+    pub unsafe fn launch_ex<T: Copy>(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        args: &T,
+        pdl: bool,
+    ) -> Result<()> {
+        if !pdl {
+            return self.launch(grid, threads, stream, args);
+        }
+        let mut arg = *args;
+        let mut params = [&mut arg as *mut T as *mut c_void];
+        // SAFETY: a zeroed attribute is valid plain data; we set the one field we use.
+        let mut attribute: sys::CUlaunchAttribute = std::mem::zeroed();
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream,
+            attrs: &mut attribute,
+            numAttrs: 1,
+        };
+        check(
+            "cuLaunchKernelEx",
+            sys::cuLaunchKernelEx(&config, self.0, params.as_mut_ptr(), std::ptr::null_mut()),
+        )
+    }
+}
+
+/// Whether programmatic dependent launch can be used on `ctx`'s GPU: compute capability 9.0
+/// or newer (the kernels' `griddepcontrol` is compiled there only), a driver that captures it
+/// into graphs (CUDA 12.4 or newer), and `TPAR_PDL` not set to `0`.
+pub fn pdl_supported(ctx: &CudaContext) -> bool {
+    if std::env::var("TPAR_PDL").is_ok_and(|v| v == "0") {
+        return false;
+    }
+    let major = ctx.compute_capability().map_or(0, |(major, _)| major);
+    major >= 9 && driver_version().is_ok_and(|v| v >= 12040)
+}
+
 /// Queues a copy of `bytes` from `src` to `dst` (device to device) on `stream`.
 pub fn copy_device_async(
     dst: &DeviceMemory,

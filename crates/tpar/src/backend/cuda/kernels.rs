@@ -26,6 +26,12 @@ pub const SOURCES: [(&str, &str); 5] = [
     ("probe.cu", include_str!("../../../kernels/probe.cu")),
 ];
 
+/// The ladder of `tpar bench --anatomy` (`anatomy.cu`): timed by the CLI, never loaded by a
+/// communicator. Its kernels are `tpar_anatomy_<rung>` for rungs `0..ANATOMY_RUNGS`.
+pub const ANATOMY_SOURCE: (&str, &str) =
+    ("anatomy.cu", include_str!("../../../kernels/anatomy.cu"));
+pub const ANATOMY_RUNGS: usize = 6;
+
 /// Kernels of the init probe (`probe.cu`): not allreduces, launched with their own arguments.
 pub const PROBE_PREFIX: &str = "tpar_probe";
 
@@ -159,6 +165,18 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_anatomy_rung_has_a_kernel_and_nothing_more() {
+        let source = ANATOMY_SOURCE.1;
+        for rung in 0..ANATOMY_RUNGS {
+            assert!(
+                source.contains(&format!("void __launch_bounds__(512) tpar_anatomy_{rung}(")),
+                "rung {rung}"
+            );
+        }
+        assert!(!source.contains(&format!("tpar_anatomy_{ANATOMY_RUNGS}(")));
+    }
+
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
     /// TPAR_REQUIRE_NVRTC=1 so that a missing NVRTC fails instead of skipping.
     #[test]
@@ -174,7 +192,7 @@ mod tests {
         }
         let version = nvrtc::nvrtc_version().unwrap();
         for arch in ARCHITECTURES {
-            for (name, source) in SOURCES {
+            for (name, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
                 let cubin =
                     nvrtc::compile_cubin(name, source, &[(HEADER_NAME, HEADER_SOURCE)], arch)
                         .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));

@@ -91,6 +91,8 @@ struct KernelSet {
     /// Drop in free device memory measured around loading the modules (code, constants,
     /// local-memory reservation): what the kernels cost this GPU's context, once per process.
     module_bytes: u64,
+    /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
+    pdl: bool,
 }
 
 /// Whether `stream` is being captured into a CUDA graph (false where the driver cannot say).
@@ -202,6 +204,7 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         blocks_per_sm,
         sm_count,
         module_bytes,
+        pdl: driver::pdl_supported(ctx),
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
@@ -252,8 +255,8 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|v| *v >= 1)
-        .unwrap_or(32);
-    Ok(blocks.min(cap).min(32))
+        .unwrap_or(MAX_BLOCKS);
+    Ok(blocks.min(cap).min(MAX_BLOCKS))
 }
 
 /// This rank's own allocations.
@@ -779,10 +782,17 @@ impl CudaCommunicator {
                 chunk: index as u32,
                 algo: u32::from(algorithm.code()),
             };
-            let grid = lines.div_ceil(THREADS).clamp(1, self.max_blocks);
+            let (grid, pdl) = launch_shape(
+                algorithm,
+                lines,
+                self.layout.payload_lines,
+                self.max_blocks,
+                self.kernels.pdl,
+            );
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
-            // for the communicator's lifetime; input/output are the caller's promise.
-            unsafe { function.launch(grid, THREADS, stream, &args)? };
+            // for the communicator's lifetime; input/output are the caller's promise. Every
+            // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
+            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(())
     }
@@ -809,6 +819,31 @@ impl CudaCommunicator {
         // SAFETY: the empty kernel touches nothing.
         unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }
+}
+
+/// Blocks and whether to use programmatic dependent launch for one chunk of `lines` 8-byte
+/// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
+/// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
+/// rank's next kernel can be resident while this one spins, so with PDL a kernel gets half the
+/// co-resident blocks. PDL is used where that half gives each thread at most twice its lines.
+/// At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01) the choice was close
+/// and went either way with the build: 32 blocks with PDL 3.96 us against 64 without 6.08
+/// (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks with PDL lost
+/// clearly to 32 without (7.5 against 5.8).
+fn launch_shape(
+    algorithm: Algorithm,
+    lines: u32,
+    payload_lines: usize,
+    max_blocks: u32,
+    pdl_supported: bool,
+) -> (u32, bool) {
+    let wide =
+        matches!(algorithm, Algorithm::OneShot | Algorithm::HostStaged) && payload_lines % 2 == 0;
+    let threads_needed = if wide { lines.div_ceil(2) } else { lines };
+    let blocks = threads_needed.div_ceil(THREADS).max(1);
+    let half = max_blocks / 2;
+    let pdl = pdl_supported && half >= 1 && blocks <= 2 * half;
+    (blocks.min(if pdl { half } else { max_blocks }), pdl)
 }
 
 /// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
@@ -870,9 +905,52 @@ mod tests {
     }
 
     #[test]
+    fn pdl_where_half_the_grid_suffices_and_wide_lines_halve_the_threads() {
+        // 4 KiB of bf16: 1024 lines, 512 wide lines: one block.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 1024, 65536, 32, true),
+            (1, true)
+        );
+        assert_eq!(
+            launch_shape(Algorithm::TwoShot, 1024, 65536, 32, false),
+            (2, false)
+        );
+        // An odd payload_lines keeps 8-byte lines.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 1024, 65535, 32, false),
+            (2, false)
+        );
+        // 32 KiB: 8 blocks, within half of 16.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 8192, 65536, 16, true),
+            (8, true)
+        );
+        // 256 KiB: 64 blocks; with 64 co-resident, 32 with PDL (two lines a thread); with
+        // 32, 32 without PDL rather than 16 with it.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 64, true),
+            (32, true)
+        );
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
+            (32, false)
+        );
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 64, false),
+            (64, false)
+        );
+        // One co-resident block: no PDL, so no second grid waits beside it.
+        assert_eq!(
+            launch_shape(Algorithm::HostStaged, 1024, 65536, 1, true),
+            (1, false)
+        );
+    }
+
+    #[test]
     fn co_residency_divides_the_gpu_among_its_ranks() {
-        // 132 SMs x 2 blocks, 8 ranks on it: 33 each, capped at 32.
-        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 32);
+        // 132 SMs x 2 blocks, 8 ranks on it: 33 each; 2 ranks: 132, capped at 64.
+        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 33);
+        assert_eq!(co_resident_blocks([(264, 2)]).unwrap(), MAX_BLOCKS);
         assert_eq!(co_resident_blocks([(264, 8), (40, 4)]).unwrap(), 10);
         assert!(co_resident_blocks([(4, 8)]).is_err());
     }

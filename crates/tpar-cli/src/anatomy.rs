@@ -1,0 +1,448 @@
+//! `tpar bench --anatomy`: what each piece of one allreduce call costs. Ranks are streams of
+//! one process on GPU 0; each rank's stream captures a chain of [`CHAIN`] kernels into its own
+//! graph, the graphs are replayed together, and the replay time over the chain is the cost per
+//! call in a graph, as an engine's decode graph sees it. The kernels form a ladder
+//! (`anatomy.cu`), each adding one piece of the one-shot push call of commit 44ef54a to the one
+//! before, and the last rows run the current one-shot kernel itself; every row is timed with
+//! and without programmatic dependent launch (PDL). The difference between two rows is what the
+//! piece between them costs.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
+use serde::Serialize;
+use tpar::backend::cuda::driver::{self, DeviceMemory, Function, MappedHostMemory, Module};
+use tpar::backend::cuda::kernels::{self, KernelArgs, MAX_BLOCKS, MAX_RANKS, THREADS};
+use tpar::backend::cuda::nvrtc;
+use tpar::protocol::layout::InboxLayout;
+
+use crate::report::{emit, percentile, Provenance, Table};
+
+/// Kernels per rank in one timed graph.
+const CHAIN: usize = 100;
+/// The largest payload timed.
+const MAX_BYTES: usize = 256 << 10;
+const PAYLOADS: [usize; 3] = [4 << 10, 32 << 10, 256 << 10];
+const PRODUCTION_PAYLOADS: [usize; 4] = [0, 4 << 10, 32 << 10, 256 << 10];
+
+/// What each rung adds (index = rung).
+const RUNGS: [&str; kernels::ANATOMY_RUNGS] = [
+    "empty kernel",
+    "+ call counter read/publish",
+    "+ header push and check",
+    "+ one line to each peer, and its wait",
+    "+ payload (8-byte LL lines, 44ef54a)",
+    "+ end-of-call bookkeeping (44ef54a)",
+];
+
+#[derive(Serialize, Clone, Debug)]
+pub struct AnatomyRow {
+    pub world_size: usize,
+    /// Rung of the ladder (0..=5), or 6 for the current one-shot kernel.
+    pub rung: usize,
+    pub piece: String,
+    pub bytes: usize,
+    pub pdl: bool,
+    pub grid: u32,
+    /// Per call in a chain of `chain` calls per rank, median and p99 over replays.
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// p50 over the same run's empty-kernel chain (same PDL setting).
+    pub ratio_to_empty: f64,
+    /// Whether the outputs were checked after the replays (payload rows).
+    pub checked: bool,
+}
+
+#[derive(Serialize)]
+struct AnatomyReport {
+    #[serde(flatten)]
+    provenance: Provenance,
+    driver_version: i32,
+    chain: usize,
+    replays: usize,
+    dtype: &'static str,
+    rows: Vec<AnatomyRow>,
+}
+
+/// One rank's buffers on the shared GPU.
+struct RankMemory {
+    inbox: DeviceMemory,
+    state: DeviceMemory,
+    error: MappedHostMemory,
+    input: DeviceMemory,
+    output: DeviceMemory,
+}
+
+/// The bf16 input element `i` of rank `r`: small integers, so every sum is exact and the
+/// expected result is known without rounding questions; never all zeros.
+fn input_value(rank: usize, i: usize) -> f32 {
+    ((i * 7 + rank * 3) % 17) as f32 - 8.0
+}
+
+struct Bench {
+    ctx: Arc<CudaContext>,
+    streams: Vec<Arc<CudaStream>>,
+    ranks: Vec<RankMemory>,
+    layout: InboxLayout,
+    ladder: Vec<Function>,
+    production: Function,
+    /// Co-resident blocks per rank without PDL (the communicators' rule).
+    max_blocks: u32,
+    replays: usize,
+    _modules: Vec<Module>,
+}
+
+impl Bench {
+    fn new(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<Bench> {
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = (major * 10 + minor) as u32;
+        let headers = [(kernels::HEADER_NAME, kernels::HEADER_SOURCE)];
+        let load = |(file, source): (&str, &str)| -> Result<Module> {
+            let cubin = nvrtc::cached_cubin(file, source, &headers, arch)?;
+            Ok(Module::load(ctx, &cubin)?)
+        };
+        let ladder_module = load(kernels::ANATOMY_SOURCE)?;
+        let (push_file, push_name) =
+            kernels::kernel_for(tpar::Algorithm::OneShot, tpar::DType::Bf16);
+        let push_source = kernels::SOURCES
+            .iter()
+            .find(|(f, _)| *f == push_file)
+            .context("the one-shot source")?;
+        let push_module = load(*push_source)?;
+        let ladder = (0..kernels::ANATOMY_RUNGS)
+            .map(|r| Ok(ladder_module.function(&format!("tpar_anatomy_{r}"))?))
+            .collect::<Result<Vec<_>>>()?;
+        let production = push_module.function(&push_name)?;
+        let per_sm = ladder
+            .iter()
+            .chain([&production])
+            .map(|f| f.max_blocks_per_sm(THREADS))
+            .collect::<tpar::Result<Vec<u32>>>()?
+            .into_iter()
+            .min()
+            .unwrap_or(1);
+        let sms = driver::attribute(
+            ctx,
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as u32;
+        let max_blocks = (sms * per_sm / world_size as u32).clamp(1, MAX_BLOCKS);
+
+        let layout = InboxLayout::new(world_size, MAX_BYTES);
+        let count = MAX_BYTES / 2;
+        let mut ranks = Vec::new();
+        for r in 0..world_size {
+            let input: Vec<u8> = (0..count)
+                .flat_map(|i| {
+                    half::bf16::from_f32(input_value(r, i))
+                        .to_bits()
+                        .to_le_bytes()
+                })
+                .collect();
+            let memory = RankMemory {
+                inbox: DeviceMemory::zeroed(ctx, layout.total_bytes())?,
+                state: DeviceMemory::zeroed(ctx, 16)?,
+                error: MappedHostMemory::zeroed(ctx, 8)?,
+                input: DeviceMemory::zeroed(ctx, MAX_BYTES)?,
+                output: DeviceMemory::zeroed(ctx, MAX_BYTES)?,
+            };
+            memory.input.upload(&input)?;
+            ranks.push(memory);
+        }
+        let streams = (0..world_size)
+            .map(|_| ctx.new_stream().context("cannot create a stream"))
+            .collect::<Result<_>>()?;
+        Ok(Bench {
+            ctx: ctx.clone(),
+            streams,
+            ranks,
+            layout,
+            ladder,
+            production,
+            max_blocks,
+            replays,
+            _modules: vec![ladder_module, push_module],
+        })
+    }
+
+    fn args(&self, rank: usize, bytes: usize) -> KernelArgs {
+        let mut inboxes = [0u64; MAX_RANKS];
+        for (slot, r) in inboxes.iter_mut().zip(&self.ranks) {
+            *slot = r.inbox.ptr();
+        }
+        let m = &self.ranks[rank];
+        KernelArgs {
+            input: m.input.ptr(),
+            output: m.output.ptr(),
+            count: (bytes / 2) as u64,
+            total_count: (bytes / 2) as u64,
+            payload_lines: self.layout.payload_lines as u64,
+            timeout_ns: 5_000_000_000,
+            state: m.state.ptr(),
+            error: m.error.device_ptr(),
+            inboxes,
+            rank: rank as u32,
+            world_size: self.ranks.len() as u32,
+            chunk: 0,
+            algo: u32::from(tpar::Algorithm::OneShot.code()),
+        }
+    }
+
+    /// Blocks for `threads_needed` threads, halved under PDL (the communicators' rule).
+    fn grid(&self, threads_needed: usize, pdl: bool) -> u32 {
+        let cap = if pdl {
+            (self.max_blocks / 2).max(1)
+        } else {
+            self.max_blocks
+        };
+        (threads_needed.div_ceil(THREADS as usize) as u32).clamp(1, cap)
+    }
+
+    fn launch_all(&self, f: Function, bytes: usize, grid: u32, pdl: bool) -> Result<()> {
+        for (rank, stream) in self.streams.iter().enumerate() {
+            // SAFETY: the arguments mirror TparArgs and point into this bench's buffers,
+            // which outlive every launch and graph.
+            unsafe {
+                f.launch_ex(
+                    grid,
+                    THREADS,
+                    stream.cu_stream(),
+                    &self.args(rank, bytes),
+                    pdl,
+                )?
+            };
+        }
+        Ok(())
+    }
+
+    fn errors(&self) -> Result<()> {
+        for (rank, m) in self.ranks.iter().enumerate() {
+            let word = m.error.read_u64(0);
+            if word != 0 {
+                bail!("rank {rank}'s kernel reported error word {word:#x}");
+            }
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        for s in &self.streams {
+            s.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Every rank's output equals the exact sum over ranks of the inputs.
+    fn check_outputs(&self, bytes: usize) -> Result<()> {
+        let n = self.ranks.len();
+        for (rank, m) in self.ranks.iter().enumerate() {
+            let mut out = vec![0u8; bytes];
+            m.output.download(&mut out)?;
+            for (i, pair) in out.chunks_exact(2).enumerate() {
+                let got = half::bf16::from_bits(u16::from_le_bytes([pair[0], pair[1]])).to_f32();
+                let want: f32 = (0..n).map(|r| input_value(r, i)).sum();
+                if got != want {
+                    bail!("rank {rank}, {bytes} B: element {i} is {got}, expected {want}");
+                }
+            }
+            m.output.fill(0xff)?;
+        }
+        Ok(())
+    }
+
+    /// Median and p99 per call of a chain of `CHAIN` launches of `f` per rank, replayed.
+    fn time(&self, f: Function, bytes: usize, grid: u32, pdl: bool) -> Result<(f64, f64)> {
+        // Eagerly once first: a broken kernel fails here, not inside a capture.
+        self.launch_all(f, bytes, grid, pdl)?;
+        self.synchronize()?;
+        self.errors()?;
+        let graphs = self
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(rank, s)| -> Result<CudaGraph> {
+                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                let args = self.args(rank, bytes);
+                let captured = (0..CHAIN).try_for_each(|_| {
+                    // SAFETY: as in launch_all.
+                    unsafe { f.launch_ex(grid, THREADS, s.cu_stream(), &args, pdl) }
+                });
+                let graph = s.end_capture(CUgraphInstantiate_flags(0));
+                captured?;
+                graph?.context("stream capture produced no graph")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let main = &self.streams[0];
+        let others = &self.streams[1..];
+        let replay = || -> Result<()> {
+            let fork = main.record_event(None)?;
+            for s in others {
+                s.wait(&fork)?;
+            }
+            for g in &graphs {
+                g.launch()?;
+            }
+            for s in others {
+                main.join(s)?;
+            }
+            Ok(())
+        };
+        for _ in 0..(self.replays / 10).max(3) {
+            replay()?;
+        }
+        let mut events = Vec::with_capacity(self.replays);
+        for _ in 0..self.replays {
+            let start = main.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            replay()?;
+            let end = main.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            events.push((start, end));
+        }
+        self.synchronize()?;
+        self.errors()?;
+        let mut us: Vec<f64> = events
+            .iter()
+            .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3 / CHAIN as f64))
+            .collect::<Result<_, _>>()?;
+        us.sort_by(f64::total_cmp);
+        Ok((percentile(&us, 50.0), percentile(&us, 99.0)))
+    }
+}
+
+fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<Vec<AnatomyRow>> {
+    let bench = Bench::new(ctx, world_size, replays)?;
+    driver::bind(&bench.ctx)?;
+    let mut rows = Vec::new();
+    for pdl in [false, true] {
+        let mut empty = 0.0;
+        // (rung, function, bytes, threads needed, whether the output is checked)
+        let mut plan: Vec<(usize, Function, usize, usize, bool)> =
+            (0..4).map(|r| (r, bench.ladder[r], 0, 1, false)).collect();
+        for rung in [4, 5] {
+            for bytes in PAYLOADS {
+                plan.push((rung, bench.ladder[rung], bytes, bytes / 4, true));
+            }
+        }
+        let wide = bench.layout.payload_lines % 2 == 0;
+        for bytes in PRODUCTION_PAYLOADS {
+            let lines = bytes.div_ceil(4);
+            let threads = if wide { lines.div_ceil(2) } else { lines };
+            plan.push((
+                kernels::ANATOMY_RUNGS,
+                bench.production,
+                bytes,
+                threads,
+                bytes > 0,
+            ));
+        }
+        for (rung, f, bytes, threads, checked) in plan {
+            let grid = bench.grid(threads, pdl);
+            let (p50, p99) = bench
+                .time(f, bytes, grid, pdl)
+                .with_context(|| format!("rung {rung}, {bytes} B, pdl {pdl}"))?;
+            if rung == 0 {
+                empty = p50;
+            }
+            if checked {
+                bench.check_outputs(bytes)?;
+            }
+            rows.push(AnatomyRow {
+                world_size,
+                rung,
+                piece: RUNGS
+                    .get(rung)
+                    .map_or("one-shot kernel of this commit", |s| s)
+                    .to_owned(),
+                bytes,
+                pdl,
+                grid,
+                p50_us: p50,
+                p99_us: p99,
+                ratio_to_empty: if empty > 0.0 { p50 / empty } else { 0.0 },
+                checked,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs the anatomy for `world_size` ranks (both 2 and 8 when `None`) and prints the table
+/// (and JSON where `json` says).
+pub fn run(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
+    if !driver::driver_present() {
+        bail!("--anatomy needs an NVIDIA GPU and driver; none was found");
+    }
+    let sizes = match world_size {
+        Some(n) if !(2..=MAX_RANKS).contains(&n) => {
+            bail!("--anatomy needs 2 to {MAX_RANKS} ranks, not {n}; pass -n 2 or -n 8")
+        }
+        Some(n) => vec![n],
+        None => vec![2, 8],
+    };
+    if replays < 5 {
+        bail!("--anatomy needs at least 5 timed replays (--iters)");
+    }
+    let ctx = CudaContext::new(0).context("cannot open GPU 0")?;
+    let mut rows = Vec::new();
+    for n in sizes {
+        rows.extend(measure(&ctx, n, replays)?);
+    }
+    let mut table = Table::new(
+        &[
+            "ranks",
+            "piece",
+            "bytes",
+            "grid",
+            "us/op",
+            "xempty",
+            "PDL us/op",
+            "xempty",
+        ],
+        2,
+    );
+    for plain in rows.iter().filter(|r| !r.pdl) {
+        let with = rows.iter().find(|r| {
+            r.pdl
+                && r.world_size == plain.world_size
+                && r.rung == plain.rung
+                && r.bytes == plain.bytes
+        });
+        table.push(vec![
+            plain.world_size.to_string(),
+            plain.piece.clone(),
+            tpar::memory::human_bytes(plain.bytes as u64),
+            plain.grid.to_string(),
+            format!("{:.2}", plain.p50_us),
+            format!("{:.2}", plain.ratio_to_empty),
+            with.map_or("-".into(), |w| format!("{:.2}", w.p50_us)),
+            with.map_or("-".into(), |w| format!("{:.2}", w.ratio_to_empty)),
+        ]);
+    }
+    let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+    let text = format!(
+        "anatomy of one allreduce call: {device}, ranks as streams, bf16, per call in a graph chain of {CHAIN} per rank (median of {replays} replays)\n{}",
+        table.render()
+    );
+    let report = AnatomyReport {
+        provenance: Provenance::collect(device),
+        driver_version: driver::driver_version()?,
+        chain: CHAIN,
+        replays,
+        dtype: "bf16",
+        rows,
+    };
+    emit(&text, json, &report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rung_has_a_label_and_the_inputs_are_not_zero() {
+        assert_eq!(RUNGS.len(), kernels::ANATOMY_RUNGS);
+        assert!((0..64).any(|i| input_value(0, i) != 0.0));
+        // Sums of 8 ranks stay exact in bf16 (|sum| <= 64).
+        assert!((0..1000).all(|i| (0..8).map(|r| input_value(r, i).abs()).sum::<f32>() <= 64.0));
+    }
+}
