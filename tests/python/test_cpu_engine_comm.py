@@ -66,6 +66,20 @@ WORKER = textwrap.dedent(
         g = tpar.Communicator(); check(g, 3); del g
         with tpar.Communicator() as h:
             check(h, 4)
+        # An exception during construction (ranks disagree on chunk_bytes): every rank fails,
+        # nothing is left behind, and the next communicator works.
+        if n > 1:
+            try:
+                tpar.Communicator(chunk_bytes=4096 if rank == 0 else 8192, timeout=10)
+                sys.exit("disagreeing chunk_bytes were accepted")
+            except tpar.TparError as e:
+                assert "chunk_bytes=" in str(e), str(e)
+            with tpar.Communicator() as k:
+                check(k, 5)
+        prefix = "tpar-" + os.environ["TPAR_JOB_TOKEN"]
+        left = [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
+        if left:
+            sys.exit(f"left in /dev/shm: {left}")
         print("OK", flush=True)
     elif task["kind"] == "subgroups":
         pair = [0, 1] if rank < 2 else [2, 3]
