@@ -191,6 +191,29 @@ def test_ctrl_c_interrupts_a_blocked_call_and_breaks_the_communicator():
     print(f"KeyboardInterrupt {elapsed:.3f} s after SIGINT (call had waited {waited:.3f} s)")
 
 
+def test_ctrl_c_interrupts_a_creation_waiting_for_a_missing_rank(tmp_path):
+    code = textwrap.dedent(f"""
+        import time, tpar
+        print("CREATING", flush=True)
+        start = time.monotonic()
+        try:
+            tpar.Communicator(0, 2, rendezvous={str(tmp_path / "rdv")!r}, token={secrets.token_hex(16)!r}, timeout=60)
+        except KeyboardInterrupt:
+            print(f"INTERRUPTED {{time.monotonic() - start:.3f}}", flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert "CREATING" in p.stdout.readline()
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert p.wait(timeout=20) == 0
+    elapsed = time.monotonic() - sent
+    output = p.stdout.read()
+    assert "INTERRUPTED" in output, output
+    assert elapsed < 5, elapsed
+    print(f"KeyboardInterrupt {elapsed:.3f} s after SIGINT during creation")
+
+
 def _figures(prefix):
     fds = len(os.listdir("/proc/self/fd"))
     threads = len(os.listdir("/proc/self/task"))
