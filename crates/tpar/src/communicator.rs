@@ -609,14 +609,31 @@ impl Communicator {
                     .all_reduce_raw(dtype, input, output, count, algorithm, stream),
                 Choice::Nccl => {
                     let nccl = self.nccl().map_err(Error::Unsupported)?;
+                    // NCCL connects peers (and allocates their buffers) at the first calls
+                    // that need them, not at its init: what our own NCCL takes then is
+                    // measured around the call too (outside capture, where the driver can
+                    // be asked).
+                    let measure = nccl.is_owned() && !crate::backend::cuda::is_capturing(stream);
+                    let ctx = self.cuda.context();
+                    let before = measure
+                        .then(|| crate::backend::cuda::free_device_memory(ctx))
+                        .flatten();
                     // SAFETY: as above.
-                    nccl.all_reduce_raw(
+                    let queued = nccl.all_reduce_raw(
                         dtype,
                         input,
                         output,
                         count,
                         stream as *mut std::ffi::c_void,
-                    )
+                    );
+                    if let (Some(b), Some(a)) = (
+                        before,
+                        before.and_then(|_| crate::backend::cuda::free_device_memory(ctx)),
+                    ) {
+                        self.nccl_bytes
+                            .fetch_add(b.saturating_sub(a), std::sync::atomic::Ordering::Relaxed);
+                    }
+                    queued
                 }
             })
         }
