@@ -66,6 +66,20 @@ WORKER = textwrap.dedent(
         g = tpar.Communicator(); check(g, 3); del g
         with tpar.Communicator() as h:
             check(h, 4)
+        # An exception during construction (ranks disagree on chunk_bytes): every rank fails,
+        # nothing is left behind, and the next communicator works.
+        if n > 1:
+            try:
+                tpar.Communicator(chunk_bytes=4096 if rank == 0 else 8192, timeout=10)
+                sys.exit("disagreeing chunk_bytes were accepted")
+            except tpar.TparError as e:
+                assert "chunk_bytes=" in str(e), str(e)
+            with tpar.Communicator() as k:
+                check(k, 5)
+        prefix = "tpar-" + os.environ["TPAR_JOB_TOKEN"]
+        left = [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
+        if left:
+            sys.exit(f"left in /dev/shm: {left}")
         print("OK", flush=True)
     elif task["kind"] == "subgroups":
         pair = [0, 1] if rank < 2 else [2, 3]
@@ -175,6 +189,29 @@ def test_ctrl_c_interrupts_a_blocked_call_and_breaks_the_communicator():
     waited = float(output.split("INTERRUPTED")[1].split()[0])
     assert elapsed < 5, elapsed
     print(f"KeyboardInterrupt {elapsed:.3f} s after SIGINT (call had waited {waited:.3f} s)")
+
+
+def test_ctrl_c_interrupts_a_creation_waiting_for_a_missing_rank(tmp_path):
+    code = textwrap.dedent(f"""
+        import time, tpar
+        print("CREATING", flush=True)
+        start = time.monotonic()
+        try:
+            tpar.Communicator(0, 2, rendezvous={str(tmp_path / "rdv")!r}, token={secrets.token_hex(16)!r}, timeout=60)
+        except KeyboardInterrupt:
+            print(f"INTERRUPTED {{time.monotonic() - start:.3f}}", flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert "CREATING" in p.stdout.readline()
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    assert p.wait(timeout=20) == 0
+    elapsed = time.monotonic() - sent
+    output = p.stdout.read()
+    assert "INTERRUPTED" in output, output
+    assert elapsed < 5, elapsed
+    print(f"KeyboardInterrupt {elapsed:.3f} s after SIGINT during creation")
 
 
 def _figures(prefix):

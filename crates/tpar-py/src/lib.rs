@@ -213,28 +213,12 @@ impl Comm {
             timeout: config.timeout,
             ..CudaConfig::default()
         };
-        // Waiting for peers can take a while: let other Python threads run.
-        let (mut cpu, cuda) = py
-            .detach(|| {
-                let job = Rendezvous::join(env)?;
-                let rdv = match &members {
-                    Some(m) => job.subgroup(m)?,
-                    None => job,
-                };
-                let cpu = CpuCommunicator::new(&rdv, config)?;
-                let cuda = device
-                    // SAFETY: a borrowed communicator's address comes from the Python caller,
-                    // who promises (documented on `nccl=`) it is live and outlives this one.
-                    .map(|d| unsafe { Communicator::join_with(&rdv, d, cuda_config, nccl) })
-                    .transpose()?;
-                Ok((cpu, cuda))
-            })
-            .map_err(err)?;
         let interrupted: Arc<Mutex<Option<PyErr>>> = Arc::default();
         let seen = interrupted.clone();
-        // Asked every ~50 ms while a call waits for peers (without the GIL): runs Python's
-        // signal handlers, so Ctrl-C raises KeyboardInterrupt within a fraction of a second.
-        cpu.set_interrupt(Some(Arc::new(move || {
+        // Asked every few ms while ranks gather and every ~50 ms while a call waits for peers
+        // (without the GIL): runs Python's signal handlers, so Ctrl-C raises KeyboardInterrupt
+        // within a fraction of a second.
+        let check: Arc<tpar::backend::cpu::InterruptCheck> = Arc::new(move || {
             Python::attach(|py| match py.check_signals() {
                 Ok(()) => false,
                 Err(e) => {
@@ -242,7 +226,24 @@ impl Comm {
                     true
                 }
             })
-        })));
+        });
+        // Waiting for peers can take a while: let other Python threads run.
+        let created = py.detach(|| {
+            let job = Rendezvous::join(env)?.with_interrupt(check.clone());
+            let rdv = match &members {
+                Some(m) => job.subgroup(m)?,
+                None => job,
+            };
+            let cpu = CpuCommunicator::new(&rdv, config)?;
+            let cuda = device
+                // SAFETY: a borrowed communicator's address comes from the Python caller,
+                // who promises (documented on `nccl=`) it is live and outlives this one.
+                .map(|d| unsafe { Communicator::join_with(&rdv, d, cuda_config, nccl) })
+                .transpose()?;
+            Ok((cpu, cuda))
+        });
+        let (mut cpu, cuda) = created.map_err(|e| Self::interrupted_or(&interrupted, e))?;
+        cpu.set_interrupt(Some(check));
         Ok(Comm {
             cpu: Some(cpu),
             cuda,
@@ -471,7 +472,7 @@ impl Comm {
     }
 
     /// Waits for tpar's work on the GPU, then releases every buffer; later calls raise
-    /// TparError.
+    /// TparError. (Dropping the object without close() does the same.)
     fn close(&mut self, py: Python<'_>) {
         if let Some(cuda) = self.cuda.take() {
             // Kernels may still be queued on the caller's stream: their buffers must outlive them.
@@ -481,6 +482,17 @@ impl Comm {
             });
         }
         self.cpu = None;
+    }
+}
+
+impl Drop for Comm {
+    /// Garbage collection without close(): kernels may still be queued on the caller's
+    /// stream, so their buffers are released only after the GPU is done with them.
+    fn drop(&mut self) {
+        if let Some(cuda) = self.cuda.take() {
+            let _ = cuda.cuda().context().synchronize();
+            drop(cuda);
+        }
     }
 }
 

@@ -215,6 +215,10 @@ impl Communicator {
         config: CudaConfig,
         nccl: NcclMode,
     ) -> Result<Communicator> {
+        // Names for the parts that meet through the rendezvous, taken before anything can fail
+        // on one rank alone (every rank's count of communicators must stay in step).
+        let nccl_instance = rendezvous.next_instance();
+        let selftest_instance = rendezvous.next_instance();
         let gpus = crate::backend::cuda::probe()?;
         let cuda = CudaCommunicator::new(rendezvous, device, config)?;
         let ready = OnceLock::new();
@@ -239,7 +243,7 @@ impl Communicator {
                 )),
                 Ok(_) => NcclSlot::Lazy {
                     rendezvous: rendezvous.clone(),
-                    instance: rendezvous.next_instance(),
+                    instance: nccl_instance,
                     timeout: config.timeout,
                 },
             },
@@ -257,7 +261,7 @@ impl Communicator {
             comm.warnings.push(warning);
         }
         if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
-            comm.init_selftest(rendezvous, config.timeout)?;
+            comm.init_selftest(rendezvous, &selftest_instance, config.timeout)?;
         }
         Ok(comm)
     }
@@ -352,12 +356,12 @@ impl Communicator {
     fn init_selftest(
         &mut self,
         rendezvous: &Rendezvous,
+        instance: &str,
         timeout: std::time::Duration,
     ) -> Result<()> {
         // A group over the same GPUs with the same settings already passed (or failed) the
         // test in this process: reuse its findings when every rank has them, so that an
         // engine's many groups pay for the test once.
-        let instance = rendezvous.next_instance();
         let cache_key = self.cuda.group_key().to_owned();
         let cached = selftest_cache()
             .lock()
@@ -379,7 +383,7 @@ impl Communicator {
                 vetoed
             }
             None => {
-                let vetoed = self.run_selftest(rendezvous, &instance, timeout)?;
+                let vetoed = self.run_selftest(rendezvous, instance, timeout)?;
                 selftest_cache()
                     .lock()
                     .expect("self-test cache")
@@ -605,14 +609,31 @@ impl Communicator {
                     .all_reduce_raw(dtype, input, output, count, algorithm, stream),
                 Choice::Nccl => {
                     let nccl = self.nccl().map_err(Error::Unsupported)?;
+                    // NCCL connects peers (and allocates their buffers) at the first calls
+                    // that need them, not at its init: what our own NCCL takes then is
+                    // measured around the call too (outside capture, where the driver can
+                    // be asked).
+                    let measure = nccl.is_owned() && !crate::backend::cuda::is_capturing(stream);
+                    let ctx = self.cuda.context();
+                    let before = measure
+                        .then(|| crate::backend::cuda::free_device_memory(ctx))
+                        .flatten();
                     // SAFETY: as above.
-                    nccl.all_reduce_raw(
+                    let queued = nccl.all_reduce_raw(
                         dtype,
                         input,
                         output,
                         count,
                         stream as *mut std::ffi::c_void,
-                    )
+                    );
+                    if let (Some(b), Some(a)) = (
+                        before,
+                        before.and_then(|_| crate::backend::cuda::free_device_memory(ctx)),
+                    ) {
+                        self.nccl_bytes
+                            .fetch_add(b.saturating_sub(a), std::sync::atomic::Ordering::Relaxed);
+                    }
+                    queued
                 }
             })
         }

@@ -21,8 +21,9 @@ pub struct MemoryFootprint {
     #[serde(default)]
     pub module_bytes: u64,
     /// ...and the NCCL communicator tpar created itself (`nccl=own`), measured as the drop in
-    /// free device memory around its initialisation; 0 with `none`, borrowed, or before the
-    /// first call planned for NCCL created it.
+    /// free device memory around its initialisation and around its calls (NCCL connects peers
+    /// and allocates their buffers at the first calls that need them); 0 with `none`, borrowed,
+    /// or before the first call planned for NCCL created it.
     #[serde(default)]
     pub nccl_bytes: u64,
     /// True where `nccl_bytes` is an estimate from NCCL's settings (a plan made before

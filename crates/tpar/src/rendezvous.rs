@@ -247,6 +247,8 @@ struct Record<T> {
 /// (see [`Rendezvous::subgroup`]).
 #[derive(Clone, Debug)]
 pub struct Rendezvous {
+    /// Asked while a gather waits; true stops it with [`Error::Interrupted`] (Ctrl-C).
+    interrupt: Interrupt,
     /// This rank as the group sees it: for a subgroup, its index among the members and the
     /// number of members.
     env: RankEnv,
@@ -255,6 +257,20 @@ pub struct Rendezvous {
     namespace: String,
     /// The job's ranks in this group, in group-rank order (0..world for the whole job).
     members: Vec<usize>,
+}
+
+/// An optional check asked while waiting for peers (see [`Rendezvous::with_interrupt`]).
+#[derive(Clone, Default)]
+struct Interrupt(Option<std::sync::Arc<crate::wait::InterruptCheck>>);
+
+impl std::fmt::Debug for Interrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(check)"
+        } else {
+            "None"
+        })
+    }
 }
 
 /// Communicators created so far per (directory, token, group namespace, rank) in this process.
@@ -285,6 +301,7 @@ impl Rendezvous {
         ensure_private_dir(&env.dir)?;
         let members = (0..env.world_size).collect();
         Ok(Rendezvous {
+            interrupt: Interrupt::default(),
             env,
             namespace: String::new(),
             members,
@@ -324,6 +341,7 @@ impl Rendezvous {
             })?;
         let whole = members.len() == self.members.len() && members == self.members.as_slice();
         Ok(Rendezvous {
+            interrupt: self.interrupt.clone(),
             env: RankEnv {
                 rank,
                 world_size: members.len(),
@@ -339,6 +357,17 @@ impl Rendezvous {
             },
             members: members.to_vec(),
         })
+    }
+
+    /// This rendezvous with `check` asked every ~10 ms while it waits for peers: when it says
+    /// true the wait fails with [`Error::Interrupted`] (the Python package stops on Ctrl-C
+    /// this way while ranks gather to create a communicator).
+    pub fn with_interrupt(
+        mut self,
+        check: std::sync::Arc<crate::wait::InterruptCheck>,
+    ) -> Rendezvous {
+        self.interrupt = Interrupt(Some(check));
+        self
     }
 
     pub fn env(&self) -> &RankEnv {
@@ -505,6 +534,12 @@ impl Rendezvous {
                     waited,
                     phase: key.to_owned(),
                     foreign,
+                });
+            }
+            if self.interrupt.0.as_ref().is_some_and(|stop| stop()) {
+                return Err(Error::Interrupted {
+                    peer: missing[0],
+                    phase: format!("rendezvous: {key}"),
                 });
             }
             std::thread::sleep(pause);
@@ -689,6 +724,18 @@ mod tests {
         for h in handles {
             assert_eq!(h.join().unwrap(), vec![0, 10, 20]);
         }
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_interrupt_stops_a_gather_naming_the_missing_rank() {
+        let dir = temp_dir("interrupt");
+        let rdv = Rendezvous::join(env(&dir, "this-job-token", 0, 2))
+            .unwrap()
+            .with_interrupt(std::sync::Arc::new(|| true));
+        rdv.publish("k", &1u8).unwrap();
+        let err = rdv.gather::<u8>("k", Duration::from_secs(30)).unwrap_err();
+        assert!(matches!(err, Error::Interrupted { peer: 1, .. }), "{err}");
         fs::remove_dir_all(dir).unwrap();
     }
 

@@ -386,9 +386,13 @@ class Communicator:
             self._comm.check()
 
     def memory_footprint(self) -> dict:
-        """Bytes this rank allocated: device_bytes, pinned_host_bytes, shared_host_bytes (and
-        their sum, allocated_bytes), peers' memory mapped into it (peer_mapped_bytes), with the
-        figures of each backend under "cpu" and "cuda"."""
+        """Bytes this rank took: device_bytes, pinned_host_bytes, shared_host_bytes (and their
+        sum, allocated_bytes), peers' memory mapped into it (peer_mapped_bytes), with the
+        figures of each backend under "cpu" and "cuda". device_bytes is split into
+        device_buffer_bytes (tpar's buffers), module_bytes (tpar's kernels, measured as the drop
+        in free device memory around their load; one per process and GPU, shared by its
+        communicators) and nccl_bytes (the NCCL communicator tpar created itself with
+        nccl="own", measured around its creation; 0 with "none" or a borrowed one)."""
         return self._comm.memory_footprint()
 
     def close(self):

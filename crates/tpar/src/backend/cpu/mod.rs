@@ -95,6 +95,9 @@ impl CpuCommunicator {
     /// Joins the ranks of `rendezvous` in a new communicator. Every rank must call this, in
     /// the same order relative to its other communicators, with the same `config`.
     pub fn new(rendezvous: &Rendezvous, config: CommConfig) -> Result<CpuCommunicator> {
+        // Taken before anything can fail on one rank alone, so that every rank's count of
+        // communicators stays the same after a failed creation.
+        let instance = rendezvous.next_instance();
         if config.chunk_bytes < 64 {
             return Err(Error::InvalidArgument(format!(
                 "chunk size {} B is too small; use at least 64 B",
@@ -103,7 +106,6 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let instance = rendezvous.next_instance();
         let layout = InboxLayout::new(world_size, config.chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 

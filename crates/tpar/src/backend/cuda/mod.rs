@@ -438,6 +438,9 @@ impl CudaCommunicator {
         device: usize,
         config: CudaConfig,
     ) -> Result<CudaCommunicator> {
+        // Taken before anything can fail on one rank alone, so that every rank's count of
+        // communicators stays the same after a failed creation.
+        let instance = rendezvous.next_instance();
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
         check_world(world_size)?;
@@ -447,7 +450,6 @@ impl CudaCommunicator {
         // free-memory drop measured around the module load is this process's alone.
         let gpu_lock = allocation_lock(&driver::device_uuid(&ctx)?);
         let set = kernel_set(&ctx)?;
-        let instance = rendezvous.next_instance();
         let host = config
             .host_staged
             .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
