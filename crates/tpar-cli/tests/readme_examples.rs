@@ -36,7 +36,11 @@ fn examples(readme: &str) -> Vec<(Vec<String>, Vec<String>)> {
             );
             lines.next();
         }
-        let words = command.split_whitespace().skip(1).map(str::to_owned).collect();
+        let words = command
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_owned)
+            .collect();
         out.push((words, expected));
     }
     out
@@ -49,7 +53,10 @@ fn readme_plan_examples_print_what_the_readme_says() {
     let examples = examples(&readme);
     assert!(examples.len() >= 2, "found {} examples", examples.len());
     for (args, expected) in examples {
-        assert!(!expected.is_empty(), "{args:?} has no expected output in the README");
+        assert!(
+            !expected.is_empty(),
+            "{args:?} has no expected output in the README"
+        );
         let out = Command::new(env!("CARGO_BIN_EXE_tpar"))
             .args(&args)
             .current_dir(root)
