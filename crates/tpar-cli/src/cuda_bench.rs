@@ -233,7 +233,7 @@ pub fn run(
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.choices {
-            progress(&format!("{} {algo}", tpar::memory::human_bytes(bytes)));
+            progress(&format!("{} {algo}", crate::report::size(bytes)));
             let mut row = CudaRow {
                 bytes,
                 algo: algo.name().to_owned(),
