@@ -79,7 +79,7 @@ pub fn warmup_arg(text: &str) -> std::result::Result<usize, String> {
     whole_in(text, 0, 1_000_000).map(|v| v as usize)
 }
 
-/// `--tp`: 1 to [`MAX_WORLD_SIZE`].
+/// `-n/--world-size` of the planner (`--tp` is its old name): 1 to [`MAX_WORLD_SIZE`].
 pub fn tp_arg(text: &str) -> std::result::Result<u64, String> {
     whole_in(text, 1, MAX_WORLD_SIZE as u64)
 }

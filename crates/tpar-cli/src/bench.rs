@@ -36,9 +36,10 @@ pub struct BenchArgs {
     /// [default: cpu 1K..4M, cuda 4K..8M including 42K].
     #[arg(long)]
     sizes: Option<String>,
-    /// Algorithms to time, comma-separated: one-shot, two-shot, and on CUDA one-shot-pull,
-    /// host-staged [default: all the backend has].
-    #[arg(long)]
+    #[arg(long, value_name = "LIST", help = concat!(
+        "Algorithms to time, comma-separated, from: ", crate::route_names!(),
+        " (CPU: one-shot, two-shot) [default: all the backend has]"
+    ))]
     algos: Option<String>,
     /// Timed calls per size and algorithm (CUDA: timed graph replays).
     #[arg(long, default_value_t = 100, value_parser = crate::args::iterations_arg)]
@@ -205,7 +206,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let mut rows = Vec::with_capacity(configs);
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.algorithms {
-            progress.step(format!("{} {algo}", human_bytes(bytes)));
+            progress.step(format!("{} {algo}", crate::report::size(bytes)));
             let out = &mut output[..count * plan.dtype.size()];
             total_across_ranks(&mut comm, 0)?; // start together
             for i in 0..plan.warmup {
@@ -310,7 +311,7 @@ fn table(rows: &[BenchRow]) -> String {
     );
     for r in rows {
         table.push(vec![
-            human_bytes(r.bytes),
+            crate::report::size(r.bytes),
             r.algo.clone(),
             format!("{:.2}", r.p50_us),
             format!("{:.2}", r.p99_us),

@@ -35,7 +35,7 @@ pub struct StepArgs {
     config: PathBuf,
     /// Tensor-parallel size: the number of ranks (round-robin over the GPUs; on fewer GPUs than
     /// ranks they share, which times the protocol but not a real TP machine).
-    #[arg(long)]
+    #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::world_size_arg)]
     tp: usize,
     /// Tokens per pass: 1 for a plain decode step, draft tokens + 1 for a verify pass.
     #[arg(long, default_value_t = 1)]
@@ -43,10 +43,10 @@ pub struct StepArgs {
     /// Layers in the pass [default: the config's num_hidden_layers].
     #[arg(long)]
     layers: Option<u64>,
-    /// How the allreduces run, comma-separated: nccl, auto (tpar's dispatcher, NCCL included),
-    /// or a tpar algorithm (one-shot, two-shot, one-shot-pull, host-staged). The pass without
-    /// allreduces is always timed too.
-    #[arg(long, default_value = "nccl,auto")]
+    #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
+        "How the allreduces run, comma-separated, from: ", crate::route_names!(),
+        " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
+    ))]
     algos: String,
     /// Timed replays of each pass's graph.
     #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
@@ -56,7 +56,7 @@ pub struct StepArgs {
     #[arg(long)]
     processes: bool,
     /// Seconds a rank waits for a peer before it fails the run, naming the peer.
-    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
     timeout: std::time::Duration,
     /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
     #[arg(long, value_name = "PATH|-")]
@@ -176,7 +176,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     };
     let model = ModelShape::from_config_json(&text, &name)?;
     if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
-        bail!("--tp, --tokens and --replays must be at least 1");
+        bail!("-n/--world-size, --tokens and --replays must be at least 1");
     }
     let layers = args.layers.unwrap_or(model.layers);
     if layers == 0 || layers > model.layers {

@@ -31,7 +31,7 @@ pub struct CudaBenchPlan {
     pub chain: usize,
 }
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Clone, Debug)]
 pub struct CudaRow {
     pub bytes: u64,
     pub algo: String,
@@ -50,11 +50,52 @@ pub struct CudaRow {
     pub chain: usize,
     pub replays: usize,
     /// For `auto`: what the dispatcher ran at this size.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub runs: Option<String>,
-    /// Set when the algorithm cannot run here, with the reason; the figures are then zero.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Set when the algorithm cannot run here, with the reason; the figures are then unset
+    /// (zero here, `null` in JSON: bench/schema/bench.schema.json).
     pub skipped: Option<String>,
+}
+
+/// A row as JSON: a skipped row has `null` figures and `correct: null`, so a reader that does
+/// not look at `skipped` cannot take it for a 0 us, correct result.
+#[derive(Serialize)]
+struct CudaRowJson<'a> {
+    bytes: u64,
+    algo: &'a str,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    busbw_gbps: Option<f64>,
+    correct: Option<bool>,
+    graph_single_us: Option<f64>,
+    wire_floor_us: Option<f64>,
+    chain: usize,
+    replays: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runs: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<&'a str>,
+}
+
+impl Serialize for CudaRow {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let timed = self.skipped.is_none();
+        let figure = |v: f64| timed.then_some(v);
+        CudaRowJson {
+            bytes: self.bytes,
+            algo: &self.algo,
+            p50_us: figure(self.p50_us),
+            p99_us: figure(self.p99_us),
+            busbw_gbps: figure(self.busbw_gbps),
+            correct: timed.then_some(self.correct),
+            graph_single_us: figure(self.graph_single_us),
+            wire_floor_us: figure(self.wire_floor_us),
+            chain: self.chain,
+            replays: self.replays,
+            runs: self.runs.as_deref(),
+            skipped: self.skipped.as_deref(),
+        }
+        .serialize(serializer)
+    }
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -192,7 +233,7 @@ pub fn run(
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.choices {
-            progress(&format!("{} {algo}", tpar::memory::human_bytes(bytes)));
+            progress(&format!("{} {algo}", crate::report::size(bytes)));
             let mut row = CudaRow {
                 bytes,
                 algo: algo.name().to_owned(),
@@ -218,6 +259,7 @@ pub fn run(
             let planned = match planned {
                 Ok(c) => c,
                 Err(why) => {
+                    // Not a failure (the run passes), but no result either: JSON writes null.
                     row.skipped = Some(why);
                     row.correct = true;
                     rows.push(row);
@@ -314,5 +356,47 @@ mod tests {
             bottleneck_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
             8.0
         );
+    }
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    fn row(skipped: Option<&str>) -> CudaRow {
+        CudaRow {
+            bytes: 4096,
+            algo: "nccl".into(),
+            p50_us: 0.0,
+            p99_us: 0.0,
+            busbw_gbps: 0.0,
+            correct: true,
+            graph_single_us: 0.0,
+            wire_floor_us: 0.0,
+            chain: 0,
+            replays: 0,
+            runs: None,
+            skipped: skipped.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_skipped_row_has_null_figures_and_no_verdict() {
+        let v = serde_json::to_value(row(Some("NCCL needs one GPU per rank"))).unwrap();
+        for key in [
+            "p50_us",
+            "p99_us",
+            "busbw_gbps",
+            "correct",
+            "graph_single_us",
+            "wire_floor_us",
+        ] {
+            assert!(v[key].is_null(), "{key}: {v}");
+        }
+        assert_eq!(v["skipped"], "NCCL needs one GPU per rank");
+        let v = serde_json::to_value(row(None)).unwrap();
+        assert_eq!(v["p50_us"], 0.0);
+        assert_eq!(v["correct"], true);
+        assert!(v.get("skipped").is_none());
     }
 }

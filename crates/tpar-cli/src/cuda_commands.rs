@@ -156,7 +156,7 @@ fn render(report: &CudaReport) -> String {
     for r in &report.results {
         if let Some(why) = &r.skipped {
             table.push(skipped_row(
-                vec![human_bytes(r.bytes), r.algo.clone()],
+                vec![crate::report::size(r.bytes), r.algo.clone()],
                 8,
                 why,
             ));
@@ -164,7 +164,7 @@ fn render(report: &CudaReport) -> String {
         }
         let algo = name_with_runs(&r.algo, r.runs.as_deref());
         table.push(vec![
-            human_bytes(r.bytes),
+            crate::report::size(r.bytes),
             algo,
             format!("{:.2}", r.p50_us),
             format!("{:.2}", r.p99_us),

@@ -85,14 +85,51 @@ impl std::fmt::Display for Route {
     }
 }
 
+/// Every name `--algos`, `--algo` and `TPAR_ALGO` take, in the one order used by help, errors
+/// and the README (a test holds them to `Choice::ALL` and `auto`).
+#[macro_export]
+macro_rules! route_names {
+    () => {
+        "one-shot, two-shot, one-shot-pull, host-staged, nccl, auto"
+    };
+}
+pub const ROUTE_NAMES: &str = route_names!();
+
 impl std::str::FromStr for Route {
     type Err = tpar::Error;
     fn from_str(s: &str) -> std::result::Result<Route, tpar::Error> {
         if s.trim().eq_ignore_ascii_case("auto") {
             Ok(Route::Auto)
         } else {
-            s.parse().map(Route::Fixed)
+            s.parse().map(Route::Fixed).map_err(|_| {
+                tpar::Error::InvalidArgument(format!(
+                    "unknown algorithm '{}'; the names are: {ROUTE_NAMES}",
+                    s.trim()
+                ))
+            })
         }
+    }
+}
+
+#[cfg(test)]
+mod route_name_tests {
+    use super::*;
+
+    #[test]
+    fn one_list_of_algorithm_names_everywhere() {
+        let mut names: Vec<&str> = Choice::ALL.iter().map(|c| c.name()).collect();
+        names.push("auto");
+        assert_eq!(ROUTE_NAMES, names.join(", "));
+        for name in &names {
+            assert_eq!(name.parse::<Route>().unwrap().name(), *name);
+        }
+        let err = "ring".parse::<Route>().unwrap_err().to_string();
+        assert!(err.contains(ROUTE_NAMES), "{err}");
+        let readme = include_str!("../../../README.md");
+        assert!(
+            readme.contains(ROUTE_NAMES),
+            "README lists other algorithm names"
+        );
     }
 }
 

@@ -29,11 +29,12 @@ pub struct DoctorArgs {
     /// Ranks to plan for [default: one per GPU].
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
+    /// Element type to plan for: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
-    /// Plan as if this algorithm were forced (also TPAR_ALGO): one-shot, two-shot,
-    /// one-shot-pull, host-staged, nccl.
-    #[arg(long)]
+    #[arg(long, value_name = "NAME", help = concat!(
+        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", crate::route_names!()
+    ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).
     #[arg(long)]
@@ -83,9 +84,8 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     let forced = args
         .algo
         .clone()
-        .or_else(|| std::env::var("TPAR_ALGO").ok())
-        .map(|a| a.parse::<Choice>())
-        .transpose()
+        .or_else(|| std::env::var("TPAR_ALGO").ok());
+    let forced = tpar::communicator::forced_choice(forced.as_deref())
         .map_err(|e| crate::args::usage(e.into()))?;
     let mut checks = Vec::new();
     let (topology, source) = match &args.topology {
@@ -430,7 +430,7 @@ fn render(r: &Report) -> String {
     let mut p = Table::new(header, header.len());
     for s in &r.plans {
         let mut row = vec![
-            human_bytes(s.bytes),
+            crate::report::size(s.bytes),
             s.choice.map_or("NONE".into(), |c| c.to_string()),
         ];
         if modelled {

@@ -46,8 +46,8 @@ Examples:
   tpar bench --backend cuda -n 2 --json out.json
   tpar doctor                                  # this machine: links, checks, what runs at each size
   tpar doctor --topology crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json
-  tpar plan memory --config crates/tpar/fixtures/models/deepseek-v3.json --tp 8 --gpu-gb 96
-  tpar plan spec-decode --config crates/tpar/fixtures/models/deepseek-v3.json --tp 8 --tokens 3 --acceptance 2 --latency-us 200";
+  tpar plan memory --config crates/tpar/fixtures/models/deepseek-v3.json -n 8 --gpu-gb 96
+  tpar plan spec-decode --config crates/tpar/fixtures/models/deepseek-v3.json -n 8 --tokens 3 --acceptance 2 --latency-us 200";
 
 #[derive(Parser, Debug)]
 #[command(name = "tpar", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TPAR_GIT_COMMIT"), ")"), about = ABOUT, after_help = AFTER_HELP)]
@@ -176,4 +176,72 @@ fn one_line(text: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag of every visible subcommand, as "command --flag", that has no help text.
+    fn flags_without_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if arg.is_hide_set() || id == "help" || id == "version" {
+                continue;
+            }
+            if arg
+                .get_help()
+                .is_none_or(|h| h.to_string().trim().is_empty())
+            {
+                out.push(format!("{path} --{}", arg.get_long().unwrap_or(id)));
+            }
+        }
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            flags_without_help(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_flag_has_help() {
+        let mut missing = Vec::new();
+        flags_without_help(&super::Cli::command(), "tpar", &mut missing);
+        assert_eq!(missing, Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_world_size_is_n_everywhere() {
+        let cli = super::Cli::command();
+        let mut found = Vec::new();
+        fn walk(cmd: &clap::Command, path: &str, found: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                if arg.get_long() == Some("world-size") {
+                    assert_eq!(arg.get_short(), Some('n'), "{path}");
+                    found.push(path.to_owned());
+                }
+                assert_ne!(
+                    arg.get_long(),
+                    Some("tp"),
+                    "{path}: --tp is an alias of -n now"
+                );
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), found);
+            }
+        }
+        walk(&cli, "tpar", &mut found);
+        for command in [
+            "bench",
+            "bench step",
+            "selftest",
+            "doctor",
+            "tune",
+            "plan memory",
+            "plan spec-decode",
+        ] {
+            assert!(
+                found.contains(&format!("tpar {command}")),
+                "{command}: {found:?}"
+            );
+        }
+    }
 }

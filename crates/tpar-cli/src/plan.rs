@@ -42,7 +42,7 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// Tensor-parallel size.
-    #[arg(long, value_parser = crate::args::tp_arg)]
+    #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::tp_arg)]
     tp: u64,
     /// GPU memory in GiB [default: read from GPU 0].
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
@@ -53,6 +53,8 @@ pub struct MemoryArgs {
     /// Weights per rank in GiB [default: computed from the config].
     #[arg(long, value_name = "GIB", value_parser = crate::args::non_negative_f64)]
     weights_gb: Option<f64>,
+    /// The engine whose rule sizes the KV cache (SGLang: --mem-fraction-static; vLLM:
+    /// --gpu-memory-utilization).
     #[arg(long, value_enum, default_value = "sglang")]
     engine: Engine,
     /// SGLang's fraction of GPU memory for weights and KV cache.
@@ -90,9 +92,11 @@ pub struct MemoryArgs {
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct SpecArgs {
+    /// The model's Hugging Face config.json (fixtures: crates/tpar/fixtures/models/).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    #[arg(long, value_parser = crate::args::tp_arg)]
+    /// Tensor-parallel size: the number of ranks.
+    #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::tp_arg)]
     tp: u64,
     /// Tokens per verify pass: draft tokens + 1.
     #[arg(long, value_parser = crate::args::tokens_arg)]
@@ -108,7 +112,7 @@ pub struct SpecArgs {
     latency_json: Option<PathBuf>,
     /// A topology file (`tpar doctor --json`'s, or crates/tpar/fixtures/topologies/*.json):
     /// the latency tpar's model predicts there, for the path its dispatcher would pick at
-    /// each size, with --tp ranks. A measured --latency-json is better where one exists.
+    /// each size, with -n ranks. A measured --latency-json is better where one exists.
     #[arg(long, value_name = "FILE")]
     latency_topology: Option<PathBuf>,
     /// Allreduce latency of plain decoding (one token), us, if it takes another path.
@@ -130,6 +134,7 @@ pub struct SpecArgs {
     /// Memory bandwidth per GPU, GB/s, for the roofline.
     #[arg(long, default_value_t = 1800.0, value_parser = crate::args::positive_f64)]
     hbm_gbps: f64,
+    /// Print the plan as JSON on stdout (the text goes to stderr).
     #[arg(long)]
     json: bool,
 }
@@ -163,7 +168,7 @@ struct MemoryReport {
 
 fn memory(a: MemoryArgs) -> Result<ExitCode> {
     if a.tp == 0 {
-        bail!("--tp must be at least 1");
+        bail!("-n/--world-size must be at least 1");
     }
     let model = load_model(&a.config)?;
     model.check_tp(a.tp).map_err(anyhow::Error::from)?;
@@ -260,7 +265,7 @@ struct SpecReport {
 
 fn spec(a: SpecArgs) -> Result<ExitCode> {
     if a.tp == 0 || a.tokens == 0 || a.acceptance <= 0.0 {
-        bail!("--tp and --tokens must be at least 1 and --acceptance above 0");
+        bail!("-n/--world-size and --tokens must be at least 1 and --acceptance above 0");
     }
     if a.acceptance > a.tokens as f64 {
         bail!(

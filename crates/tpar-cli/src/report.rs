@@ -242,3 +242,28 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
+
+/// A message size as the user would type it back: whole KiB, MiB or GiB where it is one
+/// ("42 KiB"), else exact bytes ("3145738 B", never a rounded "3.0 MiB").
+pub fn size(bytes: u64) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        let one = 1u64 << shift;
+        if bytes >= one && bytes % one == 0 {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn sizes_are_exact_unless_whole_units() {
+        assert_eq!(super::size(3145738), "3145738 B");
+        assert_eq!(super::size(3 << 20), "3 MiB");
+        assert_eq!(super::size(43008), "42 KiB");
+        assert_eq!(super::size(1536), "1536 B");
+        assert_eq!(super::size(0), "0 B");
+        assert_eq!(super::size(u64::MAX - 1), "18446744073709551614 B");
+    }
+}

@@ -29,10 +29,12 @@ pub struct SelftestArgs {
     #[arg(long, default_value = "0,1,7,1023,65541,1048579")]
     counts: String,
     /// Element types, comma-separated.
-    #[arg(long, default_value = "f32,f16,bf16")]
+    #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
     dtypes: String,
-    /// Algorithms, comma-separated [default: all the backend has].
-    #[arg(long)]
+    #[arg(long, value_name = "LIST", help = concat!(
+        "Algorithms to check, comma-separated, from: ", crate::route_names!(),
+        " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
+    ))]
     algos: Option<String>,
     /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
     #[arg(long)]

@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use tpar::dispatch::{Choice, TuningEntry, TuningTable};
-use tpar::memory::human_bytes;
 use tpar::topology::Topology;
 use tpar::DType;
 
@@ -24,6 +23,7 @@ pub struct TuneArgs {
     /// Ranks to tune for [default: one per GPU].
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
+    /// Element type to tune for: f32, f16 or bf16 (the table is kept per dtype).
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Sizes to measure; the table switches algorithms between them.
@@ -38,6 +38,7 @@ pub struct TuneArgs {
     /// One process per rank (CUDA IPC); NCCL with several ranks is only measured this way.
     #[arg(long)]
     processes: bool,
+    /// Seconds a rank waits for a peer before it fails the run, naming the peer.
     #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
     timeout: std::time::Duration,
     /// Also write the measurements and the table as JSON (`-`: stdout).
@@ -149,7 +150,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
                 })
             };
             let ((a, a_us), (b, b_us)) = (cell(0), cell(1));
-            t.push(vec![human_bytes(size), a, a_us, b, b_us]);
+            t.push(vec![crate::report::size(size), a, a_us, b, b_us]);
         }
         let skipped: Vec<String> = rows
             .iter()

@@ -1,0 +1,150 @@
+//! The JSON of `tpar bench` against its schema, bench/schema/bench.schema.json, with a small
+//! checker of the part of JSON Schema the file uses (type, enum, required, properties, items,
+//! minimum, allOf, if/then/else). A real CPU run must pass; the same output with a row turned
+//! into the old lie (`skipped` beside `p50_us: 0.0, correct: true`) must fail.
+
+use serde_json::Value;
+
+/// Every violation of `schema` by `value`, as "path: what".
+fn violations(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
+    if let Some(types) = schema.get("type") {
+        let names: Vec<&str> = match types {
+            Value::String(s) => vec![s.as_str()],
+            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+            _ => panic!("bad type in schema at {path}"),
+        };
+        let fits = |t: &str| match t {
+            "null" => value.is_null(),
+            "boolean" => value.is_boolean(),
+            "integer" => value.is_u64() || value.is_i64(),
+            "number" => value.is_number(),
+            "string" => value.is_string(),
+            "array" => value.is_array(),
+            "object" => value.is_object(),
+            other => panic!("unknown type {other}"),
+        };
+        if !names.iter().any(|t| fits(t)) {
+            out.push(format!("{path}: {value} is not {names:?}"));
+            return;
+        }
+    }
+    if let Some(Value::Array(options)) = schema.get("enum") {
+        if !options.contains(value) {
+            out.push(format!("{path}: {value} is not one of {options:?}"));
+        }
+    }
+    if let (Some(min), Some(v)) = (
+        schema.get("minimum").and_then(Value::as_f64),
+        value.as_f64(),
+    ) {
+        if v < min {
+            out.push(format!("{path}: {v} is below {min}"));
+        }
+    }
+    if let (Some(Value::Array(required)), Some(object)) =
+        (schema.get("required"), value.as_object())
+    {
+        for key in required.iter().filter_map(Value::as_str) {
+            if !object.contains_key(key) {
+                out.push(format!("{path}: no `{key}`"));
+            }
+        }
+    }
+    if let (Some(Value::Object(properties)), Some(object)) =
+        (schema.get("properties"), value.as_object())
+    {
+        for (key, sub) in properties {
+            if let Some(v) = object.get(key) {
+                violations(sub, v, &format!("{path}.{key}"), out);
+            }
+        }
+    }
+    if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
+        for (i, v) in array.iter().enumerate() {
+            violations(items, v, &format!("{path}[{i}]"), out);
+        }
+    }
+    if let Some(Value::Array(all)) = schema.get("allOf") {
+        for sub in all {
+            violations(sub, value, path, out);
+        }
+    }
+    if let Some(condition) = schema.get("if") {
+        let mut probe = Vec::new();
+        violations(condition, value, path, &mut probe);
+        let branch = if probe.is_empty() { "then" } else { "else" };
+        if let Some(sub) = schema.get(branch) {
+            violations(sub, value, path, out);
+        }
+    }
+}
+
+fn check(schema: &Value, value: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    violations(schema, value, "$", &mut out);
+    out
+}
+
+fn schema() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../bench/schema/bench.schema.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn cpu_bench_json_follows_the_schema_and_a_lying_skipped_row_does_not() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpar"))
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "-n",
+            "2",
+            "--sizes",
+            "1K,4K",
+            "--iters",
+            "5",
+            "--json",
+            "-",
+        ])
+        .env_remove("TPAR_RENDEZVOUS")
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let schema = schema();
+    assert_eq!(check(&schema, &report), Vec::<String>::new());
+
+    // A skipped row as tpar writes it now: valid.
+    let row = &mut report["results"][0];
+    row["skipped"] = "NCCL needs one GPU per rank".into();
+    for key in ["p50_us", "p99_us", "busbw_gbps", "correct"] {
+        row[key] = Value::Null;
+    }
+    assert_eq!(check(&schema, &report), Vec::<String>::new());
+    // As it used to write it: refused, naming the field.
+    report["results"][0]["p50_us"] = 0.0.into();
+    report["results"][0]["correct"] = true.into();
+    let errors = check(&schema, &report);
+    assert!(
+        errors.iter().any(|e| e.contains("results[0].p50_us")),
+        "{errors:?}"
+    );
+    assert!(
+        errors.iter().any(|e| e.contains("results[0].correct")),
+        "{errors:?}"
+    );
+    // A timed row without figures: refused too.
+    report["results"][1]["p50_us"] = Value::Null;
+    assert!(check(&schema, &report)
+        .iter()
+        .any(|e| e.contains("results[1].p50_us")));
+}
