@@ -64,6 +64,31 @@ typedef long long i64;
 // arrives within about a microsecond (the common case once the ranks run in step) is seen at
 // once instead of up to one pause late; a wait longer than that falls back to the pauses, which
 // is what kept the multi-GPU state above away.
+// How the slow paths (waits, error reports, header checks) are compiled: inlined (1, the
+// default) or as calls (0; each call takes the argument block by reference, which puts a copy
+// of it on the stack). One H200, 2 ranks as streams, bf16, 2026-12-01 (bench/README.md,
+// "Anatomy of one call"): as calls, 0 B took 2.45 us against 2.17 inlined, but 4 KiB 2.72
+// against 2.86, 32 KiB 2.77 against 3.20 and 256 KiB 3.98 against 4.09. The 8-rank figures
+// were measured inlined only; which to default to per world size is open.
+#ifndef TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH_INLINE 1
+#endif
+#if TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH __forceinline__
+#else
+#define TPAR_SLOW_PATH __noinline__
+#endif
+// Whether the header check polls its four words together also in device memory (it always
+// does in host memory, where waiting for each word in turn costs a PCIe round trip apiece).
+// Same run as above: 1 took 0 B to 1.89 us from 2.17, and changed 4 KiB to 256 KiB by at most
+// 0.07 us either way (2 ranks; 8 ranks not measured with it).
+#ifndef TPAR_HEADER_BATCH_POLL
+#define TPAR_HEADER_BATCH_POLL 0
+#endif
+// Polls of host memory made without pause (host-staged) before the pauses begin.
+#ifndef TPAR_HOST_FREE_POLLS
+#define TPAR_HOST_FREE_POLLS 0
+#endif
 // Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
 // common world sizes in one round trip within 64 registers.
 #ifndef TPAR_RANK_GROUP
@@ -304,7 +329,7 @@ template <int DT> __device__ __forceinline__ void store_word(void* base, u64 i, 
 
 // ---- errors and deadlines ----
 
-__device__ __noinline__ void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
+__device__ TPAR_SLOW_PATH void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
                                              u32 detail) {
     // No atomics on host memory over PCIe: first writer usually wins, any writer is a valid report.
     if (ld_sys(a.error) == 0) {
@@ -318,12 +343,12 @@ __device__ __noinline__ void report_error(const TparArgs& a, u32 code, u32 peer,
 // Between polls of host memory a waiting thread sleeps a little (32 ns, doubling to the
 // maximum): thousands of spinning threads would otherwise flood the PCIe link that the data
 // they wait for must cross.
-__device__ __noinline__ bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
+__device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
                                           u64 start, u32* word) {
     u64 v = ld_sys(p);
     u32 spins = 0, pause = 32;
     const u32 max_pause = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
-    const u32 free_spins = a.algo == TPAR_ALGO_HOST_STAGED ? 0u : TPAR_DEVICE_FREE_POLLS;
+    const u32 free_spins = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
     while ((u32)(v >> 32) != tag) {
         if (max_pause > 0 && spins >= free_spins) {
             __nanosleep(pause);
@@ -403,14 +428,27 @@ __device__ __forceinline__ void load_header_words(const TparArgs& a, u64 epoch, 
 // Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
 // algorithm, chunk) and reports the first word that differs with the peer's value. The four
 // words are polled together: waiting for each in turn cost a round trip apiece in host memory.
-__device__ __noinline__ bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
+__device__ TPAR_SLOW_PATH bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
     if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return true;
     u32 peer = threadIdx.x;
     u64 v[4];
+    if (a.algo != TPAR_ALGO_HOST_STAGED && !TPAR_HEADER_BATCH_POLL) {
+        const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
+        load_header_words(a, epoch, peer, v);  // all in flight at once, then each awaited
+        for (int i = 2; i <= 5; ++i) {
+            u32 w = (u32)v[i - 2];
+            if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
+            if (w != header_word(a, i, dtype)) {
+                report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
+                return false;
+            }
+        }
+        return true;
+    }
     u32 spins = 0, pause = 32;
     const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
     const u32 max_pause = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
-    const u32 free_spins = host ? 0u : TPAR_DEVICE_FREE_POLLS;
+    const u32 free_spins = host ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
     for (;;) {
         load_header_words(a, epoch, peer, v);
         bool all = true;
@@ -488,7 +526,7 @@ template <int DT> __device__ __forceinline__ void store_pair(void* base, u64 pai
 // The peer's call header in this rank's inbox, if it has arrived for this epoch: 0 when it
 // matches ours (or has not arrived yet), else the first differing word's index with the
 // peer's value in *theirs.
-__device__ __noinline__ u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
+__device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
                                                  u32* theirs) {
     const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
     u64 v[4];
@@ -507,13 +545,13 @@ __device__ __noinline__ u32 header_difference(const TparArgs& a, u64 epoch, u32 
 // pause (see TPAR_DEVICE_FREE_POLLS); once the wait is slow, the peer's header is compared
 // with ours on every deadline check, so a mismatched call (different size, dtype or algorithm,
 // whose lines never come) is named as such instead of timing out.
-__device__ __noinline__ bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
+__device__ TPAR_SLOW_PATH bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
                                           u64 epoch, int dtype, Wide* out, u64* header_polls) {
     Wide v = ld_wide(p);
     u32 spins = 0, pause = 32;
     const bool host = a.algo == TPAR_ALGO_HOST_STAGED;
     const u32 max_pause = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
-    const u32 free_spins = host ? 0u : TPAR_DEVICE_FREE_POLLS;
+    const u32 free_spins = host ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
     while (!wide_has(v, tag)) {
         if (max_pause > 0 && spins >= free_spins) {
             __nanosleep(pause);

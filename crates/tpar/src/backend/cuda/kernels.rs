@@ -174,6 +174,18 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_anatomy_rung_has_a_kernel_and_nothing_more() {
+        let source = ANATOMY_SOURCE.1;
+        for rung in 0..ANATOMY_RUNGS {
+            assert!(
+                source.contains(&format!("void __launch_bounds__(512) tpar_anatomy_{rung}(")),
+                "rung {rung}"
+            );
+        }
+        assert!(!source.contains(&format!("tpar_anatomy_{ANATOMY_RUNGS}(")));
+    }
+
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
     /// TPAR_REQUIRE_NVRTC=1 so that a missing NVRTC fails instead of skipping.
     #[test]

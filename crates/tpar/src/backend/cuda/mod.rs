@@ -740,9 +740,12 @@ impl CudaCommunicator {
 /// Blocks and whether to use programmatic dependent launch for one chunk of `lines` 8-byte
 /// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
 /// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
-/// rank's next kernel can be resident while this one spins, so PDL is used only where the grid
-/// fits in half the co-resident blocks; a larger grid runs in full without it (at 256 KiB,
-/// twice the blocks saved more than PDL did, in `tpar bench --anatomy`).
+/// rank's next kernel can be resident while this one spins, so with PDL a kernel gets half the
+/// co-resident blocks. PDL is used where that half gives each thread at most twice its lines.
+/// At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01) the choice was close
+/// and went either way with the build: 32 blocks with PDL 3.96 us against 64 without 6.08
+/// (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks with PDL lost
+/// clearly to 32 without (7.5 against 5.8).
 fn launch_shape(
     algorithm: Algorithm,
     lines: u32,
@@ -754,8 +757,9 @@ fn launch_shape(
         matches!(algorithm, Algorithm::OneShot | Algorithm::HostStaged) && payload_lines % 2 == 0;
     let threads_needed = if wide { lines.div_ceil(2) } else { lines };
     let blocks = threads_needed.div_ceil(THREADS).max(1);
-    let pdl = pdl_supported && blocks <= max_blocks / 2;
-    (blocks.min(max_blocks), pdl)
+    let half = max_blocks / 2;
+    let pdl = pdl_supported && half >= 1 && blocks <= 2 * half;
+    (blocks.min(if pdl { half } else { max_blocks }), pdl)
 }
 
 /// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
@@ -817,7 +821,7 @@ mod tests {
     }
 
     #[test]
-    fn pdl_only_where_half_the_grid_suffices_and_wide_lines_halve_the_threads() {
+    fn pdl_where_half_the_grid_suffices_and_wide_lines_halve_the_threads() {
         // 4 KiB of bf16: 1024 lines, 512 wide lines: one block.
         assert_eq!(
             launch_shape(Algorithm::OneShot, 1024, 65536, 32, true),
@@ -837,13 +841,18 @@ mod tests {
             launch_shape(Algorithm::OneShot, 8192, 65536, 16, true),
             (8, true)
         );
-        // 256 KiB: 64 blocks; capped at 32 and more than half of it: no PDL.
+        // 256 KiB: 64 blocks; with 64 co-resident, 32 with PDL (two lines a thread); with
+        // 32, 32 without PDL rather than 16 with it.
+        assert_eq!(
+            launch_shape(Algorithm::OneShot, 65536, 65536, 64, true),
+            (32, true)
+        );
         assert_eq!(
             launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
             (32, false)
         );
         assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 64, true),
+            launch_shape(Algorithm::OneShot, 65536, 65536, 64, false),
             (64, false)
         );
         // One co-resident block: no PDL, so no second grid waits beside it.
