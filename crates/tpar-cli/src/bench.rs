@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// -n ranks as streams on GPU 0 (2 and 8 when -n is not given); see bench/README.md.
     #[arg(long)]
     anatomy: bool,
+    /// CUDA: the fused allreduce + residual add + RMSNorm against the allreduce and against
+    /// the allreduce followed by the separate norm kernel (bf16, hidden 8192, 1 and 8 tokens;
+    /// -n ranks as streams on GPU 0, 2 and 8 when -n is not given).
+    #[arg(long)]
+    fused: bool,
     /// Draw p50 latency against size, one line per algorithm, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<String>,
@@ -118,6 +123,15 @@ struct BenchReport {
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if let Some(BenchCommand::Step(step)) = args.command {
         return crate::bench_step::run(step);
+    }
+    if args.fused {
+        crate::fused_bench::run(
+            args.world_size,
+            args.iters,
+            args.chain,
+            args.json.as_deref(),
+        )?;
+        return Ok(std::process::ExitCode::SUCCESS);
     }
     if args.anatomy {
         crate::anatomy::run(args.world_size, args.iters, args.json.as_deref())?;

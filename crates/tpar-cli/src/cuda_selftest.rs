@@ -265,6 +265,13 @@ pub fn run(
             " (new inputs before every replay)".to_owned(),
         );
     }
+    drop(buffers);
+    drop(group);
+    // The fused allreduce + residual add + RMSNorm (fused_bench.rs).
+    for row in crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)? {
+        let cells = row.cells.each_ref().map(String::as_str);
+        record(&mut table, cells, row.bad, row.detail);
+    }
     let text = leader.then(|| table.render());
     Ok((rows, failed, text))
 }

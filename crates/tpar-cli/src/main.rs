@@ -16,6 +16,7 @@ mod cuda_ranks;
 mod cuda_selftest;
 mod debug_rank;
 mod doctor;
+mod fused_bench;
 mod known;
 mod limits;
 mod plan;

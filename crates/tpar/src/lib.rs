@@ -23,6 +23,7 @@ pub mod dtype;
 pub mod error;
 pub mod launch;
 pub mod memory;
+pub mod norm;
 pub mod planner;
 pub mod protocol;
 pub mod rendezvous;

@@ -9,7 +9,7 @@ pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 7] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -24,6 +24,15 @@ pub const SOURCES: [(&str, &str); 5] = [
     ),
     ("floor.cu", include_str!("../../../kernels/floor.cu")),
     ("probe.cu", include_str!("../../../kernels/probe.cu")),
+    // Fused allreduce + residual add + RMSNorm (backend/cuda/fused.rs).
+    (
+        "fused_oneshot.cu",
+        include_str!("../../../kernels/fused_oneshot.cu"),
+    ),
+    (
+        "fused_norm.cu",
+        include_str!("../../../kernels/fused_norm.cu"),
+    ),
 ];
 
 /// The ladder of `tpar bench --anatomy` (`anatomy.cu`): timed by the CLI, never loaded by a

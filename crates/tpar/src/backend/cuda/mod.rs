@@ -12,6 +12,7 @@
 //! word into the same errors as the CPU backend.
 
 pub mod driver;
+pub mod fused;
 pub mod kernels;
 pub mod link_probe;
 pub mod nvrtc;
@@ -693,9 +694,10 @@ impl CudaCommunicator {
                 theirs: match field {
                     2 => format!("{detail} elements (low 32 bits of its count)"),
                     4 => format!(
-                        "dtype {} with algorithm {}",
+                        "dtype {} with algorithm {}{}",
                         DType::from_code(detail as u8).map_or("?", DType::name),
-                        Algorithm::from_code((detail >> 8) as u8).map_or("?", Algorithm::name)
+                        Algorithm::from_code((detail >> 8) as u8).map_or("?", Algorithm::name),
+                        fused::header_note(detail)
                     ),
                     5 => format!("chunk {detail}"),
                     _ => format!("header word {field} = {detail:#x}"),

@@ -1,0 +1,594 @@
+//! The fused allreduce + residual add + RMSNorm in the CLI: its selftest rows (every path,
+//! odd hidden sizes, 1 and many tokens, in place and not, eager and graph-replayed, each rank's
+//! `residual_out` and `y` compared bitwise with the CPU reference of `tpar::norm`; a peer
+//! timeout and a mismatched call), and `tpar bench --fused`: the fused op against the plain
+//! allreduce of the same bytes and against the allreduce followed by tpar's separate
+//! residual + RMSNorm kernel, each in a graph chain per rank (ranks as streams).
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde::Serialize;
+use tpar::backend::cuda::driver::{self, DeviceMemory};
+use tpar::backend::cuda::fused::FusedCall;
+use tpar::backend::cuda::CudaConfig;
+use tpar::check::fill_input;
+use tpar::dispatch::Choice;
+use tpar::{Algorithm, DType, Error};
+
+use crate::cuda_bench::time_replays;
+use crate::cuda_ranks::CudaRanks;
+use crate::report::{emit, percentile, Provenance, Table};
+
+/// Inputs of one case for every rank of the job, and the reference outputs.
+struct HostCase {
+    dtype: DType,
+    tokens: usize,
+    hidden: usize,
+    eps: f32,
+    xs: Vec<Vec<u8>>,
+    residual: Vec<u8>,
+    weight: Vec<u8>,
+    residual_out: Vec<u8>,
+    y: Vec<u8>,
+}
+
+impl HostCase {
+    fn new(dtype: DType, tokens: usize, hidden: usize, world_size: usize, seed: u64) -> HostCase {
+        let bytes = tokens * hidden * dtype.size();
+        let xs: Vec<Vec<u8>> = (0..world_size)
+            .map(|r| {
+                let mut x = vec![0u8; bytes];
+                fill_input(dtype, seed, r, &mut x);
+                x
+            })
+            .collect();
+        let mut residual = vec![0u8; bytes];
+        fill_input(dtype, seed ^ 0x5eed, 0, &mut residual);
+        let mut weight = vec![0u8; hidden * dtype.size()];
+        fill_input(dtype, seed ^ 0x3e1, 1, &mut weight);
+        let eps = 1e-6;
+        let refs: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
+        let (residual_out, y) =
+            tpar::norm::fused_reference(dtype, &refs, &residual, &weight, hidden, eps);
+        HostCase {
+            dtype,
+            tokens,
+            hidden,
+            eps,
+            xs,
+            residual,
+            weight,
+            residual_out,
+            y,
+        }
+    }
+}
+
+/// One local rank's buffers.
+struct FusedBuffers {
+    x: DeviceMemory,
+    residual: DeviceMemory,
+    residual_out: DeviceMemory,
+    y: DeviceMemory,
+    weight: DeviceMemory,
+}
+
+fn buffers(group: &CudaRanks, case: &HostCase) -> Result<Vec<FusedBuffers>> {
+    let bytes = case.residual.len().max(4);
+    group
+        .comms
+        .iter()
+        .map(|c| {
+            let alloc = |b| DeviceMemory::zeroed(c.cuda().context(), b);
+            Ok(FusedBuffers {
+                x: alloc(bytes)?,
+                residual: alloc(bytes)?,
+                residual_out: alloc(bytes)?,
+                y: alloc(bytes)?,
+                weight: alloc(case.weight.len().max(4))?,
+            })
+        })
+        .collect()
+}
+
+/// Inputs in place; outputs poisoned, so that an unwritten element cannot pass.
+fn upload(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase) -> Result<()> {
+    for (i, b) in bufs.iter().enumerate() {
+        b.x.upload(&case.xs[group.ranks[i]])?;
+        b.residual.upload(&case.residual)?;
+        b.weight.upload(&case.weight)?;
+        b.residual_out.fill(0xA5)?;
+        b.y.fill(0xA5)?;
+    }
+    Ok(())
+}
+
+/// In place: residual_out is residual and y is x (vLLM's convention); else separate buffers.
+fn call(b: &FusedBuffers, case: &HostCase, in_place: bool) -> FusedCall {
+    FusedCall {
+        dtype: case.dtype,
+        tokens: case.tokens,
+        hidden: case.hidden,
+        x: b.x.ptr(),
+        residual: b.residual.ptr(),
+        residual_out: (!in_place).then(|| b.residual_out.ptr()),
+        weight: b.weight.ptr(),
+        y: if in_place { b.x.ptr() } else { b.y.ptr() },
+        eps: case.eps,
+    }
+}
+
+/// Local ranks whose residual_out or y differs bitwise from the reference (each described).
+fn wrong(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase, in_place: bool) -> Result<u64> {
+    let mut bad = 0;
+    let mut host = vec![0u8; case.residual.len()];
+    for (i, b) in bufs.iter().enumerate() {
+        let outputs = [
+            (
+                "residual_out",
+                if in_place {
+                    &b.residual
+                } else {
+                    &b.residual_out
+                },
+                &case.residual_out,
+            ),
+            ("y", if in_place { &b.x } else { &b.y }, &case.y),
+        ];
+        for (name, buffer, expected) in outputs {
+            buffer.download(&mut host)?;
+            if let Some((index, got, want)) =
+                tpar::check::first_mismatch(case.dtype, &host, expected)
+            {
+                bad += 1;
+                crate::ranks::say(
+                    group.ranks[i],
+                    &format!(
+                        "fused {} x {} {}: {name} element {index} is {got}, the reference {want}",
+                        case.tokens, case.hidden, case.dtype
+                    ),
+                );
+                break;
+            }
+        }
+    }
+    Ok(bad)
+}
+
+/// One row of the selftest table: cells, ranks that failed, detail.
+pub struct FusedRow {
+    pub cells: [String; 5],
+    pub bad: u64,
+    pub detail: String,
+}
+
+/// (tokens, hidden): 1 and many tokens, odd hidden sizes, several launches (512 x 2048 bf16
+/// is 8 chunks), the largest hidden size.
+const SHAPES: [(usize, usize); 6] = [
+    (1, 8192),
+    (8, 4099),
+    (3, 7),
+    (512, 2048),
+    (2, 16383),
+    (1, 16384),
+];
+
+/// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot
+/// and host-staged (fused) and two-shot (allreduce + separate norm), then, with `failure_cases`,
+/// a silent peer and a mismatched call.
+pub fn selftest(
+    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
+    dtypes: &[DType],
+    timeout: Duration,
+    failure_cases: bool,
+) -> Result<Vec<FusedRow>> {
+    let mut rows = Vec::new();
+    let mut group = make(CudaConfig {
+        timeout,
+        ..CudaConfig::default()
+    })?;
+    let algorithms = [
+        Algorithm::OneShot,
+        Algorithm::HostStaged,
+        Algorithm::TwoShot,
+    ];
+    for &dtype in dtypes {
+        for (s, &(tokens, hidden)) in SHAPES.iter().enumerate() {
+            let case = HostCase::new(dtype, tokens, hidden, group.world_size, 60 + s as u64);
+            let bufs = buffers(&group, &case)?;
+            for algorithm in algorithms {
+                let name = format!("fused {}", algorithm.name());
+                if let Err(why) = group.comms[0].cuda().supports(algorithm) {
+                    rows.push(FusedRow {
+                        cells: [
+                            name,
+                            dtype.name().into(),
+                            "-".into(),
+                            "-".into(),
+                            "-".into(),
+                        ],
+                        bad: 0,
+                        detail: format!(" (skipped: {why})"),
+                    });
+                    continue;
+                }
+                let path = group.comms[0]
+                    .cuda()
+                    .fused_plan(Some(algorithm), dtype, hidden);
+                let route = if path.fused { "fused" } else { "unfused" };
+                for in_place in [false, true] {
+                    let placement = if in_place { "in place" } else { "out of place" };
+                    let queue = |group: &CudaRanks,
+                                 i: usize,
+                                 stream: &cudarc::driver::CudaStream|
+                     -> Result<()> {
+                        let c = call(&bufs[i], &case, in_place);
+                        // SAFETY: the buffers hold tokens x hidden elements on rank i's GPU
+                        // and outlive every launch and graph of this case.
+                        unsafe {
+                            group.comms[i].fused_add_rms_norm_with(
+                                Choice::Tpar(algorithm),
+                                &c,
+                                stream.cu_stream(),
+                            )?
+                        };
+                        Ok(())
+                    };
+                    // Eager, twice (two epochs, two buffers of the triple).
+                    let mut bad = 0;
+                    for _ in 0..2 {
+                        upload(&group, &bufs, &case)?;
+                        for (i, s) in group.streams.iter().enumerate() {
+                            queue(&group, i, s)?;
+                        }
+                        group.synchronize()?;
+                        bad += wrong(&group, &bufs, &case, in_place)?;
+                    }
+                    let shape = format!("{tokens} x {hidden}");
+                    rows.push(FusedRow {
+                        cells: [
+                            name.clone(),
+                            dtype.name().into(),
+                            shape.clone(),
+                            placement.into(),
+                            "eager".into(),
+                        ],
+                        bad: group.total(bad)?,
+                        detail: format!(" ({route})"),
+                    });
+                    // Captured once, replayed twice with fresh inputs.
+                    let graph = group.capture(|i, s| queue(&group, i, s))?;
+                    let mut bad = 0;
+                    for _ in 0..2 {
+                        upload(&group, &bufs, &case)?;
+                        graph.launch()?;
+                        group.synchronize()?;
+                        bad += wrong(&group, &bufs, &case, in_place)?;
+                    }
+                    drop(graph);
+                    rows.push(FusedRow {
+                        cells: [
+                            name.clone(),
+                            dtype.name().into(),
+                            shape,
+                            placement.into(),
+                            "graph".into(),
+                        ],
+                        bad: group.total(bad)?,
+                        detail: format!(" ({route})"),
+                    });
+                }
+            }
+        }
+    }
+    drop(group);
+    if failure_cases {
+        rows.push(silent_peer(make)?);
+        rows.push(mismatched_rows(make)?);
+    }
+    Ok(rows)
+}
+
+const CASE_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The last rank never calls: every other rank's fused kernel must give up at its deadline,
+/// naming that rank.
+fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+    let mut group = make(CudaConfig {
+        timeout: CASE_DEADLINE,
+        host_staged: false,
+        ..CudaConfig::default()
+    })?;
+    let silent = group.world_size - 1;
+    let case = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 7);
+    let bufs = buffers(&group, &case)?;
+    upload(&group, &bufs, &case)?;
+    let start = Instant::now();
+    for i in 0..group.comms.len() {
+        if group.ranks[i] != silent {
+            let c = call(&bufs[i], &case, false);
+            // SAFETY: the buffers outlive the synchronisation below.
+            unsafe {
+                group.comms[i].fused_add_rms_norm_with(
+                    Choice::Tpar(Algorithm::OneShot),
+                    &c,
+                    group.streams[i].cu_stream(),
+                )?
+            };
+        }
+    }
+    let (mut bad, mut detail) = (0, String::new());
+    for (i, comm) in group.comms.iter().enumerate() {
+        if group.ranks[i] == silent {
+            continue;
+        }
+        let result = comm.cuda().synchronize(&group.streams[i]);
+        let took = start.elapsed();
+        match result {
+            Err(Error::PeerTimeout { peer, .. })
+                if peer == silent && took <= CASE_DEADLINE + Duration::from_secs(1) =>
+            {
+                detail = format!(" (gave up after {took:.2?}, deadline {CASE_DEADLINE:?})");
+            }
+            other => {
+                bad += 1;
+                detail = format!(": expected a timeout naming rank {silent}, got {other:?}");
+            }
+        }
+    }
+    Ok(FusedRow {
+        cells: [
+            "fused peer timeout".into(),
+            "bf16".into(),
+            "2 x 4096".into(),
+            "-".into(),
+            format!("rank {silent} silent"),
+        ],
+        bad: group.total(bad)?,
+        detail,
+    })
+}
+
+/// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
+/// every rank must report a mismatched call, none a result.
+fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+    let mut group = make(CudaConfig {
+        timeout: CASE_DEADLINE,
+        host_staged: false,
+        ..CudaConfig::default()
+    })?;
+    let wide = HostCase::new(DType::Bf16, 1, 8192, group.world_size, 8);
+    let narrow = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 8);
+    let bufs = buffers(&group, &wide)?;
+    for i in 0..group.comms.len() {
+        let case = if group.ranks[i] == 0 { &wide } else { &narrow };
+        let c = call(&bufs[i], case, false);
+        // SAFETY: both shapes fit the buffers, which outlive the synchronisation below.
+        unsafe {
+            group.comms[i].fused_add_rms_norm_with(
+                Choice::Tpar(Algorithm::OneShot),
+                &c,
+                group.streams[i].cu_stream(),
+            )?
+        };
+    }
+    let (mut bad, mut detail) = (0, String::new());
+    for (i, comm) in group.comms.iter().enumerate() {
+        match comm.cuda().synchronize(&group.streams[i]) {
+            Err(e @ Error::CallMismatch { .. }) => {
+                if group.ranks[i] == 0 {
+                    detail = format!(" (rank 0: {e})");
+                }
+            }
+            other => {
+                bad += 1;
+                detail = format!(
+                    ": rank {}: expected a mismatch, got {other:?}",
+                    group.ranks[i]
+                );
+            }
+        }
+    }
+    Ok(FusedRow {
+        cells: [
+            "fused mismatch".into(),
+            "bf16".into(),
+            "1 x 8192 vs 2 x 4096".into(),
+            "-".into(),
+            "eager".into(),
+        ],
+        bad: group.total(bad)?,
+        detail,
+    })
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    world_size: usize,
+    tokens: usize,
+    hidden: usize,
+    bytes: usize,
+    variant: &'static str,
+    p50_us: f64,
+    p99_us: f64,
+    correct: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    #[serde(flatten)]
+    provenance: Provenance,
+    driver_version: i32,
+    dtype: &'static str,
+    chain: usize,
+    replays: usize,
+    timing: &'static str,
+    rows: Vec<BenchRow>,
+}
+
+const VARIANTS: [&str; 5] = [
+    "empty kernel",
+    "allreduce",
+    "norm kernel",
+    "allreduce + norm",
+    "fused",
+];
+
+/// `tpar bench --fused`: bf16, hidden 8192, 1 and 8 tokens, -n ranks as streams on GPU 0
+/// (2 and 8 when -n is not given), one-shot.
+pub fn run(
+    world_size: Option<usize>,
+    iters: usize,
+    chain: usize,
+    json: Option<&str>,
+) -> Result<()> {
+    let dtype = DType::Bf16;
+    let hidden = 8192;
+    let sizes = world_size.map_or(vec![2, 8], |n| vec![n]);
+    let mut rows = Vec::new();
+    let mut device = String::new();
+    let mut driver_version = 0;
+    for &n in &sizes {
+        let mut group = CudaRanks::threads(n, CudaConfig::default())?;
+        if device.is_empty() {
+            device = group.comms[0].cuda().context().name().unwrap_or_default();
+            driver_version = driver::driver_version()?;
+        }
+        for tokens in [1, 8] {
+            let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
+            let bufs = buffers(&group, &case)?;
+            upload(&group, &bufs, &case)?;
+            let count = tokens * hidden;
+            for variant in VARIANTS {
+                let one =
+                    |group: &CudaRanks, i: usize, s: &cudarc::driver::CudaStream| -> Result<()> {
+                        let cuda = group.comms[i].cuda();
+                        let c = call(&bufs[i], &case, false);
+                        let cu = s.cu_stream();
+                        // SAFETY: the buffers hold the case's elements on rank i's GPU and outlive
+                        // the graphs, which are dropped before them.
+                        unsafe {
+                            match variant {
+                                "empty kernel" => cuda.launch_empty(s)?,
+                                "allreduce" => cuda.all_reduce_raw(
+                                    dtype,
+                                    Some(c.x),
+                                    c.y,
+                                    count,
+                                    Algorithm::OneShot,
+                                    cu,
+                                )?,
+                                "norm kernel" => cuda.launch_add_rms_norm(&c, c.x, cu)?,
+                                "allreduce + norm" => {
+                                    cuda.all_reduce_raw(
+                                        dtype,
+                                        Some(c.x),
+                                        c.y,
+                                        count,
+                                        Algorithm::OneShot,
+                                        cu,
+                                    )?;
+                                    cuda.launch_add_rms_norm(&c, c.y, cu)?;
+                                }
+                                _ => {
+                                    cuda.fused_add_rms_norm_raw(&c, Algorithm::OneShot, cu)?;
+                                }
+                            }
+                        }
+                        Ok(())
+                    };
+                let graphs = group.capture_each(|i, s| {
+                    for _ in 0..chain {
+                        one(&group, i, s)?;
+                    }
+                    Ok(())
+                })?;
+                let warmup = (iters / 10).max(5);
+                let us = time_replays(&group, &graphs, warmup, iters)?;
+                drop(graphs);
+                let correct = match variant {
+                    "allreduce + norm" | "fused" => {
+                        Some(group.total(wrong(&group, &bufs, &case, false)?)? == 0)
+                    }
+                    _ => None,
+                };
+                if variant == "allreduce + norm" {
+                    upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
+                }
+                rows.push(BenchRow {
+                    world_size: n,
+                    tokens,
+                    hidden,
+                    bytes: count * dtype.size(),
+                    variant,
+                    p50_us: percentile(&us, 50.0) / chain as f64,
+                    p99_us: percentile(&us, 99.0) / chain as f64,
+                    correct,
+                });
+            }
+        }
+    }
+    let mut table = Table::new(
+        &[
+            "ranks",
+            "tokens",
+            "bytes",
+            "empty",
+            "allreduce",
+            "norm",
+            "ar + norm",
+            "fused",
+            "fused - ar",
+            "ar+norm - fused",
+            "correct",
+        ],
+        3,
+    );
+    for chunk in rows.chunks(VARIANTS.len()) {
+        let p = |v: &str| {
+            chunk
+                .iter()
+                .find(|r| r.variant == v)
+                .map_or(0.0, |r| r.p50_us)
+        };
+        table.push(vec![
+            chunk[0].world_size.to_string(),
+            chunk[0].tokens.to_string(),
+            tpar::memory::human_bytes(chunk[0].bytes as u64),
+            format!("{:.2}", p("empty kernel")),
+            format!("{:.2}", p("allreduce")),
+            format!("{:.2}", p("norm kernel")),
+            format!("{:.2}", p("allreduce + norm")),
+            format!("{:.2}", p("fused")),
+            format!("{:+.2}", p("fused") - p("allreduce")),
+            format!("{:+.2}", p("allreduce + norm") - p("fused")),
+            if chunk.iter().all(|r| r.correct != Some(false)) {
+                "yes"
+            } else {
+                "NO"
+            }
+            .to_owned(),
+        ]);
+    }
+    let text = format!(
+        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {iters} replays)\n{}",
+        table.render()
+    );
+    let ok = rows.iter().all(|r| r.correct != Some(false));
+    let report = BenchReport {
+        provenance: Provenance::collect(device),
+        driver_version,
+        dtype: "bf16",
+        chain,
+        replays: iters,
+        timing: "CUDA events around graph replays; per op = replay time / chain",
+        rows,
+    };
+    emit(&text, json, &report)?;
+    anyhow::ensure!(
+        ok,
+        "a fused or unfused result differed from the CPU reference"
+    );
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
+//! `fused_oneshot.cu` (one-shot push and host-staged, rows mapped to blocks) and of the
+//! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
+//! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
+//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm_raw`] is the entry an engine calls;
+//! it plans the allreduce with the dispatcher, then picks the path with [`crate::norm::plan`].
+
+use cudarc::driver::sys::CUstream;
+
+use super::kernels::{KernelArgs, THREADS};
+use super::{driver, CudaCommunicator};
+use crate::algorithm::Algorithm;
+use crate::communicator::Communicator;
+use crate::dispatch::{Choice, Plan};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::norm::{self, FusedPlan};
+use crate::protocol::header::CallHeader;
+
+/// The epilogue's operands (`struct TparNormArgs` in tpar_ll.cuh), passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct NormArgs {
+    sum: u64,
+    residual: u64,
+    residual_out: u64,
+    weight: u64,
+    y: u64,
+    hidden: u64,
+    rows: u64,
+    eps: f32,
+    pad: u32,
+}
+
+/// `struct TparFusedArgs`: the allreduce's block, then the epilogue's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct FusedArgs {
+    base: KernelArgs,
+    norm: NormArgs,
+}
+
+/// Set in header word 4 by fused calls (`TPAR_HEADER_FUSED`).
+const HEADER_FUSED: u32 = 0x1_0000;
+
+/// What a mismatched header word 4 says about the op the peer called.
+pub(super) fn header_note(word: u32) -> &'static str {
+    if word & HEADER_FUSED != 0 {
+        ", fused with residual add + RMSNorm"
+    } else {
+        ""
+    }
+}
+
+fn fused_kernel(dtype: DType) -> String {
+    format!("tpar_fused_oneshot_{}", dtype.name())
+}
+
+fn norm_kernel(dtype: DType) -> String {
+    format!("tpar_add_rms_norm_{}", dtype.name())
+}
+
+/// One fused call: `x`, `residual`, `weight` in; `residual_out` (`None`: in place on
+/// `residual`) and `y` out; all device pointers of `dtype` on the rank's GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub x: u64,
+    pub residual: u64,
+    pub residual_out: Option<u64>,
+    pub weight: u64,
+    pub y: u64,
+    pub eps: f32,
+}
+
+impl FusedCall {
+    fn elements(&self) -> usize {
+        self.tokens * self.hidden
+    }
+
+    /// Shape, eps and aliasing; `Ok(false)` when there is nothing to do.
+    fn validate(&self) -> Result<bool> {
+        if !norm::validate(self.tokens, self.hidden, self.eps)? {
+            return Ok(false);
+        }
+        let bytes = (self.elements() * self.dtype.size()) as u64;
+        let overlaps = |a: u64, b: u64| a < b + bytes && b < a + bytes;
+        let residual_out = self.residual_out.unwrap_or(self.residual);
+        if overlaps(self.y, self.residual) || overlaps(self.y, residual_out) {
+            return Err(Error::InvalidArgument(
+                "fused_add_rms_norm: y overlaps residual or residual_out; give y its own buffer (it may be x)"
+                    .to_owned(),
+            ));
+        }
+        if residual_out != self.residual && overlaps(residual_out, self.residual) {
+            return Err(Error::InvalidArgument(
+                "fused_add_rms_norm: residual_out partly overlaps residual; pass the same buffer (in place) or a separate one"
+                    .to_owned(),
+            ));
+        }
+        Ok(true)
+    }
+}
+
+impl CudaCommunicator {
+    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
+    pub fn fused_plan(
+        &self,
+        algorithm: Option<Algorithm>,
+        dtype: DType,
+        hidden: usize,
+    ) -> FusedPlan {
+        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines)
+    }
+
+    /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
+    /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` followed by the
+    /// separate norm kernel. Returns the plan it ran.
+    ///
+    /// # Safety
+    /// Every pointer of `call` must be device memory on this rank's GPU holding
+    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
+    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
+    /// capturing).
+    pub unsafe fn fused_add_rms_norm_raw(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: CUstream,
+    ) -> Result<FusedPlan> {
+        self.check()?;
+        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
+        if !call.validate()? {
+            return Ok(plan);
+        }
+        if !plan.fused {
+            // SAFETY: the caller's promise covers x, y and the stream.
+            unsafe {
+                self.all_reduce_raw(
+                    call.dtype,
+                    Some(call.x),
+                    call.y,
+                    call.elements(),
+                    algorithm,
+                    stream,
+                )?;
+                self.launch_add_rms_norm(call, call.y, stream)?;
+            }
+            return Ok(plan);
+        }
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        let inboxes = match algorithm {
+            Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
+            _ => self.device_inboxes,
+        };
+        driver::bind(&self.ctx)?;
+        let function = self.kernels.get(&fused_kernel(call.dtype));
+        {
+            let mut status = self.status.lock().expect("status lock");
+            let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
+            status.last_call = Some(CallHeader {
+                seq,
+                count: call.elements() as u64,
+                dtype: call.dtype,
+                algorithm,
+                chunk: 0,
+            });
+        }
+        let rows_per_chunk =
+            norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
+        let row_bytes = (call.hidden * call.dtype.size()) as u64;
+        let residual_out = call.residual_out.unwrap_or(call.residual);
+        for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
+            let rows = rows_per_chunk.min(call.tokens - first);
+            let offset = first as u64 * row_bytes;
+            let args = FusedArgs {
+                base: KernelArgs {
+                    input: call.x + offset,
+                    output: 0,
+                    count: (rows * call.hidden) as u64,
+                    // Header words 2 and 3: tokens and hidden, so that calls of the same total
+                    // size but another row length are named as a mismatch.
+                    total_count: call.tokens as u64 | (call.hidden as u64) << 32,
+                    payload_lines: self.layout.payload_lines as u64,
+                    timeout_ns: self.timeout.as_nanos() as u64,
+                    state: self.own.state.ptr(),
+                    error: self.own.error.device_ptr(),
+                    inboxes,
+                    rank: self.rank as u32,
+                    world_size: self.world_size as u32,
+                    chunk: index as u32,
+                    algo: u32::from(algorithm.code()),
+                },
+                norm: NormArgs {
+                    sum: 0,
+                    residual: call.residual + offset,
+                    residual_out: residual_out + offset,
+                    weight: call.weight,
+                    y: call.y + offset,
+                    hidden: call.hidden as u64,
+                    rows: rows as u64,
+                    eps: call.eps,
+                    pad: 0,
+                },
+            };
+            let (grid, pdl) = fused_shape(rows as u32, self.max_blocks, self.kernels.pdl);
+            // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
+            // ours for the communicator's lifetime; the operands are the caller's promise. The
+            // kernel runs griddepcontrol.wait (begin_epoch) before touching memory.
+            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
+        }
+        Ok(plan)
+    }
+
+    /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output
+    /// `sum` (which may be `call.y`).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.
+    pub unsafe fn launch_add_rms_norm(
+        &self,
+        call: &FusedCall,
+        sum: u64,
+        stream: CUstream,
+    ) -> Result<()> {
+        if !call.validate()? {
+            return Ok(());
+        }
+        driver::bind(&self.ctx)?;
+        let args = NormArgs {
+            sum,
+            residual: call.residual,
+            residual_out: call.residual_out.unwrap_or(call.residual),
+            weight: call.weight,
+            y: call.y,
+            hidden: call.hidden as u64,
+            rows: call.tokens as u64,
+            eps: call.eps,
+            pad: 0,
+        };
+        // No spinning: any grid is correct; one block per row up to what fills the GPU. With
+        // PDL its blocks may sit resident beside the spinning allreduce, so PDL only where
+        // both fit this rank's share of the co-resident blocks (as for the allreduce).
+        let grid = (call.tokens as u32)
+            .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
+            .max(1);
+        let pdl = self.kernels.pdl && grid <= self.max_blocks / 2;
+        let f = self.kernels.get(&norm_kernel(call.dtype));
+        // SAFETY: the argument block mirrors TparNormArgs; the pointers are the caller's
+        // promise. The kernel waits for its predecessor (griddepcontrol.wait) first.
+        unsafe { f.launch_ex(grid, THREADS, stream, &args, pdl) }
+    }
+}
+
+/// Blocks (one per row, at most the co-resident bound) and PDL for a fused launch of `rows`
+/// rows: as for the allreduce, PDL only where the grid fits in half the co-resident blocks.
+fn fused_shape(rows: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let blocks = rows.max(1);
+    (
+        blocks.min(max_blocks),
+        pdl_supported && blocks <= max_blocks / 2,
+    )
+}
+
+/// What a fused call ran: the dispatcher's plan for its allreduce and the fused path.
+#[derive(Clone, Debug)]
+pub struct FusedRun {
+    pub allreduce: Plan,
+    pub path: FusedPlan,
+}
+
+impl Communicator {
+    /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
+    /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
+    /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
+    /// pull) it runs followed by tpar's separate norm kernel, with the same results.
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    pub unsafe fn fused_add_rms_norm_raw(
+        &self,
+        call: &FusedCall,
+        stream: CUstream,
+        capturing: bool,
+    ) -> Result<FusedRun> {
+        let bytes = (call.elements() * call.dtype.size()) as u64;
+        let allreduce = self.plan(call.dtype, bytes, capturing)?;
+        // SAFETY: the caller's promise, passed on.
+        let path = unsafe { self.fused_add_rms_norm_with(allreduce.choice, call, stream)? };
+        Ok(FusedRun { allreduce, path })
+    }
+
+    /// The fused op with its allreduce on `choice`, without asking the dispatcher.
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    pub unsafe fn fused_add_rms_norm_with(
+        &self,
+        choice: Choice,
+        call: &FusedCall,
+        stream: CUstream,
+    ) -> Result<FusedPlan> {
+        let cuda = self.cuda();
+        match choice {
+            // SAFETY: the caller's promise, passed on.
+            Choice::Tpar(algorithm) => unsafe {
+                cuda.fused_add_rms_norm_raw(call, algorithm, stream)
+            },
+            Choice::Nccl => {
+                let plan = cuda.fused_plan(None, call.dtype, call.hidden);
+                if !call.validate()? {
+                    return Ok(plan);
+                }
+                // SAFETY: as above.
+                unsafe {
+                    self.all_reduce_with(
+                        choice,
+                        call.dtype,
+                        Some(call.x),
+                        call.y,
+                        call.elements(),
+                        stream,
+                    )?;
+                    cuda.launch_add_rms_norm(call, call.y, stream)?;
+                }
+                Ok(plan)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kernels;
+    use super::*;
+
+    #[test]
+    fn the_argument_blocks_mirror_the_header() {
+        let header = kernels::HEADER_SOURCE;
+        assert!(header.contains(&format!("#define TPAR_HEADER_FUSED {HEADER_FUSED:#x}")));
+        assert!(header.contains(&format!("#define TPAR_NORM_THREADS {}", norm::NORM_THREADS)));
+        assert_eq!(norm::NORM_THREADS as u32, THREADS);
+        // 5 pointers, hidden, rows (u64) and eps + pad; after the allreduce's block.
+        assert_eq!(std::mem::size_of::<NormArgs>(), 7 * 8 + 8);
+        assert_eq!(
+            std::mem::size_of::<FusedArgs>(),
+            std::mem::size_of::<KernelArgs>() + std::mem::size_of::<NormArgs>()
+        );
+    }
+
+    #[test]
+    fn every_dtype_has_fused_and_norm_kernels() {
+        for d in DType::ALL {
+            for (file, name) in [
+                ("fused_oneshot.cu", fused_kernel(d)),
+                ("fused_norm.cu", norm_kernel(d)),
+            ] {
+                let source = kernels::SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
+                assert!(
+                    source.contains(&format!("void __launch_bounds__(512) {name}(")),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn fused_launches_give_each_row_a_block_within_the_co_resident_bound() {
+        assert_eq!(fused_shape(1, 64, true), (1, true));
+        assert_eq!(fused_shape(8, 33, true), (8, true));
+        assert_eq!(fused_shape(40, 33, true), (33, false));
+        assert_eq!(fused_shape(16, 16, false), (16, false));
+    }
+
+    #[test]
+    fn aliasing_is_checked() {
+        let call = FusedCall {
+            dtype: DType::Bf16,
+            tokens: 2,
+            hidden: 8,
+            x: 0x1000,
+            residual: 0x2000,
+            residual_out: None,
+            weight: 0x3000,
+            y: 0x1000,
+            eps: 1e-6,
+        };
+        assert!(call.validate().unwrap());
+        let bad = FusedCall { y: 0x2010, ..call };
+        assert!(bad.validate().unwrap_err().to_string().contains("overlaps"));
+        let partial = FusedCall {
+            residual_out: Some(0x2002),
+            ..call
+        };
+        assert!(partial.validate().is_err());
+        assert!(!FusedCall { tokens: 0, ..call }.validate().unwrap());
+        assert_eq!(
+            header_note(3 | 1 << 8 | HEADER_FUSED),
+            ", fused with residual add + RMSNorm"
+        );
+        assert_eq!(header_note(3 | 1 << 8), "");
+    }
+}

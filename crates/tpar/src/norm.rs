@@ -1,0 +1,310 @@
+//! Fused allreduce + residual add + RMSNorm: its exact semantics, which path runs a call and
+//! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`, `fused_norm.cu`) must
+//! match bit for bit.
+//!
+//! # Semantics (every path, every rank, bitwise the same)
+//! Inputs: `x` (tokens x hidden, this rank's partial sums), `residual` (tokens x hidden),
+//! `weight` (hidden), `eps`; all of one dtype (f32, f16 or bf16), `eps` an f32. Per element:
+//! 1. `s = round(x_0 + x_1 + ... + x_{n-1})`: summed in fp32 in rank order (rank 0 first),
+//!    rounded once to the dtype (round to nearest even). This is exactly the plain allreduce.
+//! 2. `residual_out = round(f32(s) + f32(residual))`: one fp32 add of the two rounded values,
+//!    rounded once. This is vLLM's `fused_add_rms_norm` (`z = input; z += residual` in the
+//!    dtype, which adds in fp32 and rounds), run on the rounded allreduce output.
+//! 3. Per row, from the ROUNDED `residual_out` values `v`: `ss = sum(v * v)` in fp32 in a
+//!    fixed tree (below), `inv = 1 / sqrt(ss / hidden + eps)` with an IEEE (correctly
+//!    rounded) square root and division.
+//! 4. `y = round(f32(round(v * inv)) * f32(weight))`: as vLLM's `((scalar_t)(x * s_variance))
+//!    * weight[idx]`, two products each rounded to the dtype (for f32 the roundings are exact).
+//!
+//! Differences from vLLM's kernel, on purpose: vLLM takes `rsqrtf` (an approximation, within
+//! 2 ulp) and lets `cub::BlockReduce` pick the order of the row's sum of squares; tpar uses a
+//! correctly rounded `1/sqrt` and the fixed order below, so that every rank, the fused and the
+//! unfused path, eager and graph replays, and this CPU reference agree to the bit. `y` may
+//! differ from vLLM's by that last bit of `inv`, never by more than the dtype's rounding.
+//!
+//! The sum of squares of one row is the tree of a block of [`NORM_THREADS`] threads: thread
+//! `t` owns the row's quads `t, t + 512, ...` (a quad is two 32-bit words: 4 f16/bf16 or 2 f32
+//! elements, zero past the row's end) and adds `v * v` of their elements in order into its
+//! partial, starting from 0; each warp of 32 folds its partials with an xor butterfly (offsets
+//! 16, 8, 4, 2, 1: `p = p + p[lane ^ offset]`); warp 0 folds the 16 warp sums (lanes 16..31
+//! holding 0) with the same butterfly. Every multiply and add is a separate IEEE f32 operation
+//! (no fused multiply-add), as Rust's f32 arithmetic is.
+//!
+//! In place: `residual_out` may be `residual` (vLLM's convention), and `y` may be `x`. `y`
+//! must not overlap `residual` or `residual_out`.
+
+use crate::algorithm::Algorithm;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Threads per block of the norm kernels; the order of the sum of squares depends on it.
+pub const NORM_THREADS: usize = 512;
+
+/// The largest hidden size the fused kernels are built and tested for.
+pub const MAX_HIDDEN: usize = 16384;
+
+/// Elements of one quad (two 32-bit payload words: one 16-byte LL line).
+pub fn quad_elements(dtype: DType) -> usize {
+    8 / dtype.size()
+}
+
+/// Quads of one row of `hidden` elements: a row starts a fresh quad, so rows never share a
+/// line and a block reduces whole rows (odd hidden sizes included).
+pub fn row_quads(dtype: DType, hidden: usize) -> usize {
+    hidden.div_ceil(quad_elements(dtype))
+}
+
+/// Rows one fused launch carries in a slot of `payload_lines` 8-byte lines (two per quad).
+pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usize {
+    payload_lines / (2 * row_quads(dtype, hidden).max(1))
+}
+
+/// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
+/// residual + RMSNorm kernel (same results to the bit), and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FusedPlan {
+    pub fused: bool,
+    pub reason: String,
+}
+
+/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
+pub fn plan(
+    algorithm: Option<Algorithm>,
+    dtype: DType,
+    hidden: usize,
+    payload_lines: usize,
+) -> FusedPlan {
+    let unfused = |why: String| FusedPlan {
+        fused: false,
+        reason: format!("allreduce + separate residual/RMSNorm kernel: {why}"),
+    };
+    match algorithm {
+        None => unfused("the allreduce goes to NCCL".to_owned()),
+        Some(a @ (Algorithm::TwoShot | Algorithm::OneShotPull)) => unfused(format!(
+            "no fused kernel for {a} yet (one-shot and host-staged only)"
+        )),
+        Some(_) if hidden > MAX_HIDDEN => unfused(format!(
+            "hidden {hidden} is above the fused kernel's {MAX_HIDDEN}"
+        )),
+        Some(_) if payload_lines % 2 != 0 => {
+            unfused("the inbox slots are not 16-byte aligned (odd payload lines)".to_owned())
+        }
+        Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
+            "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
+        )),
+        Some(a) => FusedPlan {
+            fused: true,
+            reason: format!(
+                "fused {a} kernel: {} rows per launch, one block per row",
+                rows_per_chunk(dtype, hidden, payload_lines)
+            ),
+        },
+    }
+}
+
+/// Checks the shape and `eps` of a call; `Ok(false)` when there is nothing to do (0 tokens).
+pub fn validate(tokens: usize, hidden: usize, eps: f32) -> Result<bool> {
+    if hidden == 0 {
+        return Err(Error::InvalidArgument(
+            "fused_add_rms_norm: hidden size 0; pass the last dimension of x".to_owned(),
+        ));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::InvalidArgument(format!(
+            "fused_add_rms_norm: eps {eps} must be finite and >= 0 (e.g. 1e-6)"
+        )));
+    }
+    Ok(tokens > 0)
+}
+
+fn round(dtype: DType, v: f32) -> f32 {
+    let mut b = [0u8; 4];
+    dtype.store_f32(&mut b, 0, v);
+    dtype.load_f32(&b, 0)
+}
+
+/// Sums of squares per warp (see the module doc): the butterfly of 32 values.
+fn butterfly(mut lanes: [f32; 32]) -> f32 {
+    for offset in [16, 8, 4, 2, 1] {
+        let before = lanes;
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            *lane = before[i] + before[i ^ offset];
+        }
+    }
+    lanes[0]
+}
+
+/// The fixed-order sum of squares of one row of rounded values (the module doc's tree).
+pub fn row_sum_of_squares(dtype: DType, row: &[f32]) -> f32 {
+    let q = quad_elements(dtype);
+    let quads = row.len().div_ceil(q);
+    let mut partial = [0f32; NORM_THREADS];
+    for (t, p) in partial.iter_mut().enumerate() {
+        for quad in (t..quads).step_by(NORM_THREADS) {
+            for e in 0..q {
+                let v = row.get(quad * q + e).copied().unwrap_or(0.0);
+                *p += v * v;
+            }
+        }
+    }
+    let mut warps = [0f32; 32];
+    for (w, sum) in warps.iter_mut().take(NORM_THREADS / 32).enumerate() {
+        *sum = butterfly(partial[w * 32..w * 32 + 32].try_into().expect("32 lanes"));
+    }
+    butterfly(warps)
+}
+
+/// Steps 2-4 for one call, from the rounded allreduce output `sum` (all little-endian bytes
+/// of `dtype`): returns (`residual_out`, `y`).
+pub fn add_rms_norm_reference(
+    dtype: DType,
+    sum: &[u8],
+    residual: &[u8],
+    weight: &[u8],
+    hidden: usize,
+    eps: f32,
+) -> (Vec<u8>, Vec<u8>) {
+    let count = sum.len() / dtype.size();
+    let mut residual_out = vec![0u8; sum.len()];
+    let mut y = vec![0u8; sum.len()];
+    let mut row = vec![0f32; hidden];
+    for start in (0..count).step_by(hidden) {
+        for (e, v) in row.iter_mut().enumerate() {
+            let i = start + e;
+            *v = round(dtype, dtype.load_f32(sum, i) + dtype.load_f32(residual, i));
+            dtype.store_f32(&mut residual_out, i, *v);
+        }
+        let ss = row_sum_of_squares(dtype, &row);
+        let inv = 1.0f32 / (ss / hidden as f32 + eps).sqrt();
+        for (e, v) in row.iter().enumerate() {
+            let scaled = round(dtype, *v * inv);
+            dtype.store_f32(&mut y, start + e, scaled * dtype.load_f32(weight, e));
+        }
+    }
+    (residual_out, y)
+}
+
+/// The whole fused op on the CPU: every rank's `x` (rank order), then steps 2-4.
+pub fn fused_reference(
+    dtype: DType,
+    xs: &[&[u8]],
+    residual: &[u8],
+    weight: &[u8],
+    hidden: usize,
+    eps: f32,
+) -> (Vec<u8>, Vec<u8>) {
+    let count = residual.len() / dtype.size();
+    let mut sum = vec![0u8; residual.len()];
+    for i in 0..count {
+        let mut acc = 0f32;
+        for (r, x) in xs.iter().enumerate() {
+            let v = dtype.load_f32(x, i);
+            acc = if r == 0 { v } else { acc + v };
+        }
+        dtype.store_f32(&mut sum, i, acc);
+    }
+    add_rms_norm_reference(dtype, &sum, residual, weight, hidden, eps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
+        let mut b = vec![0u8; values.len() * dtype.size()];
+        for (i, v) in values.iter().enumerate() {
+            dtype.store_f32(&mut b, i, *v);
+        }
+        b
+    }
+
+    #[test]
+    fn the_reference_normalises_each_row_to_unit_rms_times_weight() {
+        let hidden = 3;
+        let dtype = DType::F32;
+        let x0 = bytes(dtype, &[1.0, 2.0, 3.0, 0.5, 0.5, 0.5]);
+        let x1 = bytes(dtype, &[1.0, 0.0, -1.0, 0.5, 0.5, 0.5]);
+        let residual = bytes(dtype, &[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let weight = bytes(dtype, &[1.0, 2.0, 1.0]);
+        let (res, y) = fused_reference(dtype, &[&x0, &x1], &residual, &weight, hidden, 0.0);
+        let res: Vec<f32> = (0..6).map(|i| dtype.load_f32(&res, i)).collect();
+        assert_eq!(res, vec![2.0, 2.0, 2.0, 2.0, 2.0, 2.0]);
+        // Every row is constant 2: rms 2, so y = weight.
+        let y: Vec<f32> = (0..6).map(|i| dtype.load_f32(&y, i)).collect();
+        assert_eq!(y, vec![1.0, 2.0, 1.0, 1.0, 2.0, 1.0]);
+    }
+
+    #[test]
+    fn bf16_rounds_the_sum_before_the_residual_add() {
+        // 1 + 2^-8 is not a bf16: the allreduce output rounds it to 1 (a tie, to even)
+        // before the residual is added, so residual_out is rounded from 1 + 2^-8, not from
+        // the unrounded 1 + 2^-7.
+        let dtype = DType::Bf16;
+        let x0 = bytes(dtype, &[1.0]);
+        let x1 = bytes(dtype, &[2f32.powi(-8)]);
+        let residual = bytes(dtype, &[2f32.powi(-8)]);
+        let weight = bytes(dtype, &[1.0]);
+        let (res, _) = fused_reference(dtype, &[&x0, &x1], &residual, &weight, 1, 1e-6);
+        // Rounded sum 1.0, + 2^-8 = 1.00390625, a tie between 1 and 1 + 2^-7: even is 1.
+        assert_eq!(dtype.load_f32(&res, 0), 1.0);
+        // Without the rounding of the sum: 1 + 2^-7 exactly.
+        assert_eq!(round(dtype, 1.0 + 2f32.powi(-8) + 2f32.powi(-8)), 1.0078125);
+    }
+
+    #[test]
+    fn the_sum_of_squares_tree_depends_only_on_the_row() {
+        // A row long enough to use every thread and more than one quad per thread.
+        let row: Vec<f32> = (0..5000).map(|i| ((i * 37) % 101) as f32 * 0.01).collect();
+        let tree = row_sum_of_squares(DType::F32, &row);
+        let sequential: f64 = row.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+        assert!((f64::from(tree) - sequential).abs() / sequential < 1e-5);
+        // Trailing zeros (padding of the last quad) change nothing.
+        let mut padded = row.clone();
+        padded.push(0.0);
+        assert_eq!(
+            row_sum_of_squares(DType::F32, &padded).to_bits(),
+            tree.to_bits()
+        );
+    }
+
+    #[test]
+    fn every_shape_has_a_path_and_says_why() {
+        for algorithm in [None]
+            .into_iter()
+            .chain(Algorithm::ALL.into_iter().map(Some))
+        {
+            for dtype in DType::ALL {
+                for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
+                    let p = plan(algorithm, dtype, hidden, 65536);
+                    assert!(!p.reason.is_empty());
+                    let expect_fused =
+                        matches!(algorithm, Some(Algorithm::OneShot | Algorithm::HostStaged))
+                            && hidden <= MAX_HIDDEN;
+                    assert_eq!(
+                        p.fused, expect_fused,
+                        "{algorithm:?} {dtype} {hidden}: {p:?}"
+                    );
+                }
+            }
+        }
+        let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 65535);
+        assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
+        assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
+        assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
+        assert_eq!(row_quads(DType::Bf16, 4099), 1025);
+    }
+
+    #[test]
+    fn bad_shapes_and_eps_are_named() {
+        assert!(validate(1, 0, 1e-6)
+            .unwrap_err()
+            .to_string()
+            .contains("hidden"));
+        assert!(validate(1, 8, f32::NAN)
+            .unwrap_err()
+            .to_string()
+            .contains("eps"));
+        assert!(!validate(0, 8, 1e-6).unwrap());
+        assert!(validate(3, 8, 1e-6).unwrap());
+    }
+}
