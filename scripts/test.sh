@@ -48,15 +48,16 @@ if [ "${TPAR_CI_TORCH:-1}" != 0 ]; then
       echo "warning: torch did not install; the gloo tests will skip"
   fi
   [ -e .ci/torch/.complete ] && pythonpath="$PWD/.ci/torch"
-  # What SGLang's parallel_state imports besides torch (133 MB, ~1 minute, once): its own
-  # GroupCoordinator then runs with tpar's plugin in test_engines_sglang.py.
+  # What SGLang's parallel_state and vLLM's plugin loader import besides torch (135 MB, ~1
+  # minute, once): their own code then loads tpar's plugin in test_engines_sglang.py and
+  # test_engines_vllm.py.
   if [ ! -e .ci/sglang-deps/.complete ]; then
-    echo "== SGLang's pure-Python imports into .ci/sglang-deps (once)"
+    echo "== SGLang's and vLLM's pure-Python imports into .ci/sglang-deps (once)"
     rm -rf .ci/sglang-deps
     .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
       --target .ci/sglang-deps orjson psutil pybase64 requests pillow starlette msgspec pydantic pyzmq tqdm \
-      ipython aiohttp apache-tvm-ffi && touch .ci/sglang-deps/.complete ||
-      echo "warning: SGLang's imports did not install; test_engines_sglang.py will skip"
+      ipython aiohttp apache-tvm-ffi regex && touch .ci/sglang-deps/.complete ||
+      echo "warning: the engines' imports did not install; test_engines_sglang.py and test_engines_vllm.py will skip"
   fi
   [ -e .ci/sglang-deps/.complete ] && pythonpath="${pythonpath:+$pythonpath:}$PWD/.ci/sglang-deps"
 fi

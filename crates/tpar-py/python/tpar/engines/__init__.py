@@ -9,8 +9,9 @@ the wheel installs do the same swap at interpreter start-up, which reaches spawn
 (see :mod:`tpar.engines.plugins`).
 
 What the engines construct and read (read from the released wheels vLLM 0.33.0 and SGLang
-0.5.23; names move between releases, and tests/python/test_engines_contract.py re-reads the
-pinned sources to check every line of this):
+0.5.23; names move between releases: tests/python/test_engines_contract.py re-reads the pinned
+sources for the imports, call sites and attributes below, and test_engines_vllm.py /
+test_engines_sglang.py run the engines' own plugin loaders and modules):
 
 vLLM 0.33.0
   - ``vllm/distributed/device_communicators/cuda_communicator.py``: ``CudaCommunicator.__init__``
