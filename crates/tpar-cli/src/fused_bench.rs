@@ -313,9 +313,9 @@ fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRo
     let bufs = buffers(&group, &case)?;
     upload(&group, &bufs, &case)?;
     let start = Instant::now();
-    for i in 0..group.comms.len() {
+    for (i, b) in bufs.iter().enumerate() {
         if group.ranks[i] != silent {
-            let c = call(&bufs[i], &case, false);
+            let c = call(b, &case, false);
             // SAFETY: the buffers outlive the synchronisation below.
             unsafe {
                 group.comms[i].fused_add_rms_norm_with(
@@ -369,9 +369,9 @@ fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<Fus
     let wide = HostCase::new(DType::Bf16, 1, 8192, group.world_size, 8);
     let narrow = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 8);
     let bufs = buffers(&group, &wide)?;
-    for i in 0..group.comms.len() {
+    for (i, b) in bufs.iter().enumerate() {
         let case = if group.ranks[i] == 0 { &wide } else { &narrow };
-        let c = call(&bufs[i], case, false);
+        let c = call(b, case, false);
         // SAFETY: both shapes fit the buffers, which outlive the synchronisation below.
         unsafe {
             group.comms[i].fused_add_rms_norm_with(
