@@ -267,8 +267,14 @@ pub fn run(
     }
     drop(buffers);
     drop(group);
-    // The fused allreduce + residual add + RMSNorm (fused_bench.rs).
-    for row in crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)? {
+    // The fused allreduce + residual add + RMSNorm (fused_bench.rs), with one-shot in the
+    // sweep (`--algos two-shot` leaves them out).
+    let fused_rows = if plan.algorithms.contains(&Algorithm::OneShot) {
+        crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)?
+    } else {
+        Vec::new()
+    };
+    for row in fused_rows {
         let cells = row.cells.each_ref().map(String::as_str);
         record(&mut table, cells, row.bad, row.detail);
     }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::Serialize;
 use tpar::backend::cuda::driver::{self, DeviceMemory};
 use tpar::backend::cuda::fused::FusedCall;
@@ -235,6 +235,10 @@ pub fn selftest(
                         };
                         Ok(())
                     };
+                    // A failure names the case: a hang at 8 ranks (1 H200, 2026-12-01) was
+                    // reported only as a timeout.
+                    let what =
+                        || format!("fused {algorithm} {dtype} {tokens} x {hidden} {placement}");
                     // Eager, twice (two epochs, two buffers of the triple).
                     let mut bad = 0;
                     for _ in 0..2 {
@@ -242,7 +246,9 @@ pub fn selftest(
                         for (i, s) in group.streams.iter().enumerate() {
                             queue(&group, i, s)?;
                         }
-                        group.synchronize()?;
+                        group
+                            .synchronize()
+                            .with_context(|| format!("{}, eager", what()))?;
                         bad += wrong(&group, &bufs, &case, in_place)?;
                     }
                     let shape = format!("{tokens} x {hidden}");
@@ -263,7 +269,9 @@ pub fn selftest(
                     for _ in 0..2 {
                         upload(&group, &bufs, &case)?;
                         graph.launch()?;
-                        group.synchronize()?;
+                        group
+                            .synchronize()
+                            .with_context(|| format!("{}, graph", what()))?;
                         bad += wrong(&group, &bufs, &case, in_place)?;
                     }
                     drop(graph);
@@ -305,9 +313,9 @@ fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRo
     let bufs = buffers(&group, &case)?;
     upload(&group, &bufs, &case)?;
     let start = Instant::now();
-    for i in 0..group.comms.len() {
+    for (i, b) in bufs.iter().enumerate() {
         if group.ranks[i] != silent {
-            let c = call(&bufs[i], &case, false);
+            let c = call(b, &case, false);
             // SAFETY: the buffers outlive the synchronisation below.
             unsafe {
                 group.comms[i].fused_add_rms_norm_with(
@@ -361,9 +369,9 @@ fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<Fus
     let wide = HostCase::new(DType::Bf16, 1, 8192, group.world_size, 8);
     let narrow = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 8);
     let bufs = buffers(&group, &wide)?;
-    for i in 0..group.comms.len() {
+    for (i, b) in bufs.iter().enumerate() {
         let case = if group.ranks[i] == 0 { &wide } else { &narrow };
-        let c = call(&bufs[i], case, false);
+        let c = call(b, case, false);
         // SAFETY: both shapes fit the buffers, which outlive the synchronisation below.
         unsafe {
             group.comms[i].fused_add_rms_norm_with(
@@ -425,6 +433,8 @@ struct BenchReport {
     replays: usize,
     timing: &'static str,
     rows: Vec<BenchRow>,
+    /// World sizes that failed, with the error.
+    errors: Vec<String>,
 }
 
 const VARIANTS: [&str; 5] = [
@@ -449,20 +459,25 @@ pub fn run(
     let mut rows = Vec::new();
     let mut device = String::new();
     let mut driver_version = 0;
+    let mut errors = Vec::new();
     for &n in &sizes {
-        let mut group = CudaRanks::threads(n, CudaConfig::default())?;
-        if device.is_empty() {
-            device = group.comms[0].cuda().context().name().unwrap_or_default();
-            driver_version = driver::driver_version()?;
-        }
-        for tokens in [1, 8] {
-            let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
-            let bufs = buffers(&group, &case)?;
-            upload(&group, &bufs, &case)?;
-            let count = tokens * hidden;
-            for variant in VARIANTS {
-                let one =
-                    |group: &CudaRanks, i: usize, s: &cudarc::driver::CudaStream| -> Result<()> {
+        // A failing world size is reported beside the others' figures, not instead of them.
+        let mut measure = || -> Result<()> {
+            let mut group = CudaRanks::threads(n, CudaConfig::default())?;
+            if device.is_empty() {
+                device = group.comms[0].cuda().context().name().unwrap_or_default();
+                driver_version = driver::driver_version()?;
+            }
+            for tokens in [1, 8] {
+                let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
+                let bufs = buffers(&group, &case)?;
+                upload(&group, &bufs, &case)?;
+                let count = tokens * hidden;
+                for variant in VARIANTS {
+                    let one = |group: &CudaRanks,
+                               i: usize,
+                               s: &cudarc::driver::CudaStream|
+                     -> Result<()> {
                         let cuda = group.comms[i].cuda();
                         let c = call(&bufs[i], &case, false);
                         let cu = s.cu_stream();
@@ -479,17 +494,9 @@ pub fn run(
                                     Algorithm::OneShot,
                                     cu,
                                 )?,
-                                "norm kernel" => cuda.launch_add_rms_norm(&c, c.x, cu)?,
+                                "norm kernel" => cuda.launch_add_rms_norm(&c, c.x, Some(0), cu)?,
                                 "allreduce + norm" => {
-                                    cuda.all_reduce_raw(
-                                        dtype,
-                                        Some(c.x),
-                                        c.y,
-                                        count,
-                                        Algorithm::OneShot,
-                                        cu,
-                                    )?;
-                                    cuda.launch_add_rms_norm(&c, c.y, cu)?;
+                                    cuda.unfused_add_rms_norm_raw(&c, Algorithm::OneShot, cu)?;
                                 }
                                 _ => {
                                     cuda.fused_add_rms_norm_raw(&c, Algorithm::OneShot, cu)?;
@@ -498,35 +505,41 @@ pub fn run(
                         }
                         Ok(())
                     };
-                let graphs = group.capture_each(|i, s| {
-                    for _ in 0..chain {
-                        one(&group, i, s)?;
+                    let graphs = group.capture_each(|i, s| {
+                        for _ in 0..chain {
+                            one(&group, i, s)?;
+                        }
+                        Ok(())
+                    })?;
+                    let warmup = (iters / 10).max(5);
+                    let us = time_replays(&group, &graphs, warmup, iters)
+                        .with_context(|| format!("{n} ranks, {tokens} tokens, {variant}"))?;
+                    drop(graphs);
+                    let correct = match variant {
+                        "allreduce + norm" | "fused" => {
+                            Some(group.total(wrong(&group, &bufs, &case, false)?)? == 0)
+                        }
+                        _ => None,
+                    };
+                    if variant == "allreduce + norm" {
+                        upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
                     }
-                    Ok(())
-                })?;
-                let warmup = (iters / 10).max(5);
-                let us = time_replays(&group, &graphs, warmup, iters)?;
-                drop(graphs);
-                let correct = match variant {
-                    "allreduce + norm" | "fused" => {
-                        Some(group.total(wrong(&group, &bufs, &case, false)?)? == 0)
-                    }
-                    _ => None,
-                };
-                if variant == "allreduce + norm" {
-                    upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
+                    rows.push(BenchRow {
+                        world_size: n,
+                        tokens,
+                        hidden,
+                        bytes: count * dtype.size(),
+                        variant,
+                        p50_us: percentile(&us, 50.0) / chain as f64,
+                        p99_us: percentile(&us, 99.0) / chain as f64,
+                        correct,
+                    });
                 }
-                rows.push(BenchRow {
-                    world_size: n,
-                    tokens,
-                    hidden,
-                    bytes: count * dtype.size(),
-                    variant,
-                    p50_us: percentile(&us, 50.0) / chain as f64,
-                    p99_us: percentile(&us, 99.0) / chain as f64,
-                    correct,
-                });
             }
+            Ok(())
+        };
+        if let Err(e) = measure() {
+            errors.push(format!("{n} ranks: {e:#}"));
         }
     }
     let mut table = Table::new(
@@ -576,6 +589,11 @@ pub fn run(
         table.render()
     );
     let ok = rows.iter().all(|r| r.correct != Some(false));
+    let text = if errors.is_empty() {
+        text
+    } else {
+        format!("{text}\nFAILED: {}", errors.join("; "))
+    };
     let report = BenchReport {
         provenance: Provenance::collect(device),
         driver_version,
@@ -584,11 +602,13 @@ pub fn run(
         replays: iters,
         timing: "CUDA events around graph replays; per op = replay time / chain",
         rows,
+        errors: errors.clone(),
     };
     emit(&text, json, &report)?;
     anyhow::ensure!(
         ok,
         "a fused or unfused result differed from the CPU reference"
     );
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
     Ok(())
 }

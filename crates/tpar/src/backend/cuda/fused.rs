@@ -8,7 +8,7 @@
 use cudarc::driver::sys::CUstream;
 
 use super::kernels::{KernelArgs, THREADS};
-use super::{driver, CudaCommunicator};
+use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::communicator::Communicator;
 use crate::dispatch::{Choice, Plan};
@@ -16,6 +16,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::norm::{self, FusedPlan};
 use crate::protocol::header::CallHeader;
+use crate::protocol::line::lines_for_bytes;
 
 /// The epilogue's operands (`struct TparNormArgs` in tpar_ll.cuh), passed by value.
 #[repr(C)]
@@ -136,18 +137,8 @@ impl CudaCommunicator {
             return Ok(plan);
         }
         if !plan.fused {
-            // SAFETY: the caller's promise covers x, y and the stream.
-            unsafe {
-                self.all_reduce_raw(
-                    call.dtype,
-                    Some(call.x),
-                    call.y,
-                    call.elements(),
-                    algorithm,
-                    stream,
-                )?;
-                self.launch_add_rms_norm(call, call.y, stream)?;
-            }
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.unfused_add_rms_norm_raw(call, algorithm, stream)? };
             return Ok(plan);
         }
         self.supports(algorithm)
@@ -215,8 +206,59 @@ impl CudaCommunicator {
         Ok(plan)
     }
 
+    /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
+    /// `algorithm`, then the separate residual add + RMSNorm kernel reading `y`.
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    pub unsafe fn unfused_add_rms_norm_raw(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: CUstream,
+    ) -> Result<()> {
+        if !call.validate()? {
+            return Ok(());
+        }
+        // SAFETY: the caller's promise covers x, y and the stream.
+        unsafe {
+            self.all_reduce_raw(
+                call.dtype,
+                Some(call.x),
+                call.y,
+                call.elements(),
+                algorithm,
+                stream,
+            )?;
+            let before = self.last_chunk_grid(call, algorithm);
+            self.launch_add_rms_norm(call, call.y, Some(before), stream)
+        }
+    }
+
+    /// Blocks of the last launch of a tpar allreduce of the call's elements on `algorithm`.
+    fn last_chunk_grid(&self, call: &FusedCall, algorithm: Algorithm) -> u32 {
+        let elements = call.elements();
+        let per_chunk = self.layout.chunk_elements(call.dtype);
+        let last = elements - (elements.div_ceil(per_chunk).max(1) - 1) * per_chunk;
+        let lines = lines_for_bytes(last * call.dtype.size()) as u32;
+        launch_shape(
+            algorithm,
+            lines,
+            self.layout.payload_lines,
+            self.max_blocks,
+            false,
+        )
+        .0
+    }
+
     /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output
-    /// `sum` (which may be `call.y`).
+    /// `sum` (which may be `call.y`). `after_grid`: the blocks of the spinning kernel just
+    /// before it on `stream` (`Some(0)` when none spins; `None` when unknown).
+    ///
+    /// With programmatic dependent launch this kernel's blocks become resident while that
+    /// kernel still spins, so PDL is used only where both grids fit this rank's share of the
+    /// co-resident blocks: 8 ranks sharing one H200 deadlocked (a timeout in the all-gather)
+    /// when a 16-block two-shot was followed by an 8-block norm kernel with PDL (2026-12-01).
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.
@@ -224,6 +266,7 @@ impl CudaCommunicator {
         &self,
         call: &FusedCall,
         sum: u64,
+        after_grid: Option<u32>,
         stream: CUstream,
     ) -> Result<()> {
         if !call.validate()? {
@@ -241,13 +284,12 @@ impl CudaCommunicator {
             eps: call.eps,
             pad: 0,
         };
-        // No spinning: any grid is correct; one block per row up to what fills the GPU. With
-        // PDL its blocks may sit resident beside the spinning allreduce, so PDL only where
-        // both fit this rank's share of the co-resident blocks (as for the allreduce).
+        // No spinning: any grid is correct; one block per row up to what fills the GPU.
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let pdl = self.kernels.pdl && grid <= self.max_blocks / 2;
+        let pdl =
+            self.kernels.pdl && after_grid.is_some_and(|before| before + grid <= self.max_blocks);
         let f = self.kernels.get(&norm_kernel(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the pointers are the caller's
         // promise. The kernel waits for its predecessor (griddepcontrol.wait) first.
@@ -324,7 +366,7 @@ impl Communicator {
                         call.elements(),
                         stream,
                     )?;
-                    cuda.launch_add_rms_norm(call, call.y, stream)?;
+                    cuda.launch_add_rms_norm(call, call.y, None, stream)?;
                 }
                 Ok(plan)
             }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# issue 15 (fused allreduce + residual add + RMSNorm): selftests with the fused rows at 2 and 8
+# ranks (threads, one GPU) and `tpar bench --fused` at 2 and 8 ranks. Run from .stage/fused
+# (a stripped tpar built from branch `fused`). Logs and JSON go to $OUT.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TPAR_CACHE_DIR=/tmp/tpar-cache
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+summary=()
+step() { # name limit cmd...
+  local name=$1 limit=$2; shift 2; local t=$SECONDS
+  timeout $limit "$@" > $OUT/$name.log 2>&1; local rc=$?
+  summary+=("$(printf '%-14s rc=%-3s %4ss %s' $name $rc $((SECONDS-t)) "$(grep -E '^selftest|passed|failed|rror' $OUT/$name.log | tail -1 | cut -c1-110)")")
+}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } > $OUT/device.txt
+sel="selftest --backend cuda --counts 7,4099 --replays 20 --timeout 5"
+step selftest-2 100 ./tpar $sel -n 2
+step bench-fused 90 ./tpar bench --fused --iters 100 --chain 50 --json $OUT/bench-fused.json
+step selftest-8 100 ./tpar $sel -n 8
+for f in selftest-2 selftest-8; do
+  echo "== $f: fused rows $(grep -c '^fused' $OUT/$f.log), failing rows:"; grep -E 'FAIL|rror' $OUT/$f.log | head -12
+  grep -E '^fused (one-shot|host-staged|two-shot) +bf16 +(1 x 8192|512 x 2048)|^fused (peer|mismatch)' $OUT/$f.log | head -10
+done
+echo "== bench-fused"; grep -v '^wrote' $OUT/bench-fused.log | tail -12
+cat $OUT/device.txt
+printf '%s\n' "${summary[@]}"
