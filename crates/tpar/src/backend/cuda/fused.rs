@@ -197,7 +197,9 @@ impl CudaCommunicator {
                     pad: 0,
                 },
             };
-            let (grid, pdl) = fused_shape(rows as u32, self.max_blocks, self.kernels.pdl);
+            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
+                fused_shape(rows as u32, self.max_blocks, pdl_supported)
+            });
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are the caller's promise. The
             // kernel runs griddepcontrol.wait (begin_epoch) before touching memory.
@@ -288,8 +290,8 @@ impl CudaCommunicator {
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let pdl =
-            self.kernels.pdl && after_grid.is_some_and(|before| before + grid <= self.max_blocks);
+        let (grid, pdl) =
+            self.launch_behind_last(|pdl_supported| (grid, pdl_supported && after_grid.is_some()));
         let f = self.kernels.get(&norm_kernel(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the pointers are the caller's
         // promise. The kernel waits for its predecessor (griddepcontrol.wait) first.

@@ -339,6 +339,8 @@ pub struct CudaCommunicator {
     /// the settings that shape its buffers: what an init self-test result depends on.
     group_key: String,
     status: Mutex<Status>,
+    /// Blocks of this rank's last kernel launch (see [`CudaCommunicator::launch_behind_last`]).
+    last_grid: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Default)]
@@ -428,6 +430,7 @@ impl CudaCommunicator {
                 time_sliced_with: Vec::new(),
                 group_key: format!("local {devices:?} {config:?}"),
                 status: Mutex::default(),
+                last_grid: std::sync::atomic::AtomicU32::new(0),
             })
             .collect())
     }
@@ -570,6 +573,7 @@ impl CudaCommunicator {
                     .collect::<Vec<_>>(),
             ),
             status: Mutex::default(),
+            last_grid: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -786,19 +790,39 @@ impl CudaCommunicator {
                 chunk: index as u32,
                 algo: u32::from(algorithm.code()),
             };
-            let (grid, pdl) = launch_shape(
-                algorithm,
-                lines,
-                self.layout.payload_lines,
-                self.max_blocks,
-                self.kernels.pdl,
-            );
+            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
+                launch_shape(
+                    algorithm,
+                    lines,
+                    self.layout.payload_lines,
+                    self.max_blocks,
+                    pdl_supported,
+                )
+            });
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are the caller's promise. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(())
+    }
+
+    /// The grid and PDL choice for this rank's next kernel, given `shape(pdl_supported)`, and
+    /// remembers the grid. A kernel launched with PDL may become resident while this rank's
+    /// previous kernel still spins (every tpar kernel lets its dependents launch once it has
+    /// read the call counter); where ranks share a GPU, the two together must fit this rank's
+    /// share of co-resident blocks, or a peer's spinning grid may never become resident and
+    /// both wait until the deadline (seen on one H200 with 8 ranks: a PDL norm kernel behind a
+    /// full-grid allreduce). So PDL is used only where the previous grid and this one fit.
+    pub(crate) fn launch_behind_last(&self, shape: impl Fn(bool) -> (u32, bool)) -> (u32, bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let before = self.last_grid.load(Relaxed);
+        let (mut grid, mut pdl) = shape(self.kernels.pdl);
+        if pdl && before + grid > self.max_blocks {
+            (grid, pdl) = shape(false);
+        }
+        self.last_grid.store(grid, Relaxed);
+        (grid, pdl)
     }
 
     /// Launches the empty kernel with the allreduce's launch shape: the fixed cost floor.
