@@ -154,8 +154,12 @@ fn layer_kind(model: &ModelShape, layer: u64) -> usize {
 }
 
 pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
+    if let Some(path) = &args.json {
+        crate::args::check_writable("json", path)?;
+    }
     let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("cannot read --config {}", args.config.display()))?;
+        .with_context(|| format!("cannot read --config {}", args.config.display()))
+        .map_err(crate::args::usage)?;
     // A Hugging Face checkout names the model by its folder; a renamed file by its stem.
     let stem = args
         .config

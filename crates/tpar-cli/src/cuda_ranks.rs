@@ -111,28 +111,6 @@ impl std::str::FromStr for Route {
     }
 }
 
-#[cfg(test)]
-mod route_name_tests {
-    use super::*;
-
-    #[test]
-    fn one_list_of_algorithm_names_everywhere() {
-        let mut names: Vec<&str> = Choice::ALL.iter().map(|c| c.name()).collect();
-        names.push("auto");
-        assert_eq!(ROUTE_NAMES, names.join(", "));
-        for name in &names {
-            assert_eq!(name.parse::<Route>().unwrap().name(), *name);
-        }
-        let err = "ring".parse::<Route>().unwrap_err().to_string();
-        assert!(err.contains(ROUTE_NAMES), "{err}");
-        let readme = include_str!("../../../README.md");
-        assert!(
-            readme.contains(ROUTE_NAMES),
-            "README lists other algorithm names"
-        );
-    }
-}
-
 pub struct CudaRanks {
     /// One communicator per local rank: tpar's CUDA backend, NCCL where it could be created,
     /// and the dispatcher between them.
@@ -495,4 +473,26 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     Ok(format!(
         "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
     ))
+}
+
+#[cfg(test)]
+mod route_name_tests {
+    use super::*;
+
+    #[test]
+    fn one_list_of_algorithm_names_everywhere() {
+        let mut names: Vec<&str> = Choice::ALL.iter().map(|c| c.name()).collect();
+        names.push("auto");
+        assert_eq!(ROUTE_NAMES, names.join(", "));
+        for name in &names {
+            assert_eq!(name.parse::<Route>().unwrap().name(), *name);
+        }
+        let err = "ring".parse::<Route>().unwrap_err().to_string();
+        assert!(err.contains(ROUTE_NAMES), "{err}");
+        let readme = include_str!("../../../README.md");
+        assert!(
+            readme.contains(ROUTE_NAMES),
+            "README lists other algorithm names"
+        );
+    }
 }

@@ -183,6 +183,13 @@ fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
                             format!("FAIL on {bad_ranks} rank(s)")
                         },
                     ]);
+                    if leader {
+                        rank.save_partial(&format!(
+                            "tpar selftest (partial): cpu backend, {}\n{}",
+                            crate::report::ranks(rank.world_size()),
+                            table.render()
+                        ));
+                    }
                 }
             }
         }

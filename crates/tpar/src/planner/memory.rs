@@ -269,6 +269,40 @@ mod tests {
     }
 
     #[test]
+    fn impossible_inputs_are_refused_before_planning() {
+        assert!(reported_case().check().is_ok());
+        let refused = |change: &dyn Fn(&mut MemoryInputs), says: &str| {
+            let mut i = reported_case();
+            change(&mut i);
+            let err = i.check().unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        };
+        refused(&|i| i.gpu_total_bytes = f64::NAN, "GPU memory is NaN");
+        refused(&|i| i.weights_bytes = f64::INFINITY, "weights is inf");
+        refused(
+            &|i| i.free_after_load_bytes = Some(500.0 * GIB),
+            "more than the GPU's total",
+        );
+        refused(&|i| i.kv_bytes_per_token = 0.0, "0 bytes per token");
+        refused(
+            &|i| {
+                i.rule = EngineRule::Sglang {
+                    mem_fraction_static: 1.5,
+                }
+            },
+            "outside (0, 1]",
+        );
+        refused(
+            &|i| {
+                i.rule = EngineRule::Vllm {
+                    gpu_memory_utilization: 0.0,
+                }
+            },
+            "outside (0, 1]",
+        );
+    }
+
+    #[test]
     fn the_reported_case_is_diagnosed_with_the_fix() {
         let plan = plan_memory(&reported_case());
         // rest = 21.7 - 96 x 0.45 = -21.5 GiB, as the engine computed it.

@@ -270,6 +270,41 @@ mod tests {
     }
 
     #[test]
+    fn tp_sizes_the_engines_refuse_are_refused() {
+        let llama = fixture("llama-3.1-70b"); // 64 heads, 8 KV heads
+        for tp in [1, 2, 4, 8, 16, 32, 64] {
+            llama.check_tp(tp).unwrap();
+        }
+        assert!(llama
+            .check_tp(3)
+            .unwrap_err()
+            .to_string()
+            .contains("64 attention heads"));
+        let mut odd = llama.clone();
+        odd.heads = 48; // 48 heads over 6 ranks split, but 8 KV heads neither split nor replicate
+        let err = odd.check_tp(6).unwrap_err().to_string();
+        assert!(err.contains("8 key/value heads"), "{err}");
+        let mut mla = fixture("deepseek-v3");
+        mla.kv_heads = 128;
+        mla.check_tp(8).unwrap();
+    }
+
+    #[test]
+    fn a_zero_dimension_is_refused() {
+        let text = MODEL_FIXTURES
+            .iter()
+            .find(|f| f.0 == "llama-3.1-70b")
+            .unwrap()
+            .1;
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["hidden_size"] = 0.into();
+        let err = ModelShape::from_config_json(&v.to_string(), "zero")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`hidden_size` 0"), "{err}");
+    }
+
+    #[test]
     fn parameter_counts_match_the_published_sizes() {
         let llama = fixture("llama-3.1-70b");
         assert!(
