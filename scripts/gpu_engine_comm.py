@@ -68,7 +68,10 @@ def rank_main(check, args):
     def want(count, seed, dtype=torch.float32, members=None):
         members = members if members is not None else range(n)
         i = torch.arange(count, device="cuda", dtype=torch.int64)
-        s = sum((((i * 7 + r * 13 + seed * 5) % 1024) - 512).to(torch.float64) / 64.0 for r in members)
+        # Each rank's input as the rank holds it (rounded to dtype: 1/64 steps over [-8, 8) need
+        # 9 bits, bf16 keeps 8), summed exactly, rounded once: what tpar computes.
+        s = sum(((((i * 7 + r * 13 + seed * 5) % 1024) - 512).to(torch.float64) / 64.0).to(dtype).to(torch.float64)
+                for r in members)
         return s.to(torch.float32).to(dtype)
 
     out = {"rank": rank, "check": check, "args": args}
@@ -313,7 +316,9 @@ def main(checks):
                 row(f"leak n={n} x{cycles}", False, str(r0.get("error", r0))[:300])
                 continue
             a, b = r0["at"]["10"], r0["at"][str(cycles)]
-            ok = (a["fds"], a["threads"], a["shm"]) == (b["fds"], b["threads"], b["shm"]) and \
+            # /dev/shm may only shrink: at cycle 10 a peer process can still be unlinking its
+            # segment of the cycle before when rank 0 counts (seen once: 1 -> 0 at 2 ranks).
+            ok = (a["fds"], a["threads"]) == (b["fds"], b["threads"]) and b["shm"] <= a["shm"] and \
                 abs(a["free_device"] - b["free_device"]) <= 2 << 20
             row(f"leak n={n} x{cycles}", ok,
                 f"cycle 10 -> {cycles}: fds {a['fds']}->{b['fds']}, threads {a['threads']}->{b['threads']}, "

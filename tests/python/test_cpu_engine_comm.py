@@ -9,6 +9,7 @@ stopping a blocked call. The CPU backend has no streams: the many-streams checks
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,8 +310,9 @@ def test_call_arguments_never_panic(tmp_path):
         for nbytes in (-1, 1.5, "x"):
             with pytest.raises(tpar.TparError):
                 comm.plan(nbytes)
-        with pytest.raises(tpar.TparError, match="no GPU"):
-            comm.plan(1024)
+        if shutil.which("nvidia-smi") is None:  # where there is a GPU, CUDA plans it
+            with pytest.raises(tpar.TparError, match="no GPU"):
+                comm.plan(1024)
         fp = comm.memory_footprint()
         assert fp["nccl_bytes"] == 0 and fp["shared_host_bytes"] > 0 and fp["nccl_estimated"] is False
 

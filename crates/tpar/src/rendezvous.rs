@@ -468,6 +468,37 @@ impl Rendezvous {
 
     /// Every rank's value for `key`, in rank order, once all have published it.
     pub fn gather<T: DeserializeOwned>(&self, key: &str, timeout: Duration) -> Result<Vec<T>> {
+        let values = self.gather_records(key, timeout)?;
+        self.retire_previous_round(key);
+        Ok(values)
+    }
+
+    /// Every rank of a group makes the same rounds (publish, then gather) in the same order,
+    /// so once every rank has published `key`, every rank has finished gathering the round
+    /// before it: this rank's record of that round is never read again and is removed here.
+    /// A long-lived job keeps one record per rank and group, not one per round of every
+    /// communicator it ever created.
+    fn retire_previous_round(&self, key: &str) {
+        static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
+        let previous = PREVIOUS
+            .get_or_init(Default::default)
+            .lock()
+            .expect("previous round")
+            .insert(
+                (
+                    self.env.dir.clone(),
+                    self.env.token.clone(),
+                    self.namespace.clone(),
+                    self.env.rank,
+                ),
+                key.to_owned(),
+            );
+        if let Some(previous) = previous.filter(|p| p != key) {
+            self.retire(&previous);
+        }
+    }
+
+    fn gather_records<T: DeserializeOwned>(&self, key: &str, timeout: Duration) -> Result<Vec<T>> {
         let n = self.env.world_size;
         let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
         let mut foreign: Vec<PathBuf> = Vec::new();
@@ -548,31 +579,9 @@ impl Rendezvous {
     }
 
     /// Returns once every rank has reached the barrier named `key`.
-    ///
-    /// Records are never read after the barrier that follows them: once every rank has
-    /// reached this barrier, every rank has also passed this rank's previous one, so that
-    /// one's record is removed here (a long-lived job keeps one barrier record per rank and
-    /// group, not one per communicator it ever created).
     pub fn barrier(&self, key: &str, timeout: Duration) -> Result<()> {
         self.publish(key, &())?;
         self.gather::<()>(key, timeout)?;
-        static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
-        let previous = PREVIOUS
-            .get_or_init(Default::default)
-            .lock()
-            .expect("previous barrier")
-            .insert(
-                (
-                    self.env.dir.clone(),
-                    self.env.token.clone(),
-                    self.namespace.clone(),
-                    self.env.rank,
-                ),
-                key.to_owned(),
-            );
-        if let Some(previous) = previous.filter(|p| p != key) {
-            self.retire(&previous);
-        }
         Ok(())
     }
 }

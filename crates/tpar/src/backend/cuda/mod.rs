@@ -314,6 +314,17 @@ struct CudaRecord {
     host_segment: Option<String>,
 }
 
+/// What `cuMemAlloc` takes from free device memory for an allocation: whole 2 MiB pages.
+/// Counted this way the footprint matches the drop in free memory; counted by the bytes asked
+/// for it fell 2.2 MiB short at one rank and 5.5 MiB at two (one H200, 2026-12-01:
+/// `scripts/gpu-check.sh engine-comm`, a 3.8 MiB inbox and a 16-byte state word took 4 + 2 MiB).
+/// For the small state word this is an upper bound (the driver may share its page).
+const DEVICE_PAGE_BYTES: usize = 2 << 20;
+
+fn reserved_device_bytes(bytes: usize) -> u64 {
+    bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64
+}
+
 /// One rank's endpoint of a CUDA allreduce group.
 pub struct CudaCommunicator {
     rank: usize,
@@ -625,7 +636,8 @@ impl CudaCommunicator {
         } else {
             0
         };
-        let buffers = (device_inbox_bytes(&layout) + STATE_BYTES) as u64;
+        let buffers =
+            reserved_device_bytes(device_inbox_bytes(&layout)) + reserved_device_bytes(STATE_BYTES);
         MemoryFootprint {
             device_bytes: buffers,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,
@@ -643,7 +655,8 @@ impl CudaCommunicator {
             .host_inbox
             .as_ref()
             .map_or(0, |h| h.segment().len_bytes() as u64);
-        let buffers = (self.own.inbox.bytes() + self.own.state.bytes()) as u64;
+        let buffers = reserved_device_bytes(self.own.inbox.bytes())
+            + reserved_device_bytes(self.own.state.bytes());
         MemoryFootprint {
             device_bytes: buffers + self.kernels.module_bytes,
             device_buffer_bytes: buffers,
