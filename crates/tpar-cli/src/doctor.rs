@@ -407,8 +407,11 @@ fn render(r: &Report) -> String {
     let m = &r.memory_per_rank;
     let ranks = crate::report::ranks(r.world_size);
     out.push_str(&format!(
-        "\n\nMemory tpar reserves per rank with {ranks}: {} device, {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
+        "\n\nMemory tpar reserves per rank with {ranks}: {} device (buffers {} + kernels {}; with an NCCL of its own, `nccl=own`, about {} more, an estimate), {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
         human_bytes(m.device_bytes),
+        human_bytes(m.device_buffer_bytes),
+        human_bytes(m.module_bytes),
+        human_bytes(tpar::backend::nccl::estimated_footprint(r.world_size, |k| std::env::var(k).ok())),
         human_bytes(m.pinned_host_bytes),
         human_bytes(m.shared_host_bytes),
         human_bytes(m.allocated_bytes()),

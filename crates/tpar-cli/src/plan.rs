@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
+use tpar::backend::cuda::CudaConfig;
 use tpar::planner::memory::{plan_memory, EngineRule, MemoryInputs, MemoryPlan};
 use tpar::planner::model::ModelShape;
 use tpar::planner::spec::{plan_spec, roofline_ms, Latency, SpecInputs, SpecPlan};
@@ -35,6 +35,26 @@ pub enum Engine {
     Vllm,
 }
 
+/// Whether tpar runs with an NCCL communicator of its own (`tpar::communicator::NcclMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NcclChoice {
+    /// tpar's kernels only; sizes they do not take stay on the engine's NCCL (the engine
+    /// plugins and Python's default): no memory for NCCL.
+    None,
+    /// tpar creates its own NCCL communicator for those sizes: about 0.5 GiB more per GPU and
+    /// group (an estimate from NCCL_BUFFSIZE and the channel settings).
+    Own,
+}
+
+impl NcclChoice {
+    fn mode(self) -> tpar::communicator::NcclMode {
+        match self {
+            NcclChoice::None => tpar::communicator::NcclMode::None,
+            NcclChoice::Own => tpar::communicator::NcclMode::Own,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct MemoryArgs {
@@ -57,6 +77,10 @@ pub struct MemoryArgs {
     /// --gpu-memory-utilization).
     #[arg(long, value_enum, default_value = "sglang")]
     engine: Engine,
+    /// tpar's NCCL: none (the engine keeps its own NCCL for what tpar does not take) or own
+    /// (tpar's own communicator, counted in tpar's footprint).
+    #[arg(long, value_enum, default_value = "none")]
+    nccl: NcclChoice,
     /// SGLang's fraction of GPU memory for weights and KV cache.
     #[arg(long, default_value_t = 0.88, value_parser = crate::args::fraction_arg)]
     mem_fraction_static: f64,
@@ -184,8 +208,9 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         None => a.draft_gb * GIB,
     };
     let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
-    let tpar = CudaCommunicator::planned_footprint(a.tp as usize, &CudaConfig::default())
-        .device_bytes as f64;
+    let footprint =
+        tpar::communicator::planned_footprint(a.tp as usize, &CudaConfig::default(), a.nccl.mode());
+    let tpar = footprint.device_bytes as f64;
     let inputs = MemoryInputs {
         gpu_total_bytes: gpu_bytes,
         free_after_load_bytes: a.free_after_load_gb.map(|g| g * GIB),
@@ -209,7 +234,23 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         min_tokens: a.context,
     };
     inputs.check().map_err(anyhow::Error::from)?;
-    let plan = plan_memory(&inputs);
+    let mut plan = plan_memory(&inputs);
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    for term in plan.terms.iter_mut().filter(|t| t.name == "tpar buffers") {
+        term.note = format!(
+            "tpar's footprint per rank: buffers {:.1} MiB + kernels {:.1} MiB{}",
+            mib(footprint.device_buffer_bytes),
+            mib(footprint.module_bytes),
+            if footprint.nccl_bytes > 0 {
+                format!(
+                    " + its own NCCL {:.1} MiB (estimate)",
+                    mib(footprint.nccl_bytes)
+                )
+            } else {
+                " (no NCCL of its own: --nccl none)".into()
+            }
+        );
+    }
     let mut t = Table::new(&["term", "GiB", "what"], 1);
     for term in &plan.terms {
         t.push(vec![

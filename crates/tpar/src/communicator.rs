@@ -756,7 +756,11 @@ mod tests {
         assert_eq!((none.nccl_bytes, none.nccl_estimated), (0, false));
         assert!(own.nccl_estimated && own.nccl_bytes > 400 << 20, "{own:?}");
         assert_eq!(own.device_bytes, none.device_bytes + own.nccl_bytes);
-        assert_eq!(none.device_bytes, none.device_buffer_bytes);
+        assert_eq!(
+            none.device_bytes,
+            none.device_buffer_bytes + none.module_bytes
+        );
+        assert!(none.module_bytes > 0 && none.device_buffer_bytes % (2 << 20) == 0);
     }
 
     #[test]

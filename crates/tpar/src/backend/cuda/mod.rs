@@ -321,6 +321,11 @@ struct CudaRecord {
 /// For the small state word this is an upper bound (the driver may share its page).
 const DEVICE_PAGE_BYTES: usize = 2 << 20;
 
+/// What loading tpar's kernels took from free device memory, once per process and GPU (one
+/// H200, every kernel file, 2026-12-01: 2.0 MiB in each footprint check of
+/// `scripts/gpu-check.sh engine-comm`): the planned figure before anything is loaded.
+pub const PLANNED_MODULE_BYTES: u64 = 2 << 20;
+
 fn reserved_device_bytes(bytes: usize) -> u64 {
     bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64
 }
@@ -639,11 +644,12 @@ impl CudaCommunicator {
         let buffers =
             reserved_device_bytes(device_inbox_bytes(&layout)) + reserved_device_bytes(STATE_BYTES);
         MemoryFootprint {
-            device_bytes: buffers,
+            device_bytes: buffers + PLANNED_MODULE_BYTES,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,
             shared_host_bytes: host,
             peer_mapped_bytes: 0,
             device_buffer_bytes: buffers,
+            module_bytes: PLANNED_MODULE_BYTES,
             ..MemoryFootprint::default()
         }
     }
