@@ -217,6 +217,38 @@ impl CudaRanks {
         Ok(self.total(local)? / processes)
     }
 
+    /// After every rank but `silent` called (at `start`): how many of them did not give up with
+    /// a timeout naming `silent` within `deadline` + 1 s, and a line saying what they did.
+    pub fn tally_silent_peer(
+        &self,
+        silent: usize,
+        start: std::time::Instant,
+        deadline: Duration,
+    ) -> (u64, String) {
+        let (mut bad, mut detail) = (0, String::new());
+        for (i, comm) in self.comms.iter().enumerate() {
+            if self.ranks[i] == silent {
+                continue;
+            }
+            let result = comm.cuda().synchronize(&self.streams[i]);
+            let took = start.elapsed();
+            match result {
+                Err(tpar::Error::PeerTimeout { peer, .. })
+                    if peer == silent && took <= deadline + Duration::from_secs(1) =>
+                {
+                    detail = format!(" (kernels gave up after {took:.2?}, deadline {deadline:?})");
+                }
+                other => {
+                    bad += 1;
+                    detail = format!(
+                        ": expected a timeout naming rank {silent}, got {other:?} after {took:.2?}"
+                    );
+                }
+            }
+        }
+        (bad, detail)
+    }
+
     /// The sum over every rank of the job of each local rank's `local` value.
     pub fn total(&mut self, local: u64) -> Result<u64> {
         match &mut self.control {

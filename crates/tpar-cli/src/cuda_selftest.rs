@@ -10,7 +10,7 @@ use anyhow::Result;
 use tpar::backend::cuda::CudaConfig;
 use tpar::check::{fill_expected, fill_input};
 use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType, Error};
+use tpar::{Algorithm, DType};
 
 use crate::cuda_ranks::CudaRanks;
 use crate::report::Table;
@@ -75,29 +75,7 @@ pub fn run(
                 };
             }
         }
-        let mut bad = 0;
-        let mut detail = String::new();
-        for (i, comm) in group.comms.iter().enumerate() {
-            if group.ranks[i] == silent {
-                continue;
-            }
-            let result = comm.cuda().synchronize(&group.streams[i]);
-            let took = start.elapsed();
-            match result {
-                Err(Error::PeerTimeout { peer, .. })
-                    if peer == silent && took <= CASE_DEADLINE + Duration::from_secs(1) =>
-                {
-                    detail =
-                        format!(" (kernels gave up after {took:.2?}, deadline {CASE_DEADLINE:?})");
-                }
-                other => {
-                    bad += 1;
-                    detail = format!(
-                        ": expected a timeout naming rank {silent}, got {other:?} after {took:.2?}"
-                    );
-                }
-            }
-        }
+        let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
         let bad = group.total(bad)?;
         leader |= group.is_leader();
         record(

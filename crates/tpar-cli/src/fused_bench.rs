@@ -326,25 +326,7 @@ fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRo
             };
         }
     }
-    let (mut bad, mut detail) = (0, String::new());
-    for (i, comm) in group.comms.iter().enumerate() {
-        if group.ranks[i] == silent {
-            continue;
-        }
-        let result = comm.cuda().synchronize(&group.streams[i]);
-        let took = start.elapsed();
-        match result {
-            Err(Error::PeerTimeout { peer, .. })
-                if peer == silent && took <= CASE_DEADLINE + Duration::from_secs(1) =>
-            {
-                detail = format!(" (gave up after {took:.2?}, deadline {CASE_DEADLINE:?})");
-            }
-            other => {
-                bad += 1;
-                detail = format!(": expected a timeout naming rank {silent}, got {other:?}");
-            }
-        }
-    }
+    let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
     Ok(FusedRow {
         cells: [
             "fused peer timeout".into(),

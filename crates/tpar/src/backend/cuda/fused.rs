@@ -15,7 +15,6 @@ use crate::dispatch::{Choice, Plan};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::norm::{self, FusedPlan};
-use crate::protocol::header::CallHeader;
 use crate::protocol::line::lines_for_bytes;
 
 /// The epilogue's operands (`struct TparNormArgs` in tpar_ll.cuh), passed by value.
@@ -143,23 +142,9 @@ impl CudaCommunicator {
         }
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
-        let inboxes = match algorithm {
-            Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
-            _ => self.device_inboxes,
-        };
         driver::bind(&self.ctx)?;
         let function = self.kernels.get(&fused_kernel(call.dtype));
-        {
-            let mut status = self.status.lock().expect("status lock");
-            let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
-            status.last_call = Some(CallHeader {
-                seq,
-                count: call.elements() as u64,
-                dtype: call.dtype,
-                algorithm,
-                chunk: 0,
-            });
-        }
+        self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let row_bytes = (call.hidden * call.dtype.size()) as u64;
@@ -168,23 +153,15 @@ impl CudaCommunicator {
             let rows = rows_per_chunk.min(call.tokens - first);
             let offset = first as u64 * row_bytes;
             let args = FusedArgs {
-                base: KernelArgs {
-                    input: call.x + offset,
-                    output: 0,
-                    count: (rows * call.hidden) as u64,
-                    // Header words 2 and 3: tokens and hidden, so that calls of the same total
-                    // size but another row length are named as a mismatch.
-                    total_count: call.tokens as u64 | (call.hidden as u64) << 32,
-                    payload_lines: self.layout.payload_lines as u64,
-                    timeout_ns: self.timeout.as_nanos() as u64,
-                    state: self.own.state.ptr(),
-                    error: self.own.error.device_ptr(),
-                    inboxes,
-                    rank: self.rank as u32,
-                    world_size: self.world_size as u32,
-                    chunk: index as u32,
-                    algo: u32::from(algorithm.code()),
-                },
+                // Header words 2 and 3: tokens and hidden, so that calls of the same total
+                // size but another row length are named as a mismatch.
+                base: self.kernel_args(
+                    algorithm,
+                    index,
+                    (call.x + offset, 0),
+                    (rows * call.hidden) as u64,
+                    call.tokens as u64 | (call.hidden as u64) << 32,
+                ),
                 norm: NormArgs {
                     sum: 0,
                     residual: call.residual + offset,

@@ -760,25 +760,9 @@ impl CudaCommunicator {
         self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
-        let inboxes = match algorithm {
-            Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
-            _ => self.device_inboxes,
-        };
         driver::bind(&self.ctx)?;
         let function = self.kernels.get(&kernels::kernel_for(algorithm, dtype).1);
-        let header = {
-            let mut status = self.status.lock().expect("status lock");
-            let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
-            let header = CallHeader {
-                seq,
-                count: count as u64,
-                dtype,
-                algorithm,
-                chunk: 0,
-            };
-            status.last_call = Some(header);
-            header
-        };
+        let header = self.next_call(count as u64, dtype, algorithm);
         let input = input.unwrap_or(output);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
@@ -794,21 +778,13 @@ impl CudaCommunicator {
         for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
             let lines = lines_for_bytes(elements.len() * dtype.size()) as u32;
-            let args = KernelArgs {
-                input: input + offset,
-                output: output + offset,
-                count: elements.len() as u64,
-                total_count: header.count,
-                payload_lines: self.layout.payload_lines as u64,
-                timeout_ns: self.timeout.as_nanos() as u64,
-                state: self.own.state.ptr(),
-                error: self.own.error.device_ptr(),
-                inboxes,
-                rank: self.rank as u32,
-                world_size: self.world_size as u32,
-                chunk: index as u32,
-                algo: u32::from(algorithm.code()),
-            };
+            let args = self.kernel_args(
+                algorithm,
+                index,
+                (input + offset, output + offset),
+                elements.len() as u64,
+                header.count,
+            );
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
                 launch_shape(
                     algorithm,
@@ -824,6 +800,51 @@ impl CudaCommunicator {
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(())
+    }
+
+    /// Numbers the next call and remembers its header (what a mismatch or a timeout names).
+    pub(crate) fn next_call(&self, count: u64, dtype: DType, algorithm: Algorithm) -> CallHeader {
+        let mut status = self.status.lock().expect("status lock");
+        let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
+        let header = CallHeader {
+            seq,
+            count,
+            dtype,
+            algorithm,
+            chunk: 0,
+        };
+        status.last_call = Some(header);
+        header
+    }
+
+    /// The argument block of one chunk of a call on `algorithm`: this rank's buffers and the
+    /// inboxes the algorithm uses (host-staged: pinned host memory; else device memory).
+    pub(crate) fn kernel_args(
+        &self,
+        algorithm: Algorithm,
+        chunk: usize,
+        (input, output): (u64, u64),
+        count: u64,
+        total_count: u64,
+    ) -> KernelArgs {
+        KernelArgs {
+            input,
+            output,
+            count,
+            total_count,
+            payload_lines: self.layout.payload_lines as u64,
+            timeout_ns: self.timeout.as_nanos() as u64,
+            state: self.own.state.ptr(),
+            error: self.own.error.device_ptr(),
+            inboxes: match algorithm {
+                Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
+                _ => self.device_inboxes,
+            },
+            rank: self.rank as u32,
+            world_size: self.world_size as u32,
+            chunk: chunk as u32,
+            algo: u32::from(algorithm.code()),
+        }
     }
 
     /// The grid and PDL choice for this rank's next kernel, given `shape(pdl_supported)`, and
