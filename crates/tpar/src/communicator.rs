@@ -312,14 +312,11 @@ impl Communicator {
     ) -> Result<NcclCommunicator> {
         let ctx = self.cuda.context();
         crate::backend::cuda::driver::bind(ctx)?;
-        let before = crate::backend::cuda::free_device_memory(ctx);
         let started = std::time::Instant::now();
-        let nccl = NcclCommunicator::new_named(rendezvous, instance, timeout)?;
-        let after = crate::backend::cuda::free_device_memory(ctx);
-        let taken = match (before, after) {
-            (Some(b), Some(a)) => b.saturating_sub(a),
-            _ => 0,
-        };
+        let (nccl, taken) = crate::backend::cuda::free_memory_taken_by(ctx, || {
+            NcclCommunicator::new_named(rendezvous, instance, timeout)
+        });
+        let nccl = nccl?;
         self.nccl_bytes
             .store(taken, std::sync::atomic::Ordering::Relaxed);
         log::info!(
@@ -613,27 +610,25 @@ impl Communicator {
                     // that need them, not at its init: what our own NCCL takes then is
                     // measured around the call too (outside capture, where the driver can
                     // be asked).
-                    let measure = nccl.is_owned() && !crate::backend::cuda::is_capturing(stream);
-                    let ctx = self.cuda.context();
-                    let before = measure
-                        .then(|| crate::backend::cuda::free_device_memory(ctx))
-                        .flatten();
                     // SAFETY: as above.
-                    let queued = nccl.all_reduce_raw(
-                        dtype,
-                        input,
-                        output,
-                        count,
-                        stream as *mut std::ffi::c_void,
-                    );
-                    if let (Some(b), Some(a)) = (
-                        before,
-                        before.and_then(|_| crate::backend::cuda::free_device_memory(ctx)),
-                    ) {
+                    let queue = || {
+                        nccl.all_reduce_raw(
+                            dtype,
+                            input,
+                            output,
+                            count,
+                            stream as *mut std::ffi::c_void,
+                        )
+                    };
+                    if nccl.is_owned() && !crate::backend::cuda::is_capturing(stream) {
+                        let (queued, taken) =
+                            crate::backend::cuda::free_memory_taken_by(self.cuda.context(), queue);
                         self.nccl_bytes
-                            .fetch_add(b.saturating_sub(a), std::sync::atomic::Ordering::Relaxed);
+                            .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
+                        queued
+                    } else {
+                        queue()
                     }
-                    queued
                 }
             })
         }
@@ -672,8 +667,8 @@ fn selftest_cache() -> &'static Mutex<HashMap<String, Findings>> {
 /// What a rank of a `world_size` group will take, by part, before anything is allocated (for
 /// `tpar plan memory`, `tpar doctor` and an engine's KV-cache budget): tpar's buffers from
 /// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
-/// settings (`nccl_estimated` is then true). The kernels' modules (tens of MiB, measured when
-/// loaded) are not known before they load and are left out of the plan.
+/// settings (`nccl_estimated` is then true). The kernels' modules are planned at what loading
+/// them took where it was measured ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
 pub fn planned_footprint(
     world_size: usize,
     config: &CudaConfig,

@@ -21,6 +21,7 @@ pub mod communicator;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
+pub mod hash;
 pub mod launch;
 pub mod memory;
 pub mod norm;

@@ -285,14 +285,9 @@ fn creation_counter() -> &'static Mutex<HashMap<GroupRank, u32>> {
     COUNTERS.get_or_init(Default::default)
 }
 
-/// FNV-1a of the member list: a short, stable name for a subgroup.
+/// A short, stable name for a subgroup: FNV-1a of its member list.
 fn members_hash(members: &[usize]) -> u64 {
-    members
-        .iter()
-        .flat_map(|m| (*m as u64).to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        })
+    crate::hash::fnv1a(members.iter().flat_map(|m| (*m as u64).to_le_bytes()))
 }
 
 impl Rendezvous {
@@ -396,17 +391,21 @@ impl Rendezvous {
     /// shared-memory names of one communicator start with it, so they never collide with an
     /// earlier, a closed or a concurrently open communicator of the same job.
     pub(crate) fn next_instance(&self) -> String {
-        let key = (
+        let mut counters = creation_counter().lock().expect("creation counter");
+        let n = counters.entry(self.group_rank()).or_insert(0);
+        let instance = format!("g{n}");
+        *n += 1;
+        instance
+    }
+
+    /// This rank of this group of this job, as the key of the process's per-group state.
+    fn group_rank(&self) -> GroupRank {
+        (
             self.env.dir.clone(),
             self.env.token.clone(),
             self.namespace.clone(),
             self.env.rank,
-        );
-        let mut counters = creation_counter().lock().expect("creation counter");
-        let n = counters.entry(key).or_insert(0);
-        let instance = format!("g{n}");
-        *n += 1;
-        instance
+        )
     }
 
     /// The /dev/shm name of this rank's segment `what` of this group: the job token (so
@@ -420,9 +419,9 @@ impl Rendezvous {
         )
     }
 
-    /// Removes this rank's record for `key` (once every rank has read it: after a later
-    /// barrier), so a long-lived job does not fill its directory.
-    pub fn retire(&self, key: &str) {
+    /// Removes this rank's record for `key` (once every rank has read it: see
+    /// [`Rendezvous::retire_previous_round`]), so a long-lived job does not fill its directory.
+    fn retire(&self, key: &str) {
         let _ = fs::remove_file(self.path(key, self.env.rank));
     }
 
@@ -484,15 +483,7 @@ impl Rendezvous {
             .get_or_init(Default::default)
             .lock()
             .expect("previous round")
-            .insert(
-                (
-                    self.env.dir.clone(),
-                    self.env.token.clone(),
-                    self.namespace.clone(),
-                    self.env.rank,
-                ),
-                key.to_owned(),
-            );
+            .insert(self.group_rank(), key.to_owned());
         if let Some(previous) = previous.filter(|p| p != key) {
             self.retire(&previous);
         }

@@ -208,9 +208,7 @@ impl Topology {
                 l.a, l.b, l.path, l.p2p_read, l.p2p_write, l.nvlink
             ));
         }
-        let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let hash = crate::hash::fnv1a(text.bytes());
         format!("{hash:016x}")
     }
 

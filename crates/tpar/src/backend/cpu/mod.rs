@@ -57,9 +57,7 @@ pub fn segment_prefix(token: &str) -> String {
 
 /// FNV-1a: stamps a segment with its job without writing the token itself into it.
 fn token_hash(token: &str) -> u64 {
-    token.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::hash::fnv1a(token.bytes())
 }
 
 #[derive(Serialize, Deserialize)]
@@ -181,7 +179,6 @@ impl CpuCommunicator {
         // Everyone has mapped everyone: the names can go, the mappings stay.
         rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
         inboxes[rank].unlink();
-        rendezvous.retire(&format!("{key}-inbox"));
 
         let peer_pids = records
             .iter()

@@ -132,11 +132,26 @@ fn allocation_lock(device_uuid: &str) -> Option<std::fs::File> {
 }
 
 /// Free device memory of the current context's GPU, or None where the driver cannot say.
-pub(crate) fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
+fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
     ctx.bind_to_thread().ok()?;
     cudarc::driver::result::mem_get_info()
         .ok()
         .map(|(free, _)| free as u64)
+}
+
+/// Runs `work` and returns what it returned with the drop in `ctx`'s GPU's free memory around
+/// it (0 where the driver cannot say): how tpar measures what loading kernels and NCCL take.
+pub(crate) fn free_memory_taken_by<T>(
+    ctx: &Arc<CudaContext>,
+    work: impl FnOnce() -> T,
+) -> (T, u64) {
+    let before = free_device_memory(ctx);
+    let value = work();
+    let taken = match (before, free_device_memory(ctx)) {
+        (Some(before), Some(after)) => before.saturating_sub(after),
+        _ => 0,
+    };
+    (value, taken)
 }
 
 impl KernelSet {
@@ -176,12 +191,16 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
             )
         })
         .collect::<Result<Vec<_>>>()?;
-    let free_before = free_device_memory(ctx);
-    let mut modules = Vec::new();
+    let (modules, module_bytes) = free_memory_taken_by(ctx, || {
+        cubins
+            .iter()
+            .map(|cubin| Module::load(ctx, cubin))
+            .collect::<Result<Vec<_>>>()
+    });
+    let modules = modules?;
     let mut functions = HashMap::new();
     let mut blocks_per_sm = u32::MAX;
-    for ((_, source), cubin) in kernels::SOURCES.iter().zip(cubins) {
-        let module = Module::load(ctx, &cubin)?;
+    for ((_, source), module) in kernels::SOURCES.iter().zip(&modules) {
         for name in kernel_names(source) {
             let f = module.function(&name)?;
             if name != kernels::EMPTY_KERNEL.1 && !name.starts_with(kernels::PROBE_PREFIX) {
@@ -189,16 +208,11 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
             }
             functions.insert(name, f);
         }
-        modules.push(module);
     }
     let sm_count = driver::attribute(
         ctx,
         CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )? as u32;
-    let module_bytes = match (free_before, free_device_memory(ctx)) {
-        (Some(before), Some(after)) => before.saturating_sub(after),
-        _ => 0,
-    };
     let set = Arc::new(KernelSet {
         _modules: modules,
         functions,
@@ -559,7 +573,6 @@ impl CudaCommunicator {
         if let Some(h) = own.host_inbox.as_mut() {
             h.segment_mut().unlink();
         }
-        rendezvous.retire(&format!("{key}-buffers"));
         Ok(CudaCommunicator {
             rank,
             world_size,
@@ -605,13 +618,13 @@ impl CudaCommunicator {
         &self.ctx
     }
 
-    /// Ranks of other processes that share this rank's GPU (time-sliced by the driver).
     /// The group's GPUs in rank order and its buffer settings, as one string: groups with the
     /// same key run the same kernels over the same links.
     pub fn group_key(&self) -> &str {
         &self.group_key
     }
 
+    /// Ranks of other processes that share this rank's GPU (time-sliced by the driver).
     pub fn time_sliced_with(&self) -> &[usize] {
         &self.time_sliced_with
     }

@@ -193,16 +193,13 @@ pub fn cached_cubin(
     arch: u32,
 ) -> Result<Vec<u8>> {
     let (major, minor) = nvrtc_version()?;
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let defines = extra_defines().join(" ");
-    for text in std::iter::once(source)
-        .chain(headers.iter().flat_map(|(n, s)| [*n, *s]))
-        .chain([defines.as_str()])
-    {
-        for b in text.bytes().chain([0u8]) {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let hash = crate::hash::fnv1a(
+        std::iter::once(source)
+            .chain(headers.iter().flat_map(|(n, s)| [*n, *s]))
+            .chain([defines.as_str()])
+            .flat_map(|text| text.bytes().chain([0u8])),
+    );
     let stem = name.trim_end_matches(".cu");
     let path = cache_root().join("kernels").join(format!(
         "{stem}-{hash:016x}-sm{arch}-nvrtc{major}.{minor}.cubin"
