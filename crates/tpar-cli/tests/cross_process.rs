@@ -8,22 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn tpar() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tpar"));
-    // A rank environment inherited from whatever runs the tests must not leak in.
-    for key in [
-        "TPAR_RENDEZVOUS",
-        "TPAR_JOB_TOKEN",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-    ] {
-        cmd.env_remove(key);
-    }
-    cmd.stdin(Stdio::null());
-    cmd
-}
+mod common;
+use common::{job_segments as leftover_segments, tpar_command as tpar};
 
 fn run(cmd: &mut Command) -> (Output, Duration) {
     let start = Instant::now();
@@ -41,15 +27,6 @@ fn token(tag: &str) -> String {
         std::process::id(),
         Instant::now().elapsed().as_nanos()
     )
-}
-
-fn leftover_segments(token: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("tpar-{token}-")))
-        .collect()
 }
 
 #[test]

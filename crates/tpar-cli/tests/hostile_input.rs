@@ -3,28 +3,19 @@
 //! of its value flags. Each must exit 2 with a one-line `tpar: error:` and no panic, before any
 //! rank starts (so the whole matrix runs in seconds).
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../tpar/fixtures/models/llama-3.1-70b.json"
 );
 
+mod common;
+
 fn tpar(args: &[String]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tpar"));
-    for key in [
-        "TPAR_RENDEZVOUS",
-        "TPAR_JOB_TOKEN",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "TPAR_ALGO",
-        "RUST_BACKTRACE",
-    ] {
-        cmd.env_remove(key);
-    }
-    cmd.args(args).stdin(Stdio::null());
+    let mut cmd = common::tpar_command();
+    // A panic must show as one, whatever the environment asks of backtraces.
+    cmd.env_remove("RUST_BACKTRACE").args(args);
     cmd
 }
 

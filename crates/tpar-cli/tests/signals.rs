@@ -10,33 +10,34 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::job_segments as segments_of;
+
 fn tpar(tmp: &Path, token: &str) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tpar"));
-    for key in [
-        "TPAR_RENDEZVOUS",
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "TPAR_ALGO",
-    ] {
-        cmd.env_remove(key);
-    }
+    let mut cmd = common::tpar_command();
     cmd.env("TMPDIR", tmp)
         .env("TPAR_JOB_TOKEN", token)
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     cmd
 }
 
-fn segments_of(token: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
+/// A 3-rank CPU bench of job `token` with `iters` calls per size, started, not awaited.
+fn start_bench(tmp: &Path, token: &str, iters: u32) -> std::process::Child {
+    tpar(tmp, token)
+        .args([
+            "bench",
+            "--backend",
+            "cpu",
+            "-n",
+            "3",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+        ])
+        .arg(iters.to_string())
+        .spawn()
         .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("tpar-{token}-")))
-        .collect()
 }
 
 fn entries(dir: &Path) -> Vec<PathBuf> {
@@ -102,20 +103,7 @@ fn killing_the_launcher_at_random_moments_leaves_nothing_behind() {
         let sig = signals[attempt % signals.len()];
         // The first 8 characters name the launcher's directory: distinct per try.
         let token = format!("t{attempt:02}x{:08}", std::process::id());
-        let mut child = tpar(&tmp, &token)
-            .args([
-                "bench",
-                "--backend",
-                "cpu",
-                "-n",
-                "3",
-                "--sizes",
-                "4K,64K",
-                "--iters",
-                "300",
-            ])
-            .spawn()
-            .unwrap();
+        let mut child = start_bench(&tmp, &token, 300);
         std::thread::sleep(delay);
         // SAFETY: signalling the child this test started.
         unsafe { libc::kill(child.id() as libc::pid_t, sig) };
@@ -160,20 +148,7 @@ fn killing_the_launcher_at_random_moments_leaves_nothing_behind() {
     // One more SIGKILL once the job is surely set up: its directory is left behind (nothing
     // can clean up after SIGKILL) and its ranks die with it.
     let token = format!("killlast{:08}", std::process::id());
-    let mut child = tpar(&tmp, &token)
-        .args([
-            "bench",
-            "--backend",
-            "cpu",
-            "-n",
-            "3",
-            "--sizes",
-            "4K,64K",
-            "--iters",
-            "3000",
-        ])
-        .spawn()
-        .unwrap();
+    let mut child = start_bench(&tmp, &token, 3000);
     std::thread::sleep(Duration::from_millis(400));
     child.kill().unwrap();
     child.wait().unwrap();
