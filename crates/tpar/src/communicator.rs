@@ -599,7 +599,7 @@ impl Communicator {
         }
         // SAFETY: the caller's promise: `stream` is live on this rank's context.
         unsafe {
-            self.order.ordered(stream, || match choice {
+            self.ordered(stream, || match choice {
                 // SAFETY: the caller's promise, passed on.
                 Choice::Tpar(algorithm) => self
                     .cuda
@@ -632,6 +632,20 @@ impl Communicator {
                 }
             })
         }
+    }
+
+    /// Queues one call's work with `enqueue` after this communicator's previous call, whatever
+    /// stream that was on (see [`StreamOrder`]): every call that takes an epoch goes through here.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this rank's context.
+    pub(crate) unsafe fn ordered<T>(
+        &self,
+        stream: CUstream,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        // SAFETY: the caller's promise.
+        unsafe { self.order.ordered(stream, enqueue) }
     }
 
     /// Errors the kernels or NCCL reported since the last check.

@@ -326,9 +326,12 @@ impl Communicator {
     ) -> Result<FusedPlan> {
         let cuda = self.cuda();
         match choice {
+            // Ordered like a plain call: a fused call takes the same epochs.
             // SAFETY: the caller's promise, passed on.
             Choice::Tpar(algorithm) => unsafe {
-                cuda.fused_add_rms_norm_raw(call, algorithm, stream)
+                self.ordered(stream, || {
+                    cuda.fused_add_rms_norm_raw(call, algorithm, stream)
+                })
             },
             Choice::Nccl => {
                 let plan = cuda.fused_plan(None, call.dtype, call.hidden);
