@@ -191,7 +191,6 @@ impl Comm {
                 let (Some(rank), Some(world_size), Some(token)) = (rank, world_size, token) else {
                     return Err(TparError::new_err("with rendezvous=..., give rank=, world_size= and token= too"));
                 };
-                check_args(rank, world_size, timeout, chunk_bytes)?;
                 RankEnv { rank, world_size, local_rank: rank, local_world_size: world_size, dir: dir.into(), token }
             }
             None => RankEnv::from_env().map_err(err)?.ok_or_else(|| {
