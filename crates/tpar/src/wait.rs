@@ -101,20 +101,26 @@ impl Watch<'_> {
 }
 
 impl Watch<'_> {
-    /// Every peer whose process is gone, as one error naming the awaited `peer` first when it
-    /// is among them; `None` while all are alive.
+    /// When the awaited `peer`'s process is gone: one error naming it first and every other
+    /// peer found gone at the same check. `None` while the awaited peer lives, even if others
+    /// have exited: a peer that finished the job's last call exits while a slower rank may still
+    /// wait, legitimately, for a live third rank's data of that call. (When a rank is killed,
+    /// the ranks waiting on it fail first and exit, so a rank waiting on one of those still
+    /// stops promptly, naming all of them.)
     fn gone_peers(&self, peer: usize, phase: Phase) -> Option<Error> {
-        let mut gone: Vec<(usize, u32)> = self
+        let awaited_pid = (*self.peer_pids.get(peer)?)?;
+        if liveness(awaited_pid) != Liveness::Gone {
+            return None;
+        }
+        let rest: Vec<(usize, u32)> = self
             .peer_pids
             .iter()
             .enumerate()
+            .filter(|&(r, _)| r != peer)
             .filter_map(|(r, pid)| pid.map(|p| (r, p)))
             .filter(|&(_, pid)| liveness(pid) == Liveness::Gone)
             .collect();
-        if let Some(i) = gone.iter().position(|&(r, _)| r == peer) {
-            gone.swap(0, i);
-        }
-        let (&(first, pid), rest) = gone.split_first()?;
+        let (first, pid) = (peer, awaited_pid);
         let also = rest
             .iter()
             .map(|(r, p)| format!("; rank {r} (pid {p}) has exited too"))
@@ -216,6 +222,28 @@ mod tests {
     }
 
     #[test]
+    fn keeps_waiting_on_a_live_peer_while_others_have_exited() {
+        // A rank that finished the last call may exit while this rank still waits, rightly,
+        // for a live peer's data: that is not a failure (before, it failed at once naming the
+        // exited rank), so only the deadline ends this wait.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        let pids = [
+            Some(std::process::id()),
+            Some(child.id()),
+            Some(std::process::id()),
+        ];
+        let watch = Watch {
+            timeout: Duration::from_millis(600),
+            peer_pids: &pids,
+            interrupted: None,
+        };
+        let line = AtomicU64::new(0);
+        let err = watch.word(&line, Tag::for_epoch(1), 2, PHASE).unwrap_err();
+        assert!(matches!(err, Error::PeerTimeout { peer: 2, .. }), "{err}");
+    }
+
+    #[test]
     fn names_every_peer_found_gone_the_awaited_one_first() {
         let pids: Vec<Option<u32>> = (0..3)
             .map(|_| {
@@ -231,17 +259,8 @@ mod tests {
             peer_pids: &pids,
             interrupted: None,
         };
-        // Waiting on rank 2 (alive): ranks 1 and 3 are gone, both named.
+        // Waiting on rank 3 (gone): it comes first, and rank 1 is named too.
         let line = AtomicU64::new(0);
-        let msg = watch
-            .word(&line, Tag::for_epoch(1), 2, PHASE)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            msg.starts_with("rank 1 ") && msg.contains("rank 3 (pid"),
-            "{msg}"
-        );
-        // Waiting on rank 3 (gone): it comes first.
         let msg = watch
             .word(&line, Tag::for_epoch(1), 3, PHASE)
             .unwrap_err()
