@@ -180,7 +180,13 @@ impl CudaCommunicator {
             // sums through the inbox, which is host memory there (a PCIe round trip).
             let spread = algorithm != Algorithm::HostStaged;
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                fused_shape(rows as u32, segments, spread, self.max_blocks, pdl_supported)
+                fused_shape(
+                    rows as u32,
+                    segments,
+                    spread,
+                    self.max_blocks,
+                    pdl_supported,
+                )
             });
             let args = FusedArgs {
                 norm: NormArgs {
