@@ -1,12 +1,30 @@
-//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file, the shared line
-//! format and layout in `tpar_ll.cuh`), the Rust mirror of their argument block, and which
-//! kernel runs which algorithm and dtype.
+//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file; the shared
+//! headers, one concern each, behind the umbrella `tpar_ll.cuh`), the Rust mirror of their
+//! argument block, and which kernel runs which algorithm and dtype.
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 
+/// The umbrella header every `.cu` includes (it includes the others, and ends with the fused
+/// block).
 pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
+
+/// Every header a kernel source may include: (file name, source). NVRTC finds includes only
+/// among the headers it is given, and the kernel cache key hashes every one given, so a kernel
+/// is compiled with, and cached under, the text of all of them.
+pub const HEADERS: [(&str, &str); 7] = [
+    (HEADER_NAME, HEADER_SOURCE),
+    ("abi.cuh", include_str!("../../../kernels/abi.cuh")),
+    ("tuning.cuh", include_str!("../../../kernels/tuning.cuh")),
+    (
+        "memorder.cuh",
+        include_str!("../../../kernels/memorder.cuh"),
+    ),
+    ("layout.cuh", include_str!("../../../kernels/layout.cuh")),
+    ("dtype.cuh", include_str!("../../../kernels/dtype.cuh")),
+    ("prims.cuh", include_str!("../../../kernels/prims.cuh")),
+];
 
 /// Every kernel source file: (file name, source).
 pub const SOURCES: [(&str, &str); 7] = [
@@ -109,12 +127,21 @@ mod tests {
     use crate::protocol::header::HEADER_LINES;
     use crate::protocol::layout::{BUFFERS, SEGMENT_HEADER_LINES};
 
+    /// The value of `#define name` in the kernel headers, which must define it exactly once
+    /// (tuning knobs, under `#ifndef`, are not mirrored and not read here).
     fn define(name: &str) -> u64 {
-        let line = HEADER_SOURCE
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
-            .unwrap_or_else(|| panic!("{name} is not defined in {HEADER_NAME}"));
-        let value = line
+        let lines: Vec<(&str, &str)> = HEADERS
+            .iter()
+            .flat_map(|(file, source)| source.lines().map(move |l| (*file, l)))
+            .filter(|(_, l)| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{name} must be defined once in the kernel headers: {lines:?}"
+        );
+        let value = lines[0]
+            .1
             .split_whitespace()
             .nth(2)
             .unwrap()
@@ -122,6 +149,48 @@ mod tests {
         match value.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
             None => value.parse().unwrap(),
+        }
+    }
+
+    /// The files named by `#include "..."` in `source`.
+    fn includes(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#include \""))
+            .filter_map(|rest| rest.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn every_include_is_a_registered_header_and_every_header_is_used() {
+        let registered: Vec<&str> = HEADERS.iter().map(|(name, _)| *name).collect();
+        let mut reached = vec![HEADER_NAME];
+        let mut pending = vec![HEADER_NAME];
+        for (file, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
+            assert_eq!(
+                includes(source),
+                [HEADER_NAME],
+                "{file} includes the umbrella only"
+            );
+        }
+        while let Some(name) = pending.pop() {
+            let source = HEADERS.iter().find(|(n, _)| *n == name).unwrap().1;
+            for included in includes(source) {
+                assert!(
+                    registered.contains(&included),
+                    "{name} includes {included}, which is not in HEADERS (NVRTC would not find it)"
+                );
+                if !reached.contains(&included) {
+                    reached.push(included);
+                    pending.push(included);
+                }
+            }
+        }
+        for name in registered {
+            assert!(
+                reached.contains(&name),
+                "{name} is registered but no kernel includes it"
+            );
         }
     }
 
@@ -202,9 +271,8 @@ mod tests {
         let version = nvrtc::nvrtc_version().unwrap();
         for arch in ARCHITECTURES {
             for (name, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
-                let cubin =
-                    nvrtc::compile_cubin(name, source, &[(HEADER_NAME, HEADER_SOURCE)], arch)
-                        .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
+                let cubin = nvrtc::compile_cubin(name, source, &HEADERS, arch)
+                    .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
                 assert!(
                     cubin.starts_with(b"\x7fELF"),
                     "{name} sm_{arch}: not an ELF CUBIN"
