@@ -12,6 +12,8 @@ typedef long long i64;
 
 #define TPAR_MAX_RANKS 16
 #define TPAR_MAX_BLOCKS 64
+// Threads per block of every kernel: its launch bound, and what the host launches with.
+#define TPAR_THREADS 512
 
 #define TPAR_DTYPE_F32 1
 #define TPAR_DTYPE_F16 2
@@ -50,3 +52,27 @@ struct TparArgs {
     u32 chunk;
     u32 algo;
 };
+
+// The kernels of one algorithm body, one per dtype: NAME_f32, NAME_f16 and NAME_bf16, each
+// running BODY<its dtype code> on its argument block (of type ARGS, by value). The host looks
+// kernels up by these names (kernels.rs reads this macro to know them), so a .cu file writes
+// its body once and instantiates it with one line.
+#define TPAR_KERNELS_PER_DTYPE(NAME, BODY, ARGS)                                                      \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f32(ARGS args) {              \
+        BODY<TPAR_DTYPE_F32>(args);                                                                  \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f16(ARGS args) {              \
+        BODY<TPAR_DTYPE_F16>(args);                                                                  \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(ARGS args) {             \
+        BODY<TPAR_DTYPE_BF16>(args);                                                                 \
+    }
+
+// The same for a ladder of variants (anatomy.cu's rungs): NAME_0 .. NAME_5 running BODY<rung>.
+#define TPAR_KERNELS_PER_RUNG(NAME, BODY, ARGS)                                                       \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_0(ARGS args) { BODY<0>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_1(ARGS args) { BODY<1>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_2(ARGS args) { BODY<2>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_3(ARGS args) { BODY<3>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_4(ARGS args) { BODY<4>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_5(ARGS args) { BODY<5>(args); }

@@ -89,9 +89,4 @@ done:
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_0(TparArgs a) { anatomy<0>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_1(TparArgs a) { anatomy<1>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_2(TparArgs a) { anatomy<2>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_3(TparArgs a) { anatomy<3>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_4(TparArgs a) { anatomy<4>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_5(TparArgs a) { anatomy<5>(a); }
+TPAR_KERNELS_PER_RUNG(tpar_anatomy, anatomy, TparArgs)

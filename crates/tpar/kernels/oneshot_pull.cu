@@ -78,6 +78,4 @@ done:
     end_epoch(a, ticket);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f32(TparArgs a) { oneshot_pull<TPAR_DTYPE_F32>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f16(TparArgs a) { oneshot_pull<TPAR_DTYPE_F16>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_bf16(TparArgs a) { oneshot_pull<TPAR_DTYPE_BF16>(a); }
+TPAR_KERNELS_PER_DTYPE(tpar_oneshot_pull, oneshot_pull, TparArgs)

@@ -59,6 +59,55 @@ pub const ANATOMY_SOURCE: (&str, &str) =
     ("anatomy.cu", include_str!("../../../kernels/anatomy.cu"));
 pub const ANATOMY_RUNGS: usize = 6;
 
+/// How a kernel written out in full in a `.cu` file begins its line.
+const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
+
+/// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
+/// one kernel `stem_<suffix>` per suffix.
+const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
+
+/// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
+fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
+    match macro_name {
+        "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
+        "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
+        other => unreachable!("{other} is not an instantiation macro"),
+    }
+}
+
+/// The kernels a source file declares, by name: each `extern "C" __global__` line (the first
+/// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
+/// each instantiation macro's expansion.
+pub fn kernel_names(source: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in source.lines() {
+        if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
+            names.extend(
+                rest.split_whitespace()
+                    .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                    .map(|word| word.split('(').next().unwrap_or(word).to_owned())
+                    .next(),
+            );
+            continue;
+        }
+        for macro_name in INSTANTIATION_MACROS {
+            let Some(arguments) = line
+                .strip_prefix(macro_name)
+                .and_then(|rest| rest.strip_prefix('('))
+            else {
+                continue;
+            };
+            let stem = arguments.split(',').next().unwrap_or_default().trim();
+            names.extend(
+                instantiation_suffixes(macro_name)
+                    .iter()
+                    .map(|suffix| format!("{stem}_{suffix}")),
+            );
+        }
+    }
+    names
+}
+
 /// Kernels of the init probe (`probe.cu`): not allreduces, launched with their own arguments.
 pub const PROBE_PREFIX: &str = "tpar_probe";
 
@@ -71,7 +120,7 @@ pub const MAX_RANKS: usize = 16;
 pub const MAX_BLOCKS: u32 = 64;
 /// Mirrors the 128-byte flag stride of the pull algorithm.
 pub const FLAG_STRIDE_BYTES: usize = 128;
-/// Threads per block of every kernel (`__launch_bounds__(512)`).
+/// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 
 /// Error word codes and phases (`TPAR_ERR_*`, `TPAR_PHASE_*`).
@@ -205,6 +254,7 @@ mod tests {
         assert_eq!(define("TPAR_HEADER_MAGIC"), 0x7470_6172);
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
+        assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
         assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
         assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);
@@ -235,24 +285,97 @@ mod tests {
             for d in DType::ALL {
                 let (file, function) = kernel_for(a, d);
                 let source = SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
-                assert!(
-                    source.contains(&format!("void __launch_bounds__(512) {function}(")),
-                    "{function}"
-                );
+                assert!(kernel_names(source).contains(&function), "{function}");
             }
         }
     }
 
     #[test]
     fn every_anatomy_rung_has_a_kernel_and_nothing_more() {
-        let source = ANATOMY_SOURCE.1;
-        for rung in 0..ANATOMY_RUNGS {
+        let expected: Vec<String> = (0..ANATOMY_RUNGS)
+            .map(|rung| format!("tpar_anatomy_{rung}"))
+            .collect();
+        assert_eq!(kernel_names(ANATOMY_SOURCE.1), expected);
+    }
+
+    #[test]
+    fn kernel_names_are_found_in_sources() {
+        let names = kernel_names(SOURCES[0].1);
+        assert_eq!(
+            names,
+            [
+                "tpar_oneshot_push_f32",
+                "tpar_oneshot_push_f16",
+                "tpar_oneshot_push_bf16"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_kernel_file_yields_plain_function_names() {
+        // Each file's names must be C identifiers that the module lookup can find: a parse
+        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
+        let mut all = Vec::new();
+        for (file, source) in SOURCES {
+            let names = kernel_names(source);
+            assert!(!names.is_empty(), "{file} declares no kernel");
+            for name in &names {
+                assert!(
+                    name.starts_with("tpar_")
+                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{file}: {name:?}"
+                );
+            }
+            all.extend(names);
+        }
+        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
+        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
+        assert!(all.contains(&EMPTY_KERNEL.1.to_owned()), "{all:?}");
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            all.len(),
+            "a kernel name is declared twice: {all:?}"
+        );
+    }
+
+    /// The names [`kernel_names`] derives from an instantiation line must be the ones the
+    /// macro's definition in the header pastes together, with the launch bound the host uses.
+    #[test]
+    fn instantiation_macros_declare_the_names_rust_expects() {
+        let abi = HEADERS.iter().find(|(n, _)| *n == "abi.cuh").unwrap().1;
+        for macro_name in INSTANTIATION_MACROS {
+            let definition: Vec<&str> = abi
+                .lines()
+                .skip_while(|l| !l.starts_with(&format!("#define {macro_name}(NAME,")))
+                .scan(true, |continued, l| {
+                    let this = continued.then_some(l);
+                    *continued = l.ends_with('\\');
+                    this
+                })
+                .collect();
             assert!(
-                source.contains(&format!("void __launch_bounds__(512) tpar_anatomy_{rung}(")),
-                "rung {rung}"
+                !definition.is_empty(),
+                "{macro_name} is not defined in abi.cuh"
+            );
+            let pasted: Vec<String> = definition
+                .iter()
+                .filter_map(|l| l.split("NAME##_").nth(1))
+                .map(|rest| rest.split('(').next().unwrap().to_owned())
+                .collect();
+            assert_eq!(pasted, instantiation_suffixes(macro_name), "{macro_name}");
+            let bounded = definition
+                .iter()
+                .filter(|l| l.contains("__launch_bounds__(TPAR_THREADS) NAME##_"))
+                .count();
+            assert_eq!(
+                bounded,
+                pasted.len(),
+                "{macro_name}: every kernel has the launch bound"
             );
         }
-        assert!(!source.contains(&format!("tpar_anatomy_{ANATOMY_RUNGS}(")));
     }
 
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
