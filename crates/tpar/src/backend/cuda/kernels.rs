@@ -5,15 +5,14 @@
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 
-/// The umbrella header every `.cu` includes (it includes the others, and ends with the fused
-/// block).
+/// The umbrella header every `.cu` includes (it includes the others).
 pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
 
 /// Every header a kernel source may include: (file name, source). NVRTC finds includes only
 /// among the headers it is given, and the kernel cache key hashes every one given, so a kernel
 /// is compiled with, and cached under, the text of all of them.
-pub const HEADERS: [(&str, &str); 7] = [
+pub const HEADERS: [(&str, &str); 8] = [
     (HEADER_NAME, HEADER_SOURCE),
     ("abi.cuh", include_str!("../../../kernels/abi.cuh")),
     ("tuning.cuh", include_str!("../../../kernels/tuning.cuh")),
@@ -24,6 +23,7 @@ pub const HEADERS: [(&str, &str); 7] = [
     ("layout.cuh", include_str!("../../../kernels/layout.cuh")),
     ("dtype.cuh", include_str!("../../../kernels/dtype.cuh")),
     ("prims.cuh", include_str!("../../../kernels/prims.cuh")),
+    ("fused.cuh", include_str!("../../../kernels/fused.cuh")),
 ];
 
 /// Every kernel source file: (file name, source).
