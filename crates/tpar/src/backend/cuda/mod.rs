@@ -39,7 +39,7 @@ use crate::protocol::line::lines_for_bytes;
 use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 use driver::{DeviceMemory, Function, IpcMapping, MappedHostMemory, Module, RegisteredSegment};
-use kernels::{KernelArgs, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, THREADS};
+use kernels::{kernel_names, KernelArgs, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, THREADS};
 
 /// Settings every rank of a CUDA communicator must agree on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,14 +182,7 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     // Compiled (or read from the disk cache) before measuring: only the load takes GPU memory.
     let cubins = kernels::SOURCES
         .iter()
-        .map(|(file, source)| {
-            nvrtc::cached_cubin(
-                file,
-                source,
-                &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
-                arch,
-            )
-        })
+        .map(|(file, source)| nvrtc::cached_cubin(file, source, &kernels::HEADERS, arch))
         .collect::<Result<Vec<_>>>()?;
     // The window holds the function lookups too. On one H200 (2026-12-01) it measured 2.0 MiB
     // with them inside and 0 with the module loads alone: with lazy module loading, the
@@ -226,25 +219,6 @@ fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
-}
-
-/// How every kernel in the `.cu` files begins its line (the loader finds them by it).
-const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
-
-/// The `extern "C" __global__` function names in a source file: on each such line, the first
-/// word after the return type and any `__launch_bounds__(...)`, up to its parameter list
-/// (whatever the argument struct is called).
-fn kernel_names(source: &str) -> Vec<String> {
-    source
-        .lines()
-        .filter_map(|l| l.strip_prefix(KERNEL_DECLARATION))
-        .filter_map(|rest| {
-            rest.split_whitespace()
-                .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
-                .map(|word| word.split('(').next().unwrap_or(word).to_owned())
-                .next()
-        })
-        .collect()
 }
 
 /// The ranks whose (process id, GPU UUID) shows them on `rank`'s GPU in another process.
@@ -1045,42 +1019,6 @@ mod tests {
         assert_eq!(other_processes_on_my_gpu(0, &ranks), vec![1]);
         assert_eq!(other_processes_on_my_gpu(1, &ranks), vec![0, 3]);
         assert!(other_processes_on_my_gpu(2, &ranks).is_empty());
-    }
-
-    #[test]
-    fn kernel_names_are_found_in_sources() {
-        let names = kernel_names(kernels::SOURCES[0].1);
-        assert!(
-            names.contains(&"tpar_oneshot_push_bf16".to_owned()),
-            "{names:?}"
-        );
-        assert_eq!(names.len(), 3);
-    }
-
-    #[test]
-    fn every_kernel_file_yields_plain_function_names() {
-        // Each file's names must be C identifiers that the module lookup can find: a parse
-        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
-        let mut all = Vec::new();
-        for (file, source) in kernels::SOURCES {
-            let declared = source
-                .lines()
-                .filter(|l| l.starts_with(KERNEL_DECLARATION))
-                .count();
-            let names = kernel_names(source);
-            assert_eq!(names.len(), declared, "{file}: {names:?}");
-            for name in &names {
-                assert!(
-                    name.starts_with("tpar_")
-                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-                    "{file}: {name:?}"
-                );
-            }
-            all.extend(names);
-        }
-        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
-        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
-        assert!(all.contains(&kernels::EMPTY_KERNEL.1.to_owned()), "{all:?}");
     }
 
     #[test]
