@@ -124,6 +124,11 @@ impl SharedSegment {
         self.ptr as *mut u8
     }
 
+    /// The segment's name in /dev/shm (as `open` takes it).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub fn len_bytes(&self) -> usize {
         self.len
     }

@@ -56,21 +56,6 @@ pub const FLAG_STRIDE_BYTES: usize = 128;
 /// Threads per block of every kernel (`__launch_bounds__(512)`).
 pub const THREADS: u32 = 512;
 
-/// Error word codes and phases (`TPAR_ERR_*`, `TPAR_PHASE_*`).
-pub const ERR_TIMEOUT: u64 = 1;
-pub const ERR_MISMATCH: u64 = 2;
-
-pub fn phase_name(code: u64) -> &'static str {
-    match code {
-        1 => "header exchange",
-        2 => "one-shot receive",
-        3 => "two-shot reduce-scatter",
-        4 => "two-shot all-gather",
-        5 => "pull: waiting for the peer's flag",
-        _ => "unknown phase",
-    }
-}
-
 /// The kernels' argument block (`struct TparArgs` in the header), passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -137,8 +122,6 @@ mod tests {
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
-        assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
-        assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);
         for d in DType::ALL {
             assert_eq!(
                 define(&format!("TPAR_DTYPE_{}", d.name().to_uppercase())),
