@@ -12,7 +12,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::driver::{self, IpcMapping, RegisteredSegment};
 use super::errors;
 use super::group::Owned;
-use super::kernels::{self, KernelArgs, MAX_RANKS, THREADS};
+use super::kernels::{KernelArgs, KernelId, MAX_RANKS, THREADS};
 use super::loader::KernelSet;
 use super::span::{self, DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
@@ -178,7 +178,7 @@ impl CudaCommunicator {
         driver::bind(&self.ctx)?;
         let dtype = operands.dtype();
         let count = operands.count();
-        let function = self.kernels.get(&kernels::kernel_for(algorithm, dtype).1);
+        let function = self.kernels.get(KernelId::allreduce(algorithm, dtype));
         let header = self.next_call(count as u64, dtype, algorithm);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
@@ -297,7 +297,7 @@ impl CudaCommunicator {
             chunk: 0,
             algo: 0,
         };
-        let f = self.kernels.get(kernels::EMPTY_KERNEL.1);
+        let f = self.kernels.get(KernelId::Empty);
         // SAFETY: the empty kernel touches nothing.
         unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }

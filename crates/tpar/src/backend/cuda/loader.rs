@@ -1,6 +1,6 @@
 //! Loading tpar's kernels into a GPU's primary context: each kernel file compiled by NVRTC
 //! (or read from the disk cache) for the device's architecture, loaded once per process and
-//! GPU, every function looked up once, with what loading took from free device memory and how
+//! GPU, every function looked up once by its [`KernelId`], with what loading took from free device memory and how
 //! many blocks of the most demanding kernel fit on one SM (the co-residency bound's input).
 
 use std::collections::HashMap;
@@ -10,14 +10,15 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::CudaContext;
 
 use super::driver::{self, Function, Module};
-use super::kernels::{self, THREADS};
+use super::kernels::{self, KernelId, THREADS};
 use super::nvrtc;
 use crate::error::{Error, Result};
 
 /// The kernels loaded into one device's primary context.
 pub(crate) struct KernelSet {
     pub(super) _modules: Vec<Module>,
-    pub(super) functions: HashMap<String, Function>,
+    /// Every kernel, looked up once at load, at its [`KernelId::index`].
+    pub(super) functions: [Function; KernelId::COUNT],
     /// Blocks of `THREADS` threads of the most demanding kernel that fit on one SM.
     pub(super) blocks_per_sm: u32,
     pub(super) sm_count: u32,
@@ -52,8 +53,8 @@ pub(crate) fn free_memory_taken_by<T>(
 }
 
 impl KernelSet {
-    pub(crate) fn get(&self, name: &str) -> Function {
-        self.functions[name]
+    pub(crate) fn get(&self, kernel: KernelId) -> Function {
+        self.functions[kernel.index()]
     }
 }
 
@@ -92,20 +93,31 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     // with them inside and 0 with the module loads alone: with lazy module loading, the
     // driver's default, a kernel's code likely reaches the GPU when its function is fetched.
     let (loaded_modules, module_bytes) = free_memory_taken_by(ctx, || -> Result<_> {
-        let mut modules = Vec::new();
-        let mut functions = HashMap::new();
+        let modules = cubins
+            .iter()
+            .map(|cubin| Module::load(ctx, cubin))
+            .collect::<Result<Vec<_>>>()?;
         let mut blocks_per_sm = u32::MAX;
-        for ((_, source), cubin) in kernels::SOURCES.iter().zip(cubins) {
-            let module = Module::load(ctx, &cubin)?;
-            for name in kernel_names(source) {
-                let f = module.function(&name)?;
-                if name != kernels::EMPTY_KERNEL.1 && !name.starts_with(kernels::PROBE_PREFIX) {
-                    blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
-                }
-                functions.insert(name, f);
+        let mut functions = Vec::with_capacity(KernelId::COUNT);
+        for kernel in KernelId::ALL {
+            let file = kernels::SOURCES
+                .iter()
+                .position(|(file, _)| *file == kernel.file())
+                .ok_or_else(|| {
+                    Error::Cuda(format!(
+                        "{kernel:?} is defined in {}, which is not among the kernel sources",
+                        kernel.file()
+                    ))
+                })?;
+            let f = modules[file].function(kernel.name())?;
+            if kernel.spins() {
+                blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
             }
-            modules.push(module);
+            functions.push(f);
         }
+        let functions: [Function; KernelId::COUNT] = functions
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("one function per key"));
         Ok((modules, functions, blocks_per_sm))
     });
     let (modules, functions, blocks_per_sm) = loaded_modules?;
@@ -123,64 +135,4 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)
-}
-
-/// How every kernel in the `.cu` files begins its line (the loader finds them by it).
-const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
-
-/// The `extern "C" __global__` function names in a source file: on each such line, the first
-/// word after the return type and any `__launch_bounds__(...)`, up to its parameter list
-/// (whatever the argument struct is called).
-fn kernel_names(source: &str) -> Vec<String> {
-    source
-        .lines()
-        .filter_map(|l| l.strip_prefix(KERNEL_DECLARATION))
-        .filter_map(|rest| {
-            rest.split_whitespace()
-                .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
-                .map(|word| word.split('(').next().unwrap_or(word).to_owned())
-                .next()
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kernel_names_are_found_in_sources() {
-        let names = kernel_names(kernels::SOURCES[0].1);
-        assert!(
-            names.contains(&"tpar_oneshot_push_bf16".to_owned()),
-            "{names:?}"
-        );
-        assert_eq!(names.len(), 3);
-    }
-
-    #[test]
-    fn every_kernel_file_yields_plain_function_names() {
-        // Each file's names must be C identifiers that the module lookup can find: a parse
-        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
-        let mut all = Vec::new();
-        for (file, source) in kernels::SOURCES {
-            let declared = source
-                .lines()
-                .filter(|l| l.starts_with(KERNEL_DECLARATION))
-                .count();
-            let names = kernel_names(source);
-            assert_eq!(names.len(), declared, "{file}: {names:?}");
-            for name in &names {
-                assert!(
-                    name.starts_with("tpar_")
-                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
-                    "{file}: {name:?}"
-                );
-            }
-            all.extend(names);
-        }
-        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
-        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
-        assert!(all.contains(&kernels::EMPTY_KERNEL.1.to_owned()), "{all:?}");
-    }
 }
