@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::driver::{self, IpcMapping, RegisteredSegment};
@@ -14,7 +13,7 @@ use super::errors;
 use super::group::Owned;
 use super::kernels::{KernelArgs, KernelId, MAX_RANKS, THREADS};
 use super::loader::KernelSet;
-use super::span::{self, DeviceSpan, DeviceSpanMut, Operands};
+use super::span::{DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -137,32 +136,6 @@ impl CudaCommunicator {
         // The spans live to the end of this function: cudarc's buffers record the call's work
         // on their events when they are dropped, after it was queued.
         self.enqueue(&operands, algorithm, stream)
-    }
-
-    /// [`CudaCommunicator::all_reduce`] on raw addresses, for callers that have not moved to
-    /// spans yet (the CLI's rank harness until it does); not checked like spans.
-    ///
-    /// # Safety
-    /// `input` (if any) and `output` must be device pointers on this rank's GPU to `count`
-    /// elements of `dtype` that stay valid until the work on `stream` has completed, and
-    /// `stream` a live stream of this rank's context (it may be capturing a graph).
-    pub unsafe fn all_reduce_raw(
-        &self,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        algorithm: Algorithm,
-        stream: CUstream,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise covers the stream and both buffers.
-        let (stream, operands) = unsafe {
-            (
-                span::borrowed_stream(&self.ctx, stream),
-                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
-            )
-        };
-        self.enqueue(&operands, algorithm, &stream)
     }
 
     /// Queues the allreduce of checked `operands` on `algorithm`.

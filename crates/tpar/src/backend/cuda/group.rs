@@ -445,34 +445,25 @@ impl CudaCommunicator {
 /// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
 /// which pair cannot (then only host-staged can run).
 pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::Result<(), String> {
-    use cudarc::driver::sys;
     for a in contexts {
         for b in contexts {
             if a.ordinal() == b.ordinal() {
                 continue;
             }
-            let mut can = 0;
-            // SAFETY: queries two valid devices.
-            let rc = unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device()) };
-            if rc != sys::CUresult::CUDA_SUCCESS || can == 0 {
+            if !driver::can_access_peer(a, b).unwrap_or(false) {
                 return Err(format!(
                     "GPU {} cannot access GPU {} (no P2P); use host-staged",
                     a.ordinal(),
                     b.ordinal()
                 ));
             }
-            driver::bind(a).map_err(|e| e.to_string())?;
-            // SAFETY: enables access from a's context to b's.
-            let rc = unsafe { sys::cuCtxEnablePeerAccess(b.cu_ctx(), 0) };
-            if rc != sys::CUresult::CUDA_SUCCESS
-                && rc != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-            {
-                return Err(format!(
-                    "enabling P2P from GPU {} to GPU {} failed: {rc:?}",
+            driver::enable_peer_access(a, b).map_err(|e| {
+                format!(
+                    "enabling P2P from GPU {} to GPU {} failed: {e}",
                     a.ordinal(),
                     b.ordinal()
-                ));
-            }
+                )
+            })?;
         }
     }
     Ok(())

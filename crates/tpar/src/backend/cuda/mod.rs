@@ -15,7 +15,8 @@
 //! kernels, the disk cache), `kernels` (the sources and their ABI mirror), `loader` (modules
 //! and functions per GPU), `group` (building a group: buffers, exchange, co-residency),
 //! `communicator` (the calls), `errors` (the kernels' error word), `span` (the safe operands
-//! of the public API), `stream_order` (calls ordered across streams), `fused` (allreduce +
+//! of the public API and the one unsafe door to raw addresses), `raw` (the raw-address entry
+//! points still used by the CLI and Python), `stream_order` (calls ordered across streams), `fused` (allreduce +
 //! RMSNorm), `link_probe` (link measurements).
 
 pub mod communicator;
@@ -27,6 +28,7 @@ pub mod kernels;
 pub mod link_probe;
 mod loader;
 pub mod nvrtc;
+mod raw;
 pub mod span;
 pub mod stream_order;
 
