@@ -6,14 +6,6 @@
 // the data by the reader: the acquire/release pair orders them.
 #include "tpar_ll.cuh"
 
-__device__ __forceinline__ u32* pull_data(u64* inbox, const TparArgs& a, u64 epoch) {
-    return (u32*)(inbox + ll_region_lines(a)) + (epoch % TPAR_BUFFERS) * a.payload_lines;
-}
-__device__ __forceinline__ u64* pull_flag(u64* inbox, const TparArgs& a, u32 block) {
-    u64* flags = (u64*)((u32*)(inbox + ll_region_lines(a)) + TPAR_BUFFERS * a.payload_lines);
-    return flags + (u64)block * TPAR_FLAG_STRIDE_U64;
-}
-
 template <int DT>
 __device__ void oneshot_pull(const TparArgs& a) {
     __shared__ int ok;
@@ -86,6 +78,4 @@ done:
     end_epoch(a, ticket);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f32(TparArgs a) { oneshot_pull<TPAR_DTYPE_F32>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f16(TparArgs a) { oneshot_pull<TPAR_DTYPE_F16>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_bf16(TparArgs a) { oneshot_pull<TPAR_DTYPE_BF16>(a); }
+TPAR_KERNELS_PER_DTYPE(tpar_oneshot_pull, oneshot_pull, TparArgs)

@@ -137,6 +137,4 @@ __device__ void oneshot_push(const TparArgs& a) {
     end_epoch(a, ticket);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_push_f32(TparArgs a) { oneshot_push<TPAR_DTYPE_F32>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_push_f16(TparArgs a) { oneshot_push<TPAR_DTYPE_F16>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_push_bf16(TparArgs a) { oneshot_push<TPAR_DTYPE_BF16>(a); }
+TPAR_KERNELS_PER_DTYPE(tpar_oneshot_push, oneshot_push, TparArgs)

@@ -46,6 +46,4 @@ done:
     end_epoch(a, ticket);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_f32(TparArgs a) { twoshot_push<TPAR_DTYPE_F32>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_f16(TparArgs a) { twoshot_push<TPAR_DTYPE_F16>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_twoshot_push_bf16(TparArgs a) { twoshot_push<TPAR_DTYPE_BF16>(a); }
+TPAR_KERNELS_PER_DTYPE(tpar_twoshot_push, twoshot_push, TparArgs)

@@ -1,12 +1,30 @@
-//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file, the shared line
-//! format and layout in `tpar_ll.cuh`), the Rust mirror of their argument block, and which
-//! kernel runs which algorithm and dtype.
+//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file; the shared
+//! headers, one concern each, behind the umbrella `tpar_ll.cuh`), the Rust mirror of their
+//! argument block, and which kernel runs which algorithm and dtype.
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 
+/// The umbrella header every `.cu` includes (it includes the others, and ends with the fused
+/// block).
 pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
+
+/// Every header a kernel source may include: (file name, source). NVRTC finds includes only
+/// among the headers it is given, and the kernel cache key hashes every one given, so a kernel
+/// is compiled with, and cached under, the text of all of them.
+pub const HEADERS: [(&str, &str); 7] = [
+    (HEADER_NAME, HEADER_SOURCE),
+    ("abi.cuh", include_str!("../../../kernels/abi.cuh")),
+    ("tuning.cuh", include_str!("../../../kernels/tuning.cuh")),
+    (
+        "memorder.cuh",
+        include_str!("../../../kernels/memorder.cuh"),
+    ),
+    ("layout.cuh", include_str!("../../../kernels/layout.cuh")),
+    ("dtype.cuh", include_str!("../../../kernels/dtype.cuh")),
+    ("prims.cuh", include_str!("../../../kernels/prims.cuh")),
+];
 
 /// Every kernel source file: (file name, source).
 pub const SOURCES: [(&str, &str); 7] = [
@@ -50,7 +68,7 @@ pub const MAX_RANKS: usize = 16;
 pub const MAX_BLOCKS: u32 = 64;
 /// Mirrors the 128-byte flag stride of the pull algorithm.
 pub const FLAG_STRIDE_BYTES: usize = 128;
-/// Threads per block of every kernel (`__launch_bounds__(512)`).
+/// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 
 /// The kernels' argument block (`struct TparArgs` in the header), passed by value.
@@ -256,12 +274,21 @@ mod tests {
     use crate::protocol::header::HEADER_LINES;
     use crate::protocol::layout::{BUFFERS, SEGMENT_HEADER_LINES};
 
+    /// The value of `#define name` in the kernel headers, which must define it exactly once
+    /// (tuning knobs, under `#ifndef`, are not mirrored and not read here).
     fn define(name: &str) -> u64 {
-        let line = HEADER_SOURCE
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
-            .unwrap_or_else(|| panic!("{name} is not defined in {HEADER_NAME}"));
-        let value = line
+        let lines: Vec<(&str, &str)> = HEADERS
+            .iter()
+            .flat_map(|(file, source)| source.lines().map(move |l| (*file, l)))
+            .filter(|(_, l)| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{name} must be defined once in the kernel headers: {lines:?}"
+        );
+        let value = lines[0]
+            .1
             .split_whitespace()
             .nth(2)
             .unwrap()
@@ -269,6 +296,48 @@ mod tests {
         match value.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
             None => value.parse().unwrap(),
+        }
+    }
+
+    /// The files named by `#include "..."` in `source`.
+    fn includes(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#include \""))
+            .filter_map(|rest| rest.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn every_include_is_a_registered_header_and_every_header_is_used() {
+        let registered: Vec<&str> = HEADERS.iter().map(|(name, _)| *name).collect();
+        let mut reached = vec![HEADER_NAME];
+        let mut pending = vec![HEADER_NAME];
+        for (file, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
+            assert_eq!(
+                includes(source),
+                [HEADER_NAME],
+                "{file} includes the umbrella only"
+            );
+        }
+        while let Some(name) = pending.pop() {
+            let source = HEADERS.iter().find(|(n, _)| *n == name).unwrap().1;
+            for included in includes(source) {
+                assert!(
+                    registered.contains(&included),
+                    "{name} includes {included}, which is not in HEADERS (NVRTC would not find it)"
+                );
+                if !reached.contains(&included) {
+                    reached.push(included);
+                    pending.push(included);
+                }
+            }
+        }
+        for name in registered {
+            assert!(
+                reached.contains(&name),
+                "{name} is registered but no kernel includes it"
+            );
         }
     }
 
@@ -283,6 +352,7 @@ mod tests {
         assert_eq!(define("TPAR_HEADER_MAGIC"), 0x7470_6172);
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
+        assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
         for d in DType::ALL {
             assert_eq!(
@@ -305,22 +375,54 @@ mod tests {
         );
     }
 
-    /// How every kernel in the `.cu` files begins its line.
+    /// How a kernel written out in full in a `.cu` file begins its line.
     const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
 
-    /// The `extern "C" __global__` function names declared in a source file (test only: the
-    /// loader looks kernels up by [`KernelId`]).
-    fn declared_kernels(source: &str) -> Vec<String> {
-        source
-            .lines()
-            .filter_map(|l| l.strip_prefix(KERNEL_DECLARATION))
-            .filter_map(|rest| {
-                rest.split_whitespace()
-                    .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
-                    .map(|word| word.split('(').next().unwrap_or(word).to_owned())
-                    .next()
-            })
-            .collect()
+    /// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
+    /// one kernel `stem_<suffix>` per suffix.
+    const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
+
+    /// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
+    fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
+        match macro_name {
+            "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
+            "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
+            other => unreachable!("{other} is not an instantiation macro"),
+        }
+    }
+
+    /// The kernels a source file declares, by name (test only: the loader looks kernels up by
+    /// [`KernelId`]): each `extern "C" __global__` line (the first
+    /// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
+    /// each instantiation macro's expansion.
+    fn kernel_names(source: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for line in source.lines() {
+            if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
+                names.extend(
+                    rest.split_whitespace()
+                        .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                        .map(|word| word.split('(').next().unwrap_or(word).to_owned())
+                        .next(),
+                );
+                continue;
+            }
+            for macro_name in INSTANTIATION_MACROS {
+                let Some(arguments) = line
+                    .strip_prefix(macro_name)
+                    .and_then(|rest| rest.strip_prefix('('))
+                else {
+                    continue;
+                };
+                let stem = arguments.split(',').next().unwrap_or_default().trim();
+                names.extend(
+                    instantiation_suffixes(macro_name)
+                        .iter()
+                        .map(|suffix| format!("{stem}_{suffix}")),
+                );
+            }
+        }
+        names
     }
 
     #[test]
@@ -338,7 +440,7 @@ mod tests {
     fn every_key_names_a_kernel_declared_in_its_file_and_every_kernel_has_a_key() {
         let mut declared = Vec::new();
         for (file, source) in SOURCES {
-            declared.extend(declared_kernels(source).into_iter().map(|n| (file, n)));
+            declared.extend(kernel_names(source).into_iter().map(|n| (file, n)));
         }
         for id in KernelId::ALL {
             assert!(
@@ -358,23 +460,100 @@ mod tests {
         }
         for a in Algorithm::ALL {
             for d in DType::ALL {
-                let (file, name) = kernel_for(a, d);
-                assert!(name.ends_with(d.name()) && file.ends_with(".cu"), "{name}");
+                let (file, function) = kernel_for(a, d);
+                let source = SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
+                assert!(kernel_names(source).contains(&function), "{function}");
             }
         }
     }
 
     #[test]
     fn every_anatomy_rung_has_a_kernel_and_nothing_more() {
-        let source = ANATOMY_SOURCE.1;
-        for (rung, name) in ANATOMY_KERNELS.into_iter().enumerate() {
-            assert_eq!(name, format!("tpar_anatomy_{rung}"));
+        let expected: Vec<String> = (0..ANATOMY_RUNGS)
+            .map(|rung| format!("tpar_anatomy_{rung}"))
+            .collect();
+        assert_eq!(kernel_names(ANATOMY_SOURCE.1), expected);
+        assert_eq!(ANATOMY_KERNELS.map(str::to_owned).to_vec(), expected);
+    }
+
+    #[test]
+    fn kernel_names_are_found_in_sources() {
+        let names = kernel_names(SOURCES[0].1);
+        assert_eq!(
+            names,
+            [
+                "tpar_oneshot_push_f32",
+                "tpar_oneshot_push_f16",
+                "tpar_oneshot_push_bf16"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_kernel_file_yields_plain_function_names() {
+        // Each file's names must be C identifiers that the module lookup can find: a parse
+        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
+        let mut all = Vec::new();
+        for (file, source) in SOURCES {
+            let names = kernel_names(source);
+            assert!(!names.is_empty(), "{file} declares no kernel");
+            for name in &names {
+                assert!(
+                    name.starts_with("tpar_")
+                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{file}: {name:?}"
+                );
+            }
+            all.extend(names);
+        }
+        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
+        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
+        assert!(all.contains(&KernelId::Empty.name().to_owned()), "{all:?}");
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            all.len(),
+            "a kernel name is declared twice: {all:?}"
+        );
+    }
+
+    /// The names [`kernel_names`] derives from an instantiation line must be the ones the
+    /// macro's definition in the header pastes together, with the launch bound the host uses.
+    #[test]
+    fn instantiation_macros_declare_the_names_rust_expects() {
+        let abi = HEADERS.iter().find(|(n, _)| *n == "abi.cuh").unwrap().1;
+        for macro_name in INSTANTIATION_MACROS {
+            let definition: Vec<&str> = abi
+                .lines()
+                .skip_while(|l| !l.starts_with(&format!("#define {macro_name}(NAME,")))
+                .scan(true, |continued, l| {
+                    let this = continued.then_some(l);
+                    *continued = l.ends_with('\\');
+                    this
+                })
+                .collect();
             assert!(
-                source.contains(&format!("void __launch_bounds__(512) {name}(")),
-                "rung {rung}"
+                !definition.is_empty(),
+                "{macro_name} is not defined in abi.cuh"
+            );
+            let pasted: Vec<String> = definition
+                .iter()
+                .filter_map(|l| l.split("NAME##_").nth(1))
+                .map(|rest| rest.split('(').next().unwrap().to_owned())
+                .collect();
+            assert_eq!(pasted, instantiation_suffixes(macro_name), "{macro_name}");
+            let bounded = definition
+                .iter()
+                .filter(|l| l.contains("__launch_bounds__(TPAR_THREADS) NAME##_"))
+                .count();
+            assert_eq!(
+                bounded,
+                pasted.len(),
+                "{macro_name}: every kernel has the launch bound"
             );
         }
-        assert!(!source.contains(&format!("tpar_anatomy_{ANATOMY_RUNGS}(")));
     }
 
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
@@ -393,9 +572,8 @@ mod tests {
         let version = nvrtc::nvrtc_version().unwrap();
         for arch in ARCHITECTURES {
             for (name, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
-                let cubin =
-                    nvrtc::compile_cubin(name, source, &[(HEADER_NAME, HEADER_SOURCE)], arch)
-                        .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
+                let cubin = nvrtc::compile_cubin(name, source, &HEADERS, arch)
+                    .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
                 assert!(
                     cubin.starts_with(b"\x7fELF"),
                     "{name} sm_{arch}: not an ELF CUBIN"

@@ -80,14 +80,7 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     // Compiled (or read from the disk cache) before measuring: only the load takes GPU memory.
     let cubins = kernels::SOURCES
         .iter()
-        .map(|(file, source)| {
-            nvrtc::cached_cubin(
-                file,
-                source,
-                &[(kernels::HEADER_NAME, kernels::HEADER_SOURCE)],
-                arch,
-            )
-        })
+        .map(|(file, source)| nvrtc::cached_cubin(file, source, &kernels::HEADERS, arch))
         .collect::<Result<Vec<_>>>()?;
     // The window holds the function lookups too. On one H200 (2026-12-01) it measured 2.0 MiB
     // with them inside and 0 with the module loads alone: with lazy module loading, the
