@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
+use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
@@ -12,7 +13,9 @@ use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
-use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use crate::backend::cuda::{
+    borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
+};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::check::{fill_expected, fill_input, first_mismatch};
 use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
@@ -577,6 +580,56 @@ impl Communicator {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
         self.enqueue(choice, &operands, stream, capture)
+    }
+
+    /// [`Communicator::all_reduce`] on raw addresses, for callers not yet moved to spans (the
+    /// CLI's rank harness); `capturing` is what the caller read of `stream`.
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_raw(
+        &self,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
+        Ok(plan)
+    }
+
+    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
+    /// (the CLI's rank harness, the Python binding).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_with(
+        &self,
+        choice: Choice,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise covers the stream and both buffers.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(self.cuda.context(), stream),
+                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
+            )
+        };
+        let capture = self.capture(&stream)?;
+        self.enqueue(choice, &operands, &stream, capture)
     }
 
     /// The GPU of this rank.

@@ -12,12 +12,12 @@
 //! word into the same errors as the CPU backend.
 //!
 //! Files, one concern each: `driver` (the driver calls, in safe types), `nvrtc` (compiling
-//! kernels, the disk cache), `kernels` (the sources and their ABI mirror), `loader` (modules
-//! and functions per GPU), `group` (building a group: buffers, exchange, co-residency),
-//! `communicator` (the calls), `errors` (the kernels' error word), `span` (the safe operands
-//! of the public API and the one unsafe door to raw addresses), `raw` (the raw-address entry
-//! points still used by the CLI and Python), `stream_order` (calls ordered across streams), `fused` (allreduce +
-//! RMSNorm), `link_probe` (link measurements).
+//! kernels, the disk cache), `kernels` (the sources, their ABI mirror and the kernel keys),
+//! `loader` (modules and functions per GPU), `group` (building a group: buffers, exchange,
+//! co-residency), `communicator` (the calls), `errors` (the kernels' error word), `span` (the
+//! checked operands of the public API, and the one unsafe door for raw addresses), `raw` (the
+//! raw-address entry point the CLI still uses), `stream_order` (calls ordered across streams),
+//! `fused` (allreduce + residual add + RMSNorm), `link_probe` (link measurements).
 
 pub mod communicator;
 pub mod driver;
