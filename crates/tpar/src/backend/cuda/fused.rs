@@ -2,12 +2,17 @@
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
-//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm_raw`] is the entry an engine calls;
-//! it plans the allreduce with the dispatcher, then picks the path with [`crate::norm::plan`].
+//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm`] is the entry an engine calls (its
+//! operands as checked spans; `_raw`/`_with` take raw addresses for the Python binding and the
+//! CLI until they move to spans); it plans the allreduce with the dispatcher, then picks the
+//! path with [`crate::norm::plan`].
 
 use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaStream;
 
 use super::kernels::{KernelArgs, KernelId, THREADS};
+use super::span::{DeviceSpan, DeviceSpanMut, Operands};
+use super::stream_order::Capture;
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::communicator::Communicator;
@@ -97,7 +102,106 @@ impl FusedCall {
     }
 }
 
+/// The fused op's `x` and `y`: separate (`y` written, `x` only read), or `y` written over `x`.
+pub enum FusedInput<'a> {
+    Separate {
+        x: DeviceSpan<'a>,
+        y: DeviceSpanMut<'a>,
+    },
+    YIntoX(DeviceSpanMut<'a>),
+}
+
+/// The fused op's residual: updated in place, or read and the sum written to `out`.
+pub enum FusedResidual<'a> {
+    InPlace(DeviceSpanMut<'a>),
+    Separate {
+        residual: DeviceSpan<'a>,
+        out: DeviceSpanMut<'a>,
+    },
+}
+
+/// One fused call's operands as spans (`tokens x hidden` elements each, `weight`: `hidden`,
+/// all of one dtype on the rank's GPU): what the safe entry points take.
+pub struct FusedSpans<'a> {
+    pub input: FusedInput<'a>,
+    pub residual: FusedResidual<'a>,
+    pub weight: DeviceSpan<'a>,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl FusedSpans<'_> {
+    fn dtype(&self) -> DType {
+        match &self.input {
+            FusedInput::Separate { x, .. } => x.dtype(),
+            FusedInput::YIntoX(x) => x.dtype(),
+        }
+    }
+
+    /// The call's addresses, every span checked against GPU `device`, `stream`, the call's
+    /// dtype (x's) and its shape.
+    fn check(&self, device: usize, stream: &CudaStream) -> Result<FusedCall> {
+        let dtype = self.dtype();
+        let elements = self.tokens.checked_mul(self.hidden).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "fused_add_rms_norm: {} tokens x {} hidden elements is too many",
+                self.tokens, self.hidden
+            ))
+        })?;
+        let (x, y) = match &self.input {
+            FusedInput::Separate { x, y } => (
+                x.address_for("x", device, stream, dtype, elements)?,
+                y.address_for("y", device, stream, dtype, elements)?,
+            ),
+            FusedInput::YIntoX(x) => {
+                let x = x.address_for("x", device, stream, dtype, elements)?;
+                (x, x)
+            }
+        };
+        let (residual, residual_out) = match &self.residual {
+            FusedResidual::InPlace(r) => (
+                r.address_for("residual", device, stream, dtype, elements)?,
+                None,
+            ),
+            FusedResidual::Separate { residual, out } => (
+                residual.address_for("residual", device, stream, dtype, elements)?,
+                Some(out.address_for("residual_out", device, stream, dtype, elements)?),
+            ),
+        };
+        Ok(FusedCall {
+            dtype,
+            tokens: self.tokens,
+            hidden: self.hidden,
+            x,
+            residual,
+            residual_out,
+            weight: self
+                .weight
+                .address_for("weight", device, stream, dtype, self.hidden)?,
+            y,
+            eps: self.eps,
+        })
+    }
+}
+
 impl CudaCommunicator {
+    /// Queues the fused op with its allreduce on tpar's `algorithm` (as
+    /// [`CudaCommunicator::fused_add_rms_norm_raw`]), its operands given as spans checked
+    /// against this rank's GPU, `stream`, one dtype and the call's shape.
+    pub fn fused_add_rms_norm(
+        &self,
+        spans: FusedSpans<'_>,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<FusedPlan> {
+        let call = spans.check(self.ctx.ordinal(), stream)?;
+        // SAFETY: every address of `call` comes from a span checked against this rank's GPU,
+        // `stream`, the dtype and the shape; the spans live until this returns, after the
+        // work is queued.
+        unsafe { self.fused_add_rms_norm_raw(&call, algorithm, stream.cu_stream()) }
+    }
+
     /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
     pub fn fused_plan(
         &self,
@@ -123,16 +227,16 @@ impl CudaCommunicator {
         algorithm: Algorithm,
         stream: CUstream,
     ) -> Result<FusedPlan> {
-        self.check()?;
         let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
         if !call.validate()? {
             return Ok(plan);
         }
         if !plan.fused {
-            // SAFETY: the caller's promise, passed on.
+            // SAFETY: the caller's promise, passed on. (The allreduce checks the error word.)
             unsafe { self.unfused_add_rms_norm_raw(call, algorithm, stream)? };
             return Ok(plan);
         }
+        self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
@@ -331,7 +435,38 @@ impl Communicator {
     /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
     /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
     /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
-    /// pull) it runs followed by tpar's separate norm kernel, with the same results.
+    /// pull) it runs followed by tpar's separate norm kernel, with the same results. The spans
+    /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
+    pub fn fused_add_rms_norm(
+        &self,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedRun> {
+        let call = spans.check(self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        let bytes = (call.elements() * call.dtype.size()) as u64;
+        let allreduce = self.plan(call.dtype, bytes, capture.is_capturing())?;
+        // SAFETY: addresses of checked spans, which live until this returns.
+        let path = unsafe { self.fused_enqueue(allreduce.choice, &call, stream, capture)? };
+        Ok(FusedRun { allreduce, path })
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] with its allreduce on `choice`, without asking
+    /// the dispatcher.
+    pub fn fused_add_rms_norm_as(
+        &self,
+        choice: Choice,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedPlan> {
+        let call = spans.check(self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        // SAFETY: addresses of checked spans, which live until this returns.
+        unsafe { self.fused_enqueue(choice, &call, stream, capture) }
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] on raw addresses (the Python binding's fused op,
+    /// the CLI's benchmarks); `capturing` is what the caller read of `stream`.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
@@ -348,7 +483,7 @@ impl Communicator {
         Ok(FusedRun { allreduce, path })
     }
 
-    /// The fused op with its allreduce on `choice`, without asking the dispatcher.
+    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
@@ -358,35 +493,42 @@ impl Communicator {
         call: &FusedCall,
         stream: CUstream,
     ) -> Result<FusedPlan> {
+        // SAFETY: the caller's promise: `stream` is live on this rank's context.
+        let stream = unsafe { super::borrowed_stream(self.cuda().context(), stream) };
+        let capture = self.capture(&stream)?;
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.fused_enqueue(choice, call, &stream, capture) }
+    }
+
+    /// Queues the fused op of `call` with its allreduce on `choice`, ordered like a plain
+    /// call (a fused call takes the same epochs); `capture` is `stream`'s, read once.
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    unsafe fn fused_enqueue(
+        &self,
+        choice: Choice,
+        call: &FusedCall,
+        stream: &CudaStream,
+        capture: Capture,
+    ) -> Result<FusedPlan> {
         let cuda = self.cuda();
         match choice {
-            // Ordered like a plain call: a fused call takes the same epochs.
-            // SAFETY: the caller's promise, passed on.
-            Choice::Tpar(algorithm) => {
-                // SAFETY: the caller's promise: `stream` is live on this rank's context.
-                let wrapped = unsafe { super::borrowed_stream(cuda.context(), stream) };
-                let capture = self.capture(&wrapped)?;
-                self.ordered(&wrapped, capture, || unsafe {
-                    cuda.fused_add_rms_norm_raw(call, algorithm, stream)
-                })
-            }
+            Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
+                // SAFETY: the caller's promise, passed on.
+                unsafe { cuda.fused_add_rms_norm_raw(call, algorithm, stream.cu_stream()) }
+            }),
             Choice::Nccl => {
                 let plan = cuda.fused_plan(None, call.dtype, call.hidden);
                 if !call.validate()? {
                     return Ok(plan);
                 }
+                // SAFETY: the caller's promise covers x and y.
+                let operands =
+                    unsafe { Operands::from_raw(call.dtype, call.x, call.y, call.elements()) };
+                self.enqueue(choice, &operands, stream, capture)?;
                 // SAFETY: as above.
-                unsafe {
-                    self.all_reduce_with(
-                        choice,
-                        call.dtype,
-                        Some(call.x),
-                        call.y,
-                        call.elements(),
-                        stream,
-                    )?;
-                    cuda.launch_add_rms_norm(call, call.y, None, stream)?;
-                }
+                unsafe { cuda.launch_add_rms_norm(call, call.y, None, stream.cu_stream())? };
                 Ok(plan)
             }
         }

@@ -55,6 +55,42 @@ impl Extent {
     fn bytes(&self) -> usize {
         self.count * self.dtype.size()
     }
+
+    fn address_for(
+        &self,
+        which: &str,
+        device: usize,
+        stream: CallStream,
+        dtype: DType,
+        count: usize,
+    ) -> Result<u64> {
+        if stream.device != device {
+            return Err(Error::InvalidArgument(format!(
+                "the stream belongs to GPU {} but this communicator's rank is on GPU {device}; use a stream of the rank's GPU",
+                stream.device
+            )));
+        }
+        if self.device != device {
+            return Err(Error::InvalidArgument(format!(
+                "{which} is on GPU {} but this communicator's rank is on GPU {device}; pass memory of the rank's GPU",
+                self.device
+            )));
+        }
+        if self.stream.is_some_and(|s| s != stream.id) {
+            return Err(Error::InvalidArgument(format!(
+                "{which} was made for another stream than the call's; make it with the stream the call runs on"
+            )));
+        }
+        if self.dtype != dtype || self.count != count {
+            return Err(Error::InvalidArgument(format!(
+                "{which} holds {} {} elements where the call needs {count} {}; pass a span of that length and dtype",
+                self.count,
+                self.dtype.name(),
+                dtype.name()
+            )));
+        }
+        Ok(self.ptr)
+    }
 }
 
 /// `count` elements of `dtype` on GPU `device`, read by a call (an allreduce's input).
@@ -120,6 +156,37 @@ impl<'a> DeviceSpan<'a> {
 
     pub fn dtype(&self) -> DType {
         self.extent.dtype
+    }
+}
+
+impl DeviceSpan<'_> {
+    /// This span's address once checked to hold exactly `count` elements of `dtype` on GPU
+    /// `device`, usable on `stream`; `which` names the operand in the error.
+    pub(crate) fn address_for(
+        &self,
+        which: &str,
+        device: usize,
+        stream: &CudaStream,
+        dtype: DType,
+        count: usize,
+    ) -> Result<u64> {
+        self.extent
+            .address_for(which, device, CallStream::of(stream), dtype, count)
+    }
+}
+
+impl DeviceSpanMut<'_> {
+    /// As [`DeviceSpan::address_for`], for a written operand.
+    pub(crate) fn address_for(
+        &self,
+        which: &str,
+        device: usize,
+        stream: &CudaStream,
+        dtype: DType,
+        count: usize,
+    ) -> Result<u64> {
+        self.extent
+            .address_for(which, device, CallStream::of(stream), dtype, count)
     }
 }
 
@@ -306,6 +373,15 @@ struct CallStream {
     device: usize,
 }
 
+impl CallStream {
+    fn of(stream: &CudaStream) -> CallStream {
+        CallStream {
+            id: stream.cu_stream() as usize,
+            device: stream.context().ordinal(),
+        }
+    }
+}
+
 fn check_extents(
     input: Option<&Extent>,
     out: &Extent,
@@ -463,6 +539,31 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("stream belongs to GPU 0"));
+    }
+
+    #[test]
+    fn one_operand_is_checked_against_the_call() {
+        let x = extent(1, 0x10_000, 64, DType::Bf16);
+        assert_eq!(
+            x.address_for("x", 1, STREAM, DType::Bf16, 64).unwrap(),
+            0x10_000
+        );
+        let err = |e: Result<u64>| e.unwrap_err().to_string();
+        assert!(err(x.address_for("weight", 1, STREAM, DType::Bf16, 8))
+            .contains("weight holds 64 bf16 elements where the call needs 8 bf16"));
+        assert!(err(x.address_for("x", 1, STREAM, DType::F32, 64)).contains("needs 64 f32"));
+        assert!(err(x.address_for("x", 0, STREAM, DType::Bf16, 64)).contains("stream belongs"));
+        let on_stream = Extent {
+            stream: Some(0x60),
+            ..x
+        };
+        assert!(err(on_stream.address_for("y", 1, STREAM, DType::Bf16, 64))
+            .contains("y was made for another stream"));
+        let elsewhere = Extent { device: 2, ..x };
+        assert!(
+            err(elsewhere.address_for("residual", 1, STREAM, DType::Bf16, 64))
+                .contains("residual is on GPU 2")
+        );
     }
 
     #[test]
