@@ -34,7 +34,7 @@ pub mod stream_order;
 
 pub use communicator::CudaCommunicator;
 pub use group::PLANNED_MODULE_BYTES;
-pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Element};
+pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 
 pub(crate) use communicator::launch_shape;
 pub(crate) use group::{context, enable_peer_access};

@@ -17,28 +17,10 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use half::{bf16, f16};
 
 use super::driver::DeviceMemory;
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-
-/// Rust element types with a tpar dtype.
-pub trait Element {
-    const DTYPE: DType;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-}
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::Bf16;
-}
 
 /// Where a span lives and what it holds; shared by the read-only and the writable span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,12 +546,5 @@ mod tests {
             err(elsewhere.address_for("residual", 1, STREAM, DType::Bf16, 64))
                 .contains("residual is on GPU 2")
         );
-    }
-
-    #[test]
-    fn element_types_name_their_dtypes() {
-        assert_eq!(<f32 as Element>::DTYPE, DType::F32);
-        assert_eq!(<f16 as Element>::DTYPE, DType::F16);
-        assert_eq!(<bf16 as Element>::DTYPE, DType::Bf16);
     }
 }
