@@ -1,13 +1,15 @@
 //! The safe operand types of the CUDA backend on a GPU: allreduces of cudarc buffers given as
 //! spans (out of place, in place, every algorithm the group supports) on a group of two ranks
 //! sharing GPU 0 as threads of this process, and the named errors for operands that do not fit
-//! the call (lengths, dtypes, streams) before anything is launched. Skips, saying why, on a
+//! the call (lengths, dtypes, streams) before anything is launched; the fused allreduce +
+//! residual add + RMSNorm on spans, fused and unfused, against the CPU reference. Skips, saying why, on a
 //! machine without a GPU.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
 use tpar::{Algorithm, DType};
 
@@ -138,4 +140,73 @@ fn operands_that_do_not_fit_the_call_are_refused_before_launch() {
     );
     // Nothing was launched: no error word, no poisoned communicator.
     comm.check().unwrap();
+}
+
+#[test]
+fn the_fused_op_takes_spans_and_matches_the_cpu_reference() {
+    let Some((comms, streams)) = group() else {
+        return;
+    };
+    let (tokens, hidden, eps) = (3usize, 4096usize, 1e-6f32);
+    let count = tokens * hidden;
+    let xs: Vec<Vec<f32>> = (0..2)
+        .map(|r| {
+            (0..count)
+                .map(|i| ((i * 7 + r * 3) % 13) as f32 * 0.25 - 1.5)
+                .collect()
+        })
+        .collect();
+    let residual: Vec<f32> = (0..count).map(|i| (i % 5) as f32 * 0.5).collect();
+    let weight: Vec<f32> = (0..hidden).map(|i| 1.0 + (i % 3) as f32 * 0.125).collect();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_le_bytes()).collect() };
+    let (want_residual, want_y) = tpar::norm::fused_reference(
+        DType::F32,
+        &[&bytes(&xs[0]), &bytes(&xs[1])],
+        &bytes(&residual),
+        &bytes(&weight),
+        hidden,
+        eps,
+    );
+    // One-shot runs the fused kernel; two-shot the allreduce, then the separate norm kernel.
+    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+        let x: Vec<CudaSlice<f32>> = (0..2).map(|r| upload(&streams[r], &xs[r])).collect();
+        let r_in: Vec<CudaSlice<f32>> = (0..2).map(|r| upload(&streams[r], &residual)).collect();
+        let w: Vec<CudaSlice<f32>> = (0..2).map(|r| upload(&streams[r], &weight)).collect();
+        let mut y: Vec<CudaSlice<f32>> = streams
+            .iter()
+            .map(|s| s.alloc_zeros::<f32>(count).unwrap())
+            .collect();
+        let mut r_out: Vec<CudaSlice<f32>> = streams
+            .iter()
+            .map(|s| s.alloc_zeros::<f32>(count).unwrap())
+            .collect();
+        for (r, (y, out)) in y.iter_mut().zip(r_out.iter_mut()).enumerate() {
+            let s = &streams[r];
+            let spans = FusedSpans {
+                input: FusedInput::Separate {
+                    x: DeviceSpan::of(&x[r], s),
+                    y: DeviceSpanMut::of(y, s),
+                },
+                residual: FusedResidual::Separate {
+                    residual: DeviceSpan::of(&r_in[r], s),
+                    out: DeviceSpanMut::of(out, s),
+                },
+                weight: DeviceSpan::of(&w[r], s),
+                tokens,
+                hidden,
+                eps,
+            };
+            comms[r].fused_add_rms_norm(spans, algorithm, s).unwrap();
+        }
+        for r in 0..2 {
+            comms[r].synchronize(&streams[r]).unwrap();
+            let got_y = bytes(&streams[r].clone_dtoh(&y[r]).unwrap());
+            let got_residual = bytes(&streams[r].clone_dtoh(&r_out[r]).unwrap());
+            assert!(
+                got_residual == want_residual,
+                "{algorithm}, rank {r}: residual_out"
+            );
+            assert!(got_y == want_y, "{algorithm}, rank {r}: y");
+        }
+    }
 }
