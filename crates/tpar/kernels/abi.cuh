@@ -27,6 +27,10 @@ typedef long long i64;
 // Error word (host-mapped u64): code | peer << 8 | phase << 16 | field << 24 | detail << 32,
 // where for a mismatch `field` is the header word that differed and `detail` the peer's value
 // of it. Zero means fine.
+#define TPAR_ERR_PEER_SHIFT 8
+#define TPAR_ERR_PHASE_SHIFT 16
+#define TPAR_ERR_FIELD_SHIFT 24
+#define TPAR_ERR_DETAIL_SHIFT 32
 #define TPAR_ERR_TIMEOUT 1
 #define TPAR_ERR_MISMATCH 2
 #define TPAR_PHASE_HEADER 1

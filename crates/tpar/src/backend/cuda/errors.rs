@@ -1,48 +1,31 @@
 //! The error word a kernel leaves in host-mapped memory when it gives up (a peer past its
 //! deadline, a peer's call header that disagrees with this rank's), decoded into tpar's errors.
-//! The word's layout and codes mirror `report_error` and the `TPAR_ERR_*` / `TPAR_PHASE_*`
-//! defines of the kernels' header: `code | peer << 8 | phase << 16 | field << 24 | detail << 32`.
+//! The word's layout, codes and phases are the ABI mirror's in `kernels.rs` (checked against
+//! the headers there): `code | peer << 8 | phase << 16 | field << 24 | detail << 32`.
 
 use std::time::Duration;
 
 use super::fused;
+use super::kernels::{
+    phase_name, ERR_DETAIL_SHIFT, ERR_FIELD_SHIFT, ERR_MISMATCH, ERR_PEER_SHIFT, ERR_PHASE_SHIFT,
+    ERR_TIMEOUT,
+};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::protocol::header::CallHeader;
 
-/// `TPAR_ERR_TIMEOUT`: a wait passed its deadline.
-pub const ERR_TIMEOUT: u64 = 1;
-/// `TPAR_ERR_MISMATCH`: a peer's call header differs from this rank's.
-pub const ERR_MISMATCH: u64 = 2;
-
-/// Where each part of the word sits: (shift, mask).
+/// Where each part of the word sits: (shift, mask); the shifts are the ABI mirror's.
 const CODE: (u32, u64) = (0, 0xff);
-const PEER: (u32, u64) = (8, 0xff);
-const PHASE: (u32, u64) = (16, 0xff);
-const FIELD: (u32, u64) = (24, 0xff);
-const DETAIL: (u32, u64) = (32, 0xffff_ffff);
-
-/// The phases a kernel waits in (`TPAR_PHASE_*`), with the words an error names them by.
-pub const PHASES: [(u64, &str); 5] = [
-    (1, "header exchange"),
-    (2, "one-shot receive"),
-    (3, "two-shot reduce-scatter"),
-    (4, "two-shot all-gather"),
-    (5, "pull: waiting for the peer's flag"),
-];
+const PEER: (u32, u64) = (ERR_PEER_SHIFT, 0xff);
+const PHASE: (u32, u64) = (ERR_PHASE_SHIFT, 0xff);
+const FIELD: (u32, u64) = (ERR_FIELD_SHIFT, 0xff);
+const DETAIL: (u32, u64) = (ERR_DETAIL_SHIFT, 0xffff_ffff);
 
 /// The call header's words (`header_word` in the kernels) that a mismatch can name.
 const HEADER_COUNT_LOW: u64 = 2;
 const HEADER_DTYPE_AND_ALGORITHM: u64 = 4;
 const HEADER_CHUNK: u64 = 5;
-
-pub fn phase_name(code: u64) -> &'static str {
-    PHASES
-        .iter()
-        .find(|(c, _)| *c == code)
-        .map_or("unknown phase", |(_, name)| name)
-}
 
 fn part(word: u64, (shift, mask): (u32, u64)) -> u64 {
     (word >> shift) & mask
@@ -91,42 +74,13 @@ pub(super) fn decode(
 
 #[cfg(test)]
 mod tests {
-    use super::super::kernels::HEADERS;
+    use super::super::kernels::{PHASE_ALL_GATHER, PHASE_HEADER};
     use super::*;
-
-    fn headers() -> impl Iterator<Item = &'static str> {
-        HEADERS.iter().flat_map(|(_, source)| source.lines())
-    }
-
-    fn define(name: &str) -> u64 {
-        let line = headers()
-            .find(|l| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
-            .unwrap_or_else(|| panic!("{name} is not defined in the kernels' headers"));
-        line.split_whitespace().nth(2).unwrap().parse().unwrap()
-    }
-
-    #[test]
-    fn codes_and_phases_mirror_the_header() {
-        assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
-        assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);
-        for (name, phase) in [
-            ("TPAR_PHASE_HEADER", "header exchange"),
-            ("TPAR_PHASE_ONE_SHOT", "one-shot receive"),
-            ("TPAR_PHASE_REDUCE_SCATTER", "two-shot reduce-scatter"),
-            ("TPAR_PHASE_ALL_GATHER", "two-shot all-gather"),
-            ("TPAR_PHASE_PULL_FLAG", "pull: waiting for the peer's flag"),
-        ] {
-            assert_eq!(phase_name(define(name)), phase, "{name}");
-        }
-        assert!(headers().any(|l| l.contains(
-            "(u64)code | ((u64)peer << 8) | ((u64)phase << 16) | ((u64)(field & 0xff) << 24)"
-        )));
-    }
 
     #[test]
     fn words_decode_into_named_errors() {
         let timeout = Duration::from_secs(3);
-        let word = ERR_TIMEOUT | 3 << 8 | 4 << 16;
+        let word = ERR_TIMEOUT | 3 << ERR_PEER_SHIFT | PHASE_ALL_GATHER << ERR_PHASE_SHIFT;
         match decode(word, 1, None, timeout) {
             Error::PeerTimeout {
                 peer,
@@ -140,17 +94,20 @@ mod tests {
         }
         let bf16_one_shot =
             u64::from(DType::Bf16.code()) | u64::from(Algorithm::OneShot.code()) << 8;
-        let word = ERR_MISMATCH
-            | 2 << 8
-            | 1 << 16
-            | HEADER_DTYPE_AND_ALGORITHM << 24
-            | bf16_one_shot << 32;
+        let mismatch = |peer: u64, field: u64, detail: u64| {
+            ERR_MISMATCH
+                | peer << ERR_PEER_SHIFT
+                | PHASE_HEADER << ERR_PHASE_SHIFT
+                | field << ERR_FIELD_SHIFT
+                | detail << ERR_DETAIL_SHIFT
+        };
+        let word = mismatch(2, HEADER_DTYPE_AND_ALGORITHM, bf16_one_shot);
         let text = decode(word, 0, None, timeout).to_string();
         assert!(
             text.contains("dtype bf16 with algorithm one-shot"),
             "{text}"
         );
-        let word = ERR_MISMATCH | 1 << 8 | 1 << 16 | HEADER_COUNT_LOW << 24 | 77 << 32;
+        let word = mismatch(1, HEADER_COUNT_LOW, 77);
         let text = decode(word, 0, None, timeout).to_string();
         assert!(text.contains("77 elements"), "{text}");
         assert!(decode(0x99, 0, None, timeout)

@@ -66,10 +66,39 @@ pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 pub const MAX_RANKS: usize = 16;
 /// Mirrors `TPAR_MAX_BLOCKS`.
 pub const MAX_BLOCKS: u32 = 64;
-/// Mirrors the 128-byte flag stride of the pull algorithm.
+/// Mirrors the 128-byte flag stride of the pull algorithm (`TPAR_FLAG_STRIDE_U64` u64s).
 pub const FLAG_STRIDE_BYTES: usize = 128;
 /// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
+
+/// Error word codes (`TPAR_ERR_*` in abi.cuh).
+pub const ERR_TIMEOUT: u64 = 1;
+pub const ERR_MISMATCH: u64 = 2;
+/// Where each field sits in the error word (`TPAR_ERR_*_SHIFT`): code in bits 0..8, then the
+/// peer, the phase, the header field (a byte each) and the detail (the high 32 bits).
+pub const ERR_PEER_SHIFT: u32 = 8;
+pub const ERR_PHASE_SHIFT: u32 = 16;
+pub const ERR_FIELD_SHIFT: u32 = 24;
+pub const ERR_DETAIL_SHIFT: u32 = 32;
+
+/// The phase of a call an error word names (`TPAR_PHASE_*`).
+pub const PHASE_HEADER: u64 = 1;
+pub const PHASE_ONE_SHOT: u64 = 2;
+pub const PHASE_REDUCE_SCATTER: u64 = 3;
+pub const PHASE_ALL_GATHER: u64 = 4;
+pub const PHASE_PULL_FLAG: u64 = 5;
+
+/// What a user reads for a phase code of the error word.
+pub fn phase_name(code: u64) -> &'static str {
+    match code {
+        PHASE_HEADER => "header exchange",
+        PHASE_ONE_SHOT => "one-shot receive",
+        PHASE_REDUCE_SCATTER => "two-shot reduce-scatter",
+        PHASE_ALL_GATHER => "two-shot all-gather",
+        PHASE_PULL_FLAG => "pull: waiting for the peer's flag",
+        _ => "unknown phase",
+    }
+}
 
 /// The kernels' argument block (`struct TparArgs` in the header), passed by value.
 #[repr(C)]
@@ -271,7 +300,7 @@ pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) 
 mod tests {
     use super::*;
     use crate::backend::cuda::nvrtc;
-    use crate::protocol::header::HEADER_LINES;
+    use crate::protocol::header::{HEADER_LINES, HEADER_MAGIC};
     use crate::protocol::layout::{BUFFERS, SEGMENT_HEADER_LINES};
 
     /// The value of `#define name` in the kernel headers, which must define it exactly once
@@ -349,11 +378,21 @@ mod tests {
             define("TPAR_SEGMENT_HEADER_LINES"),
             SEGMENT_HEADER_LINES as u64
         );
-        assert_eq!(define("TPAR_HEADER_MAGIC"), 0x7470_6172);
+        assert_eq!(define("TPAR_HEADER_MAGIC"), u64::from(HEADER_MAGIC));
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
         assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
+        assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
+        assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);
+        for (name, shift) in [
+            ("TPAR_ERR_PEER_SHIFT", ERR_PEER_SHIFT),
+            ("TPAR_ERR_PHASE_SHIFT", ERR_PHASE_SHIFT),
+            ("TPAR_ERR_FIELD_SHIFT", ERR_FIELD_SHIFT),
+            ("TPAR_ERR_DETAIL_SHIFT", ERR_DETAIL_SHIFT),
+        ] {
+            assert_eq!(define(name), u64::from(shift), "{name}");
+        }
         for d in DType::ALL {
             assert_eq!(
                 define(&format!("TPAR_DTYPE_{}", d.name().to_uppercase())),
@@ -554,6 +593,131 @@ mod tests {
                 "{macro_name}: every kernel has the launch bound"
             );
         }
+    }
+
+    #[test]
+    fn every_phase_of_the_header_has_its_rust_code_and_a_name() {
+        let rust = [
+            ("TPAR_PHASE_HEADER", PHASE_HEADER),
+            ("TPAR_PHASE_ONE_SHOT", PHASE_ONE_SHOT),
+            ("TPAR_PHASE_REDUCE_SCATTER", PHASE_REDUCE_SCATTER),
+            ("TPAR_PHASE_ALL_GATHER", PHASE_ALL_GATHER),
+            ("TPAR_PHASE_PULL_FLAG", PHASE_PULL_FLAG),
+        ];
+        // Every TPAR_PHASE_ the headers define is one of these: a phase added on the kernel
+        // side alone would reach users as "unknown phase".
+        let defined: Vec<&str> = HEADERS
+            .iter()
+            .flat_map(|(_, source)| source.lines())
+            .filter_map(|l| l.strip_prefix("#define "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| name.starts_with("TPAR_PHASE_"))
+            .collect();
+        assert_eq!(defined, rust.map(|(name, _)| name));
+        let mut names = Vec::new();
+        for (name, code) in rust {
+            assert_eq!(define(name), code, "{name}");
+            assert_ne!(phase_name(code), phase_name(0), "{name} has no name");
+            names.push(phase_name(code));
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), rust.len(), "two phases share a name");
+    }
+
+    /// The fields of `struct name` in the kernel headers, in order: (C type, field, elements).
+    fn c_struct_fields(name: &str) -> Vec<(String, String, usize)> {
+        let opening = format!("struct {name} {{");
+        let (file, source) = HEADERS
+            .iter()
+            .find(|(_, s)| s.lines().any(|l| l.trim() == opening))
+            .unwrap_or_else(|| panic!("struct {name} is not in the kernel headers"));
+        source
+            .lines()
+            .skip_while(|l| l.trim() != opening)
+            .skip(1)
+            .take_while(|l| l.trim() != "};")
+            .map(|l| l.split("//").next().unwrap().trim())
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let declaration = l
+                    .strip_suffix(';')
+                    .unwrap_or_else(|| panic!("{file}: {l:?} is not one field"));
+                let (c_type, declarator) = declaration.rsplit_once(' ').unwrap();
+                let (field, elements) = match declarator.split_once('[') {
+                    Some((field, rest)) => {
+                        let length = rest.trim_end_matches(']');
+                        let n = length.parse().unwrap_or_else(|_| define(length) as usize);
+                        (field, n)
+                    }
+                    None => (declarator, 1),
+                };
+                (c_type.trim().to_owned(), field.to_owned(), elements)
+            })
+            .collect()
+    }
+
+    /// Size (and alignment) of the C types the argument blocks use, on a 64-bit target.
+    fn c_size(c_type: &str) -> usize {
+        match c_type {
+            t if t.ends_with('*') => 8,
+            "u64" => 8,
+            "u32" => 4,
+            other => panic!("no size known for the C type {other:?}: add it here"),
+        }
+    }
+
+    #[test]
+    fn kernel_args_has_the_layout_of_tpar_args() {
+        // Each Rust field: (name, offset, size); the C side is laid out from the header text.
+        let rust = [
+            ("input", std::mem::offset_of!(KernelArgs, input), 8),
+            ("output", std::mem::offset_of!(KernelArgs, output), 8),
+            ("count", std::mem::offset_of!(KernelArgs, count), 8),
+            (
+                "total_count",
+                std::mem::offset_of!(KernelArgs, total_count),
+                8,
+            ),
+            (
+                "payload_lines",
+                std::mem::offset_of!(KernelArgs, payload_lines),
+                8,
+            ),
+            (
+                "timeout_ns",
+                std::mem::offset_of!(KernelArgs, timeout_ns),
+                8,
+            ),
+            ("state", std::mem::offset_of!(KernelArgs, state), 8),
+            ("error", std::mem::offset_of!(KernelArgs, error), 8),
+            (
+                "inboxes",
+                std::mem::offset_of!(KernelArgs, inboxes),
+                8 * MAX_RANKS,
+            ),
+            ("rank", std::mem::offset_of!(KernelArgs, rank), 4),
+            (
+                "world_size",
+                std::mem::offset_of!(KernelArgs, world_size),
+                4,
+            ),
+            ("chunk", std::mem::offset_of!(KernelArgs, chunk), 4),
+            ("algo", std::mem::offset_of!(KernelArgs, algo), 4),
+        ];
+        let mut c = Vec::new();
+        let (mut offset, mut align) = (0usize, 1usize);
+        for (c_type, field, elements) in c_struct_fields("TparArgs") {
+            let size = c_size(&c_type);
+            offset = offset.next_multiple_of(size);
+            align = align.max(size);
+            c.push((field, offset, size * elements));
+            offset += size * elements;
+        }
+        let c_total = offset.next_multiple_of(align);
+        let c: Vec<(&str, usize, usize)> = c.iter().map(|(f, o, s)| (f.as_str(), *o, *s)).collect();
+        assert_eq!(c, rust, "struct TparArgs (abi.cuh) and KernelArgs differ");
+        assert_eq!(std::mem::size_of::<KernelArgs>(), c_total);
     }
 
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
