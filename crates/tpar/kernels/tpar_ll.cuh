@@ -124,12 +124,11 @@ __device__ __forceinline__ float norm_segment_fold(u32 j) {
     const u32 lane = threadIdx.x & 31;
     return butterfly_sum(lane < TPAR_NORM_THREADS / 32 ? tpar_norm_warp_sums[j][lane] : 0.f);
 }
-// A whole warp, with lane k of each group of `width` lanes holding segment k's sum of that
-// group's row (k < segments <= width): the segment sums added in order, then
-// 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane of the group.
-__device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps, int width = 32) {
-    float ss = __shfl_sync(0xffffffffu, segment_sum, 0, width);
-    for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k, width));
+// Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
+// order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
+__device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps) {
+    float ss = __shfl_sync(0xffffffffu, segment_sum, 0);
+    for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k));
     return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
 }
 
