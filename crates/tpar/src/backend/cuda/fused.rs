@@ -11,7 +11,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use super::kernels::{KernelArgs, KernelId, THREADS};
-use super::span::{DeviceSpan, DeviceSpanMut, Operands};
+use super::span::{DeviceSpan, DeviceSpanMut, FusedOperands};
 use super::stream_order::Capture;
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
@@ -131,63 +131,9 @@ pub struct FusedSpans<'a> {
     pub eps: f32,
 }
 
-impl FusedSpans<'_> {
-    fn dtype(&self) -> DType {
-        match &self.input {
-            FusedInput::Separate { x, .. } => x.dtype(),
-            FusedInput::YIntoX(x) => x.dtype(),
-        }
-    }
-
-    /// The call's addresses, every span checked against GPU `device`, `stream`, the call's
-    /// dtype (x's) and its shape.
-    fn check(&self, device: usize, stream: &CudaStream) -> Result<FusedCall> {
-        let dtype = self.dtype();
-        let elements = self.tokens.checked_mul(self.hidden).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "fused_add_rms_norm: {} tokens x {} hidden elements is too many",
-                self.tokens, self.hidden
-            ))
-        })?;
-        let (x, y) = match &self.input {
-            FusedInput::Separate { x, y } => (
-                x.address_for("x", device, stream, dtype, elements)?,
-                y.address_for("y", device, stream, dtype, elements)?,
-            ),
-            FusedInput::YIntoX(x) => {
-                let x = x.address_for("x", device, stream, dtype, elements)?;
-                (x, x)
-            }
-        };
-        let (residual, residual_out) = match &self.residual {
-            FusedResidual::InPlace(r) => (
-                r.address_for("residual", device, stream, dtype, elements)?,
-                None,
-            ),
-            FusedResidual::Separate { residual, out } => (
-                residual.address_for("residual", device, stream, dtype, elements)?,
-                Some(out.address_for("residual_out", device, stream, dtype, elements)?),
-            ),
-        };
-        Ok(FusedCall {
-            dtype,
-            tokens: self.tokens,
-            hidden: self.hidden,
-            x,
-            residual,
-            residual_out,
-            weight: self
-                .weight
-                .address_for("weight", device, stream, dtype, self.hidden)?,
-            y,
-            eps: self.eps,
-        })
-    }
-}
-
 impl CudaCommunicator {
-    /// Queues the fused op with its allreduce on tpar's `algorithm` (as
-    /// [`CudaCommunicator::fused_add_rms_norm_raw`]), its operands given as spans checked
+    /// Queues the fused op with its allreduce on tpar's `algorithm` (see
+    /// [`CudaCommunicator::fused_enqueue`]), its operands given as spans checked
     /// against this rank's GPU, `stream`, one dtype and the call's shape.
     pub fn fused_add_rms_norm(
         &self,
@@ -195,11 +141,9 @@ impl CudaCommunicator {
         algorithm: Algorithm,
         stream: &CudaStream,
     ) -> Result<FusedPlan> {
-        let call = spans.check(self.ctx.ordinal(), stream)?;
-        // SAFETY: every address of `call` comes from a span checked against this rank's GPU,
-        // `stream`, the dtype and the shape; the spans live until this returns, after the
-        // work is queued.
-        unsafe { self.fused_add_rms_norm_raw(&call, algorithm, stream.cu_stream()) }
+        let operands = FusedOperands::check(&spans, self.ctx.ordinal(), stream)?;
+        // The spans live until this returns, after the work is queued.
+        self.fused_enqueue(&operands, algorithm, stream)
     }
 
     /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
@@ -215,25 +159,21 @@ impl CudaCommunicator {
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
     /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` followed by the
     /// separate norm kernel. Returns the plan it ran.
-    ///
-    /// # Safety
-    /// Every pointer of `call` must be device memory on this rank's GPU holding
-    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
-    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
-    /// capturing).
-    pub unsafe fn fused_add_rms_norm_raw(
+    pub(crate) fn fused_enqueue(
         &self,
-        call: &FusedCall,
+        operands: &FusedOperands,
         algorithm: Algorithm,
-        stream: CUstream,
+        cuda_stream: &CudaStream,
     ) -> Result<FusedPlan> {
+        let call = operands.call();
+        let stream = cuda_stream.cu_stream();
         let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
         if !call.validate()? {
             return Ok(plan);
         }
         if !plan.fused {
-            // SAFETY: the caller's promise, passed on. (The allreduce checks the error word.)
-            unsafe { self.unfused_add_rms_norm_raw(call, algorithm, stream)? };
+            // The allreduce checks the error word.
+            self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
         self.check()?;
@@ -292,8 +232,9 @@ impl CudaCommunicator {
                 ..args
             };
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
-            // ours for the communicator's lifetime; the operands are the caller's promise. The
-            // kernel runs griddepcontrol.wait (begin_epoch) before touching memory.
+            // ours for the communicator's lifetime; the operands are checked (or promised at
+            // the FFI edge). The kernel runs griddepcontrol.wait (begin_epoch) before touching
+            // memory.
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(plan)
@@ -301,31 +242,19 @@ impl CudaCommunicator {
 
     /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
     /// `algorithm`, then the separate residual add + RMSNorm kernel reading `y`.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
-    pub unsafe fn unfused_add_rms_norm_raw(
+    pub(crate) fn unfused_enqueue(
         &self,
-        call: &FusedCall,
+        operands: &FusedOperands,
         algorithm: Algorithm,
-        stream: CUstream,
+        stream: &CudaStream,
     ) -> Result<()> {
+        let call = operands.call();
         if !call.validate()? {
             return Ok(());
         }
-        // SAFETY: the caller's promise covers x, y and the stream.
-        unsafe {
-            self.all_reduce_raw(
-                call.dtype,
-                Some(call.x),
-                call.y,
-                call.elements(),
-                algorithm,
-                stream,
-            )?;
-            let before = self.last_chunk_grid(call, algorithm);
-            self.launch_add_rms_norm(call, call.y, Some(before), stream)
-        }
+        self.enqueue(&operands.allreduce(), algorithm, stream)?;
+        let before = self.last_chunk_grid(call, algorithm);
+        self.norm_enqueue(operands, NormInput::Y, Some(before), stream)
     }
 
     /// Blocks of the last launch of a tpar allreduce of the call's elements on `algorithm`.
@@ -344,24 +273,26 @@ impl CudaCommunicator {
         .0
     }
 
-    /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output
-    /// `sum` (which may be `call.y`). `after_grid`: the blocks of the spinning kernel just
+    /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output,
+    /// read from `y` or `x` as `sum` says. `after_grid`: the blocks of the spinning kernel just
     /// before it on `stream` (`Some(0)` when none spins; `None` when unknown).
     ///
     /// With programmatic dependent launch this kernel's blocks become resident while that
     /// kernel still spins, so PDL is used only where both grids fit this rank's share of the
     /// co-resident blocks: 8 ranks sharing one H200 deadlocked (a timeout in the all-gather)
     /// when a 16-block two-shot was followed by an 8-block norm kernel with PDL (2026-12-01).
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.
-    pub unsafe fn launch_add_rms_norm(
+    pub(crate) fn norm_enqueue(
         &self,
-        call: &FusedCall,
-        sum: u64,
+        operands: &FusedOperands,
+        sum: NormInput,
         after_grid: Option<u32>,
-        stream: CUstream,
+        stream: &CudaStream,
     ) -> Result<()> {
+        let call = operands.call();
+        let sum = match sum {
+            NormInput::Y => call.y,
+            NormInput::X => call.x,
+        };
         if !call.validate()? {
             return Ok(());
         }
@@ -384,10 +315,20 @@ impl CudaCommunicator {
         let (grid, pdl) =
             self.launch_behind_last(|pdl_supported| (grid, pdl_supported && after_grid.is_some()));
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
-        // SAFETY: the argument block mirrors TparNormArgs; the pointers are the caller's
-        // promise. The kernel waits for its predecessor (griddepcontrol.wait) first.
-        unsafe { f.launch_ex(grid, THREADS, stream, &args, pdl) }
+        // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
+        // promised at the FFI edge). The kernel waits for its predecessor
+        // (griddepcontrol.wait) first.
+        unsafe { f.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl) }
     }
+}
+
+/// Where the separate norm kernel reads the rounded allreduce output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NormInput {
+    /// `y`: the allreduce wrote its output there (the unfused path).
+    Y,
+    /// `x`: the allreduce ran in place (benchmarks of the norm kernel alone).
+    X,
 }
 
 /// Blocks sharing one row of a fused launch: one per segment of the row (as the plain
@@ -442,12 +383,12 @@ impl Communicator {
         spans: FusedSpans<'_>,
         stream: &CudaStream,
     ) -> Result<FusedRun> {
-        let call = spans.check(self.cuda().context().ordinal(), stream)?;
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
+        let call = operands.call();
         let bytes = (call.elements() * call.dtype.size()) as u64;
         let allreduce = self.plan(call.dtype, bytes, capture.is_capturing())?;
-        // SAFETY: addresses of checked spans, which live until this returns.
-        let path = unsafe { self.fused_enqueue(allreduce.choice, &call, stream, capture)? };
+        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
         Ok(FusedRun { allreduce, path })
     }
 
@@ -459,10 +400,9 @@ impl Communicator {
         spans: FusedSpans<'_>,
         stream: &CudaStream,
     ) -> Result<FusedPlan> {
-        let call = spans.check(self.cuda().context().ordinal(), stream)?;
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
-        // SAFETY: addresses of checked spans, which live until this returns.
-        unsafe { self.fused_enqueue(choice, &call, stream, capture) }
+        self.fused_enqueue(choice, &operands, stream, capture)
     }
 
     /// [`Communicator::fused_add_rms_norm`] on raw addresses (the Python binding's fused op,
@@ -493,42 +433,39 @@ impl Communicator {
         call: &FusedCall,
         stream: CUstream,
     ) -> Result<FusedPlan> {
-        // SAFETY: the caller's promise: `stream` is live on this rank's context.
-        let stream = unsafe { super::borrowed_stream(self.cuda().context(), stream) };
+        // SAFETY: the caller's promise covers the stream and every address of `call`.
+        let (stream, operands) = unsafe {
+            (
+                super::borrowed_stream(self.cuda().context(), stream),
+                FusedOperands::assume(*call),
+            )
+        };
         let capture = self.capture(&stream)?;
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.fused_enqueue(choice, call, &stream, capture) }
+        self.fused_enqueue(choice, &operands, &stream, capture)
     }
 
-    /// Queues the fused op of `call` with its allreduce on `choice`, ordered like a plain
-    /// call (a fused call takes the same epochs); `capture` is `stream`'s, read once.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
-    unsafe fn fused_enqueue(
+    /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused
+    /// call takes the same epochs); `capture` is `stream`'s, read once.
+    fn fused_enqueue(
         &self,
         choice: Choice,
-        call: &FusedCall,
+        operands: &FusedOperands,
         stream: &CudaStream,
         capture: Capture,
     ) -> Result<FusedPlan> {
         let cuda = self.cuda();
+        let call = operands.call();
         match choice {
             Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
-                // SAFETY: the caller's promise, passed on.
-                unsafe { cuda.fused_add_rms_norm_raw(call, algorithm, stream.cu_stream()) }
+                cuda.fused_enqueue(operands, algorithm, stream)
             }),
             Choice::Nccl => {
                 let plan = cuda.fused_plan(None, call.dtype, call.hidden);
                 if !call.validate()? {
                     return Ok(plan);
                 }
-                // SAFETY: the caller's promise covers x and y.
-                let operands =
-                    unsafe { Operands::from_raw(call.dtype, call.x, call.y, call.elements()) };
-                self.enqueue(choice, &operands, stream, capture)?;
-                // SAFETY: as above.
-                unsafe { cuda.launch_add_rms_norm(call, call.y, None, stream.cu_stream())? };
+                self.enqueue(choice, &operands.allreduce(), stream, capture)?;
+                cuda.norm_enqueue(operands, NormInput::Y, None, stream)?;
                 Ok(plan)
             }
         }

@@ -1,17 +1,19 @@
-//! The CUDA communicator's entry point on raw device addresses and a stream handle, for
+//! The CUDA communicator's entry points on raw device addresses and a stream handle, for
 //! callers that hold them and have not moved to [`DeviceSpan`](super::DeviceSpan)s yet (the
-//! CLI's rank harness, the fused path): it wraps its arguments through the unsafe
+//! CLI's rank harness and fused bench): each wraps its arguments through the unsafe
 //! constructors of `span.rs` (the one door) and takes the safe path. Not checked like spans
 //! (no GPU, length or overlap checks: the caller's promise covers them). To be removed once
-//! no caller needs it; `tpar::Communicator`'s raw entry points do the same in its file.
+//! no caller needs them; `tpar::Communicator`'s raw entry points do the same in its files.
 
 use cudarc::driver::sys::CUstream;
 
-use super::span::{borrowed_stream, Operands};
+use super::fused::{FusedCall, NormInput};
+use super::span::{borrowed_stream, FusedOperands, Operands};
 use super::CudaCommunicator;
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::norm::FusedPlan;
 
 impl CudaCommunicator {
     /// [`CudaCommunicator::all_reduce`] on raw addresses, for callers that have not moved to
@@ -38,5 +40,73 @@ impl CudaCommunicator {
             )
         };
         self.enqueue(&operands, algorithm, &stream)
+    }
+
+    /// [`CudaCommunicator::fused_add_rms_norm`] on raw addresses (the CLI's fused bench).
+    ///
+    /// # Safety
+    /// Every pointer of `call` must be device memory on this rank's GPU holding
+    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
+    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
+    /// capturing).
+    pub unsafe fn fused_add_rms_norm_raw(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: CUstream,
+    ) -> Result<FusedPlan> {
+        // SAFETY: the caller's promise covers the stream and every address of `call`.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(&self.ctx, stream),
+                FusedOperands::assume(*call),
+            )
+        };
+        self.fused_enqueue(&operands, algorithm, &stream)
+    }
+
+    /// The unfused sequence (allreduce of `x` into `y`, then the separate norm kernel) on raw
+    /// addresses (the CLI's fused bench).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    pub unsafe fn unfused_add_rms_norm_raw(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: as above.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(&self.ctx, stream),
+                FusedOperands::assume(*call),
+            )
+        };
+        self.unfused_enqueue(&operands, algorithm, &stream)
+    }
+
+    /// The separate residual add + RMSNorm kernel alone, reading the rounded allreduce output
+    /// at `sum` (`call.y`, or any buffer of the call's shape); `after_grid` as for
+    /// [`CudaCommunicator::norm_enqueue`].
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.
+    pub unsafe fn launch_add_rms_norm(
+        &self,
+        call: &FusedCall,
+        sum: u64,
+        after_grid: Option<u32>,
+        stream: CUstream,
+    ) -> Result<()> {
+        // The norm kernel never reads x: `sum` takes its place.
+        // SAFETY: as above.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(&self.ctx, stream),
+                FusedOperands::assume(FusedCall { x: sum, ..*call }),
+            )
+        };
+        self.norm_enqueue(&operands, NormInput::X, after_grid, &stream)
     }
 }

@@ -4,6 +4,10 @@
 //! of their length) or from tpar's own [`DeviceMemory`]; only the FFI edge, where a pointer
 //! comes from another library (torch through PyO3), uses the one `unsafe fn from_raw`.
 //!
+//! The checked forms, [`Operands`] (an allreduce) and [`FusedOperands`] (the fused op), are
+//! what the backends' launch paths take: made from spans, or at an FFI edge by their unsafe
+//! constructors, so the launch paths themselves need no `unsafe` but the launch.
+//!
 //! A span made from a cudarc buffer for a stream also carries cudarc's event guard: the call's
 //! stream waits for the buffer's earlier writes, and the guard records the call's work when the
 //! span is dropped (after the call has queued it), so that cudarc frees or reuses the buffer
@@ -19,6 +23,7 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::driver::DeviceMemory;
+use super::fused::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
@@ -138,37 +143,6 @@ impl<'a> DeviceSpan<'a> {
 
     pub fn dtype(&self) -> DType {
         self.extent.dtype
-    }
-}
-
-impl DeviceSpan<'_> {
-    /// This span's address once checked to hold exactly `count` elements of `dtype` on GPU
-    /// `device`, usable on `stream`; `which` names the operand in the error.
-    pub(crate) fn address_for(
-        &self,
-        which: &str,
-        device: usize,
-        stream: &CudaStream,
-        dtype: DType,
-        count: usize,
-    ) -> Result<u64> {
-        self.extent
-            .address_for(which, device, CallStream::of(stream), dtype, count)
-    }
-}
-
-impl DeviceSpanMut<'_> {
-    /// As [`DeviceSpan::address_for`], for a written operand.
-    pub(crate) fn address_for(
-        &self,
-        which: &str,
-        device: usize,
-        stream: &CudaStream,
-        dtype: DType,
-        count: usize,
-    ) -> Result<u64> {
-        self.extent
-            .address_for(which, device, CallStream::of(stream), dtype, count)
     }
 }
 
@@ -345,6 +319,91 @@ impl Operands {
 
     pub(crate) fn in_place(&self) -> bool {
         self.input == self.output
+    }
+}
+
+/// One fused call's operands once checked: every address of the [`FusedCall`] is device memory
+/// of the communicator's GPU holding what the call reads and writes, valid for the call's
+/// stream. Made only by [`FusedOperands::check`] (from spans) or, at an FFI edge, by the unsafe
+/// [`FusedOperands::assume`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FusedOperands {
+    call: FusedCall,
+}
+
+impl FusedOperands {
+    /// The call's addresses, every span checked against GPU `device`, `stream`, the call's
+    /// dtype (x's) and its shape.
+    pub(crate) fn check(
+        spans: &FusedSpans<'_>,
+        device: usize,
+        stream: &CudaStream,
+    ) -> Result<FusedOperands> {
+        let dtype = match &spans.input {
+            FusedInput::Separate { x, .. } => x.dtype(),
+            FusedInput::YIntoX(x) => x.dtype(),
+        };
+        let elements = spans.tokens.checked_mul(spans.hidden).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "fused_add_rms_norm: {} tokens x {} hidden elements is too many",
+                spans.tokens, spans.hidden
+            ))
+        })?;
+        let at = |e: &Extent, which: &str, count: usize| {
+            e.address_for(which, device, CallStream::of(stream), dtype, count)
+        };
+        let (x, y) = match &spans.input {
+            FusedInput::Separate { x, y } => {
+                (at(&x.extent, "x", elements)?, at(&y.extent, "y", elements)?)
+            }
+            FusedInput::YIntoX(x) => {
+                let x = at(&x.extent, "x", elements)?;
+                (x, x)
+            }
+        };
+        let (residual, residual_out) = match &spans.residual {
+            FusedResidual::InPlace(r) => (at(&r.extent, "residual", elements)?, None),
+            FusedResidual::Separate { residual, out } => (
+                at(&residual.extent, "residual", elements)?,
+                Some(at(&out.extent, "residual_out", elements)?),
+            ),
+        };
+        Ok(FusedOperands {
+            call: FusedCall {
+                dtype,
+                tokens: spans.tokens,
+                hidden: spans.hidden,
+                x,
+                residual,
+                residual_out,
+                weight: at(&spans.weight.extent, "weight", spans.hidden)?,
+                y,
+                eps: spans.eps,
+            },
+        })
+    }
+
+    /// # Safety
+    /// Every address of `call` is device memory of the communicator's GPU holding
+    /// `tokens x hidden` elements of `dtype` (`weight`: `hidden`), valid (and, for `y` and
+    /// `residual_out`, writable) until the call's work on its stream is done.
+    pub(crate) unsafe fn assume(call: FusedCall) -> FusedOperands {
+        FusedOperands { call }
+    }
+
+    pub(crate) fn call(&self) -> &FusedCall {
+        &self.call
+    }
+
+    /// The operands of the fused op's allreduce: `x` summed into `y`.
+    pub(crate) fn allreduce(&self) -> Operands {
+        let c = &self.call;
+        Operands {
+            dtype: c.dtype,
+            input: c.x,
+            output: c.y,
+            count: c.tokens * c.hidden,
+        }
     }
 }
 
