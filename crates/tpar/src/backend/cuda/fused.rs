@@ -132,8 +132,9 @@ pub struct FusedSpans<'a> {
 }
 
 impl CudaCommunicator {
-    /// Queues the fused op with its allreduce on tpar's `algorithm` (see
-    /// [`CudaCommunicator::fused_enqueue`]), its operands given as spans checked
+    /// Queues the fused op with its allreduce on tpar's `algorithm` (the fused kernel where
+    /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` and the separate
+    /// norm kernel), its operands given as spans checked
     /// against this rank's GPU, `stream`, one dtype and the call's shape.
     pub fn fused_add_rms_norm(
         &self,

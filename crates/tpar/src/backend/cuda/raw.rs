@@ -87,8 +87,9 @@ impl CudaCommunicator {
     }
 
     /// The separate residual add + RMSNorm kernel alone, reading the rounded allreduce output
-    /// at `sum` (`call.y`, or any buffer of the call's shape); `after_grid` as for
-    /// [`CudaCommunicator::norm_enqueue`].
+    /// at `sum` (`call.y`, or any buffer of the call's shape). `after_grid`: the blocks of the
+    /// spinning kernel just before it on `stream` (`Some(0)` when none spins; `None` when
+    /// unknown), which decides whether it may launch with PDL.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.

@@ -4,7 +4,7 @@
 //! of their length) or from tpar's own [`DeviceMemory`]; only the FFI edge, where a pointer
 //! comes from another library (torch through PyO3), uses the one `unsafe fn from_raw`.
 //!
-//! The checked forms, [`Operands`] (an allreduce) and [`FusedOperands`] (the fused op), are
+//! The checked forms, `Operands` (an allreduce) and `FusedOperands` (the fused op), are
 //! what the backends' launch paths take: made from spans, or at an FFI edge by their unsafe
 //! constructors, so the launch paths themselves need no `unsafe` but the launch.
 //!
