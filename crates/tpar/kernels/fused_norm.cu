@@ -1,7 +1,7 @@
 // The residual add + RMSNorm on its own, after a plain allreduce: what a fused call runs when
 // its allreduce cannot be fused (two-shot, pull, NCCL, a row too large for a slot), and the
 // unfused side of `tpar bench --fused`. One block per row (grid-stride over rows), the same
-// arithmetic and sum-of-squares order as the fused kernel (tpar_ll.cuh's fused block), so both
+// arithmetic and sum-of-squares order as the fused kernel (fused.cuh), so both
 // paths agree to the bit.
 //
 // Latency-bound at decode sizes (one row of 8192 is 2048 quads, four per thread): a thread

@@ -7,7 +7,7 @@
 // `part` of a row takes the row's segments part, part + blocks_per_row, ... (a segment is
 // TPAR_NORM_THREADS quads, one per thread), so at one token the push and the wait use as many
 // SMs as the plain allreduce of the same bytes. The row's sum of squares needs every segment:
-// each block publishes its segments' tree sums as LL lines in this rank's own inbox (tpar_ll.cuh,
+// each block publishes its segments' tree sums as LL lines in this rank's own inbox (fused.cuh,
 // norm_exchange_lines) and reads all of them back in segment order, so every block and every
 // rank get the same bits. The blocks of one row are co-resident (every block of the grid is,
 // as the protocol requires), so this wait ends. With one block per row there is no exchange.

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::norm::{self, FusedPlan};
 use crate::protocol::line::lines_for_bytes;
 
-/// The epilogue's operands (`struct TparNormArgs` in tpar_ll.cuh), passed by value.
+/// The epilogue's operands (`struct TparNormArgs` in fused.cuh), passed by value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct NormArgs {
@@ -480,7 +480,11 @@ mod tests {
 
     #[test]
     fn the_argument_blocks_mirror_the_header() {
-        let header = kernels::HEADER_SOURCE;
+        let header = kernels::HEADERS
+            .iter()
+            .find(|(name, _)| *name == "fused.cuh")
+            .unwrap()
+            .1;
         assert!(header.contains(&format!("#define TPAR_HEADER_FUSED {HEADER_FUSED:#x}")));
         assert!(header.contains(&format!("#define TPAR_NORM_THREADS {}", norm::NORM_THREADS)));
         assert_eq!(norm::NORM_THREADS as u32, THREADS);
