@@ -1,7 +1,10 @@
-//! The CUDA driver calls tpar makes itself, each wrapped in a safe type: device memory,
-//! host memory mapped into the GPU (allocated, or a shared-memory segment registered), IPC
-//! handles, modules and kernel launches. All `unsafe` of the CUDA backend that is not in
-//! `nvrtc.rs` is here. Contexts, streams, events and graphs come from cudarc's safe API.
+//! The CUDA driver calls tpar makes itself, each wrapped in a safe type or function: device
+//! memory, host memory mapped into the GPU (allocated, or a shared-memory segment registered),
+//! IPC handles, peer access, capture state, modules and kernel launches. With `nvrtc.rs`, the
+//! CUDA FFI of the backend; `unsafe` elsewhere in it is only the unsafe constructors of
+//! `span.rs` (raw addresses from other libraries), the raw-address entry points of `raw.rs`
+//! built on them, and the kernel launch sites ([`Function::launch`]: the argument block must
+//! mirror the kernel's). Contexts, streams, events and graphs come from cudarc's safe API.
 //!
 //! cudarc panics when a library is missing, so [`driver_present`] must be asked first; every
 //! entry point of the backend does.
@@ -12,6 +15,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream};
 
+use super::span::Operands;
 use crate::error::{Error, Result};
 use crate::sys::SharedSegment;
 
@@ -125,6 +129,11 @@ impl DeviceMemory {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The ordinal of the GPU this memory is on.
+    pub fn device(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     pub fn upload(&self, data: &[u8]) -> Result<()> {
@@ -536,20 +545,65 @@ pub fn copy_to_host_async(
     })
 }
 
-/// Queues a device-to-device copy of `bytes` from `src` to `dst` on `stream`.
-///
-/// # Safety
-/// Both ranges must be device memory of `ctx`'s GPU, valid until the copy has run.
-pub unsafe fn copy_raw_async(
+/// Queues the copy of checked `operands`' input to their output on `stream` (what an
+/// allreduce of one rank is).
+pub(crate) fn copy_operands_async(
     ctx: &CudaContext,
-    dst: u64,
-    src: u64,
-    bytes: usize,
-    stream: sys::CUstream,
+    operands: &Operands,
+    stream: &CudaStream,
 ) -> Result<()> {
     bind(ctx)?;
-    // SAFETY: the caller's promise.
+    // SAFETY: checked operands are device memory of this GPU valid for the call's work.
     check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+        sys::cuMemcpyDtoDAsync_v2(
+            operands.output(),
+            operands.input(),
+            operands.bytes(),
+            stream.cu_stream(),
+        )
     })
+}
+
+/// `stream`'s capture status and, while capturing, the id of its capture
+/// (`cuStreamGetCaptureInfo_v3`: CUDA 12.3 or newer; cudarc panics on a driver without it,
+/// so callers check [`driver_version`] first).
+pub fn capture_info(stream: &CudaStream) -> Result<(sys::CUstreamCaptureStatus, u64)> {
+    bind(stream.context())?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: a live stream (cudarc's type) of the current context; the optional outputs
+    // (graph, dependencies, edges, count) are null, which the driver accepts.
+    check("cuStreamGetCaptureInfo", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok((status, id))
+}
+
+/// Whether `a`'s GPU can map `b`'s memory (P2P).
+pub fn can_access_peer(a: &CudaContext, b: &CudaContext) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: queries two valid devices (cudarc's contexts hold them); writes one int.
+    check("cuDeviceCanAccessPeer", unsafe {
+        sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device())
+    })?;
+    Ok(can != 0)
+}
+
+/// Lets kernels of `from`'s context access `to`'s memory; already enabled counts as done.
+pub fn enable_peer_access(from: &CudaContext, to: &CudaContext) -> Result<()> {
+    bind(from)?;
+    // SAFETY: enables access from the current context (`from`) to a live context.
+    let rc = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
+    if rc == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check("cuCtxEnablePeerAccess", rc)
 }

@@ -59,58 +59,6 @@ pub const ANATOMY_SOURCE: (&str, &str) =
     ("anatomy.cu", include_str!("../../../kernels/anatomy.cu"));
 pub const ANATOMY_RUNGS: usize = 6;
 
-/// How a kernel written out in full in a `.cu` file begins its line.
-const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
-
-/// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
-/// one kernel `stem_<suffix>` per suffix.
-const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
-
-/// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
-fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
-    match macro_name {
-        "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
-        "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
-        other => unreachable!("{other} is not an instantiation macro"),
-    }
-}
-
-/// The kernels a source file declares, by name: each `extern "C" __global__` line (the first
-/// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
-/// each instantiation macro's expansion.
-pub fn kernel_names(source: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    for line in source.lines() {
-        if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
-            names.extend(
-                rest.split_whitespace()
-                    .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
-                    .map(|word| word.split('(').next().unwrap_or(word).to_owned())
-                    .next(),
-            );
-            continue;
-        }
-        for macro_name in INSTANTIATION_MACROS {
-            let Some(arguments) = line
-                .strip_prefix(macro_name)
-                .and_then(|rest| rest.strip_prefix('('))
-            else {
-                continue;
-            };
-            let stem = arguments.split(',').next().unwrap_or_default().trim();
-            names.extend(
-                instantiation_suffixes(macro_name)
-                    .iter()
-                    .map(|suffix| format!("{stem}_{suffix}")),
-            );
-        }
-    }
-    names
-}
-
-/// Kernels of the init probe (`probe.cu`): not allreduces, launched with their own arguments.
-pub const PROBE_PREFIX: &str = "tpar_probe";
-
 /// Architectures tpar builds for (compute capability x 10): Ampere to Blackwell.
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 
@@ -171,17 +119,182 @@ pub struct KernelArgs {
     pub algo: u32,
 }
 
-/// The source file and function name of the kernel for `algorithm` on `dtype`.
-pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) {
-    let (file, stem) = match algorithm {
-        Algorithm::OneShot | Algorithm::HostStaged => ("oneshot_push.cu", "tpar_oneshot_push"),
-        Algorithm::TwoShot => ("twoshot_push.cu", "tpar_twoshot_push"),
-        Algorithm::OneShotPull => ("oneshot_pull.cu", "tpar_oneshot_pull"),
-    };
-    (file, format!("{stem}_{}", dtype.name()))
+/// Every kernel a communicator launches, as a key built once: the loader looks each one up
+/// at load time into an array indexed by [`KernelId::index`], so a launch indexes an array
+/// instead of building and hashing a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// One-shot push (also host-staged: the same kernel over host inboxes).
+    OneShotPush(DType),
+    TwoShotPush(DType),
+    OneShotPull(DType),
+    /// Allreduce + residual add + RMSNorm in one kernel (`fused_oneshot.cu`).
+    FusedOneShot(DType),
+    /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
+    AddRmsNorm(DType),
+    /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
+    Empty,
+    /// The init link probe's copy and flag ping-pong (`probe.cu`).
+    ProbeCopy,
+    ProbePingpong,
 }
 
-pub const EMPTY_KERNEL: (&str, &str) = ("floor.cu", "tpar_empty");
+/// Position of `dtype` in [`DType::ALL`] (f32, f16, bf16).
+const fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    }
+}
+
+/// Names per dtype in [`DType::ALL`]'s order.
+const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
+    names[dtype_index(dtype)]
+}
+
+impl KernelId {
+    /// How many kernels a communicator looks up.
+    pub const COUNT: usize = 18;
+
+    /// Every key, at its index.
+    pub const ALL: [KernelId; KernelId::COUNT] = {
+        use DType::{Bf16, F16, F32};
+        use KernelId::*;
+        [
+            OneShotPush(F32),
+            OneShotPush(F16),
+            OneShotPush(Bf16),
+            TwoShotPush(F32),
+            TwoShotPush(F16),
+            TwoShotPush(Bf16),
+            OneShotPull(F32),
+            OneShotPull(F16),
+            OneShotPull(Bf16),
+            FusedOneShot(F32),
+            FusedOneShot(F16),
+            FusedOneShot(Bf16),
+            AddRmsNorm(F32),
+            AddRmsNorm(F16),
+            AddRmsNorm(Bf16),
+            Empty,
+            ProbeCopy,
+            ProbePingpong,
+        ]
+    };
+
+    /// The allreduce kernel of `algorithm` on `dtype`.
+    pub const fn allreduce(algorithm: Algorithm, dtype: DType) -> KernelId {
+        match algorithm {
+            Algorithm::OneShot | Algorithm::HostStaged => KernelId::OneShotPush(dtype),
+            Algorithm::TwoShot => KernelId::TwoShotPush(dtype),
+            Algorithm::OneShotPull => KernelId::OneShotPull(dtype),
+        }
+    }
+
+    /// Where this kernel sits in [`KernelId::ALL`] and in the loader's array.
+    pub const fn index(self) -> usize {
+        match self {
+            KernelId::OneShotPush(d) => dtype_index(d),
+            KernelId::TwoShotPush(d) => 3 + dtype_index(d),
+            KernelId::OneShotPull(d) => 6 + dtype_index(d),
+            KernelId::FusedOneShot(d) => 9 + dtype_index(d),
+            KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
+            KernelId::Empty => 15,
+            KernelId::ProbeCopy => 16,
+            KernelId::ProbePingpong => 17,
+        }
+    }
+
+    /// The `extern "C"` function name in its module.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KernelId::OneShotPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_oneshot_push_f32",
+                    "tpar_oneshot_push_f16",
+                    "tpar_oneshot_push_bf16",
+                ],
+            ),
+            KernelId::TwoShotPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_twoshot_push_f32",
+                    "tpar_twoshot_push_f16",
+                    "tpar_twoshot_push_bf16",
+                ],
+            ),
+            KernelId::OneShotPull(d) => by_dtype(
+                d,
+                [
+                    "tpar_oneshot_pull_f32",
+                    "tpar_oneshot_pull_f16",
+                    "tpar_oneshot_pull_bf16",
+                ],
+            ),
+            KernelId::FusedOneShot(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_f32",
+                    "tpar_fused_oneshot_f16",
+                    "tpar_fused_oneshot_bf16",
+                ],
+            ),
+            KernelId::AddRmsNorm(d) => by_dtype(
+                d,
+                [
+                    "tpar_add_rms_norm_f32",
+                    "tpar_add_rms_norm_f16",
+                    "tpar_add_rms_norm_bf16",
+                ],
+            ),
+            KernelId::Empty => "tpar_empty",
+            KernelId::ProbeCopy => "tpar_probe_copy",
+            KernelId::ProbePingpong => "tpar_probe_pingpong",
+        }
+    }
+
+    /// The source file (in [`SOURCES`]) that defines it.
+    pub const fn file(self) -> &'static str {
+        match self {
+            KernelId::OneShotPush(_) => "oneshot_push.cu",
+            KernelId::TwoShotPush(_) => "twoshot_push.cu",
+            KernelId::OneShotPull(_) => "oneshot_pull.cu",
+            KernelId::FusedOneShot(_) => "fused_oneshot.cu",
+            KernelId::AddRmsNorm(_) => "fused_norm.cu",
+            KernelId::Empty => "floor.cu",
+            KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
+        }
+    }
+
+    /// Whether its blocks spin waiting for peers, so all must be resident at once: these
+    /// bound the blocks per SM of the co-residency check (the empty kernel and the probe,
+    /// launched alone with their own shapes, do not).
+    pub const fn spins(self) -> bool {
+        !matches!(
+            self,
+            KernelId::Empty | KernelId::ProbeCopy | KernelId::ProbePingpong
+        )
+    }
+}
+
+/// The kernels of `tpar bench --anatomy`'s ladder (`anatomy.cu`), rung by rung.
+pub const ANATOMY_KERNELS: [&str; ANATOMY_RUNGS] = [
+    "tpar_anatomy_0",
+    "tpar_anatomy_1",
+    "tpar_anatomy_2",
+    "tpar_anatomy_3",
+    "tpar_anatomy_4",
+    "tpar_anatomy_5",
+];
+
+/// The source file and function name of the kernel for `algorithm` on `dtype`, for code that
+/// loads a module itself (the CLI's anatomy ladder); communicators use [`KernelId`].
+pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) {
+    let id = KernelId::allreduce(algorithm, dtype);
+    (id.file(), id.name().to_owned())
+}
 
 #[cfg(test)]
 mod tests {
@@ -293,8 +406,89 @@ mod tests {
         );
     }
 
+    /// How a kernel written out in full in a `.cu` file begins its line.
+    const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
+
+    /// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
+    /// one kernel `stem_<suffix>` per suffix.
+    const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
+
+    /// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
+    fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
+        match macro_name {
+            "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
+            "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
+            other => unreachable!("{other} is not an instantiation macro"),
+        }
+    }
+
+    /// The kernels a source file declares, by name (test only: the loader looks kernels up by
+    /// [`KernelId`]): each `extern "C" __global__` line (the first
+    /// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
+    /// each instantiation macro's expansion.
+    fn kernel_names(source: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for line in source.lines() {
+            if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
+                names.extend(
+                    rest.split_whitespace()
+                        .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                        .map(|word| word.split('(').next().unwrap_or(word).to_owned())
+                        .next(),
+                );
+                continue;
+            }
+            for macro_name in INSTANTIATION_MACROS {
+                let Some(arguments) = line
+                    .strip_prefix(macro_name)
+                    .and_then(|rest| rest.strip_prefix('('))
+                else {
+                    continue;
+                };
+                let stem = arguments.split(',').next().unwrap_or_default().trim();
+                names.extend(
+                    instantiation_suffixes(macro_name)
+                        .iter()
+                        .map(|suffix| format!("{stem}_{suffix}")),
+                );
+            }
+        }
+        names
+    }
+
     #[test]
-    fn every_algorithm_and_dtype_has_a_kernel_in_the_sources() {
+    fn every_key_sits_at_its_index() {
+        for (i, id) in KernelId::ALL.into_iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?}");
+        }
+        let mut names: Vec<&str> = KernelId::ALL.iter().map(|k| k.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KernelId::COUNT, "two keys share a name");
+    }
+
+    #[test]
+    fn every_key_names_a_kernel_declared_in_its_file_and_every_kernel_has_a_key() {
+        let mut declared = Vec::new();
+        for (file, source) in SOURCES {
+            declared.extend(kernel_names(source).into_iter().map(|n| (file, n)));
+        }
+        for id in KernelId::ALL {
+            assert!(
+                declared.contains(&(id.file(), id.name().to_owned())),
+                "{id:?}: {} is not declared in {}",
+                id.name(),
+                id.file()
+            );
+        }
+        for (file, name) in &declared {
+            assert!(
+                KernelId::ALL
+                    .iter()
+                    .any(|k| k.name() == name && k.file() == *file),
+                "{file} declares {name}, which no KernelId names (the loader would never load it)"
+            );
+        }
         for a in Algorithm::ALL {
             for d in DType::ALL {
                 let (file, function) = kernel_for(a, d);
@@ -310,6 +504,7 @@ mod tests {
             .map(|rung| format!("tpar_anatomy_{rung}"))
             .collect();
         assert_eq!(kernel_names(ANATOMY_SOURCE.1), expected);
+        assert_eq!(ANATOMY_KERNELS.map(str::to_owned).to_vec(), expected);
     }
 
     #[test]
@@ -344,7 +539,7 @@ mod tests {
         }
         assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
         assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
-        assert!(all.contains(&EMPTY_KERNEL.1.to_owned()), "{all:?}");
+        assert!(all.contains(&KernelId::Empty.name().to_owned()), "{all:?}");
         let mut unique = all.clone();
         unique.sort();
         unique.dedup();
@@ -539,6 +734,16 @@ mod tests {
                     cubin.starts_with(b"\x7fELF"),
                     "{name} sm_{arch}: not an ELF CUBIN"
                 );
+                // The symbols the loader looks up by key are in the module (whatever macros
+                // the source uses to declare them).
+                for id in KernelId::ALL.into_iter().filter(|k| k.file() == name) {
+                    let symbol = [id.name().as_bytes(), b"\0"].concat();
+                    assert!(
+                        cubin.windows(symbol.len()).any(|w| w == symbol),
+                        "{name} sm_{arch}: no symbol {}",
+                        id.name()
+                    );
+                }
             }
         }
         eprintln!(
