@@ -10,7 +10,7 @@
 #   tune   : tpar tune and doctor with one process per GPU
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
 #            (with several GPUs) one per GPU
-#   step   : tpar bench step on the model fixtures
+#   step   : tpar bench step on the model fixtures (norms separate and fused into the allreduce)
 #   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
 #            vs measured drop in free device memory (1 and 2 ranks, nccl own/none), 1,000
 #            create/use/close cycles, calls from 2 and 3 streams eager and in one graph, several
@@ -112,7 +112,7 @@ elif [ "$mode" = step ]; then
       step step-$m-tp$gpus-tokens$k 100 $tpar bench step --config $models/$m.json --tp $gpus --tokens $k --processes --json "$out/step-$m-tp$gpus-tokens$k.json"
     done; done
   fi
-  step step-llama-tp8-shared-gpu 150 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
+  step step-llama-tp8-shared-gpu 220 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
   step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
 elif [ "$mode" = engines ]; then
   # tpar.engines under vLLM's / SGLang's calling sequence (scripts/engine_harness.py): TP 2
