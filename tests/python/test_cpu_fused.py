@@ -254,3 +254,13 @@ def test_the_cuda_plan_question_needs_a_gpu(tmp_path):
     with one_rank(tmp_path) as comm:
         with pytest.raises(tpar.TparError, match="no GPU"):
             comm.fused_plan(1, 8192)
+
+
+def test_the_readme_example_of_the_fused_op_runs_as_written():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    example = [b for b in blocks if "comm.fused_add_rms_norm(" in b]
+    assert len(example) == 1, "the README's Python section has one example of the fused op"
+    namespace = {}
+    exec(compile(example[0], "README.md (fused op example)", "exec"), namespace)  # noqa: S102 - the README's own code
+    assert namespace["y"].shape == (1, 4)
