@@ -293,3 +293,37 @@ def test_pth_hook_is_installed_and_swaps_only_when_asked(tmp_path):
     assert plain.stdout.split() == [plugins.VLLM_MODULE, "False"], plain.stdout + plain.stderr
     off = _run(tmp_path, code, TPAR_ENGINE_HOOK="1", TPAR_ALLREDUCE="0")
     assert off.stdout.split() == [plugins.VLLM_MODULE, "False"], off.stdout + off.stderr
+
+
+def _source(engine: str, path: str) -> str:
+    with _wheel(engine) as wheel:
+        return wheel.read(path).decode()
+
+
+def test_sglangs_fused_entry_asks_the_custom_allreduce_with_the_arguments_tpar_takes():
+    """The fused allreduce + residual + RMSNorm path tpar covers (see tpar.engines): SGLang's
+    GroupCoordinator.fused_allreduce_rmsnorm calls ca_comm.fused_allreduce_rmsnorm(input_,
+    residual_inp_, weight_, eps) and tpar's method takes exactly those."""
+    method = _function(_tree("sglang", SGLANG_PARALLEL_STATE), "GroupCoordinator", "fused_allreduce_rmsnorm")
+    calls = [node for node in ast.walk(method) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "fused_allreduce_rmsnorm"]
+    assert calls, "SGLang no longer asks its custom allreduce for fused_allreduce_rmsnorm: re-read parallel_state.py"
+    for call in calls:
+        inspect.signature(TparCustomAllreduce.fused_allreduce_rmsnorm).bind(None, *[None] * len(call.args),
+                                                                            **{k.arg: None for k in call.keywords})
+
+
+def test_the_fusion_paths_left_uncovered_still_bypass_the_custom_allreduce():
+    """What tpar.engines says is not covered, still true at the pinned releases: vLLM's
+    AllReduceFusionPass and SGLang's CUDA fused path call FlashInfer, not the custom-allreduce
+    object (a release that adds such a hook makes this fail, so that it gets wired)."""
+    path = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
+    vllm_pass = _source("vllm", path)
+    assert "flashinfer_trtllm_fused_allreduce_norm" in vllm_pass
+    (fusion_pass,) = [node for node in ast.walk(_tree("vllm", path))
+                      if isinstance(node, ast.ClassDef) and node.name == "AllReduceFusionPass"]
+    names = {n.attr for n in ast.walk(fusion_pass) if isinstance(n, ast.Attribute)} | {
+        n.id for n in ast.walk(fusion_pass) if isinstance(n, ast.Name)}
+    assert not names & {"ca_comm", "device_communicator", "custom_all_reduce"}, names
+    layernorm = _source("sglang", "sglang/srt/layers/layernorm.py")
+    assert "flashinfer_allreduce_residual_rmsnorm(" in layernorm and "if _use_aiter:" in layernorm

@@ -8,6 +8,9 @@ project) building tpar's class through its own plugin loader, on a gloo group of
   ``outplace_all_reduce`` op runs) resolves a small message to tpar ("ca") and gets the sum
   without its input changing, and a message over max_size to its own fallback;
 - SGLang's ``graph_capture`` enters tpar's ``capture()``;
+- SGLang's fused allreduce + residual + RMSNorm entry (``GroupCoordinator.fused_allreduce_rmsnorm``,
+  which asks the custom allreduce for ``fused_allreduce_rmsnorm`` first) reaches tpar's fused op
+  and gets the sum, the new residual and the norm, and None back for what tpar does not take;
 - a rank that cannot open tpar leaves every rank's object disabled, and SGLang routes every
   size to its own path on every rank.
 
@@ -84,6 +87,34 @@ WORKER = textwrap.dedent(
         assert torch.equal(x, before), "the input changed"
         assert torch.equal(y, expected), f"wrong sum for {count}"
         print("ROUTE", count, group._resolve_outplace_all_reduce_method(x), calls, flush=True)
+    # SGLang's fused allreduce + residual + RMSNorm entry (communication_op's
+    # tensor_model_parallel_fused_allreduce_rmsnorm calls it on the tp group).
+    def fused_entry():
+        g = torch.Generator().manual_seed(7)
+        xs = [torch.rand(3, 40, generator=g) * 2 - 1 for _ in range(n)]
+        residual, weight = torch.rand(3, 40, generator=g), torch.rand(40, generator=g) + 0.5
+        x, res_before = xs[rank].clone(), residual.clone()
+        fused = group.fused_allreduce_rmsnorm(x, residual, weight, 1e-6)
+        if ca.disabled:
+            assert fused is None, "a disabled tpar answered SGLang's fused entry"
+            return "none"
+        assert fused is not None, "SGLang's fused entry did not reach tpar"
+        norm_out, residual_out = fused
+        total = xs[0].clone()
+        for other in xs[1:]:
+            total += other
+        want_residual = total + residual
+        want_norm = want_residual * torch.rsqrt(want_residual.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+        assert torch.equal(residual_out, want_residual), "residual_out"
+        assert torch.allclose(norm_out, want_norm, rtol=1e-5, atol=1e-6), "norm_out"
+        assert torch.equal(x, xs[rank]) and torch.equal(residual, res_before), "an input changed"
+        # What tpar does not take goes back to SGLang as None: a weight of another dtype
+        # (Gemma's fp32 gamma beside bf16 activations), and a message over max_size.
+        assert group.fused_allreduce_rmsnorm(x, residual, weight.double(), 1e-6) is None
+        big = torch.ones(2, (4 << 20) // 4 + 4)
+        assert group.fused_allreduce_rmsnorm(big, big.clone(), torch.ones(big.shape[1]), 1e-6) is None
+        return f"{norm_out.shape[0]} {norm_out.shape[1]}"
+    print("FUSED", fused_entry(), flush=True)
     entered = []
     capture = ca.capture
     ca.capture = lambda: (entered.append(1), capture())[1]
@@ -118,6 +149,7 @@ def test_sglang_builds_tpar_through_its_plugin_loader_and_routes_to_it(sglang_pa
         assert "ROUTE 1024 ca [1024]" in lines, lines
         assert f"ROUTE {(8 << 20) // 4 + 4} None [1024]" in lines, lines
         assert "CAPTURE 1" in lines, lines
+        assert "FUSED 3 40" in lines, lines
         assert "tpar took the allreduce of this group" in err, err[-2000:]
 
 
@@ -130,4 +162,5 @@ def test_one_failing_rank_leaves_sglang_on_its_own_path_on_every_rank(sglang_pat
     for lines, err in _run(sglang_path, 2, "fail"):
         assert "CLASS TparCustomAllreduce True" in lines, lines
         assert "ROUTE 1024 None []" in lines, lines
+        assert "FUSED none" in lines, lines
         assert err.count("tpar is off for this group") == 1 and "group rank 1 could not open it" in err, err[-2000:]

@@ -58,6 +58,46 @@ SGLang 0.5.23
     stays on NCCL for an object without it.
   - Plugins: ``sglang.srt.plugins.load_plugins()`` calls every ``sglang.srt.plugins`` entry
     point (filtered by ``SGLANG_PLUGINS``) early in every scheduler process.
+
+Fused allreduce + residual add + RMSNorm (issue 15): which of the engines' fusion paths reach
+tpar's fused op (:meth:`tpar.Communicator.fused_add_rms_norm`), and why the others do not.
+
+Covered
+  - SGLang ``GroupCoordinator.fused_allreduce_rmsnorm(input_, residual, weight, eps)``
+    (``parallel_state.py``; ``communication_op.tensor_model_parallel_fused_allreduce_rmsnorm``
+    calls it on the tp group) asks its custom allreduce for ``fused_allreduce_rmsnorm`` first
+    ("communicator-native fused API"), inside a try/except, and takes a None as "not here".
+    :meth:`TparCustomAllreduce.fused_allreduce_rmsnorm` answers it: new ``(norm_out,
+    residual_out)`` tensors through ``tpar.ops.fused_add_rms_norm``, None where
+    ``should_custom_ar`` says False or the operands do not fit (e.g. Gemma's fp32 gamma).
+    tests/python/test_engines_sglang.py runs SGLang's own method on a gloo group.
+    Limit: in 0.5.23 SGLang's layers call that entry only on ROCm builds
+    (``layernorm._forward_with_allreduce_fusion`` takes it under ``_use_aiter``, and the
+    per-group FP8 variants); on CUDA they do not reach it.
+
+Not covered, and why
+  - SGLang on CUDA: ``_forward_with_allreduce_fusion`` calls FlashInfer's
+    ``flashinfer_allreduce_residual_rmsnorm`` (``layers/flashinfer_comm_fusion.py``), and the
+    layer boundary offers that fusion only where ``flashinfer_ar_fusion_applies`` holds
+    (``layer_boundary/residual/add_norm.py``: SM90 or SM100, FlashInfer importable, the
+    ``--flashinfer-allreduce-fusion-backend`` / fusion flag set, no DP attention, FlashInfer's
+    workspace created by the model runner before capture). A plugin could take that path only
+    by replacing the gate in two modules, the op and the workspace set-up: internals that move
+    between releases and that cannot be checked here without a GPU and SGLang's CUDA build.
+    The per-model ``CustomAllReduceFusion`` (``layer_boundary/fusions/
+    custom_all_reduce_fusion.py``, MiniMax-M3 and DeepSeek-V4 only) is built on SGLang's own
+    ``CustomAllReduceV2`` buffers, not on the custom-allreduce object.
+  - vLLM 0.33.0: its only allreduce + RMSNorm fusion is the Inductor pattern pass
+    ``compilation/passes/fusion/allreduce_rms_fusion.py`` (``AllReduceFusionPass``, enabled by
+    ``pass_config.fuse_allreduce_rms``), which rewrites ``tensor_model_parallel_all_reduce`` +
+    ``vllm_ir.fused_add_rms_norm`` into FlashInfer's ``trtllm_allreduce_fusion`` and builds
+    FlashInfer's workspace itself; nothing in it asks the custom-allreduce object. The eager
+    helper ``model_executor/layers/fused_allreduce_gemma_rms_norm.py`` calls FlashInfer or AITER
+    directly. vLLM's ``inductor_compile_config["post_grad_custom_post_pass"]`` hook would let a
+    user-supplied pass rewrite the same pattern to ``torch.ops.tpar.fused_add_rms_norm``; that
+    pass is not written (it needs vLLM's compiled graph on a GPU to be checked).
+  - So in both engines on CUDA the allreduce goes to tpar (the plugin above) and the norm
+    stays the engine's own kernel, a separate launch.
 """
 
 from __future__ import annotations

@@ -267,6 +267,30 @@ class TparCustomAllreduce:
         out = torch.empty_like(input)
         return self.comm.all_reduce(input, out=out)
 
+    def fused_allreduce_rmsnorm(self, input_, residual, weight, eps):
+        """SGLang's communicator-native fused API (``GroupCoordinator.fused_allreduce_rmsnorm``
+        tries ``ca_comm.fused_allreduce_rmsnorm(input_, residual, weight, eps)`` first):
+        ``(norm_out, residual_out)`` as new tensors, ``residual_out = allreduce(input_) +
+        residual`` and ``norm_out = rmsnorm(residual_out) * weight``, with
+        :meth:`tpar.Communicator.fused_add_rms_norm`'s exact semantics; the inputs are left as
+        they were. None (the engine then runs its own path) where :meth:`should_custom_ar` says
+        False for ``input_`` or the operands do not fit it (another dtype or device, a weight
+        that is not ``(hidden,)``, no residual). The answer depends only on shapes, dtypes and
+        the capture state, which every rank shares, so all ranks take the same path."""
+        if residual is None or not self.should_custom_ar(input_):
+            return None
+        hidden = input_.shape[-1] if input_.dim() else None
+        if (tuple(residual.shape) != tuple(input_.shape) or tuple(weight.shape) != (hidden,)
+                or residual.dtype != input_.dtype or weight.dtype != input_.dtype
+                or residual.device != input_.device or weight.device != input_.device):
+            return None
+        if input_.is_cuda:
+            from .. import ops
+
+            return ops.fused_add_rms_norm(input_, residual, weight, float(eps), self.comm)
+        return self.comm.fused_add_rms_norm(input_, residual.contiguous(), weight.contiguous(), float(eps),
+                                            in_place=False)
+
     def custom_all_gather(self, inp):
         """None: tpar has no all-gather, so the engine uses its NCCL."""
         return None
