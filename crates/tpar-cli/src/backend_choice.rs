@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use tpar::dispatch::Choice;
 
-use crate::cuda_ranks::Route;
+use tpar::harness::cuda_ranks::Route;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {

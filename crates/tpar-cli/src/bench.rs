@@ -12,10 +12,10 @@ use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
 use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
 use crate::backend_choice::{Backend, BackendArg, Setup};
-use crate::known::{total_across_ranks, KnownData};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
 use crate::report::{bus_bandwidth_gbps, cpu_device, emit, percentile, Provenance, Table};
+use tpar::harness::known::{total_across_ranks, KnownData};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
@@ -37,7 +37,7 @@ pub struct BenchArgs {
     #[arg(long)]
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to time, comma-separated, from: ", crate::route_names!(),
+        "Algorithms to time, comma-separated, from: ", tpar::route_names!(),
         " (CPU: one-shot, two-shot) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -134,7 +134,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if args.anatomy {
-        crate::anatomy::run(args.world_size, args.iters, args.json.as_deref())?;
+        crate::cuda_commands::anatomy(args.world_size, args.iters, args.json.as_deref())?;
         return Ok(std::process::ExitCode::SUCCESS);
     }
     // Everything is checked before any rank starts.
@@ -162,7 +162,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::bench(
             args.processes,
             world_size,
-            crate::cuda_bench::CudaBenchPlan {
+            tpar::harness::cuda_bench::CudaBenchPlan {
                 sizes: bytes.into_iter().zip(counts).collect(),
                 choices: setup.choices,
                 dtype,

@@ -22,10 +22,10 @@ use tpar::DType;
 use crate::args::parse_list;
 use crate::backend_choice::cuda_device;
 use crate::blas::Blas;
-use crate::cuda_bench::time_replays;
 use crate::cuda_commands::{config, on_ranks};
-use crate::cuda_ranks::{CudaRanks, Route};
 use crate::report::{emit, name_with_runs, percentile, skipped_row, Provenance, Table};
+use tpar::harness::cuda_bench::time_replays;
+use tpar::harness::cuda_ranks::{CudaRanks, Route};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -44,7 +44,7 @@ pub struct StepArgs {
     #[arg(long)]
     layers: Option<u64>,
     #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
-        "How the allreduces run, comma-separated, from: ", crate::route_names!(),
+        "How the allreduces run, comma-separated, from: ", tpar::route_names!(),
         " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
     ))]
     algos: String,
@@ -195,7 +195,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         reduces.push(Reduce::With(r));
     }
     let timeout = args.timeout;
-    let gpus = crate::cuda_ranks::device_count().context(
+    let gpus = tpar::harness::cuda_ranks::device_count().context(
         "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
     )?;
     // NCCL takes one process per rank: with a GPU for every rank, run that way by default.
@@ -298,7 +298,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         if !leader {
             return Ok(());
         }
-        let gpus = crate::cuda_ranks::device_count()?;
+        let gpus = tpar::harness::cuda_ranks::device_count()?;
         let report = StepReport {
             model: model.name.clone(),
             tp: args.tp,

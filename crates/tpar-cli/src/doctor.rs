@@ -33,7 +33,7 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", crate::route_names!()
+        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar::route_names!()
     ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).
@@ -246,7 +246,8 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
             );
             continue;
         }
-        let result = crate::cuda_ranks::quick_check(ranks, algo);
+        let result =
+            tpar::harness::cuda_ranks::quick_check(ranks, algo).map_err(anyhow::Error::from);
         if let Err(e) = &result {
             probe
                 .failed

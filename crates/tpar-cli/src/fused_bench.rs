@@ -16,9 +16,10 @@ use tpar::check::fill_input;
 use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType, Error};
 
-use crate::cuda_bench::time_replays;
-use crate::cuda_ranks::CudaRanks;
 use crate::report::{emit, percentile, Provenance, Table};
+use tpar::harness::cuda_bench::time_replays;
+use tpar::harness::cuda_ranks::CudaRanks;
+use tpar::harness::cuda_selftest::MakeGroup;
 
 /// Inputs of one case for every rank of the job, and the reference outputs.
 struct HostCase {
@@ -178,7 +179,7 @@ const SHAPES: [(usize, usize); 6] = [
 /// and host-staged (fused) and two-shot (allreduce + separate norm), then, with `failure_cases`,
 /// a silent peer and a mismatched call.
 pub fn selftest(
-    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
+    make: MakeGroup<'_>,
     dtypes: &[DType],
     timeout: Duration,
     failure_cases: bool,
@@ -302,7 +303,7 @@ const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The last rank never calls: every other rank's fused kernel must give up at its deadline,
 /// naming that rank.
-fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
     let mut group = make(CudaConfig {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -342,7 +343,7 @@ fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRo
 
 /// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
 /// every rank must report a mismatched call, none a result.
-fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
     let mut group = make(CudaConfig {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -487,7 +488,7 @@ pub fn run(
                         }
                         Ok(())
                     };
-                    let graphs = group.capture_each(|i, s| {
+                    let graphs = group.capture_each(|i, s| -> Result<()> {
                         for _ in 0..chain {
                             one(&group, i, s)?;
                         }

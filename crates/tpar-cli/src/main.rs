@@ -4,20 +4,15 @@
 //! host), or run as one rank when an outside launcher set the rank environment (see
 //! `tpar help bench` and the README).
 
-mod anatomy;
 mod args;
 mod backend_choice;
 mod bench;
 mod bench_step;
 mod blas;
-mod cuda_bench;
 mod cuda_commands;
-mod cuda_ranks;
-mod cuda_selftest;
 mod debug_rank;
 mod doctor;
 mod fused_bench;
-mod known;
 mod limits;
 mod plan;
 mod plot;

@@ -12,9 +12,9 @@ use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
 
 use crate::args::{parse_dtypes, parse_list};
 use crate::backend_choice::{Backend, BackendArg, Setup};
-use crate::known::{total_across_ranks, KnownData};
 use crate::ranks::{run_ranks, Rank};
 use crate::report::Table;
+use tpar::harness::known::{total_across_ranks, KnownData};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -32,7 +32,7 @@ pub struct SelftestArgs {
     #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
     dtypes: String,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to check, comma-separated, from: ", crate::route_names!(),
+        "Algorithms to check, comma-separated, from: ", tpar::route_names!(),
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -95,7 +95,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::selftest(
             args.processes,
             world_size,
-            crate::cuda_selftest::CudaPlan {
+            tpar::harness::cuda_selftest::CudaPlan {
                 counts,
                 dtypes,
                 algorithms,

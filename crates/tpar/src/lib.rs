@@ -12,6 +12,8 @@
 //!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call.
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
+//! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
+//!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
 //! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
 
 pub mod algorithm;
@@ -21,6 +23,7 @@ pub mod communicator;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
+pub mod harness;
 pub mod hash;
 pub mod launch;
 pub mod memory;

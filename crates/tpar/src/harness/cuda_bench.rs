@@ -8,18 +8,18 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use crate::backend::cuda::driver::{
+    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
+};
+use crate::dispatch::Choice;
+use crate::{Algorithm, DType};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
-use tpar::backend::cuda::driver::{
-    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
-};
-use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType};
 
-use crate::cuda_ranks::{CudaRanks, Route};
-use crate::report::{bus_bandwidth_gbps, percentile};
+use super::cuda_ranks::{CudaRanks, Route};
+use super::stats::{bus_bandwidth_gbps, percentile};
+use super::Result;
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
@@ -113,7 +113,7 @@ pub struct Floors {
 /// Replays `graphs` (one per local rank, each on its rank's stream, or a single graph holding
 /// every rank) `warmup + replays` times, timing each replay with events on the first stream:
 /// the other streams start after it and it waits for them.
-pub(crate) fn time_replays(
+pub fn time_replays(
     group: &CudaRanks,
     graphs: &[CudaGraph],
     warmup: usize,
@@ -148,7 +148,7 @@ pub(crate) fn time_replays(
     let mut us: Vec<f64> = events
         .iter()
         .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3))
-        .collect::<Result<_, _>>()?;
+        .collect::<std::result::Result<_, _>>()?;
     us.sort_by(f64::total_cmp);
     Ok(us)
 }
@@ -173,14 +173,15 @@ fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
 }
 
 pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
-    let chain = group.capture_each(|i, s| {
+    let chain = group.capture_each(|i, s| -> Result<()> {
         for _ in 0..plan.chain {
             group.comms[i].cuda().launch_empty(s)?;
         }
         Ok(())
     })?;
     let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
-    let single = group.capture(|i, s| Ok(group.comms[i].cuda().launch_empty(s)?))?;
+    let single =
+        group.capture(|i, s| -> Result<()> { Ok(group.comms[i].cuda().launch_empty(s)?) })?;
     let single_us = time_replays(
         group,
         std::slice::from_ref(&single),
@@ -222,7 +223,7 @@ pub fn run(
     group: &mut CudaRanks,
     plan: &CudaBenchPlan,
     floors: &Floors,
-    mut progress: impl FnMut(&str),
+    mut progress: impl FnMut(u64, Route),
 ) -> Result<Vec<CudaRow>> {
     let dtype = plan.dtype;
     let n = group.world_size as f64;
@@ -233,7 +234,7 @@ pub fn run(
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.choices {
-            progress(&format!("{} {algo}", crate::report::size(bytes)));
+            progress(bytes, algo);
             let mut row = CudaRow {
                 bytes,
                 algo: algo.name().to_owned(),
@@ -272,7 +273,7 @@ pub fn run(
             // NCCL adds in its own order and rounds every 16-bit partial sum: checked within
             // the worst case of that; tpar's paths bitwise.
             let tolerance = if planned == Choice::Nccl {
-                tpar::check::unordered_sum_error_bound(dtype, group.world_size)
+                crate::check::unordered_sum_error_bound(dtype, group.world_size)
             } else {
                 0.0
             };
@@ -299,7 +300,7 @@ pub fn run(
             row.chain = chain_len;
             row.replays = replays;
 
-            let chain = group.capture_each(|i, s| {
+            let chain = group.capture_each(|i, s| -> Result<()> {
                 for k in 0..chain_len {
                     // SAFETY: the buffers outlive the graph, which is dropped in this scope.
                     unsafe { group.queue(i, s, &buffers, Some(k % 2), dtype, count, algo)? };
@@ -310,7 +311,7 @@ pub fn run(
             wrong += check(group, (chain_len - 1) % 2)?;
             drop(chain);
 
-            let single = group.capture(|i, s| {
+            let single = group.capture(|i, s| -> Result<()> {
                 // SAFETY: as above.
                 unsafe { group.queue(i, s, &buffers, Some(0), dtype, count, algo) }
             })?;

@@ -6,18 +6,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::nccl::NcclCommunicator;
+use crate::dispatch::Choice;
+use crate::topology::Topology;
+use crate::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
-use tpar::backend::cuda::driver::DeviceMemory;
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
-use tpar::backend::nccl::NcclCommunicator;
-use tpar::dispatch::Choice;
-use tpar::topology::Topology;
-use tpar::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
 
-use crate::known::{total_across_ranks, KnownData};
-use crate::ranks::Rank;
+use super::known::{total_across_ranks, KnownData};
+use super::ranks::Rank;
+use super::{bail, Context, HarnessError, Result};
 
 /// What a call runs: one fixed choice, or whatever the dispatcher picks for its size (`auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,13 +96,13 @@ macro_rules! route_names {
 pub const ROUTE_NAMES: &str = route_names!();
 
 impl std::str::FromStr for Route {
-    type Err = tpar::Error;
-    fn from_str(s: &str) -> std::result::Result<Route, tpar::Error> {
+    type Err = crate::Error;
+    fn from_str(s: &str) -> std::result::Result<Route, crate::Error> {
         if s.trim().eq_ignore_ascii_case("auto") {
             Ok(Route::Auto)
         } else {
             s.parse().map(Route::Fixed).map_err(|_| {
-                tpar::Error::InvalidArgument(format!(
+                crate::Error::InvalidArgument(format!(
                     "unknown algorithm '{}'; the names are: {ROUTE_NAMES}",
                     s.trim()
                 ))
@@ -130,7 +130,7 @@ pub struct RankBuffers {
 }
 
 pub fn device_count() -> Result<usize> {
-    Ok(tpar::backend::cuda::probe()?)
+    Ok(crate::backend::cuda::probe()?)
 }
 
 impl CudaRanks {
@@ -233,7 +233,7 @@ impl CudaRanks {
             let result = comm.cuda().synchronize(&self.streams[i]);
             let took = start.elapsed();
             match result {
-                Err(tpar::Error::PeerTimeout { peer, .. })
+                Err(crate::Error::PeerTimeout { peer, .. })
                     if peer == silent && took <= deadline + Duration::from_secs(1) =>
                 {
                     detail = format!(" (kernels gave up after {took:.2?}, deadline {deadline:?})");
@@ -397,7 +397,7 @@ impl CudaRanks {
             b.output.download(&mut host)?;
             let expected = k.expected(variant, count);
             let mismatch = if tolerance == 0.0 {
-                tpar::check::first_mismatch(dtype, &host, expected)
+                crate::check::first_mismatch(dtype, &host, expected)
             } else {
                 (0..count)
                     .map(|e| (e, dtype.load_f32(&host, e), dtype.load_f32(expected, e)))
@@ -408,7 +408,7 @@ impl CudaRanks {
             if let Some((index, got, want)) = mismatch {
                 wrong += 1;
                 let previous = dtype.load_f32(k.expected(variant + 1, count), index) == got;
-                crate::ranks::say(
+                super::ranks::say(
                     self.ranks[i],
                     &format!(
                         "wrong result at {count} {dtype} elements: first at element {index}, got {got}, expected {want}{}",
@@ -421,50 +421,53 @@ impl CudaRanks {
     }
 
     /// Captures one graph per local rank on its own stream, as each GPU of a real machine
-    /// would capture its own decode graph.
-    pub fn capture_each(
+    /// would capture its own decode graph. `body` may fail with the caller's own error type.
+    pub fn capture_each<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
-    ) -> Result<Vec<CudaGraph>> {
+        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Vec<CudaGraph>, E> {
         self.streams
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                    .map_err(HarnessError::from)?;
                 let captured = body(i, s);
                 let graph = s.end_capture(CUgraphInstantiate_flags(0));
                 captured?;
-                graph?.context("stream capture produced no graph")
+                let graph = graph.map_err(HarnessError::from)?;
+                Ok(graph.context("stream capture produced no graph")?)
             })
             .collect()
     }
 
     /// Captures one graph: `body(local_index, stream)` queues rank work on that rank's stream;
     /// the other streams fork from and join back into the first.
-    pub fn capture(
+    pub fn capture<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
-    ) -> Result<CudaGraph> {
+        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<CudaGraph, E> {
         let main = &self.streams[0];
-        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-        let captured = (|| -> Result<()> {
-            let fork = main.record_event(None)?;
+        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(HarnessError::from)?;
+        let captured = (|| -> std::result::Result<(), E> {
+            let fork = main.record_event(None).map_err(HarnessError::from)?;
             for s in &self.streams[1..] {
-                s.wait(&fork)?;
+                s.wait(&fork).map_err(HarnessError::from)?;
             }
             for (i, s) in self.streams.iter().enumerate() {
                 body(i, s)?;
             }
             for s in &self.streams[1..] {
-                main.join(s)?;
+                main.join(s).map_err(HarnessError::from)?;
             }
             Ok(())
         })();
         let graph = main.end_capture(CUgraphInstantiate_flags(0));
         captured?;
-        match graph? {
+        match graph.map_err(HarnessError::from)? {
             Some(g) => Ok(g),
-            None => bail!("stream capture produced no graph"),
+            None => Err(HarnessError::Failed("stream capture produced no graph".into()).into()),
         }
     }
 }
@@ -521,7 +524,7 @@ mod route_name_tests {
         }
         let err = "ring".parse::<Route>().unwrap_err().to_string();
         assert!(err.contains(ROUTE_NAMES), "{err}");
-        let readme = include_str!("../../../README.md");
+        let readme = include_str!("../../../../README.md");
         assert!(
             readme.contains(ROUTE_NAMES),
             "README lists other algorithm names"

@@ -2,18 +2,19 @@
 //! and replayed from a CUDA graph, each compared bitwise with the exact sum (the kernels
 //! accumulate in fp32 in rank order, as the reference does); a graph replayed 1000 times with
 //! new inputs each time; and a peer-timeout case after which a fresh group must pass.
+//! Rows are counted across ranks (a row fails when any rank got a wrong bit); the caller
+//! prints them.
 
 use std::time::{Duration, Instant};
 
-use crate::cuda_ranks::Route;
-use anyhow::Result;
-use tpar::backend::cuda::CudaConfig;
-use tpar::check::{fill_expected, fill_input};
-use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType};
+use crate::backend::cuda::CudaConfig;
+use crate::check::{fill_expected, fill_input};
+use crate::dispatch::Choice;
+use crate::{Algorithm, DType};
 
-use crate::cuda_ranks::CudaRanks;
-use crate::report::Table;
+use super::cuda_ranks::{CudaRanks, RankBuffers, Route};
+use super::known::KnownData;
+use super::Result;
 
 pub struct CudaPlan {
     pub counts: Vec<usize>,
@@ -26,28 +27,45 @@ pub struct CudaPlan {
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
-pub fn run(
-    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
-    plan: &CudaPlan,
-) -> Result<(usize, usize, Option<String>)> {
-    let mut table = Table::new(
-        &["case", "dtype", "elements", "placement", "mode", "result"],
-        5,
-    );
-    let mut failed = 0;
-    let mut rows = 0;
-    let mut leader = false;
-    let mut record = |table: &mut Table, cells: [&str; 5], bad: u64, detail: String| {
-        rows += 1;
-        failed += usize::from(bad > 0);
-        let mut row: Vec<String> = cells.iter().map(|s| s.to_string()).collect();
-        row.push(if bad == 0 {
-            format!("pass{detail}")
+/// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
+/// process's rank of a job).
+pub type MakeGroup<'a> = &'a dyn Fn(CudaConfig) -> Result<CudaRanks>;
+
+/// One row of a self-test: what was checked (case, dtype, elements, placement, mode), on how
+/// many ranks it failed (0: passed everywhere), and a note for the result column.
+pub struct SelftestRow {
+    pub cells: [String; 5],
+    pub bad: u64,
+    pub detail: String,
+}
+
+impl SelftestRow {
+    /// The result column: `pass` or `FAIL on N rank(s)`, with the note.
+    pub fn result(&self) -> String {
+        if self.bad == 0 {
+            format!("pass{}", self.detail)
         } else {
-            format!("FAIL on {bad} rank(s){detail}")
+            format!("FAIL on {} rank(s){}", self.bad, self.detail)
+        }
+    }
+}
+
+/// The rows of a sweep, and whether this process holds rank 0 (which prints them).
+pub struct Sweep {
+    pub rows: Vec<SelftestRow>,
+    pub leader: bool,
+}
+
+/// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
+pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
+    let mut rows = Vec::new();
+    let mut leader = false;
+    let record = |rows: &mut Vec<SelftestRow>, cells: [&str; 5], bad: u64, detail: String| {
+        rows.push(SelftestRow {
+            cells: cells.map(str::to_owned),
+            bad,
+            detail,
         });
-        table.push(row);
     };
 
     if plan.timeout_case {
@@ -79,7 +97,7 @@ pub fn run(
         let bad = group.total(bad)?;
         leader |= group.is_leader();
         record(
-            &mut table,
+            &mut rows,
             [
                 "peer timeout",
                 "-",
@@ -106,7 +124,7 @@ pub fn run(
         for &algo in &plan.algorithms {
             if let Err(why) = group.supports(Route::Fixed(Choice::Tpar(algo))) {
                 record(
-                    &mut table,
+                    &mut rows,
                     [algo.name(), dtype.name(), "-", "-", "-"],
                     0,
                     format!(" (skipped: {why})"),
@@ -133,7 +151,7 @@ pub fn run(
                     }
                     let bad = group.total(wrong)?;
                     record(
-                        &mut table,
+                        &mut rows,
                         [
                             algo.name(),
                             dtype.name(),
@@ -146,7 +164,7 @@ pub fn run(
                     );
 
                     // Graph: captured once, replayed with new data in the same buffers.
-                    let graph = group.capture(|i, stream| {
+                    let graph = group.capture(|i, stream| -> Result<()> {
                         // SAFETY: the graph is dropped before the buffers.
                         unsafe {
                             group.queue(
@@ -174,7 +192,7 @@ pub fn run(
                     group.upload_inputs(&buffers, &known, max_count)?;
                     let bad = group.total(wrong)?;
                     record(
-                        &mut table,
+                        &mut rows,
                         [
                             algo.name(),
                             dtype.name(),
@@ -200,7 +218,7 @@ pub fn run(
         if group.supports(Route::Fixed(Choice::Tpar(algo))).is_err() || plan.replays == 0 {
             continue;
         }
-        let graph = group.capture(|i, stream| {
+        let graph = group.capture(|i, stream| -> Result<()> {
             // SAFETY: the graph is dropped before the buffers.
             unsafe {
                 group.queue(
@@ -231,7 +249,7 @@ pub fn run(
         }
         let bad = group.total(wrong)?;
         record(
-            &mut table,
+            &mut rows,
             [
                 algo.name(),
                 dtype.name(),
@@ -245,26 +263,14 @@ pub fn run(
     }
     drop(buffers);
     drop(group);
-    // The fused allreduce + residual add + RMSNorm (fused_bench.rs), with one-shot in the
-    // sweep (`--algos two-shot` leaves them out).
-    let fused_rows = if plan.algorithms.contains(&Algorithm::OneShot) {
-        crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)?
-    } else {
-        Vec::new()
-    };
-    for row in fused_rows {
-        let cells = row.cells.each_ref().map(String::as_str);
-        record(&mut table, cells, row.bad, row.detail);
-    }
-    let text = leader.then(|| table.render());
-    Ok((rows, failed, text))
+    Ok(Sweep { rows, leader })
 }
 
 /// In place: the output starts as the input. Out of place: poisoned, so that an unwritten
 /// element cannot pass.
 fn prepare_output(
-    buffers: &[crate::cuda_ranks::RankBuffers],
-    known: &[crate::known::KnownData],
+    buffers: &[RankBuffers],
+    known: &[KnownData],
     count: usize,
     variant: usize,
     in_place: bool,
