@@ -56,11 +56,11 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
         if plan.algorithms.contains(&tpar::Algorithm::OneShot) {
             let fused =
                 crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)?;
-            rows.extend(fused.into_iter().map(|r| cuda_selftest::SelftestRow {
-                cells: r.cells,
-                bad: r.bad,
-                detail: r.detail,
-            }));
+            rows.extend(
+                fused.into_iter().map(|r| {
+                    cuda_selftest::SelftestRow::tallied(r.cells.to_vec(), r.bad, r.detail)
+                }),
+            );
         }
         let failed = rows.iter().filter(|r| r.bad > 0).count();
         let rows_run = rows.len();
@@ -70,8 +70,8 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
                 5,
             );
             for row in &rows {
-                let mut cells = row.cells.to_vec();
-                cells.push(row.result());
+                let mut cells = row.cells.clone();
+                cells.push(row.result.clone());
                 table.push(cells);
             }
             let table = table.render();

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-pub use tpar::harness::stats::{bus_bandwidth_gbps, percentile};
+pub use tpar::harness::stats::percentile;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Provenance {

@@ -8,12 +8,10 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::sys::CUstream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::stream_order::StreamOrder;
 use crate::backend::cuda::{CudaCommunicator, CudaConfig};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
-use crate::check::{fill_expected, fill_input, first_mismatch};
 use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -405,29 +403,17 @@ impl Communicator {
         instance: &str,
         timeout: std::time::Duration,
     ) -> Result<Vec<(Choice, String)>> {
-        let dtype = DType::Bf16;
-        let counts = [4099usize, 140_001];
+        let spec = crate::harness::verify::INIT_CHECK;
         let rank = self.cuda.rank();
-
-        let ctx = self.cuda.context().clone();
-        let stream = ctx
+        let stream = self
+            .cuda
+            .context()
             .new_stream()
             .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
-        let max = counts[counts.len() - 1];
-        let buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
-        // Inputs and expected sums depend on the count only: made once, used for every path.
-        let cases: Vec<(usize, Vec<u8>, Vec<u8>)> = counts
-            .iter()
-            .enumerate()
-            .map(|(seed, &count)| {
-                let mut input = vec![0u8; count * dtype.size()];
-                let mut expected = vec![0u8; count * dtype.size()];
-                fill_input(dtype, seed as u64, rank, &mut input);
-                fill_expected(dtype, seed as u64, self.cuda.world_size(), &mut expected);
-                (count, input, expected)
-            })
-            .collect();
-        let mut output = vec![0u8; max * dtype.size()];
+        let target = crate::harness::verify::BackendRank {
+            cuda: &self.cuda,
+            stream: &stream,
+        };
         let mut failures: Vec<(String, String)> = Vec::new();
         let mut checked: Vec<&str> = Vec::new();
         for algorithm in Algorithm::ALL {
@@ -435,35 +421,19 @@ impl Communicator {
                 continue;
             }
             checked.push(algorithm.name());
-            for (count, input, expected) in &cases {
-                let (count, bytes) = (*count, input.len());
-                buffer.upload(input)?;
-                // SAFETY: `buffer` holds `count` elements on this rank's GPU and outlives the
-                // call, which is synchronised before the next line.
-                unsafe {
-                    self.cuda.all_reduce_raw(
-                        dtype,
-                        None,
-                        buffer.ptr(),
-                        count,
-                        algorithm,
-                        stream.cu_stream(),
-                    )?
-                };
-                self.cuda.synchronize(&stream).map_err(|e| {
+            let findings =
+                crate::harness::verify::check(&target, algorithm, &spec).map_err(|e| {
                     Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
                 })?;
-                buffer.download(&mut output[..bytes])?;
-                // One finding per path; every rank still makes every call (they are collective).
-                let already = failures.iter().any(|(name, _)| name == algorithm.name());
-                if let Some((i, got, want)) =
-                    first_mismatch(dtype, &output[..bytes], expected).filter(|_| !already)
-                {
-                    failures.push((
-                        algorithm.name().to_owned(),
-                        format!("the init self-test on rank {rank}, {count} bf16 elements: element {i} was {got}, expected {want}"),
-                    ));
-                }
+            // One finding per path; every rank made every call (they are collective).
+            if let Some(f) = findings.first() {
+                failures.push((
+                    algorithm.name().to_owned(),
+                    format!(
+                        "the init self-test on rank {rank}, {} {} elements: element {} was {}, expected {}",
+                        f.count, spec.dtype, f.index, f.got, f.want
+                    ),
+                ));
             }
         }
         let key = format!("selftest-{instance}");
@@ -474,7 +444,11 @@ impl Communicator {
             log::info!(
                 "init self-test on rank {rank}: {} correct on every rank ({} bf16 elements, every element checked)",
                 checked.join(", "),
-                counts.map(|c| c.to_string()).join(" and ")
+                spec.counts
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             );
         }
         Ok(vetoed)

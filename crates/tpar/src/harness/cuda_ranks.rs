@@ -17,6 +17,7 @@ use cudarc::driver::{CudaGraph, CudaStream};
 
 use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
+use super::verify::{self, CheckRanks, Finding};
 use super::{bail, Context, HarnessError, Result};
 
 /// What a call runs: one fixed choice, or whatever the dispatcher picks for its size (`auto`).
@@ -472,8 +473,67 @@ impl CudaRanks {
     }
 }
 
+impl CheckRanks for CudaRanks {
+    type Error = HarnessError;
+
+    fn local_ranks(&self) -> usize {
+        self.comms.len()
+    }
+
+    fn rank(&self, i: usize) -> usize {
+        self.ranks[i]
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn cuda(&self, i: usize) -> &CudaCommunicator {
+        self.comms[i].cuda()
+    }
+
+    unsafe fn queue(
+        &self,
+        i: usize,
+        algorithm: Algorithm,
+        dtype: DType,
+        input: Option<&DeviceMemory>,
+        output: &DeviceMemory,
+        count: usize,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe {
+            Route::Fixed(Choice::Tpar(algorithm)).queue(
+                &self.comms[i],
+                dtype,
+                input.map(DeviceMemory::ptr),
+                output.ptr(),
+                count,
+                &self.streams[i],
+            )
+        }
+    }
+
+    fn synchronize(&self, i: usize) -> Result<()> {
+        let comm = &self.comms[i];
+        let rank = comm.cuda().rank();
+        comm.cuda()
+            .synchronize(&self.streams[i])
+            .with_context(|| format!("rank {rank}"))?;
+        comm.check().with_context(|| format!("rank {rank}"))
+    }
+}
+
+/// Describes each wrong output on stderr as its rank (`tpar[rank R]: ...`), so that a failure
+/// can be diagnosed.
+pub fn say_findings(findings: &[Finding], dtype: DType) {
+    for f in findings {
+        super::ranks::say(f.rank, &f.describe(dtype));
+    }
+}
+
 /// A quick numerical check of one algorithm on `world_size` ranks in this process (doctor):
-/// two calls at each of a few odd sizes, compared bitwise with the exact sum.
+/// [`verify::QUICK_CHECK`], compared bitwise with the exact sum.
 pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     let group = CudaRanks::threads(
         world_size,
@@ -482,32 +542,37 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
             ..CudaConfig::default()
         },
     )?;
-    let counts = [0, 7, 4099, 70001];
-    let dtype = DType::Bf16;
-    let max = counts[counts.len() - 1];
-    let known = group.known(dtype, max, [51, 52]);
-    let buffers = group.buffers(max * dtype.size())?;
-    group.upload_inputs(&buffers, &known, max)?;
-    for count in counts {
-        for variant in 0..2 {
-            group.launch(
-                &buffers,
-                dtype,
-                count,
-                Route::Fixed(Choice::Tpar(algorithm)),
-                variant,
-                false,
-            )?;
-            group.synchronize()?;
-            let wrong = group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
-            if wrong > 0 {
-                bail!("{wrong} of {world_size} ranks got a wrong sum at {count} elements");
-            }
-        }
+    let spec = verify::QUICK_CHECK;
+    let findings = verify::check(&group, algorithm, &spec)?;
+    if let Some(first) = findings.first() {
+        let wrong: Vec<Finding> = findings
+            .iter()
+            .filter(|f| f.count == first.count && f.call == first.call)
+            .cloned()
+            .collect();
+        say_findings(&wrong, spec.dtype);
+        bail!(
+            "{} of {world_size} ranks got a wrong sum at {} elements",
+            wrong.len(),
+            first.count
+        );
     }
-    Ok(format!(
-        "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
-    ))
+    Ok(exact_sums(world_size, &spec))
+}
+
+/// "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements": what a passed check shows.
+fn exact_sums(world_size: usize, spec: &verify::CheckSpec<'_>) -> String {
+    let counts: Vec<String> = spec.counts.iter().map(usize::to_string).collect();
+    let (last, rest) = counts.split_last().expect("a check has counts");
+    format!(
+        "exact sums on {world_size} ranks at {}{last} {} elements",
+        if rest.is_empty() {
+            String::new()
+        } else {
+            format!("{} and ", rest.join(", "))
+        },
+        spec.dtype
+    )
 }
 
 #[cfg(test)]
@@ -524,6 +589,10 @@ mod route_name_tests {
         }
         let err = "ring".parse::<Route>().unwrap_err().to_string();
         assert!(err.contains(ROUTE_NAMES), "{err}");
+        assert_eq!(
+            exact_sums(2, &verify::QUICK_CHECK),
+            "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements"
+        );
         let readme = include_str!("../../../../README.md");
         assert!(
             readme.contains(ROUTE_NAMES),

@@ -12,8 +12,9 @@ use crate::check::{fill_expected, fill_input};
 use crate::dispatch::Choice;
 use crate::{Algorithm, DType};
 
-use super::cuda_ranks::{CudaRanks, RankBuffers, Route};
+use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers, Route};
 use super::known::KnownData;
+use super::verify::{self, CheckSpec};
 use super::Result;
 
 pub struct CudaPlan {
@@ -27,26 +28,30 @@ pub struct CudaPlan {
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
+/// The two inputs every row alternates between.
+const SEEDS: [u64; 2] = [31, 32];
+
 /// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
 /// process's rank of a job).
 pub type MakeGroup<'a> = &'a dyn Fn(CudaConfig) -> Result<CudaRanks>;
 
-/// One row of a self-test: what was checked (case, dtype, elements, placement, mode), on how
-/// many ranks it failed (0: passed everywhere), and a note for the result column.
+/// One row of a self-test: what was checked (case, dtype, elements, placement and, on CUDA,
+/// mode), on how many ranks it failed (0: passed everywhere), and the result column.
 pub struct SelftestRow {
-    pub cells: [String; 5],
+    pub cells: Vec<String>,
     pub bad: u64,
-    pub detail: String,
+    pub result: String,
 }
 
 impl SelftestRow {
-    /// The result column: `pass` or `FAIL on N rank(s)`, with the note.
-    pub fn result(&self) -> String {
-        if self.bad == 0 {
-            format!("pass{}", self.detail)
+    /// A row whose result is `pass` or `FAIL on N rank(s)`, followed by `detail`.
+    pub fn tallied(cells: Vec<String>, bad: u64, detail: String) -> SelftestRow {
+        let result = if bad == 0 {
+            format!("pass{detail}")
         } else {
-            format!("FAIL on {} rank(s){}", self.bad, self.detail)
-        }
+            format!("FAIL on {bad} rank(s){detail}")
+        };
+        SelftestRow { cells, bad, result }
     }
 }
 
@@ -61,11 +66,11 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     let mut rows = Vec::new();
     let mut leader = false;
     let record = |rows: &mut Vec<SelftestRow>, cells: [&str; 5], bad: u64, detail: String| {
-        rows.push(SelftestRow {
-            cells: cells.map(str::to_owned),
+        rows.push(SelftestRow::tallied(
+            cells.iter().map(|c| c.to_string()).collect(),
             bad,
             detail,
-        });
+        ));
     };
 
     if plan.timeout_case {
@@ -118,7 +123,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     leader |= group.is_leader();
     let max_count = plan.counts.iter().copied().max().unwrap_or(0);
     for &dtype in &plan.dtypes {
-        let known = group.known(dtype, max_count, [31, 32]);
+        let known = group.known(dtype, max_count, SEEDS);
         let buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
@@ -134,21 +139,17 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
             for &count in &plan.counts {
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
-                    // Eager: two calls with different inputs.
-                    let mut wrong = 0;
-                    for variant in 0..2 {
-                        prepare_output(&buffers, &known, count, variant, in_place)?;
-                        group.launch(
-                            &buffers,
-                            dtype,
-                            count,
-                            Route::Fixed(Choice::Tpar(algo)),
-                            variant,
-                            in_place,
-                        )?;
-                        group.synchronize()?;
-                        wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
-                    }
+                    // Eager: the one numerical check, two calls with different inputs.
+                    let spec = CheckSpec {
+                        dtype,
+                        counts: &[count],
+                        calls: 2,
+                        in_place,
+                        seeds: SEEDS,
+                    };
+                    let findings = verify::check(&group, algo, &spec)?;
+                    say_findings(&findings, dtype);
+                    let wrong = findings.len() as u64;
                     let bad = group.total(wrong)?;
                     record(
                         &mut rows,

@@ -8,7 +8,11 @@
 //! - [`ranks`]: a rank of a job started by a launcher, and its diagnostics.
 //! - [`known`]: known inputs, their exact sums and the cross-rank tally of failed checks.
 //! - [`cuda_bench`]: timing by graph replay with agreed counts, and the floors of the same run.
+//! - [`verify`]: the one numerical check, used by the communicator's init check, `tpar doctor`
+//!   and the sweep.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
+//! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
+//! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
 //! - [`tune`]: the tuning table from measured rows.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`stats`]: percentiles and bus bandwidth.
@@ -16,6 +20,8 @@
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
 
 pub mod anatomy;
+pub mod cpu_bench;
+pub mod cpu_selftest;
 pub mod cuda_bench;
 pub mod cuda_ranks;
 pub mod cuda_selftest;
@@ -23,6 +29,7 @@ pub mod known;
 pub mod ranks;
 pub mod stats;
 pub mod tune;
+pub mod verify;
 
 /// What can end a harness run: the library's own errors, the CUDA driver's, a check that
 /// could not be made, each with the context that says where.
