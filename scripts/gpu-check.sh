@@ -10,7 +10,9 @@
 #   tune   : tpar tune and doctor with one process per GPU
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
 #            (with several GPUs) one per GPU
-#   step   : tpar bench step on the model fixtures
+#   step   : tpar bench step on the model fixtures (norms separate and fused into the allreduce)
+#   fused-py : the fused allreduce + residual + RMSNorm from Python (issue 15): CUDA tests at 2
+#            ranks sharing GPU 0 and a timing of the op eager/graph (scripts/gpu_fused_py.py)
 #   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
 #            vs measured drop in free device memory (1 and 2 ranks, nccl own/none), 1,000
 #            create/use/close cycles, calls from 2 and 3 streams eager and in one graph, several
@@ -112,7 +114,7 @@ elif [ "$mode" = step ]; then
       step step-$m-tp$gpus-tokens$k 100 $tpar bench step --config $models/$m.json --tp $gpus --tokens $k --processes --json "$out/step-$m-tp$gpus-tokens$k.json"
     done; done
   fi
-  step step-llama-tp8-shared-gpu 150 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
+  step step-llama-tp8-shared-gpu 220 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
   step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
 elif [ "$mode" = engines ]; then
   # tpar.engines under vLLM's / SGLang's calling sequence (scripts/engine_harness.py): TP 2
@@ -137,6 +139,17 @@ elif [ "$mode" = engines ]; then
     step engines-gpu-per-rank 170 python3 scripts/engine_harness.py --tp $tps --timeout 80 --out $out/gpu-per-rank
     [ $sglang = 1 ] && PYTHONPATH=$with_sglang step sglang-gpu-per-rank 170 python3 scripts/engine_harness.py --sglang --tp $tps --timeout 80 --out $out/sglang-gpu-per-rank
   fi
+elif [ "$mode" = fused-py ]; then
+  # Issue 15 from Python (needs the wheel in .ci/wheels): the fused op's CUDA tests (eager over
+  # dtypes/shapes/paths, a replayed graph, torch.compile, errors; bitwise against tpar's CPU path
+  # and across ranks) with 2 ranks sharing GPU 0 (FUSED_PY_RANKS=4 adds 4), then its timing
+  # (eager and a graph chain, 2 ranks as threads on GPU 0); table last, JSON in $OUT.
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site TPAR_TEST_LOGS=$out/ranks
+  select="not [4]"; [ "${FUSED_PY_RANKS:-2}" = 4 ] && select=""
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused 170 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k "$select"
+  OUT=$out CUDA_VISIBLE_DEVICES=0 step fused-py-timing 60 python3 scripts/gpu_fused_py.py --world-size 2
+  cp $out/fused-py.json "${OUT:-.}/fused-py.json" 2>/dev/null
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

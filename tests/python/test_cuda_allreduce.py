@@ -30,7 +30,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(n, task, timeout=600):
+def run_job(n, task, timeout=600, worker=WORKER):
     """Starts n worker processes as the ranks of one job; returns their (code, output). Each
     rank writes to a log file as it goes (kept in TPAR_TEST_LOGS when set), so a job stopped
     from outside still shows how far every rank got."""
@@ -43,7 +43,7 @@ def run_job(n, task, timeout=600):
                       NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1",
                       TORCHINDUCTOR_COMPILE_THREADS="1")
         files = [open(os.path.join(logs, f"{tag}-rank{r}.log"), "w+") for r in range(n)]
-        procs = [subprocess.Popen([sys.executable, WORKER, json.dumps(task)], env=dict(common, RANK=str(r)),
+        procs = [subprocess.Popen([sys.executable, worker, json.dumps(task)], env=dict(common, RANK=str(r)),
                                   stdout=f, stderr=subprocess.STDOUT, text=True) for r, f in enumerate(files)]
         results = []
         for p, f in zip(procs, files):

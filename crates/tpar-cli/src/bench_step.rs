@@ -1,10 +1,13 @@
 //! `tpar bench step`: one tensor-parallel forward pass (a decode step, or a speculative verify
 //! pass over several tokens) on real GPUs: each rank's share of the projection and MLP GEMMs
-//! (cuBLAS, random bf16 weights of the model's shapes) and the two allreduces per layer, captured
-//! as one CUDA graph and replayed. The same pass is timed with no allreduce (the compute), and
-//! with each way of reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm):
-//! the difference is what communication costs the pass. See `tpar::planner::step` for what the
-//! pass holds and leaves out.
+//! (cuBLAS, random bf16 weights of the model's shapes) and the two allreduces per layer, each
+//! followed by its residual add + RMSNorm, captured as one CUDA graph and replayed. The same
+//! pass is timed with no allreduce (the compute: GEMMs and the norms as separate kernels), and
+//! with each way of reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm), the
+//! norms run as a separate kernel after each allreduce (as engines run them) and, for tpar's
+//! routes, fused into it (`Communicator::fused_add_rms_norm_raw`): the difference from the
+//! compute is what communication costs the pass. See `tpar::planner::step` for what the pass
+//! holds and leaves out.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +17,8 @@ use clap::Args;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
 use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::backend::cuda::fused::FusedCall;
+use tpar::dispatch::Choice;
 use tpar::memory::human_bytes;
 use tpar::planner::model::ModelShape;
 use tpar::planner::step::{pass_ops, slot_elements, Slot, StepOp};
@@ -25,7 +30,7 @@ use crate::blas::Blas;
 use crate::cuda_commands::{config, on_ranks};
 use crate::report::{emit, name_with_runs, percentile, skipped_row, Provenance, Table};
 use tpar::harness::cuda_bench::time_replays;
-use tpar::harness::cuda_ranks::{CudaRanks, Route};
+use tpar::harness::cuda_ranks::{stream_is_capturing, CudaRanks, Route};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -48,6 +53,11 @@ pub struct StepArgs {
         " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
     ))]
     algos: String,
+    /// How the norm after each allreduce runs, comma-separated, from: separate (its own kernel
+    /// after the allreduce, as engines run it), fused (one call with tpar's allreduce; NCCL
+    /// rows have no fused form).
+    #[arg(long, default_value = "separate,fused", value_name = "LIST")]
+    norms: String,
     /// Timed replays of each pass's graph.
     #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
     replays: usize,
@@ -63,19 +73,47 @@ pub struct StepArgs {
     json: Option<String>,
 }
 
+/// RMSNorm epsilon of the pass (Llama's and DeepSeek's `rms_norm_eps`); it does not change
+/// the time.
+const EPS: f32 = 1e-5;
+
+/// How a pass runs the norm after each allreduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Norms {
+    /// The allreduce, then tpar's residual add + RMSNorm kernel on its own.
+    Separate,
+    /// One fused call (`fused_add_rms_norm`); where the allreduce's algorithm has no fused
+    /// kernel it runs as the allreduce and the norm kernel, and the row says so.
+    Fused,
+}
+
+impl std::str::FromStr for Norms {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "separate" => Ok(Norms::Separate),
+            "fused" => Ok(Norms::Fused),
+            other => Err(format!(
+                "unknown norm mode '{other}'; give separate or fused"
+            )),
+        }
+    }
+}
+
 /// What reduces in one timed pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Reduce {
-    /// No allreduce: the compute alone.
+    /// No allreduce: the compute alone (GEMMs and the norms as separate kernels).
     Nothing,
-    With(Route),
+    With(Route, Norms),
 }
 
 impl Reduce {
     fn name(self) -> String {
         match self {
             Reduce::Nothing => "none (compute only)".into(),
-            Reduce::With(r) => r.name().into(),
+            Reduce::With(r, Norms::Separate) => r.name().into(),
+            Reduce::With(r, Norms::Fused) => format!("{} fused", r.name()),
         }
     }
 }
@@ -86,6 +124,9 @@ struct StepRow {
     /// What `auto` ran for this pass's message size.
     #[serde(skip_serializing_if = "Option::is_none")]
     runs: Option<String>,
+    /// How the norms ran: "separate", or "fused" / "unfused: why" for fused rows (the plan
+    /// of the captured pass).
+    norms: String,
     pass_p50_us: f64,
     pass_p99_us: f64,
     /// The pass's time minus the compute-only pass's.
@@ -103,6 +144,8 @@ struct StepReport {
     tokens: usize,
     layers: u64,
     allreduces_per_pass: u64,
+    /// Residual add + RMSNorms per pass: one after each allreduce.
+    norms_per_pass: u64,
     allreduce_bytes: u64,
     gemms_per_pass: usize,
     weight_bytes_per_rank_per_layer: u64,
@@ -123,6 +166,8 @@ struct RankData {
     slots: Vec<(Slot, DeviceMemory)>,
     /// `weights[kind][op]`: kind 0 for the first layer's op list, 1 for MoE layers'.
     weights: [Vec<Option<DeviceMemory>>; 2],
+    /// The RMSNorm weight (`hidden` elements), shared by every norm of the pass.
+    norm_weight: DeviceMemory,
 }
 
 impl RankData {
@@ -190,9 +235,18 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             model.layers
         );
     }
+    let norms = parse_list(&args.norms, "norms", |s| {
+        s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
+    })?;
     let mut reduces = vec![Reduce::Nothing];
     for r in parse_list(&args.algos, "algos", |s| Ok(s.parse::<Route>()?))? {
-        reduces.push(Reduce::With(r));
+        for &n in &norms {
+            // NCCL has no fused form: its fused row would be its separate row again.
+            if n == Norms::Fused && r == Route::Fixed(Choice::Nccl) {
+                continue;
+            }
+            reduces.push(Reduce::With(r, n));
+        }
     }
     let timeout = args.timeout;
     let gpus = tpar::harness::cuda_ranks::device_count().context(
@@ -227,15 +281,16 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
                 human_bytes(weight_bytes(&ops, &kinds) * 2)
             );
         }
-        let data = prepare(&group, &ops, &sizes, &kinds)?;
+        let data = prepare(&group, &ops, &sizes, &kinds, model.hidden)?;
         let mut rows = Vec::new();
         let mut compute_us = 0.0;
         for &reduce in &reduces {
-            if let Reduce::With(route) = reduce {
+            if let Reduce::With(route, _) = reduce {
                 if let Err(why) = group.supports(route) {
                     rows.push(StepRow {
                         reduce: reduce.name(),
                         runs: None,
+                        norms: "-".into(),
                         pass_p50_us: 0.0,
                         pass_p99_us: 0.0,
                         communication_us: 0.0,
@@ -251,7 +306,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             }
             let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
                 queue_pass(
-                    &group, &data[i], i, stream, &ops, &model, reduce, count, dtype,
+                    &group, &data[i], i, stream, &ops, &model, reduce, tokens, dtype,
                 )
             };
             // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
@@ -274,19 +329,41 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
                 compute_us = p50;
             }
             let communication = (p50 - compute_us).max(0.0);
-            let runs = match reduce {
-                Reduce::With(Route::Auto) => Some(
+            let captured = match reduce {
+                Reduce::With(Route::Auto, _) => Some(
                     group.comms[0]
                         .plan(dtype, (count * dtype.size()) as u64, true)?
-                        .choice
-                        .name()
-                        .to_owned(),
+                        .choice,
                 ),
+                Reduce::With(Route::Fixed(choice), _) => Some(choice),
+                Reduce::Nothing => None,
+            };
+            let runs = match reduce {
+                Reduce::With(Route::Auto, _) => captured.map(|c| c.name().to_owned()),
                 _ => None,
+            };
+            let norms = match (reduce, captured) {
+                (Reduce::With(_, Norms::Fused), Some(choice)) => {
+                    let algorithm = match choice {
+                        Choice::Tpar(a) => Some(a),
+                        Choice::Nccl => None,
+                    };
+                    let path =
+                        group.comms[0]
+                            .cuda()
+                            .fused_plan(algorithm, dtype, model.hidden as usize);
+                    if path.fused {
+                        "fused".to_owned()
+                    } else {
+                        format!("unfused: {}", path.reason)
+                    }
+                }
+                _ => "separate".to_owned(),
             };
             rows.push(StepRow {
                 reduce: reduce.name(),
                 runs,
+                norms,
                 pass_p50_us: p50,
                 pass_p99_us: p99,
                 communication_us: communication,
@@ -305,6 +382,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             tokens: args.tokens,
             layers,
             allreduces_per_pass: 2 * layers,
+            norms_per_pass: 2 * layers,
             allreduce_bytes: (count * dtype.size()) as u64,
             gemms_per_pass: ops.iter().flatten().filter(|o| matches!(o, StepOp::Gemm { .. })).count(),
             weight_bytes_per_rank_per_layer: weight_bytes(&ops, &kinds[kinds.len() - 1..]) * 2,
@@ -312,7 +390,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             gpus,
             provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
             replays: args.replays,
-            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass",
+            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
             results: rows,
         };
         emit(&render(&report), args.json.as_deref(), &report)
@@ -337,6 +415,7 @@ fn prepare(
     ops: &[Vec<StepOp>],
     sizes: &[(Slot, u64)],
     kinds: &[u64],
+    hidden: u64,
 ) -> Result<Vec<RankData>> {
     let mut all = Vec::new();
     for (i, (comm, stream)) in group.comms.iter().zip(&group.streams).enumerate() {
@@ -362,10 +441,13 @@ fn prepare(
                 });
             }
         }
+        let norm_weight = DeviceMemory::zeroed(ctx, hidden as usize * 2)?;
+        norm_weight.upload(&random_bf16(hidden, 7 + i as u64)[..])?;
         all.push(RankData {
             blas: Blas::new(stream)?,
             slots,
             weights,
+            norm_weight,
         });
     }
     Ok(all)
@@ -381,9 +463,23 @@ fn queue_pass(
     ops: &[Vec<StepOp>],
     model: &ModelShape,
     reduce: Reduce,
-    count: usize,
+    tokens: u64,
     dtype: DType,
 ) -> Result<()> {
+    let comm = &group.comms[i];
+    let count = (tokens * model.hidden) as usize;
+    let cu = stream.cu_stream();
+    let norm_call = |slot: Slot| FusedCall {
+        dtype,
+        tokens: tokens as usize,
+        hidden: model.hidden as usize,
+        x: data.slot(slot),
+        residual: data.slot(Slot::Stream),
+        residual_out: None,
+        weight: data.norm_weight.ptr(),
+        y: data.slot(slot),
+        eps: EPS,
+    };
     for (layer, layer_ops) in ops.iter().enumerate() {
         let kind = layer_kind(model, layer as u64).min(data.weights.len() - 1);
         for (j, op) in layer_ops.iter().enumerate() {
@@ -415,13 +511,46 @@ fn queue_pass(
                         )?
                     };
                 }
-                StepOp::AllReduce { slot } => {
-                    let Reduce::With(route) = reduce else {
-                        continue;
-                    };
+                StepOp::AllReduce { slot } => match reduce {
+                    Reduce::Nothing => {}
                     // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
+                    Reduce::With(route, Norms::Separate) => unsafe {
+                        route.queue(comm, dtype, None, data.slot(slot), count, stream)?
+                    },
+                    // The allreduce and the norm that follows it (planner::step keeps them
+                    // adjacent) in one call; the AddRmsNorm op is then skipped.
+                    // SAFETY: x = y = the slot, residual = the stream slot, weight = hidden
+                    // elements: all on this rank's GPU, alive until the graphs are dropped.
+                    Reduce::With(route, Norms::Fused) => unsafe {
+                        let call = norm_call(slot);
+                        match route {
+                            Route::Auto => {
+                                comm.fused_add_rms_norm_raw(
+                                    &call,
+                                    cu,
+                                    stream_is_capturing(stream),
+                                )?;
+                            }
+                            Route::Fixed(choice) => {
+                                comm.fused_add_rms_norm_with(choice, &call, cu)?;
+                            }
+                        }
+                    },
+                },
+                StepOp::AddRmsNorm { slot } => {
+                    if matches!(reduce, Reduce::With(_, Norms::Fused)) {
+                        continue;
+                    }
+                    // No programmatic dependent launch (`None`): the kernel before it is a
+                    // GEMM or an allreduce whose grid this pass does not know, as in an engine.
+                    // SAFETY: as for the fused call above.
                     unsafe {
-                        route.queue(&group.comms[i], dtype, None, data.slot(slot), count, stream)?
+                        comm.cuda().launch_add_rms_norm(
+                            &norm_call(slot),
+                            data.slot(slot),
+                            None,
+                            cu,
+                        )?
                     };
                 }
             }
@@ -434,6 +563,7 @@ fn render(report: &StepReport) -> String {
     let mut table = Table::new(
         &[
             "allreduce",
+            "norms",
             "pass p50 us",
             "pass p99 us",
             "communication us",
@@ -444,13 +574,14 @@ fn render(report: &StepReport) -> String {
     );
     for r in &report.results {
         if let Some(why) = &r.skipped {
-            table.push(skipped_row(vec![r.reduce.clone()], 6, why));
+            table.push(skipped_row(vec![r.reduce.clone()], 7, why));
             continue;
         }
         let name = name_with_runs(&r.reduce, r.runs.as_deref());
         let compute = r.reduce.starts_with("none");
         table.push(vec![
             name,
+            r.norms.clone(),
             format!("{:.1}", r.pass_p50_us),
             format!("{:.1}", r.pass_p99_us),
             if compute {
@@ -479,7 +610,7 @@ fn render(report: &StepReport) -> String {
         String::new()
     };
     format!(
-        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs and {} allreduces of {} bf16 per pass; {}, {} ({})\n{}{}",
+        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs, {} allreduces of {} bf16 and {} residual add + RMSNorms per pass; {}, {} ({})\n{}{}",
         report.model,
         report.tp,
         report.tokens,
@@ -487,6 +618,7 @@ fn render(report: &StepReport) -> String {
         report.gemms_per_pass,
         report.allreduces_per_pass,
         human_bytes(report.allreduce_bytes),
+        report.norms_per_pass,
         report.provenance.device,
         crate::report::ranks(report.tp),
         report.mode,

@@ -635,6 +635,22 @@ fn bench_step_checks_its_input_and_says_what_it_needs() {
         "bench", "step", "--config", &config, "--tp", "2", "--algos", "ring",
     ]));
     assert!(text(&out.stderr).contains("ring"), "{}", text(&out.stderr));
+    let (out, _) = run(tpar().args([
+        "bench",
+        "step",
+        "--config",
+        &config,
+        "--tp",
+        "2",
+        "--norms",
+        "separate,both",
+    ]));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("unknown norm mode 'both'; give separate or fused"),
+        "{}",
+        text(&out.stderr)
+    );
     // Where no GPU can be used, it says so (and where one can, it runs: see bench/results).
     let (out, _) = run(tpar().args([
         "bench",

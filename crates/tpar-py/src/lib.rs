@@ -11,6 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::{Arc, Mutex};
 
+mod fused;
+
 use tpar::backend::cuda::CudaConfig;
 use tpar::communicator::{BorrowedNccl, NcclMode};
 use tpar::dispatch::Choice;
@@ -481,6 +483,172 @@ impl Comm {
             });
         }
         self.cpu = None;
+    }
+
+    // -- fused allreduce + residual add + RMSNorm (issue 15) ---------------------------------
+
+    /// `(choice, fused, reason)` for a CUDA fused call of `tokens x hidden` elements of
+    /// `dtype`: what its allreduce runs (a tpar algorithm or "nccl", as for a plain call of the
+    /// same bytes), whether the fused kernel runs it or the allreduce is followed by tpar's
+    /// separate norm kernel, and why.
+    #[pyo3(signature = (dtype, tokens, hidden, capturing, algorithm=None))]
+    fn fused_plan(
+        &self,
+        dtype: &str,
+        tokens: usize,
+        hidden: usize,
+        capturing: bool,
+        algorithm: Option<&str>,
+    ) -> PyResult<(String, bool, String)> {
+        let dtype: DType = dtype.parse().map_err(err)?;
+        let comm = self.cuda()?;
+        let bytes = tokens
+            .checked_mul(hidden)
+            .and_then(|e| e.checked_mul(dtype.size()))
+            .ok_or_else(|| {
+                TparError::new_err(format!("{tokens} x {hidden} elements is too many"))
+            })?;
+        let plan = match algorithm {
+            None => comm.plan(dtype, bytes as u64, capturing),
+            Some(name) => forced(comm, name),
+        }
+        .map_err(err)?;
+        let algorithm = match plan.choice {
+            Choice::Tpar(a) => Some(a),
+            Choice::Nccl => None,
+        };
+        let path = comm.cuda().fused_plan(algorithm, dtype, hidden);
+        Ok((
+            plan.choice.name().to_owned(),
+            path.fused,
+            format!("allreduce: {}; {}", plan.reason, path.reason),
+        ))
+    }
+
+    /// Queues the fused op on the CUDA `stream` for device addresses (semantics in
+    /// `tpar::norm`): `residual_out = sum over ranks of x + residual` (`residual_out=None`: in
+    /// place on `residual`), `y = rmsnorm(residual_out) * weight`; `y` may be `x`. Returns what
+    /// ran, as `fused_plan`. No synchronisation; a refusal (planned for NCCL with nccl="none",
+    /// a forced algorithm that cannot run) raises before anything is queued.
+    #[pyo3(signature = (dtype, tokens, hidden, x, residual, residual_out, weight, y, eps, stream, capturing, algorithm=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn fused_add_rms_norm_cuda(
+        &self,
+        dtype: &str,
+        tokens: usize,
+        hidden: usize,
+        x: u64,
+        residual: u64,
+        residual_out: Option<u64>,
+        weight: u64,
+        y: u64,
+        eps: f32,
+        stream: usize,
+        capturing: bool,
+        algorithm: Option<&str>,
+    ) -> PyResult<(String, bool, String)> {
+        let op = fused::Operands {
+            dtype: dtype.parse().map_err(err)?,
+            tokens,
+            hidden,
+            x,
+            residual,
+            residual_out,
+            weight,
+            y,
+            eps,
+        };
+        op.check().map_err(TparError::new_err)?;
+        let comm = self.cuda()?;
+        comm.check().map_err(err)?;
+        let plan = match algorithm {
+            None => comm.plan(
+                op.dtype,
+                op.bytes().map_err(TparError::new_err)? as u64,
+                capturing,
+            ),
+            Some(name) => forced(comm, name),
+        }
+        .map_err(err)?;
+        if let Some(why) = comm.refusal(&plan) {
+            return Err(TparError::new_err(format!(
+                "this call's allreduce is planned for {why}"
+            )));
+        }
+        let call = tpar::backend::cuda::fused::FusedCall {
+            dtype: op.dtype,
+            tokens,
+            hidden,
+            x,
+            residual,
+            residual_out,
+            weight,
+            y,
+            eps,
+        };
+        // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on this
+        // communicator's device (checked above for aliasing) and the stream torch orders them
+        // on; torch's caching allocator keeps their memory until work queued there has run.
+        let path = guard("fused_add_rms_norm", || {
+            unsafe {
+                comm.fused_add_rms_norm_with(
+                    plan.choice,
+                    &call,
+                    stream as tpar::backend::cuda::CuStream,
+                )
+            }
+            .map_err(err)
+        })?;
+        Ok((
+            plan.choice.name().to_owned(),
+            path.fused,
+            format!("allreduce: {}; {}", plan.reason, path.reason),
+        ))
+    }
+
+    /// The fused op on the CPU backend for host addresses (numpy arrays, torch CPU tensors):
+    /// the allreduce of `x` with `algorithm` (one-shot or two-shot), then the residual add
+    /// and RMSNorm of `tpar::norm`'s reference, the same bits the GPU kernels give.
+    #[pyo3(signature = (dtype, tokens, hidden, x, residual, residual_out, weight, y, eps, algorithm))]
+    #[allow(clippy::too_many_arguments)]
+    fn fused_add_rms_norm_ptr(
+        &mut self,
+        py: Python<'_>,
+        dtype: &str,
+        tokens: usize,
+        hidden: usize,
+        x: u64,
+        residual: u64,
+        residual_out: Option<u64>,
+        weight: u64,
+        y: u64,
+        eps: f32,
+        algorithm: &str,
+    ) -> PyResult<()> {
+        let op = fused::Operands {
+            dtype: dtype.parse().map_err(err)?,
+            tokens,
+            hidden,
+            x,
+            residual,
+            residual_out,
+            weight,
+            y,
+            eps,
+        };
+        let algorithm: Algorithm = algorithm.parse().map_err(err)?;
+        if !op.check().map_err(TparError::new_err)? {
+            return Ok(());
+        }
+        let slot = self.interrupted.clone();
+        let comm = self.comm()?;
+        // The wait for peers happens without the GIL: other ranks may be threads of this process.
+        guard("fused_add_rms_norm", || {
+            // SAFETY: the tpar package passes the addresses of live, C-contiguous arrays of
+            // these shapes (checked above for aliasing) that it keeps referenced for the call.
+            py.detach(|| unsafe { fused::cpu(comm, &op, algorithm) })
+                .map_err(|e| Self::interrupted_or(&slot, e))
+        })
     }
 }
 

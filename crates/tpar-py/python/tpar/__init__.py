@@ -6,6 +6,9 @@ This package drives tpar's Rust library:
   for each message (see :meth:`Communicator.plan`), queues the work on the tensor's current
   stream with no extra synchronisation, and works inside CUDA-graph capture; ``tpar.ops``
   registers ``torch.ops.tpar.all_reduce`` for torch.compile.
+- :meth:`Communicator.fused_add_rms_norm` runs the allreduce with the residual add and RMSNorm
+  that follow it in a transformer layer, fused into one kernel where tpar's algorithm allows
+  (``tpar.ops.fused_add_rms_norm`` for torch.compile); on the CPU with the same semantics.
 - numpy arrays and torch CPU tensors go to the CPU backend (shared memory between the
   processes of one host), with the same protocol, deadlines and error messages.
 
@@ -109,6 +112,16 @@ def _integer(name, value, low=0, allow_none=True, high=1 << 31):
             raise TparError(f"{name}={value!r}: give an integer")
     if value < low or value > high:
         raise TparError(f"{name}={value}: give an integer from {low} to {high}")
+    return value
+
+
+def _eps(value):
+    """``eps`` of a norm as a finite float of at least 0, or TparError saying so."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TparError(f"eps={value!r}: give a small positive number such as 1e-6")
+    value = float(value)
+    if not (value >= 0 and value < float("inf")):  # also refuses NaN
+        raise TparError(f"eps={value}: must be finite and >= 0 (e.g. 1e-6)")
     return value
 
 
@@ -236,6 +249,7 @@ class Communicator:
         self._device = _cuda_ordinal(device)
         self.nccl = nccl if isinstance(nccl, str) else "borrowed"
         self.last_algorithm = None
+        self.last_fused_path = None
         self._capturing = False
         try:
             self._comm = _Comm(rank, world_size, None if rendezvous is None else os.fspath(rendezvous), token,
@@ -342,6 +356,141 @@ class Communicator:
         self.last_algorithm = self._comm.all_reduce_cuda(
             dtype, source, target.data_ptr(), count, stream, capturing, algorithm)
         return target
+
+    # -- fused allreduce + residual add + RMSNorm --------------------------------------------
+
+    def fused_add_rms_norm(self, x, residual, weight, eps=1e-6, *, out=None, in_place=True, algorithm=None):
+        """The allreduce of ``x`` fused with the residual add and RMSNorm that follow it in a
+        transformer layer; returns ``(y, residual_out)``.
+
+        ``x`` and ``residual`` have the same shape ``(..., hidden)`` (every leading dimension is a
+        token), ``weight`` has ``hidden`` elements; all three are contiguous, of one dtype
+        (float32, float16, bfloat16) and on one device (this communicator's GPU, or the CPU:
+        numpy arrays or torch CPU tensors). Per element, exactly (``tpar::norm``):
+
+        1. ``s = round(x_0 + x_1 + ... + x_{n-1})``: summed in fp32 in rank order, rounded once
+           to the dtype (the plain :meth:`all_reduce`);
+        2. ``residual_out = round(float(s) + float(residual))``;
+        3. per token, ``inv = 1 / sqrt(mean(residual_out ** 2) + eps)`` in fp32 from the rounded
+           ``residual_out`` (a fixed summation order, a correctly rounded square root);
+        4. ``y = round(float(round(residual_out * inv)) * float(weight))``.
+
+        That is vLLM's and SGLang's ``fused_add_rms_norm`` applied to the allreduced ``x``, and
+        every rank gets bitwise the same ``y`` and ``residual_out`` (eager, in graphs, fused or
+        not). ``y`` may differ from vLLM's kernel in the last bit (it uses an approximate rsqrt).
+
+        ``in_place=True`` (the default) writes ``residual_out`` into ``residual`` and returns it;
+        ``in_place=False`` leaves ``residual`` as it was and returns a new array or tensor.
+        ``y`` goes into ``out`` when given (same shape and dtype; it may be ``x`` itself: with
+        ``out=x`` and ``in_place=True`` this is the engines' in-place convention), else into a
+        new one. ``out`` must not overlap ``residual``; ``x`` itself is only read.
+
+        CUDA tensors run on their current stream without synchronising, inside graph capture
+        too: the allreduce is planned as a plain call of the same bytes (``algorithm=`` forces
+        one); tpar's one-shot and host-staged kernels run the whole op in one kernel, any other
+        path (two-shot, NCCL) is followed by tpar's separate residual + RMSNorm kernel with the
+        same results. :attr:`last_algorithm` says what the allreduce ran and
+        :attr:`last_fused_path` whether it ran fused and why. On the CPU the allreduce runs
+        through shared memory (``algorithm``: one-shot or two-shot) and the norm on the host.
+        """
+        torch_input = _is_torch(x)
+        if torch_input and x.device.type == "cuda":
+            return self._fused_cuda(x, residual, weight, eps, out, in_place, algorithm)
+        algorithm = algorithm or "one-shot"
+        if algorithm not in _CPU_ALGORITHMS:
+            raise TparError(f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}")
+        tokens, hidden = self._fused_shape(x, residual, weight)
+        eps = _eps(eps)
+        described = {}
+        for name, value in (("x", x), ("residual", residual), ("weight", weight)):
+            if _is_torch(value) != torch_input:
+                raise TparError(f"{name} is a {type(value).__name__} but x is a {type(x).__name__}; pass one kind")
+            if _is_torch(value) and value.device.type != "cpu":
+                raise TparError(f"{name} is on {value.device} but x is on the CPU; they must be on the same device")
+            described[name] = _describe_host(value)
+        dtype = described["x"][0]
+        for name in ("residual", "weight"):
+            if described[name][0] != dtype:
+                raise TparError(f"{name} is {described[name][0]} but x is {dtype}; all operands must have one dtype")
+        if in_place and not described["residual"][4]:
+            raise TparError("residual is read-only; pass in_place=False or a writeable array")
+        residual_out = None
+        if not in_place:
+            residual_out = residual.clone() if torch_input else residual.copy()
+        if out is None:
+            out = x.clone() if torch_input else x.copy()
+        else:
+            if _is_torch(out) != torch_input or (torch_input and out.device.type != "cpu"):
+                raise TparError(f"out must be a {type(x).__name__} on the CPU, like x")
+            out_dtype, _, _, out_count, out_writeable = _describe_host(out)
+            if out_dtype != dtype or tuple(out.shape) != tuple(x.shape):
+                raise TparError(f"out is {tuple(out.shape)} {out_dtype}, x {tuple(x.shape)} {dtype}; they must match")
+            if not out_writeable:
+                raise TparError("out is read-only")
+        self._comm.fused_add_rms_norm_ptr(
+            dtype, tokens, hidden, described["x"][2], described["residual"][2],
+            None if residual_out is None else _describe_host(residual_out)[2], described["weight"][2],
+            _describe_host(out)[2], eps, algorithm)
+        return out, (residual if residual_out is None else residual_out)
+
+    @staticmethod
+    def _fused_shape(x, residual, weight):
+        """(tokens, hidden) of a fused call, or TparError naming the mismatch."""
+        shape = tuple(x.shape)
+        if len(shape) == 0:
+            raise TparError("x is a scalar; give it the shape (tokens, hidden)")
+        if tuple(residual.shape) != shape:
+            raise TparError(f"residual has shape {tuple(residual.shape)} but x has {shape}; they must match")
+        hidden = shape[-1]
+        if tuple(weight.shape) != (hidden,):
+            raise TparError(f"weight has shape {tuple(weight.shape)}; it must be ({hidden},), the hidden size of x")
+        tokens = 1
+        for d in shape[:-1]:
+            tokens *= d
+        if hidden == 0 and tokens:
+            raise TparError("x has a hidden size of 0; its last dimension is the hidden size")
+        return tokens, hidden
+
+    def _fused_cuda(self, x, residual, weight, eps, out, in_place, algorithm):
+        import torch
+
+        tokens, hidden = self._fused_shape(x, residual, weight)
+        eps = _eps(eps)
+        for name, value in (("residual", residual), ("weight", weight)) + ((("out", out),) if out is not None else ()):
+            if not _is_torch(value) or value.device != x.device:
+                where = value.device if _is_torch(value) else f"a {type(value).__name__}"
+                raise TparError(f"{name} is on {where} but x is on {x.device}; they must be on the same device")
+            if value.dtype != x.dtype:
+                raise TparError(f"{name} is {value.dtype} but x is {x.dtype}; all operands must have one dtype")
+            if not value.is_contiguous():
+                raise TparError(f"{name} is not contiguous; call .contiguous() first")
+        if out is not None and tuple(out.shape) != tuple(x.shape):
+            raise TparError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; they must match")
+        why = self._cuda_refusal(x)
+        if why:
+            raise TparError(why.replace("tensor ", "x ", 1))
+        dtype = _TORCH_DTYPES[str(x.dtype)][0]
+        y = torch.empty_like(x) if out is None else out
+        residual_out = None if in_place else torch.empty_like(residual)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
+        choice, fused, reason = self._comm.fused_add_rms_norm_cuda(
+            dtype, tokens, hidden, x.data_ptr(), residual.data_ptr(),
+            None if residual_out is None else residual_out.data_ptr(), weight.data_ptr(), y.data_ptr(),
+            eps, stream, capturing, algorithm)
+        self.last_algorithm = choice
+        self.last_fused_path = (fused, reason)
+        return y, (residual if residual_out is None else residual_out)
+
+    def fused_plan(self, tokens: int, hidden: int, dtype="bf16", capturing=False):
+        """``(algorithm, fused, reason)``: what a CUDA :meth:`fused_add_rms_norm` of ``tokens x
+        hidden`` elements of ``dtype`` runs here: its allreduce (as :meth:`plan` for the same
+        bytes), whether the fused kernel runs it (else the allreduce and tpar's separate norm
+        kernel), and why."""
+        tokens = _integer("tokens", tokens, allow_none=False, high=1 << 40)
+        hidden = _integer("hidden", hidden, allow_none=False, high=1 << 40)
+        name = _TORCH_DTYPES.get(str(dtype), (str(dtype),))[0]
+        return self._comm.fused_plan(name, tokens, hidden, bool(capturing))
 
     # -- questions and lifecycle ------------------------------------------------------------
 

@@ -1,6 +1,7 @@
-"""``torch.ops.tpar.all_reduce``: tpar's allreduce as a torch custom op, so that it can sit
-inside ``torch.compile``d code and captured CUDA graphs (importing this module registers it;
-it needs torch >= 2.4).
+"""``torch.ops.tpar.all_reduce`` and ``torch.ops.tpar.fused_add_rms_norm``: tpar's allreduce,
+and the allreduce fused with the residual add + RMSNorm after it, as torch custom ops, so that
+they can sit inside ``torch.compile``d code and captured CUDA graphs (importing this module
+registers them; it needs torch >= 2.4).
 
 The op is functional: it returns a new tensor holding the sum over ranks and leaves its input
 as it was, so the compiler may reorder around it freely. Its fake implementation gives the
@@ -10,6 +11,14 @@ output's shape and dtype without running anything. The communicator is named by 
     import tpar, tpar.ops
     comm = tpar.Communicator(device=torch.cuda.current_device())
     y = tpar.ops.all_reduce(x, comm)          # == torch.ops.tpar.all_reduce(x, comm.handle)
+    y, residual = tpar.ops.fused_add_rms_norm(x, residual, weight, 1e-6, comm)
+
+``fused_add_rms_norm`` is functional too: it returns new ``(y, residual_out)`` tensors and
+leaves ``x``, ``residual`` and ``weight`` as they were (the semantics are
+:meth:`tpar.Communicator.fused_add_rms_norm`'s). ``fused_add_rms_norm_`` is the mutating form
+with vLLM's and SGLang's in-place convention (``x`` becomes ``y``, ``residual`` becomes
+``residual_out``), declared as mutating both, for callers whose code is written around that
+convention; under torch.compile, functionalisation turns it into the functional op plus copies.
 """
 
 from __future__ import annotations
@@ -36,3 +45,52 @@ def all_reduce(tensor: torch.Tensor, comm) -> torch.Tensor:
     """The sum of ``tensor`` over the ranks of ``comm`` (a :class:`tpar.Communicator`), as a
     new tensor, through ``torch.ops.tpar.all_reduce``."""
     return torch.ops.tpar.all_reduce(tensor, comm.handle)
+
+
+@torch.library.custom_op("tpar::fused_add_rms_norm", mutates_args=())
+def _fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        comm_handle: int) -> tuple[torch.Tensor, torch.Tensor]:
+    comm = _lookup(comm_handle)
+    return comm.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
+                                   in_place=False)
+
+
+@_fused_add_rms_norm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+      comm_handle: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
+        residual, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("tpar::fused_add_rms_norm_", mutates_args=("x", "residual"))
+def _fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                         comm_handle: int) -> None:
+    comm = _lookup(comm_handle)
+    if not (x.is_contiguous() and residual.is_contiguous()):
+        # The results must land in the caller's tensors: compute into contiguous copies.
+        y, residual_out = comm.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
+                                                  in_place=False)
+        x.copy_(y)
+        residual.copy_(residual_out)
+        return
+    comm.fused_add_rms_norm(x, residual, weight.contiguous(), eps, out=x, in_place=True)
+
+
+@_fused_add_rms_norm_.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int) -> None:
+    return None
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                       comm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y, residual_out)`` as new tensors: ``residual_out = allreduce(x) + residual`` and
+    ``y = rmsnorm(residual_out) * weight`` over the ranks of ``comm`` (a
+    :class:`tpar.Communicator`), through ``torch.ops.tpar.fused_add_rms_norm``; exact
+    semantics in :meth:`tpar.Communicator.fused_add_rms_norm`."""
+    return torch.ops.tpar.fused_add_rms_norm(x, residual, weight, float(eps), comm.handle)
+
+
+def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm) -> None:
+    """In place, as the engines' ``fused_add_rms_norm``: ``x`` becomes ``y`` and ``residual``
+    becomes ``residual_out`` (``torch.ops.tpar.fused_add_rms_norm_``)."""
+    torch.ops.tpar.fused_add_rms_norm_(x, residual, weight, float(eps), comm.handle)

@@ -74,7 +74,7 @@ impl Route {
 }
 
 /// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
-fn stream_is_capturing(stream: &CudaStream) -> bool {
+pub fn stream_is_capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| {
         s == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
     })

@@ -1,6 +1,7 @@
 //! One rank's share of a tensor-parallel forward pass over `tokens` tokens, as a list of
-//! GEMMs and allreduces per layer: what `tpar bench step` runs on real GPUs (cuBLAS and the
-//! communicator) to see how much of a verify pass the allreduces take.
+//! GEMMs, allreduces and residual add + RMSNorms per layer: what `tpar bench step` runs on real
+//! GPUs (cuBLAS and the communicator) to see how much of a verify pass the allreduces take, with
+//! each norm run as its own kernel after the allreduce or fused into it.
 //!
 //! The sharding is the engines' (Megatron-style, as in SGLang and vLLM): column-parallel
 //! QKV / gate-up projections, row-parallel output / down projections, each followed by an
@@ -8,8 +9,12 @@
 //! down-projections (`q_a`, `kv_a`) and the router replicated on every rank. A MoE layer runs its
 //! shared experts on every token and `min(tokens * experts_per_token, routed_experts)` distinct
 //! routed experts, each over its share of the tokens (experts split by TP, as SGLang's TP MoE).
-//! Left out, as small next to the GEMMs at decode sizes: attention over the KV cache, norms,
-//! activations, rotary embeddings.
+//! Each of the two allreduces per layer is followed by the residual add + RMSNorm that engines
+//! run there (`residual += allreduce(x); x = rmsnorm(residual) * weight`: the MLP's input norm
+//! after attention, the next layer's input norm after the MLP, the model's final norm after the
+//! last layer), the pair that issue 15's fused op replaces. Left out, as small next to the GEMMs
+//! at decode sizes: attention over the KV cache, the first layer's input norm (no allreduce
+//! before it), activations, rotary embeddings.
 
 use super::model::ModelShape;
 
@@ -24,6 +29,8 @@ pub enum Slot {
     /// Wide intermediates (projections, MLP inner activations).
     WideA,
     WideB,
+    /// The residual stream `[tokens, hidden]` that every norm adds its allreduced input to.
+    Stream,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,22 +50,29 @@ pub enum StepOp {
     },
     /// Allreduce of `[tokens, hidden]` in place.
     AllReduce { slot: Slot },
+    /// The residual add + RMSNorm after an allreduce of `slot`, in place on both:
+    /// `Stream += slot; slot = rmsnorm(Stream) * weight` (a norm weight of `hidden` elements,
+    /// replicated on every rank). It always directly follows the allreduce of the same slot, so
+    /// that the pair can run as one fused call.
+    AddRmsNorm { slot: Slot },
 }
 
 impl StepOp {
-    /// Elements of the weight this op reads (0 for an allreduce).
+    /// Elements of the split weight this op reads: a GEMM's share; 0 for an allreduce, and 0
+    /// for a norm, whose `hidden` weights are replicated (they are not in
+    /// [`ModelShape::parameters`] either).
     pub fn weight_elements(&self) -> u64 {
         match self {
             StepOp::Gemm { k, n, .. } => k * n,
-            StepOp::AllReduce { .. } => 0,
+            StepOp::AllReduce { .. } | StepOp::AddRmsNorm { .. } => 0,
         }
     }
 
-    /// Elements the op writes (GEMMs) or reduces (allreduces), for buffer sizing.
+    /// Elements the op writes (GEMMs, norms) or reduces (allreduces), for buffer sizing.
     pub fn output_elements(&self, tokens: u64, hidden: u64) -> u64 {
         match self {
             StepOp::Gemm { rows, n, .. } => rows * n,
-            StepOp::AllReduce { .. } => tokens * hidden,
+            StepOp::AllReduce { .. } | StepOp::AddRmsNorm { .. } => tokens * hidden,
         }
     }
 }
@@ -126,7 +140,8 @@ pub fn layer_ops(model: &ModelShape, layer: u64, tp: u64, tokens: u64) -> Vec<St
         }
     }
     ops.push(StepOp::AllReduce { slot: Residual });
-    // MLP: Residual (now the allreduced attention output) -> ... -> Hidden, then allreduce.
+    ops.push(StepOp::AddRmsNorm { slot: Residual });
+    // MLP: Residual (now the normed attention output) -> ... -> Hidden, then allreduce + norm.
     match &model.moe {
         Some(m) if layer >= m.dense_layers => {
             ops.push(gemm(
@@ -199,6 +214,7 @@ pub fn layer_ops(model: &ModelShape, layer: u64, tp: u64, tokens: u64) -> Vec<St
         }
     }
     ops.push(StepOp::AllReduce { slot: Hidden });
+    ops.push(StepOp::AddRmsNorm { slot: Hidden });
     ops
 }
 
@@ -210,17 +226,20 @@ pub fn pass_ops(model: &ModelShape, layers: u64, tp: u64, tokens: u64) -> Vec<Ve
 }
 
 /// Elements each slot must hold for every op of `ops`.
-pub fn slot_elements(ops: &[Vec<StepOp>], tokens: u64, hidden: u64) -> [(Slot, u64); 4] {
+pub fn slot_elements(ops: &[Vec<StepOp>], tokens: u64, hidden: u64) -> [(Slot, u64); 5] {
     let mut sizes = [
         (Slot::Hidden, tokens * hidden),
         (Slot::Residual, tokens * hidden),
         (Slot::WideA, 0),
         (Slot::WideB, 0),
+        (Slot::Stream, tokens * hidden),
     ];
     for op in ops.iter().flatten() {
         let (slot, elements) = match op {
             StepOp::Gemm { output, .. } => (*output, op.output_elements(tokens, hidden)),
-            StepOp::AllReduce { slot } => (*slot, op.output_elements(tokens, hidden)),
+            StepOp::AllReduce { slot } | StepOp::AddRmsNorm { slot } => {
+                (*slot, op.output_elements(tokens, hidden))
+            }
         };
         let entry = sizes.iter_mut().find(|(s, _)| *s == slot).unwrap();
         entry.1 = entry.1.max(elements);
@@ -287,6 +306,45 @@ mod tests {
             experts.count() as u64,
             m.routed_experts.min(64 * m.experts_per_token)
         );
+    }
+
+    #[test]
+    fn every_allreduce_is_followed_by_its_norm_and_the_next_gemm_reads_the_normed_slot() {
+        for name in ["llama-3.1-70b", "deepseek-v3"] {
+            let model = fixture(name);
+            let pass = pass_ops(&model, model.layers.min(5), 8, 4);
+            for layer in &pass {
+                let norms = layer
+                    .iter()
+                    .filter(|o| matches!(o, StepOp::AddRmsNorm { .. }))
+                    .count();
+                assert_eq!(norms, 2, "{name}: two norms per layer");
+                for (j, op) in layer.iter().enumerate() {
+                    if let StepOp::AllReduce { slot } = op {
+                        assert_eq!(layer[j + 1], StepOp::AddRmsNorm { slot: *slot }, "{name}");
+                        // The norm's output is what the following GEMMs read.
+                        if let Some(StepOp::Gemm { input, .. }) = layer.get(j + 2) {
+                            assert_eq!(input, slot, "{name}");
+                        }
+                    }
+                }
+                assert!(!layer.iter().any(|o| matches!(
+                    o,
+                    StepOp::Gemm {
+                        input: Slot::Stream,
+                        ..
+                    } | StepOp::Gemm {
+                        output: Slot::Stream,
+                        ..
+                    }
+                )));
+            }
+            // The MLP's norm leaves the next layer's input where the next layer reads it.
+            assert_eq!(
+                pass[0].last(),
+                Some(&StepOp::AddRmsNorm { slot: Slot::Hidden })
+            );
+        }
     }
 
     #[test]

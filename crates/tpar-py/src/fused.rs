@@ -1,0 +1,117 @@
+//! The fused allreduce + residual add + RMSNorm for Python (issue 15): the checks of the
+//! operands' addresses that both paths share, and the CPU path, which is the CPU backend's
+//! allreduce followed by `tpar::norm`'s reference (the arithmetic the GPU kernels match bit for
+//! bit), so that a machine with no GPU runs the op with the same semantics end to end.
+
+use tpar::norm;
+use tpar::{Algorithm, CpuCommunicator, DType};
+
+/// One call's operands as the Python package passes them: addresses of contiguous buffers of
+/// `dtype` (`weight`: `hidden` elements; the others `tokens x hidden`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Operands {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub x: u64,
+    pub residual: u64,
+    /// `None`: in place on `residual`.
+    pub residual_out: Option<u64>,
+    pub weight: u64,
+    pub y: u64,
+    pub eps: f32,
+}
+
+impl Operands {
+    /// Bytes of one `tokens x hidden` operand.
+    pub fn bytes(&self) -> Result<usize, String> {
+        self.tokens
+            .checked_mul(self.hidden)
+            .and_then(|e| e.checked_mul(self.dtype.size()))
+            .filter(|b| *b <= isize::MAX as usize)
+            .ok_or_else(|| {
+                format!(
+                    "fused_add_rms_norm: {} x {} elements is too many",
+                    self.tokens, self.hidden
+                )
+            })
+    }
+
+    /// Shape, eps, null addresses and the aliasing rules (y may be x; residual_out may be
+    /// residual; no output overlaps another operand otherwise). `Ok(false)`: nothing to do.
+    pub fn check(&self) -> Result<bool, String> {
+        let bytes = self.bytes()? as u64;
+        if !norm::validate(self.tokens, self.hidden, self.eps).map_err(|e| e.to_string())? {
+            return Ok(false);
+        }
+        let residual_out = self.residual_out.unwrap_or(self.residual);
+        if [self.x, self.residual, residual_out, self.weight, self.y].contains(&0) {
+            return Err("fused_add_rms_norm: a null buffer address".to_owned());
+        }
+        let weight_bytes = (self.hidden * self.dtype.size()) as u64;
+        let overlaps = |a: u64, a_len: u64, b: u64, b_len: u64| a < b + b_len && b < a + a_len;
+        let rule = |bad: bool, text: &str| if bad { Err(text.to_owned()) } else { Ok(()) };
+        rule(
+            overlaps(self.y, bytes, self.residual, bytes)
+                || overlaps(self.y, bytes, residual_out, bytes),
+            "fused_add_rms_norm: out (y) overlaps residual; give y its own buffer (it may be x)",
+        )?;
+        rule(
+            residual_out != self.residual && overlaps(residual_out, bytes, self.residual, bytes),
+            "fused_add_rms_norm: residual_out partly overlaps residual; update residual in place or give a separate buffer",
+        )?;
+        rule(
+            overlaps(residual_out, bytes, self.x, bytes),
+            "fused_add_rms_norm: residual_out overlaps x; x is read by every rank's allreduce: keep them apart",
+        )?;
+        rule(
+            overlaps(self.y, bytes, self.weight, weight_bytes)
+                || overlaps(residual_out, bytes, self.weight, weight_bytes),
+            "fused_add_rms_norm: an output overlaps weight; give the outputs their own buffers",
+        )?;
+        Ok(true)
+    }
+}
+
+/// Copies `len` bytes from `address`.
+///
+/// # Safety
+/// `address` points to `len` readable bytes.
+unsafe fn read(address: u64, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    // SAFETY: the caller's promise; `bytes` is a fresh allocation, so they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(address as *const u8, bytes.as_mut_ptr(), len) };
+    bytes
+}
+
+/// The op on the CPU backend: every operand is copied in before anything is written, so `y`
+/// may be `x` and `residual_out` may be `residual`.
+///
+/// # Safety
+/// The addresses of `op` (checked by [`Operands::check`]) point to live host buffers of the
+/// sizes it names, the outputs writable, none freed or written by anyone else during the call.
+pub(crate) unsafe fn cpu(
+    comm: &mut CpuCommunicator,
+    op: &Operands,
+    algorithm: Algorithm,
+) -> tpar::Result<()> {
+    let bytes = op.bytes().map_err(tpar::Error::InvalidArgument)?;
+    // SAFETY: the caller's promise.
+    let (mut sum, residual, weight) = unsafe {
+        (
+            read(op.x, bytes),
+            read(op.residual, bytes),
+            read(op.weight, op.hidden * op.dtype.size()),
+        )
+    };
+    comm.all_reduce_bytes(op.dtype, None, &mut sum, algorithm)?;
+    let (residual_out, y) =
+        norm::add_rms_norm_reference(op.dtype, &sum, &residual, &weight, op.hidden, op.eps);
+    // SAFETY: the caller's promise; the sources are this function's own vectors.
+    unsafe {
+        let target = op.residual_out.unwrap_or(op.residual) as *mut u8;
+        std::ptr::copy_nonoverlapping(residual_out.as_ptr(), target, bytes);
+        std::ptr::copy_nonoverlapping(y.as_ptr(), op.y as *mut u8, bytes);
+    }
+    Ok(())
+}
