@@ -78,7 +78,7 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Time one tensor-parallel forward pass (GEMMs and allreduces of a model's shapes) with
     /// NCCL and with tpar, and the share of it spent in communication.
-    Step(crate::bench_step::StepArgs),
+    Step(crate::step::StepArgs),
 }
 
 struct BenchPlan {
@@ -105,7 +105,7 @@ struct BenchReport {
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if let Some(BenchCommand::Step(step)) = args.command {
-        return crate::bench_step::run(step);
+        return crate::step::run(step);
     }
     if args.fused {
         crate::fused_bench::run(

@@ -7,8 +7,6 @@
 mod args;
 mod backend_choice;
 mod bench;
-mod bench_step;
-mod blas;
 mod cuda_commands;
 mod debug_rank;
 mod doctor;
@@ -20,6 +18,7 @@ mod progress;
 mod ranks;
 mod report;
 mod selftest;
+mod step;
 mod tune;
 
 use std::process::ExitCode;

@@ -1,85 +1,36 @@
-//! `tpar bench step`: one tensor-parallel forward pass (a decode step, or a speculative verify
-//! pass over several tokens) on real GPUs: each rank's share of the projection and MLP GEMMs
-//! (cuBLAS, random bf16 weights of the model's shapes) and the two allreduces per layer, each
-//! followed by its residual add + RMSNorm, captured as one CUDA graph and replayed. The same
-//! pass is timed with no allreduce (the compute: GEMMs and the norms as separate kernels), and
-//! with each way of reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm), the
-//! norms run as a separate kernel after each allreduce (as engines run them) and, for tpar's
-//! routes, fused into it (`Communicator::fused_add_rms_norm_raw`): the difference from the
-//! compute is what communication costs the pass. See `tpar::planner::step` for what the pass
-//! holds and leaves out.
+//! `tpar bench step`'s runner: one tensor-parallel forward pass (a decode step, or a
+//! speculative verify pass over several tokens) on real GPUs: each rank's share of the
+//! projection and MLP GEMMs (cuBLAS, random bf16 weights of the model's shapes), the two
+//! allreduces per layer and the residual add + RMSNorm after each, captured as one CUDA graph
+//! and replayed. The same pass is timed with no allreduce (the compute), and with each way of
+//! reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm; norms separate or
+//! fused): the difference is what communication costs the pass. See `crate::planner::step` for
+//! what the pass holds and leaves out.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
-use tpar::backend::cuda::driver::DeviceMemory;
-use tpar::backend::cuda::fused::FusedCall;
-use tpar::dispatch::Choice;
-use tpar::memory::human_bytes;
-use tpar::planner::model::ModelShape;
-use tpar::planner::step::{pass_ops, slot_elements, Slot, StepOp};
-use tpar::DType;
 
-use crate::args::parse_list;
-use crate::backend_choice::cuda_device;
-use crate::blas::Blas;
-use crate::cuda_commands::{config, on_ranks};
-use crate::report::{emit, name_with_runs, percentile, skipped_row, Provenance, Table};
-use tpar::harness::cuda_bench::time_replays;
-use tpar::harness::cuda_ranks::{stream_is_capturing, CudaRanks, Route};
-
-#[derive(Args, Debug)]
-#[command(allow_negative_numbers = true)]
-pub struct StepArgs {
-    /// The model's Hugging Face config.json (layers, hidden size, heads, MLP, MLA and MoE fields).
-    #[arg(long, value_name = "FILE")]
-    config: PathBuf,
-    /// Tensor-parallel size: the number of ranks (round-robin over the GPUs; on fewer GPUs than
-    /// ranks they share, which times the protocol but not a real TP machine).
-    #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::world_size_arg)]
-    tp: usize,
-    /// Tokens per pass: 1 for a plain decode step, draft tokens + 1 for a verify pass.
-    #[arg(long, default_value_t = 1)]
-    tokens: usize,
-    /// Layers in the pass [default: the config's num_hidden_layers].
-    #[arg(long)]
-    layers: Option<u64>,
-    #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
-        "How the allreduces run, comma-separated, from: ", tpar::route_names!(),
-        " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
-    ))]
-    algos: String,
-    /// How the norm after each allreduce runs, comma-separated, from: separate (its own kernel
-    /// after the allreduce, as engines run it), fused (one call with tpar's allreduce; NCCL
-    /// rows have no fused form).
-    #[arg(long, default_value = "separate,fused", value_name = "LIST")]
-    norms: String,
-    /// Timed replays of each pass's graph.
-    #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
-    replays: usize,
-    /// One process per rank (CUDA IPC) instead of one process driving every rank; NCCL needs it
-    /// with more than one rank [default: on when every rank has a GPU of its own].
-    #[arg(long)]
-    processes: bool,
-    /// Seconds a rank waits for a peer before it fails the run, naming the peer.
-    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
-    timeout: std::time::Duration,
-    /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
-    #[arg(long, value_name = "PATH|-")]
-    json: Option<String>,
-}
+use super::blas::Blas;
+use super::cuda_bench::time_replays;
+use super::cuda_ranks::{stream_is_capturing, CudaRanks, Route};
+use super::stats::percentile;
+use super::Result;
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::fused::FusedCall;
+use crate::dispatch::Choice;
+use crate::planner::model::ModelShape;
+use crate::planner::step::{pass_ops, slot_elements, Slot, StepOp};
+use crate::DType;
 
 /// RMSNorm epsilon of the pass (Llama's and DeepSeek's `rms_norm_eps`); it does not change
 /// the time.
-const EPS: f32 = 1e-5;
+pub const EPS: f32 = 1e-5;
 
 /// How a pass runs the norm after each allreduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Norms {
+pub enum Norms {
     /// The allreduce, then tpar's residual add + RMSNorm kernel on its own.
     Separate,
     /// One fused call (`fused_add_rms_norm`); where the allreduce's algorithm has no fused
@@ -102,14 +53,14 @@ impl std::str::FromStr for Norms {
 
 /// What reduces in one timed pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reduce {
+pub enum Reduce {
     /// No allreduce: the compute alone (GEMMs and the norms as separate kernels).
     Nothing,
     With(Route, Norms),
 }
 
 impl Reduce {
-    fn name(self) -> String {
+    pub fn name(self) -> String {
         match self {
             Reduce::Nothing => "none (compute only)".into(),
             Reduce::With(r, Norms::Separate) => r.name().into(),
@@ -119,43 +70,22 @@ impl Reduce {
 }
 
 #[derive(Serialize)]
-struct StepRow {
-    reduce: String,
+pub struct StepRow {
+    pub reduce: String,
     /// What `auto` ran for this pass's message size.
     #[serde(skip_serializing_if = "Option::is_none")]
-    runs: Option<String>,
+    pub runs: Option<String>,
     /// How the norms ran: "separate", or "fused" / "unfused: why" for fused rows (the plan
     /// of the captured pass).
-    norms: String,
-    pass_p50_us: f64,
-    pass_p99_us: f64,
+    pub norms: String,
+    pub pass_p50_us: f64,
+    pub pass_p99_us: f64,
     /// The pass's time minus the compute-only pass's.
-    communication_us: f64,
-    communication_share: f64,
-    per_allreduce_us: f64,
+    pub communication_us: f64,
+    pub communication_share: f64,
+    pub per_allreduce_us: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    skipped: Option<String>,
-}
-
-#[derive(Serialize)]
-struct StepReport {
-    model: String,
-    tp: usize,
-    tokens: usize,
-    layers: u64,
-    allreduces_per_pass: u64,
-    /// Residual add + RMSNorms per pass: one after each allreduce.
-    norms_per_pass: u64,
-    allreduce_bytes: u64,
-    gemms_per_pass: usize,
-    weight_bytes_per_rank_per_layer: u64,
-    mode: &'static str,
-    gpus: usize,
-    #[serde(flatten)]
-    provenance: Provenance,
-    replays: usize,
-    timing: &'static str,
-    results: Vec<StepRow>,
+    pub skipped: Option<String>,
 }
 
 /// One rank's buffers: activations by slot and the weights of each op of a dense and of a MoE
@@ -198,202 +128,202 @@ fn layer_kind(model: &ModelShape, layer: u64) -> usize {
     }
 }
 
-pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
-    if let Some(path) = &args.json {
-        crate::args::check_writable("json", path)?;
+/// The pass to time: the model's shapes, the ops of its layers and how the allreduces run.
+pub struct StepPlan {
+    pub model: ModelShape,
+    pub layers: u64,
+    pub tp: u64,
+    pub tokens: u64,
+    /// Timed passes: the compute alone first, then each way of reducing.
+    pub reduces: Vec<Reduce>,
+    pub replays: usize,
+    /// One graph per rank (processes, or a single rank) instead of one graph for all ranks.
+    pub graph_per_rank: bool,
+    ops: Vec<Vec<StepOp>>,
+    sizes: [(Slot, u64); 5],
+    /// The first layer of each kind (dense, MoE) whose weights are allocated.
+    kinds: Vec<u64>,
+}
+
+impl StepPlan {
+    pub fn new(
+        model: ModelShape,
+        layers: u64,
+        tp: u64,
+        tokens: u64,
+        reduces: Vec<Reduce>,
+        replays: usize,
+        graph_per_rank: bool,
+    ) -> StepPlan {
+        let ops = pass_ops(&model, layers, tp, tokens);
+        let sizes = slot_elements(&ops, tokens, model.hidden);
+        let kinds: Vec<u64> = match &model.moe {
+            Some(m) if m.dense_layers < layers => vec![0, m.dense_layers],
+            _ => vec![0],
+        };
+        StepPlan {
+            model,
+            layers,
+            tp,
+            tokens,
+            reduces,
+            replays,
+            graph_per_rank,
+            ops,
+            sizes,
+            kinds,
+        }
     }
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("cannot read --config {}", args.config.display()))
-        .map_err(crate::args::usage)?;
-    // A Hugging Face checkout names the model by its folder; a renamed file by its stem.
-    let stem = args
-        .config
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned());
-    let name = match stem.as_deref() {
-        Some("config") | None => args
-            .config
-            .canonicalize()
-            .ok()
-            .and_then(|p| {
-                p.parent()?
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "model".to_owned()),
-        Some(stem) => stem.to_owned(),
-    };
-    let model = ModelShape::from_config_json(&text, &name)?;
-    if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
-        bail!("-n/--world-size, --tokens and --replays must be at least 1");
+
+    /// Elements of one allreduce (tokens x hidden).
+    pub fn count(&self) -> usize {
+        (self.tokens * self.model.hidden) as usize
     }
-    let layers = args.layers.unwrap_or(model.layers);
-    if layers == 0 || layers > model.layers {
-        bail!(
-            "--layers {layers}: the model has {} layers; give 1 to {}",
-            model.layers,
-            model.layers
-        );
+
+    pub fn gemms_per_pass(&self) -> usize {
+        self.ops
+            .iter()
+            .flatten()
+            .filter(|o| matches!(o, StepOp::Gemm { .. }))
+            .count()
     }
-    let norms = parse_list(&args.norms, "norms", |s| {
-        s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
-    })?;
-    let mut reduces = vec![Reduce::Nothing];
-    for r in parse_list(&args.algos, "algos", |s| Ok(s.parse::<Route>()?))? {
-        for &n in &norms {
-            // NCCL has no fused form: its fused row would be its separate row again.
-            if n == Norms::Fused && r == Route::Fixed(Choice::Nccl) {
+
+    /// Bytes of weights per rank: of every layer kind, or of the last kind's one layer.
+    pub fn weight_bytes(&self, every_kind: bool) -> u64 {
+        let kinds = if every_kind {
+            &self.kinds[..]
+        } else {
+            &self.kinds[self.kinds.len() - 1..]
+        };
+        weight_bytes(&self.ops, kinds) * 2
+    }
+
+    pub fn layer_kinds(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+/// Times every pass of `plan` on `group`; `on_timing` hears each one before it is timed.
+pub fn run(
+    group: &mut CudaRanks,
+    plan: &StepPlan,
+    mut on_timing: impl FnMut(Reduce),
+) -> Result<Vec<StepRow>> {
+    let dtype = DType::Bf16;
+    let (model, layers, tokens) = (&plan.model, plan.layers, plan.tokens);
+    let count = plan.count();
+    let data = prepare(group, &plan.ops, &plan.sizes, &plan.kinds, model.hidden)?;
+    let mut rows = Vec::new();
+    let mut compute_us = 0.0;
+    for &reduce in &plan.reduces {
+        if let Reduce::With(route, _) = reduce {
+            if let Err(why) = group.supports(route) {
+                rows.push(StepRow {
+                    reduce: reduce.name(),
+                    runs: None,
+                    norms: "-".into(),
+                    pass_p50_us: 0.0,
+                    pass_p99_us: 0.0,
+                    communication_us: 0.0,
+                    communication_share: 0.0,
+                    per_allreduce_us: 0.0,
+                    skipped: Some(why),
+                });
                 continue;
             }
-            reduces.push(Reduce::With(r, n));
         }
-    }
-    let timeout = args.timeout;
-    let gpus = tpar::harness::cuda_ranks::device_count().context(
-        "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
-    )?;
-    // NCCL takes one process per rank: with a GPU for every rank, run that way by default.
-    let processes = args.processes || (args.tp > 1 && gpus >= args.tp);
-    if processes && !args.processes && std::env::var_os("RANK").is_none() {
-        eprintln!(
-            "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
-        );
-    }
-    crate::blas::load()?;
-    let (tp, tokens) = (args.tp as u64, args.tokens as u64);
-    let ops = pass_ops(&model, layers, tp, tokens);
-    let sizes = slot_elements(&ops, tokens, model.hidden);
-    let count = (tokens * model.hidden) as usize;
-    let dtype = DType::Bf16;
-    let kinds: Vec<u64> = match &model.moe {
-        Some(m) if m.dense_layers < layers => vec![0, m.dense_layers],
-        _ => vec![0],
-    };
-
-    on_ranks(processes, args.tp, timeout, |make, mode| {
-        let mut group = make(config(timeout))?;
-        let leader = group.is_leader();
-        if leader {
-            eprintln!(
-                "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
-                crate::report::ranks(args.tp),
-                kinds.len(),
-                human_bytes(weight_bytes(&ops, &kinds) * 2)
-            );
-        }
-        let data = prepare(&group, &ops, &sizes, &kinds, model.hidden)?;
-        let mut rows = Vec::new();
-        let mut compute_us = 0.0;
-        for &reduce in &reduces {
-            if let Reduce::With(route, _) = reduce {
-                if let Err(why) = group.supports(route) {
-                    rows.push(StepRow {
-                        reduce: reduce.name(),
-                        runs: None,
-                        norms: "-".into(),
-                        pass_p50_us: 0.0,
-                        pass_p99_us: 0.0,
-                        communication_us: 0.0,
-                        communication_share: 0.0,
-                        per_allreduce_us: 0.0,
-                        skipped: Some(why),
-                    });
-                    continue;
-                }
-            }
-            if leader {
-                eprintln!("tpar bench step: timing {}", reduce.name());
-            }
-            let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
-                queue_pass(
-                    &group, &data[i], i, stream, &ops, &model, reduce, tokens, dtype,
-                )
-            };
-            // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
-            for (i, s) in group.streams.iter().enumerate() {
-                queue(i, s)?;
-            }
-            group.synchronize()?;
-            let graphs: Vec<CudaGraph> = if processes || group.comms.len() == 1 {
-                group.capture_each(queue)?
-            } else {
-                vec![group.capture(queue)?]
-            };
-            let warmup = 3;
-            let replays = group.agreed_mean(args.replays as u64)? as usize;
-            let us = time_replays(&group, &graphs, warmup, replays)?;
-            drop(graphs);
-            let p50 = percentile(&us, 50.0);
-            let p99 = percentile(&us, 99.0);
-            if reduce == Reduce::Nothing {
-                compute_us = p50;
-            }
-            let communication = (p50 - compute_us).max(0.0);
-            let captured = match reduce {
-                Reduce::With(Route::Auto, _) => Some(
-                    group.comms[0]
-                        .plan(dtype, (count * dtype.size()) as u64, true)?
-                        .choice,
-                ),
-                Reduce::With(Route::Fixed(choice), _) => Some(choice),
-                Reduce::Nothing => None,
-            };
-            let runs = match reduce {
-                Reduce::With(Route::Auto, _) => captured.map(|c| c.name().to_owned()),
-                _ => None,
-            };
-            let norms = match (reduce, captured) {
-                (Reduce::With(_, Norms::Fused), Some(choice)) => {
-                    let algorithm = match choice {
-                        Choice::Tpar(a) => Some(a),
-                        Choice::Nccl => None,
-                    };
-                    let path =
-                        group.comms[0]
-                            .cuda()
-                            .fused_plan(algorithm, dtype, model.hidden as usize);
-                    if path.fused {
-                        "fused".to_owned()
-                    } else {
-                        format!("unfused: {}", path.reason)
-                    }
-                }
-                _ => "separate".to_owned(),
-            };
-            rows.push(StepRow {
-                reduce: reduce.name(),
-                runs,
-                norms,
-                pass_p50_us: p50,
-                pass_p99_us: p99,
-                communication_us: communication,
-                communication_share: if p50 > 0.0 { communication / p50 } else { 0.0 },
-                per_allreduce_us: communication / (2 * layers) as f64,
-                skipped: None,
-            });
-        }
-        if !leader {
-            return Ok(());
-        }
-        let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let report = StepReport {
-            model: model.name.clone(),
-            tp: args.tp,
-            tokens: args.tokens,
-            layers,
-            allreduces_per_pass: 2 * layers,
-            norms_per_pass: 2 * layers,
-            allreduce_bytes: (count * dtype.size()) as u64,
-            gemms_per_pass: ops.iter().flatten().filter(|o| matches!(o, StepOp::Gemm { .. })).count(),
-            weight_bytes_per_rank_per_layer: weight_bytes(&ops, &kinds[kinds.len() - 1..]) * 2,
-            mode,
-            gpus,
-            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
-            replays: args.replays,
-            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
-            results: rows,
+        on_timing(reduce);
+        // Collective calls: every rank replays the same number of times.
+        let replays = group.agreed_mean(plan.replays as u64)? as usize;
+        let group = &*group;
+        let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
+            queue_pass(
+                group, &data[i], i, stream, &plan.ops, model, reduce, tokens, dtype,
+            )
         };
-        emit(&render(&report), args.json.as_deref(), &report)
+        // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
+        for (i, s) in group.streams.iter().enumerate() {
+            queue(i, s)?;
+        }
+        group.synchronize()?;
+        let graphs: Vec<CudaGraph> = if plan.graph_per_rank || group.comms.len() == 1 {
+            group.capture_each(queue)?
+        } else {
+            vec![group.capture(queue)?]
+        };
+        rows.push(time_pass(
+            group,
+            plan,
+            graphs,
+            reduce,
+            replays,
+            &mut compute_us,
+            (count, dtype, layers),
+        )?);
+    }
+    Ok(rows)
+}
+
+/// Replays one pass's graphs and makes its row (the compute-only pass sets `compute_us`).
+fn time_pass(
+    group: &CudaRanks,
+    plan: &StepPlan,
+    graphs: Vec<CudaGraph>,
+    reduce: Reduce,
+    replays: usize,
+    compute_us: &mut f64,
+    (count, dtype, layers): (usize, DType, u64),
+) -> Result<StepRow> {
+    let warmup = 3;
+    let us = time_replays(group, &graphs, warmup, replays)?;
+    drop(graphs);
+    let p50 = percentile(&us, 50.0);
+    let p99 = percentile(&us, 99.0);
+    if reduce == Reduce::Nothing {
+        *compute_us = p50;
+    }
+    let communication = (p50 - *compute_us).max(0.0);
+    let captured = match reduce {
+        Reduce::With(Route::Auto, _) => Some(
+            group.comms[0]
+                .plan(dtype, (count * dtype.size()) as u64, true)?
+                .choice,
+        ),
+        Reduce::With(Route::Fixed(choice), _) => Some(choice),
+        Reduce::Nothing => None,
+    };
+    let runs = match reduce {
+        Reduce::With(Route::Auto, _) => captured.map(|c| c.name().to_owned()),
+        _ => None,
+    };
+    let norms = match (reduce, captured) {
+        (Reduce::With(_, Norms::Fused), Some(choice)) => {
+            let algorithm = match choice {
+                Choice::Tpar(a) => Some(a),
+                Choice::Nccl => None,
+            };
+            let path =
+                group.comms[0]
+                    .cuda()
+                    .fused_plan(algorithm, dtype, plan.model.hidden as usize);
+            if path.fused {
+                "fused".to_owned()
+            } else {
+                format!("unfused: {}", path.reason)
+            }
+        }
+        _ => "separate".to_owned(),
+    };
+    Ok(StepRow {
+        reduce: reduce.name(),
+        runs,
+        norms,
+        pass_p50_us: p50,
+        pass_p99_us: p99,
+        communication_us: communication,
+        communication_share: if p50 > 0.0 { communication / p50 } else { 0.0 },
+        per_allreduce_us: communication / (2 * layers) as f64,
+        skipped: None,
     })
 }
 
@@ -557,72 +487,4 @@ fn queue_pass(
         }
     }
     Ok(())
-}
-
-fn render(report: &StepReport) -> String {
-    let mut table = Table::new(
-        &[
-            "allreduce",
-            "norms",
-            "pass p50 us",
-            "pass p99 us",
-            "communication us",
-            "share",
-            "per allreduce us",
-        ],
-        1,
-    );
-    for r in &report.results {
-        if let Some(why) = &r.skipped {
-            table.push(skipped_row(vec![r.reduce.clone()], 7, why));
-            continue;
-        }
-        let name = name_with_runs(&r.reduce, r.runs.as_deref());
-        let compute = r.reduce.starts_with("none");
-        table.push(vec![
-            name,
-            r.norms.clone(),
-            format!("{:.1}", r.pass_p50_us),
-            format!("{:.1}", r.pass_p99_us),
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}", r.communication_us)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}%", 100.0 * r.communication_share)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.2}", r.per_allreduce_us)
-            },
-        ]);
-    }
-    let sharing = if report.gpus < report.tp {
-        format!(
-            "\nnote: {} ranks share {} GPU(s): every rank's GEMMs run on the same GPU, so the pass is not a TP-{} machine's; the real use is one GPU per rank",
-            report.tp, report.gpus, report.tp
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs, {} allreduces of {} bf16 and {} residual add + RMSNorms per pass; {}, {} ({})\n{}{}",
-        report.model,
-        report.tp,
-        report.tokens,
-        report.layers,
-        report.gemms_per_pass,
-        report.allreduces_per_pass,
-        human_bytes(report.allreduce_bytes),
-        report.norms_per_pass,
-        report.provenance.device,
-        crate::report::ranks(report.tp),
-        report.mode,
-        table.render(),
-        sharing
-    )
 }

@@ -14,12 +14,16 @@
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
 //! - [`tune`]: the tuning table from measured rows.
+//! - [`bench_step`] and [`blas`]: one tensor-parallel forward pass timed with each way of
+//!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
 
 pub mod anatomy;
+pub mod bench_step;
+pub mod blas;
 pub mod cpu_bench;
 pub mod cpu_selftest;
 pub mod cuda_bench;
@@ -39,6 +43,8 @@ pub enum HarnessError {
     Tpar(#[from] crate::Error),
     #[error(transparent)]
     Driver(#[from] cudarc::driver::DriverError),
+    #[error(transparent)]
+    Blas(#[from] cudarc::cublas::result::CublasError),
     /// A measurement or check that cannot be made as asked (the message says why and the fix).
     #[error("{0}")]
     Failed(String),
