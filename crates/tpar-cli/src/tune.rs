@@ -8,15 +8,15 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
-use tpar::dispatch::{Choice, TuningTable};
-use tpar::harness::tune::{crossovers, table_from};
+use tpar::dispatch::TuningTable;
+use tpar::harness::tune::{self, crossovers};
 use tpar::topology::Topology;
 use tpar::DType;
 
 use crate::args::{parse_list, parse_size, sizes_to_counts};
 use crate::cuda_commands::{config, on_ranks};
 use crate::report::{emit, Table};
-use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow};
+use tpar::harness::cuda_bench::CudaRow;
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -67,32 +67,25 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
         Topology::detect().context("tpar tune keys its table by the machine's topology")?;
     let world_size = args.world_size.unwrap_or(gpus).max(1);
     let timeout = args.timeout;
-    let plan = CudaBenchPlan {
-        sizes: bytes.into_iter().zip(counts).collect(),
-        choices: Choice::ALL
-            .map(tpar::harness::cuda_ranks::Route::Fixed)
-            .to_vec(),
-        dtype: args.dtype,
-        replays: args.iters,
-        warmup: 5,
-        chain: 50,
-    };
+    let plan = tune::plan(
+        bytes.into_iter().zip(counts).collect(),
+        args.dtype,
+        args.iters,
+    );
     on_ranks(args.processes, world_size, timeout, |make, _mode| {
         let mut group = make(config(timeout))?;
         let mut progress = crate::progress::Progress::new(
             group.is_leader(),
             plan.sizes.len() * plan.choices.len(),
         );
-        let floors = cuda_bench::measure_floors(&group, &plan)?;
-        let rows = cuda_bench::run(&mut group, &plan, &floors, |bytes, algo| {
+        let tuned = tune::run(&mut group, &plan, &topology, |bytes, algo| {
             progress.step(format!("{} {algo}", crate::report::size(bytes)))
         })?;
         progress.finish();
-        if !group.is_leader() {
+        let Some(path) = tuned.written_to else {
             return Ok(());
-        }
-        let table = table_from(&rows, topology.fingerprint(), world_size, args.dtype)?;
-        let path = table.save()?;
+        };
+        let (table, rows) = (tuned.table, tuned.rows);
         let mut t = Table::new(&["size", "fastest", "p50 us", "runner-up", "p50 us"], 2);
         for &(size, _) in &plan.sizes {
             let mut here: Vec<&CudaRow> = rows

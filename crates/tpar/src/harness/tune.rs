@@ -2,11 +2,60 @@
 //! algorithms and NCCL alike) to the [`TuningTable`] the dispatcher reads, keeping the fastest
 //! correct choice per size.
 
+use std::path::PathBuf;
+
 use super::bail;
-use super::cuda_bench::CudaRow;
+use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
+use super::cuda_ranks::{CudaRanks, Route};
 use super::Result;
 use crate::dispatch::{Choice, TuningEntry, TuningTable};
+use crate::topology::Topology;
 use crate::DType;
+
+/// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
+/// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
+pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchPlan {
+    CudaBenchPlan {
+        sizes,
+        choices: Choice::ALL.map(Route::Fixed).to_vec(),
+        dtype,
+        replays,
+        warmup: 5,
+        chain: 50,
+    }
+}
+
+/// A tuning run's outcome: the table, where rank 0 wrote it (other ranks write nothing), and
+/// the measurements it was made from.
+pub struct Tuned {
+    pub table: TuningTable,
+    pub written_to: Option<PathBuf>,
+    pub rows: Vec<CudaRow>,
+}
+
+/// Measures `plan` on `group` (every rank of the job calls this together), makes the table
+/// and, on the rank holding rank 0, saves it where the dispatcher of this machine looks.
+/// `progress` hears each (size, choice) before it is timed.
+pub fn run(
+    group: &mut CudaRanks,
+    plan: &CudaBenchPlan,
+    topology: &Topology,
+    progress: impl FnMut(u64, Route),
+) -> Result<Tuned> {
+    let floors = cuda_bench::measure_floors(group, plan)?;
+    let rows = cuda_bench::run(group, plan, &floors, progress)?;
+    let table = table_from(&rows, topology.fingerprint(), group.world_size, plan.dtype)?;
+    let written_to = if group.is_leader() {
+        Some(table.save()?)
+    } else {
+        None
+    };
+    Ok(Tuned {
+        table,
+        written_to,
+        rows,
+    })
+}
 
 /// The fastest correct choice at each measured size, runs of one choice merged; the last
 /// entry covers every larger size.
