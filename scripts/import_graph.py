@@ -22,21 +22,24 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "tpar", "src")
 
-# Bottom first. An edge may go to a component of a LOWER layer or stay inside its own
-# component; an edge to a higher layer, or to another component of the same layer, is a
-# violation. Components are module-path prefixes.
+# Bottom first: (layer, components, isolated). An edge may go to a component of a LOWER
+# layer, stay inside its own component, or (unless the layer is isolated) go to another
+# component of the same layer; an edge to a higher layer, or between two components of an
+# isolated layer, is a violation. Components are module-path prefixes.
 LAYERS = [
     # Vocabulary and the pure protocol: no I/O beyond the OS wrappers in sys.
-    ("base", ["error", "hash", "dtype", "algorithm", "memory", "sys", "wait", "protocol"]),
-    # Data about the machine and the job, known inputs, pure numerics: no backend calls.
-    ("data", ["topology", "check", "norm", "rendezvous", "launch"]),
+    ("base", ["error", "hash", "cache", "dtype", "algorithm", "memory", "sys", "wait", "protocol"], False),
+    # Data about the machine, known inputs, pure numerics: no backend calls.
+    ("data", ["topology", "check", "norm"], False),
+    # How the ranks of one job meet and are started on this host.
+    ("platform", ["rendezvous", "launch"], False),
     # Policy (pure: which path runs a call) beside the transports (which run it). Neither
     # imports the other.
-    ("policy|transport", ["dispatch", "backend"]),
+    ("policy|transport", ["dispatch", "backend"], True),
     # The one call path: check -> decide -> enqueue over the backends.
-    ("call path", ["communicator"]),
+    ("call path", ["communicator"], False),
     # What is built on a communicator: capacity planning, the harness.
-    ("tools", ["planner", "harness"]),
+    ("tools", ["planner", "harness"], False),
 ]
 
 # The one facade at the top: re-exports every layer's names.
@@ -120,7 +123,7 @@ def resolve(path, current, modules, is_dir_module):
 
 
 def component(module):
-    for rank, (_, comps) in enumerate(LAYERS):
+    for rank, (_, comps, _) in enumerate(LAYERS):
         for c in comps:
             if module == c or module.startswith(c + "::"):
                 return rank, c
@@ -161,7 +164,7 @@ def main():
         if ca == cb:
             continue
         comp_edges.add((ca, cb))
-        if ra is not None and rb is not None and rb >= ra:
+        if ra is not None and rb is not None and (rb > ra or (rb == ra and LAYERS[ra][2])):
             kind = "upward" if rb > ra else "sideways"
             violations.append(
                 f"{a} -> {b}  ({kind}: {LAYERS[ra][0]}/{ca} -> {LAYERS[rb][0]}/{cb})"
@@ -211,8 +214,9 @@ def main():
             print(f"{a} -> {b}")
         print()
         print("# layers, bottom first")
-        for name, comps in LAYERS:
-            print(f"{name}: {', '.join(comps)}")
+        for name, comps, isolated in LAYERS:
+            note = " (isolated: no edges between these)" if isolated else ""
+            print(f"{name}: {', '.join(comps)}{note}")
         print()
     print(f"# cycles between components: {len(sccs)}")
     for scc in sccs:

@@ -1,9 +1,15 @@
-//! The allreduce algorithms a caller can ask for by name.
+//! What can run an allreduce: tpar's algorithms ([`Algorithm`]) and, beside them, NCCL
+//! ([`Choice`]), each named the way a caller asks for it.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::Error;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The most ranks tpar's kernels address (`TPAR_MAX_RANKS` in the kernels' header mirrors it).
+pub const MAX_RANKS: usize = 16;
 
 /// One protocol for moving and reducing the data. Every transport implements the ones it can;
 /// asking a transport for one it lacks is an error, never a silent substitute.
@@ -65,7 +71,7 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = Error;
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    fn from_str(s: &str) -> Result<Self> {
         let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
         Algorithm::ALL
             .into_iter()
@@ -75,6 +81,63 @@ impl FromStr for Algorithm {
                     "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged"
                 ))
             })
+    }
+}
+
+/// What runs an allreduce: one of tpar's algorithms or NCCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Choice {
+    Tpar(Algorithm),
+    Nccl,
+}
+
+impl Choice {
+    pub const ALL: [Choice; 5] = [
+        Choice::Tpar(Algorithm::OneShot),
+        Choice::Tpar(Algorithm::TwoShot),
+        Choice::Tpar(Algorithm::OneShotPull),
+        Choice::Tpar(Algorithm::HostStaged),
+        Choice::Nccl,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Tpar(a) => a.name(),
+            Choice::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Choice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Choice> {
+        if s.trim().eq_ignore_ascii_case("nccl") {
+            return Ok(Choice::Nccl);
+        }
+        s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
+            ))
+        })
+    }
+}
+
+impl Serialize for Choice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Choice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Choice, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

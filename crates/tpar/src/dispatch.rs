@@ -7,85 +7,15 @@
 //! built-in rules per topology class. The init probe can veto a path that failed its check.
 //! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::Algorithm;
-use crate::backend::cuda::kernels::MAX_RANKS;
+pub use crate::algorithm::Choice;
+use crate::algorithm::{Algorithm, MAX_RANKS};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::human_bytes;
+pub use crate::topology::Probe;
 use crate::topology::Topology;
-
-/// What runs an allreduce: one of tpar's algorithms or NCCL.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Choice {
-    Tpar(Algorithm),
-    Nccl,
-}
-
-impl Choice {
-    pub const ALL: [Choice; 5] = [
-        Choice::Tpar(Algorithm::OneShot),
-        Choice::Tpar(Algorithm::TwoShot),
-        Choice::Tpar(Algorithm::OneShotPull),
-        Choice::Tpar(Algorithm::HostStaged),
-        Choice::Nccl,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Choice::Tpar(a) => a.name(),
-            Choice::Nccl => "nccl",
-        }
-    }
-}
-
-impl fmt::Display for Choice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Choice {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Choice> {
-        if s.trim().eq_ignore_ascii_case("nccl") {
-            return Ok(Choice::Nccl);
-        }
-        s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
-            ))
-        })
-    }
-}
-
-impl Serialize for Choice {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> Deserialize<'de> for Choice {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Choice, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// What the init probe measured on this machine.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
-    /// Paths that cannot run here, with the reason (a failed self-test, no peer access in this
-    /// group): never planned, and an error when forced.
-    pub failed: Vec<(Choice, String)>,
-    /// Peer-write and peer-read bandwidth with every link busy at once, GB/s.
-    pub push_gbps: Option<f64>,
-    pub pull_gbps: Option<f64>,
-}
 
 /// The fastest choice per size, measured by `tpar tune` on one machine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,7 +32,7 @@ impl TuningTable {
     /// Where the table for this machine, world size and dtype lives: `tuning/` in tpar's cache
     /// (`TPAR_CACHE_DIR`, else `~/.cache/tpar`).
     pub fn path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
-        crate::backend::cuda::nvrtc::cache_root()
+        crate::cache::cache_root()
             .join("tuning")
             .join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
     }

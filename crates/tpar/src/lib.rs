@@ -16,6 +16,7 @@
 
 pub mod algorithm;
 pub mod backend;
+pub mod cache;
 pub mod check;
 pub mod communicator;
 pub mod dispatch;
