@@ -6,12 +6,16 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
-use crate::backend::cuda::stream_order::StreamOrder;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::cuda::span::Operands;
+use crate::backend::cuda::stream_order::{Capture, StreamOrder};
+use crate::backend::cuda::{
+    borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
+};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::check::{fill_expected, fill_input, first_mismatch};
 use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
@@ -414,7 +418,7 @@ impl Communicator {
             .new_stream()
             .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
         let max = counts[counts.len() - 1];
-        let buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
+        let mut buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
         // Inputs and expected sums depend on the count only: made once, used for every path.
         let cases: Vec<(usize, Vec<u8>, Vec<u8>)> = counts
             .iter()
@@ -438,18 +442,8 @@ impl Communicator {
             for (count, input, expected) in &cases {
                 let (count, bytes) = (*count, input.len());
                 buffer.upload(input)?;
-                // SAFETY: `buffer` holds `count` elements on this rank's GPU and outlives the
-                // call, which is synchronised before the next line.
-                unsafe {
-                    self.cuda.all_reduce_raw(
-                        dtype,
-                        None,
-                        buffer.ptr(),
-                        count,
-                        algorithm,
-                        stream.cu_stream(),
-                    )?
-                };
+                self.cuda
+                    .all_reduce(None, buffer.span_mut(dtype, count)?, algorithm, &stream)?;
                 self.cuda.synchronize(&stream).map_err(|e| {
                     Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
                 })?;
@@ -549,8 +543,47 @@ impl Communicator {
     }
 
     /// Plans and queues `output[i] = sum over ranks of input[i]` on `stream` (`input: None`:
-    /// in place), returning the plan it ran. Every rank must make the same calls: the plan
-    /// depends only on what every rank shares (machine, sizes, settings).
+    /// in place on `output`), returning the plan it ran. Every rank must make the same calls:
+    /// the plan depends only on what every rank shares (machine, sizes, settings). The spans
+    /// must be on this rank's GPU, of one dtype and length, and `stream` of its context.
+    pub fn all_reduce(
+        &self,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<Plan> {
+        let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
+        let capture = self.capture(stream)?;
+        let plan = self.plan(
+            operands.dtype(),
+            operands.bytes() as u64,
+            capture.is_capturing(),
+        )?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
+        self.enqueue(plan.choice, &operands, stream, capture)?;
+        Ok(plan)
+    }
+
+    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests, a
+    /// forced choice); as [`Communicator::all_reduce`] otherwise.
+    pub fn all_reduce_as(
+        &self,
+        choice: Choice,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
+        let capture = self.capture(stream)?;
+        self.enqueue(choice, &operands, stream, capture)
+    }
+
+    /// [`Communicator::all_reduce`] on raw addresses, for callers not yet moved to spans (the
+    /// CLI's rank harness); `capturing` is what the caller read of `stream`.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
@@ -574,7 +607,8 @@ impl Communicator {
         Ok(plan)
     }
 
-    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests).
+    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
+    /// (the CLI's rank harness, the Python binding).
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
@@ -587,9 +621,38 @@ impl Communicator {
         count: usize,
         stream: CUstream,
     ) -> Result<()> {
+        // SAFETY: the caller's promise covers the stream and both buffers.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(self.cuda.context(), stream),
+                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
+            )
+        };
+        let capture = self.capture(&stream)?;
+        self.enqueue(choice, &operands, &stream, capture)
+    }
+
+    /// The GPU of this rank.
+    fn device(&self) -> usize {
+        self.cuda.context().ordinal()
+    }
+
+    /// Whether `stream` is capturing a graph: read once per call, at its start, and passed to
+    /// every step of the call that depends on it.
+    pub(crate) fn capture(&self, stream: &CudaStream) -> Result<Capture> {
+        self.order.capture(stream)
+    }
+
+    /// Queues the allreduce of checked `operands` on `choice`.
+    pub(crate) fn enqueue(
+        &self,
+        choice: Choice,
+        operands: &Operands,
+        stream: &CudaStream,
+        capture: Capture,
+    ) -> Result<()> {
         if choice == Choice::Nccl {
-            // SAFETY: the caller's promise: `stream` is live on this rank's context.
-            if self.nccl_pending() && unsafe { crate::backend::cuda::is_capturing(stream) } {
+            if self.nccl_pending() && capture.is_capturing() {
                 return Err(Error::Unsupported(
                     "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
                 ));
@@ -597,55 +660,36 @@ impl Communicator {
             // Created (collectively) before the ordered section, which must not block.
             self.nccl().map_err(Error::Unsupported)?;
         }
-        // SAFETY: the caller's promise: `stream` is live on this rank's context.
-        unsafe {
-            self.ordered(stream, || match choice {
-                // SAFETY: the caller's promise, passed on.
-                Choice::Tpar(algorithm) => self
-                    .cuda
-                    .all_reduce_raw(dtype, input, output, count, algorithm, stream),
-                Choice::Nccl => {
-                    let nccl = self.nccl().map_err(Error::Unsupported)?;
-                    // NCCL connects peers (and allocates their buffers) at the first calls
-                    // that need them, not at its init: what our own NCCL takes then is
-                    // measured around the call too (outside capture, where the driver can
-                    // be asked).
-                    // SAFETY: as above.
-                    let queue = || {
-                        nccl.all_reduce_raw(
-                            dtype,
-                            input,
-                            output,
-                            count,
-                            stream as *mut std::ffi::c_void,
-                        )
-                    };
-                    if nccl.is_owned() && !crate::backend::cuda::is_capturing(stream) {
-                        let (queued, taken) =
-                            crate::backend::cuda::free_memory_taken_by(self.cuda.context(), queue);
-                        self.nccl_bytes
-                            .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
-                        queued
-                    } else {
-                        queue()
-                    }
+        self.ordered(stream, capture, || match choice {
+            Choice::Tpar(algorithm) => self.cuda.enqueue(operands, algorithm, stream),
+            Choice::Nccl => {
+                let nccl = self.nccl().map_err(Error::Unsupported)?;
+                // NCCL connects peers (and allocates their buffers) at the first calls that
+                // need them, not at its init: what our own NCCL takes then is measured around
+                // the call too (outside capture, where the driver can be asked).
+                let queue = || nccl.all_reduce(operands, stream);
+                if nccl.is_owned() && !capture.is_capturing() {
+                    let (queued, taken) =
+                        crate::backend::cuda::free_memory_taken_by(self.cuda.context(), queue);
+                    self.nccl_bytes
+                        .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
+                    queued
+                } else {
+                    queue()
                 }
-            })
-        }
+            }
+        })
     }
 
     /// Queues one call's work with `enqueue` after this communicator's previous call, whatever
     /// stream that was on (see [`StreamOrder`]): every call that takes an epoch goes through here.
-    ///
-    /// # Safety
-    /// `stream` is a live stream of this rank's context.
-    pub(crate) unsafe fn ordered<T>(
+    pub(crate) fn ordered<T>(
         &self,
-        stream: CUstream,
+        stream: &CudaStream,
+        capture: Capture,
         enqueue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        // SAFETY: the caller's promise.
-        unsafe { self.order.ordered(stream, enqueue) }
+        self.order.ordered(stream, capture, enqueue)
     }
 
     /// Errors the kernels or NCCL reported since the last check.
