@@ -12,11 +12,11 @@ use pyo3::types::PyDict;
 use std::sync::{Arc, Mutex};
 
 use tpar::backend::cuda::CudaConfig;
+use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
-use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
-    Rendezvous,
+    Rendezvous, Selection,
 };
 
 create_exception!(
@@ -137,21 +137,6 @@ impl Comm {
             )),
         }
     }
-}
-
-/// The plan for a forced `name`, or why it cannot run on this communicator.
-fn forced(comm: &Communicator, name: &str) -> tpar::Result<tpar::dispatch::Plan> {
-    let choice: Choice = name.parse()?;
-    match choice {
-        Choice::Tpar(a) => comm.cuda().supports(a).map_err(tpar::Error::Unsupported)?,
-        Choice::Nccl => {
-            comm.ensure_nccl()?;
-        }
-    }
-    Ok(tpar::dispatch::Plan {
-        choice,
-        reason: format!("forced by algorithm={name}"),
-    })
 }
 
 fn footprint_dict<'py>(py: Python<'py>, m: &MemoryFootprint) -> PyResult<Bound<'py, PyDict>> {
@@ -328,34 +313,31 @@ impl Comm {
         }
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let bytes = count
+        count
             .checked_mul(dtype.size())
             .ok_or_else(|| TparError::new_err(format!("count={count} elements is too many")))?;
-        let choice = match algorithm {
-            None => comm.plan(dtype, bytes as u64, capturing),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
-        if let Some(why) = comm.refusal(&choice) {
-            return Err(TparError::new_err(format!(
-                "this call is planned for {why}"
-            )));
-        }
+        let selection = Selection::parse_from("algorithm", algorithm).map_err(err)?;
+        // The library reads the stream's capture state itself; what Python saw is the same.
+        let _ = capturing;
+        let device = comm.cuda().context().ordinal();
         // SAFETY: the tpar package passes live, contiguous CUDA tensors of `count` elements of
         // `dtype` on this communicator's device and the stream torch orders them on; torch's
-        // caching allocator keeps their memory until work queued on that stream has run.
-        unsafe {
-            comm.all_reduce_with(
-                choice.choice,
-                dtype,
-                input,
-                output,
-                count,
-                stream as tpar::backend::cuda::CuStream,
+        // caching allocator keeps their memory until work queued on that stream has run, and
+        // the stream outlives this call.
+        let (input, output, stream) = unsafe {
+            (
+                input.map(|p| DeviceSpan::from_raw(device, p, count, dtype)),
+                DeviceSpanMut::from_raw(device, output, count, dtype),
+                borrowed_stream(
+                    comm.cuda().context(),
+                    stream as tpar::backend::cuda::CuStream,
+                ),
             )
-        }
-        .map_err(err)?;
-        Ok(choice.choice.name().to_owned())
+        };
+        let plan = comm
+            .all_reduce_selected(selection, input, output, &stream)
+            .map_err(err)?;
+        Ok(plan.choice.name().to_owned())
     }
 
     /// Returns once every rank has called it (through the CPU backend).

@@ -25,21 +25,16 @@ use crate::memory::MemoryFootprint;
 use crate::rendezvous::Rendezvous;
 use crate::topology::Topology;
 
-/// The variable that forces one algorithm for every call.
-pub const ENV_ALGO: &str = "TPAR_ALGO";
+pub use crate::algorithm::{Selection, ENV_ALGO};
 
 /// `TPAR_INIT_SELFTEST=0` skips the numerical self-test of [`Communicator::join`].
 pub const ENV_INIT_SELFTEST: &str = "TPAR_INIT_SELFTEST";
 
-/// The algorithm `TPAR_ALGO` forces, if any; an unknown name is an error, not ignored.
+/// The choice `TPAR_ALGO` (given as `value`) forces, if any; an unknown name is an error, not
+/// ignored. A shorthand of [`Selection::parse_from`] for callers that read the variable
+/// themselves.
 pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
-    value
-        .filter(|v| !v.trim().is_empty() && !v.trim().eq_ignore_ascii_case("auto"))
-        .map(|v| {
-            v.parse::<Choice>()
-                .map_err(|e| Error::InvalidArgument(format!("{ENV_ALGO}={v}: {e}")))
-        })
-        .transpose()
+    Selection::parse_from(ENV_ALGO, value).map(Selection::forced)
 }
 
 /// Which NCCL communicator serves the calls the dispatcher gives to NCCL (large messages,
@@ -116,7 +111,8 @@ pub struct Communicator {
     nccl_bytes: std::sync::atomic::AtomicU64,
     /// The machine, as the dispatcher sees it (no NCCL when this group has none).
     topology: Topology,
-    forced: Option<Choice>,
+    /// What `TPAR_ALGO` selects for every call that does not force its own choice.
+    selection: Selection,
     tuning: HashMap<DType, TuningTable>,
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
@@ -125,7 +121,7 @@ pub struct Communicator {
     order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
-    plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
+    plans: Mutex<HashMap<(Selection, DType, u64, bool), Plan>>,
     /// What creating this group found that its user should hear about (also logged):
     /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
     warnings: Vec<String>,
@@ -160,7 +156,7 @@ impl Communicator {
         nccl_ready: OnceLock<NcclCommunicator>,
         mut topology: Topology,
     ) -> Result<Communicator> {
-        let forced = forced_choice(std::env::var(ENV_ALGO).ok().as_deref())?;
+        let selection = Selection::from_env()?;
         if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
@@ -186,7 +182,7 @@ impl Communicator {
             nccl_ready,
             nccl_bytes: Default::default(),
             topology,
-            forced,
+            selection,
             tuning,
             probe,
             plans: Mutex::default(),
@@ -488,13 +484,32 @@ impl Communicator {
         &self.topology
     }
 
-    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can).
+    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can): the
+    /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
     pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
-        let key = (dtype, bytes, capturing);
+        self.plan_for(Selection::Auto, dtype, bytes, capturing)
+    }
+
+    /// What a call of `bytes` of `dtype` will run for `selection`, and why: with
+    /// [`Selection::Auto`] as [`Communicator::plan`]; with a forced choice, that choice once
+    /// the dispatcher's checks say it can run here (else an error with the reason, never a
+    /// substitute). A forced choice of the call wins over `TPAR_ALGO`.
+    pub fn plan_for(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let selection = match selection {
+            Selection::Auto => self.selection,
+            forced => forced,
+        };
+        let key = (selection, dtype, bytes, capturing);
         if let Some(p) = self.plans.lock().expect("plan cache").get(&key) {
             return Ok(p.clone());
         }
-        let p = self.make_plan(dtype, bytes, capturing)?;
+        let p = self.make_plan(selection.forced(), dtype, bytes, capturing)?;
         let mut plans = self.plans.lock().expect("plan cache");
         if plans.len() >= PLAN_CACHE_ENTRIES {
             plans.clear();
@@ -503,7 +518,13 @@ impl Communicator {
         Ok(p)
     }
 
-    fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+    fn make_plan(
+        &self,
+        forced: Option<Choice>,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
         let slot_why = match &*self.nccl.lock().expect("nccl slot") {
             NcclSlot::Unavailable(why) => Some(why.clone()),
             _ => None,
@@ -516,9 +537,9 @@ impl Communicator {
             dtype,
             bytes,
             capturing,
-            forced: self.forced,
+            forced,
         })
-        .map_err(|e| match (slot_why, self.forced) {
+        .map_err(|e| match (slot_why, forced) {
             // Say why this group has no NCCL, not only that the machine "has none".
             (Some(why), Some(Choice::Nccl)) => match e {
                 Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
@@ -534,6 +555,24 @@ impl Communicator {
         (plan.choice == Choice::Nccl
             && matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Refused))
         .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
+    }
+
+    /// The one decision of a call: its plan for `selection` ([`Communicator::plan_for`]), then
+    /// whether this communicator refuses it ([`Communicator::refusal`]), as one error.
+    pub fn decide(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let plan = self.plan_for(selection, dtype, bytes, capturing)?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
+        Ok(plan)
     }
 
     /// Whether tpar's own NCCL communicator is still to be created by the first call planned
@@ -552,18 +591,29 @@ impl Communicator {
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
     ) -> Result<Plan> {
+        self.all_reduce_selected(Selection::Auto, input, output, stream)
+    }
+
+    /// The one call path, every caller's (the CLI's harness, Python, the engine plugins):
+    /// check the operands against this rank's GPU and `stream`, decide what runs
+    /// ([`Communicator::decide`]: the dispatcher's plan, or the forced choice once verified to
+    /// run here, with the reason when it cannot), enqueue it in this communicator's call
+    /// order. Returns the plan that ran.
+    pub fn all_reduce_selected(
+        &self,
+        selection: Selection,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<Plan> {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
-        let plan = self.plan(
+        let plan = self.decide(
+            selection,
             operands.dtype(),
             operands.bytes() as u64,
             capture.is_capturing(),
         )?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
         self.enqueue(plan.choice, &operands, stream, capture)?;
         Ok(plan)
     }
@@ -596,12 +646,12 @@ impl Communicator {
         stream: CUstream,
         capturing: bool,
     ) -> Result<Plan> {
-        let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
+        let plan = self.decide(
+            Selection::Auto,
+            dtype,
+            (count * dtype.size()) as u64,
+            capturing,
+        )?;
         // SAFETY: the caller's promise, passed on.
         unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
         Ok(plan)

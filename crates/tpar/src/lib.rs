@@ -33,7 +33,7 @@ mod sys;
 pub mod topology;
 mod wait;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, Selection};
 pub use backend::cpu::{CommConfig, CpuCommunicator};
 pub use communicator::Communicator;
 pub use dtype::{DType, Element};
