@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 mod fused;
 
 use tpar::backend::cuda::CudaConfig;
+use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
-use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
-    Rendezvous,
+    Rendezvous, Selection,
 };
 
 create_exception!(
@@ -139,21 +139,6 @@ impl Comm {
             )),
         }
     }
-}
-
-/// The plan for a forced `name`, or why it cannot run on this communicator.
-fn forced(comm: &Communicator, name: &str) -> tpar::Result<tpar::dispatch::Plan> {
-    let choice: Choice = name.parse()?;
-    match choice {
-        Choice::Tpar(a) => comm.cuda().supports(a).map_err(tpar::Error::Unsupported)?,
-        Choice::Nccl => {
-            comm.ensure_nccl()?;
-        }
-    }
-    Ok(tpar::dispatch::Plan {
-        choice,
-        reason: format!("forced by algorithm={name}"),
-    })
 }
 
 fn footprint_dict<'py>(py: Python<'py>, m: &MemoryFootprint) -> PyResult<Bound<'py, PyDict>> {
@@ -330,34 +315,31 @@ impl Comm {
         }
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let bytes = count
+        count
             .checked_mul(dtype.size())
             .ok_or_else(|| TparError::new_err(format!("count={count} elements is too many")))?;
-        let choice = match algorithm {
-            None => comm.plan(dtype, bytes as u64, capturing),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
-        if let Some(why) = comm.refusal(&choice) {
-            return Err(TparError::new_err(format!(
-                "this call is planned for {why}"
-            )));
-        }
+        let selection = Selection::parse_from("algorithm", algorithm).map_err(err)?;
+        // The library reads the stream's capture state itself; what Python saw is the same.
+        let _ = capturing;
+        let device = comm.cuda().context().ordinal();
         // SAFETY: the tpar package passes live, contiguous CUDA tensors of `count` elements of
         // `dtype` on this communicator's device and the stream torch orders them on; torch's
-        // caching allocator keeps their memory until work queued on that stream has run.
-        unsafe {
-            comm.all_reduce_with(
-                choice.choice,
-                dtype,
-                input,
-                output,
-                count,
-                stream as tpar::backend::cuda::CuStream,
+        // caching allocator keeps their memory until work queued on that stream has run, and
+        // the stream outlives this call.
+        let (input, output, stream) = unsafe {
+            (
+                input.map(|p| DeviceSpan::from_raw(device, p, count, dtype)),
+                DeviceSpanMut::from_raw(device, output, count, dtype),
+                borrowed_stream(
+                    comm.cuda().context(),
+                    stream as tpar::backend::cuda::CuStream,
+                ),
             )
-        }
-        .map_err(err)?;
-        Ok(choice.choice.name().to_owned())
+        };
+        let plan = comm
+            .all_reduce_selected(selection, input, output, &stream)
+            .map_err(err)?;
+        Ok(plan.choice.name().to_owned())
     }
 
     /// Returns once every rank has called it (through the CPU backend).
@@ -508,14 +490,12 @@ impl Comm {
             .ok_or_else(|| {
                 TparError::new_err(format!("{tokens} x {hidden} elements is too many"))
             })?;
-        let plan = match algorithm {
-            None => comm.plan(dtype, bytes as u64, capturing),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
+        let plan = Selection::parse_from("algorithm", algorithm)
+            .and_then(|s| comm.plan_for(s, dtype, bytes as u64, capturing))
+            .map_err(err)?;
         let algorithm = match plan.choice {
-            Choice::Tpar(a) => Some(a),
-            Choice::Nccl => None,
+            tpar::dispatch::Choice::Tpar(a) => Some(a),
+            tpar::dispatch::Choice::Nccl => None,
         };
         let path = comm.cuda().fused_plan(algorithm, dtype, hidden);
         Ok((
@@ -561,15 +541,10 @@ impl Comm {
         op.check().map_err(TparError::new_err)?;
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let plan = match algorithm {
-            None => comm.plan(
-                op.dtype,
-                op.bytes().map_err(TparError::new_err)? as u64,
-                capturing,
-            ),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
+        let bytes = op.bytes().map_err(TparError::new_err)? as u64;
+        let plan = Selection::parse_from("algorithm", algorithm)
+            .and_then(|s| comm.plan_for(s, op.dtype, bytes, capturing))
+            .map_err(err)?;
         if let Some(why) = comm.refusal(&plan) {
             return Err(TparError::new_err(format!(
                 "this call's allreduce is planned for {why}"

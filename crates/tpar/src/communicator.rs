@@ -6,11 +6,15 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
 use crate::backend::cuda::link_probe::LinkProbe;
-use crate::backend::cuda::stream_order::StreamOrder;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::cuda::span::Operands;
+use crate::backend::cuda::stream_order::{Capture, StreamOrder};
+use crate::backend::cuda::{
+    borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
+};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
 use crate::dtype::DType;
@@ -19,21 +23,16 @@ use crate::memory::MemoryFootprint;
 use crate::rendezvous::Rendezvous;
 use crate::topology::Topology;
 
-/// The variable that forces one algorithm for every call.
-pub const ENV_ALGO: &str = "TPAR_ALGO";
+pub use crate::algorithm::{Selection, ENV_ALGO};
 
 /// `TPAR_INIT_SELFTEST=0` skips the numerical self-test of [`Communicator::join`].
 pub const ENV_INIT_SELFTEST: &str = "TPAR_INIT_SELFTEST";
 
-/// The algorithm `TPAR_ALGO` forces, if any; an unknown name is an error, not ignored.
+/// The choice `TPAR_ALGO` (given as `value`) forces, if any; an unknown name is an error, not
+/// ignored. A shorthand of [`Selection::parse_from`] for callers that read the variable
+/// themselves.
 pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
-    value
-        .filter(|v| !v.trim().is_empty() && !v.trim().eq_ignore_ascii_case("auto"))
-        .map(|v| {
-            v.parse::<Choice>()
-                .map_err(|e| Error::InvalidArgument(format!("{ENV_ALGO}={v}: {e}")))
-        })
-        .transpose()
+    Selection::parse_from(ENV_ALGO, value).map(Selection::forced)
 }
 
 /// Which NCCL communicator serves the calls the dispatcher gives to NCCL (large messages,
@@ -110,7 +109,8 @@ pub struct Communicator {
     nccl_bytes: std::sync::atomic::AtomicU64,
     /// The machine, as the dispatcher sees it (no NCCL when this group has none).
     topology: Topology,
-    forced: Option<Choice>,
+    /// What `TPAR_ALGO` selects for every call that does not force its own choice.
+    selection: Selection,
     tuning: HashMap<DType, TuningTable>,
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
@@ -119,7 +119,7 @@ pub struct Communicator {
     order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
-    plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
+    plans: Mutex<HashMap<(Selection, DType, u64, bool), Plan>>,
     /// What creating this group found that its user should hear about (also logged):
     /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
     warnings: Vec<String>,
@@ -154,7 +154,7 @@ impl Communicator {
         nccl_ready: OnceLock<NcclCommunicator>,
         mut topology: Topology,
     ) -> Result<Communicator> {
-        let forced = forced_choice(std::env::var(ENV_ALGO).ok().as_deref())?;
+        let selection = Selection::from_env()?;
         if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
@@ -180,7 +180,7 @@ impl Communicator {
             nccl_ready,
             nccl_bytes: Default::default(),
             topology,
-            forced,
+            selection,
             tuning,
             probe,
             plans: Mutex::default(),
@@ -468,13 +468,32 @@ impl Communicator {
         &self.topology
     }
 
-    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can).
+    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can): the
+    /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
     pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
-        let key = (dtype, bytes, capturing);
+        self.plan_for(Selection::Auto, dtype, bytes, capturing)
+    }
+
+    /// What a call of `bytes` of `dtype` will run for `selection`, and why: with
+    /// [`Selection::Auto`] as [`Communicator::plan`]; with a forced choice, that choice once
+    /// the dispatcher's checks say it can run here (else an error with the reason, never a
+    /// substitute). A forced choice of the call wins over `TPAR_ALGO`.
+    pub fn plan_for(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let selection = match selection {
+            Selection::Auto => self.selection,
+            forced => forced,
+        };
+        let key = (selection, dtype, bytes, capturing);
         if let Some(p) = self.plans.lock().expect("plan cache").get(&key) {
             return Ok(p.clone());
         }
-        let p = self.make_plan(dtype, bytes, capturing)?;
+        let p = self.make_plan(selection.forced(), dtype, bytes, capturing)?;
         let mut plans = self.plans.lock().expect("plan cache");
         if plans.len() >= PLAN_CACHE_ENTRIES {
             plans.clear();
@@ -483,7 +502,13 @@ impl Communicator {
         Ok(p)
     }
 
-    fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+    fn make_plan(
+        &self,
+        forced: Option<Choice>,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
         let slot_why = match &*self.nccl.lock().expect("nccl slot") {
             NcclSlot::Unavailable(why) => Some(why.clone()),
             _ => None,
@@ -496,9 +521,9 @@ impl Communicator {
             dtype,
             bytes,
             capturing,
-            forced: self.forced,
+            forced,
         })
-        .map_err(|e| match (slot_why, self.forced) {
+        .map_err(|e| match (slot_why, forced) {
             // Say why this group has no NCCL, not only that the machine "has none".
             (Some(why), Some(Choice::Nccl)) => match e {
                 Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
@@ -516,6 +541,24 @@ impl Communicator {
         .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
     }
 
+    /// The one decision of a call: its plan for `selection` ([`Communicator::plan_for`]), then
+    /// whether this communicator refuses it ([`Communicator::refusal`]), as one error.
+    pub fn decide(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Plan> {
+        let plan = self.plan_for(selection, dtype, bytes, capturing)?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
+        Ok(plan)
+    }
+
     /// Whether tpar's own NCCL communicator is still to be created by the first call planned
     /// for NCCL (which cannot happen inside CUDA-graph capture).
     pub fn nccl_pending(&self) -> bool {
@@ -523,8 +566,58 @@ impl Communicator {
     }
 
     /// Plans and queues `output[i] = sum over ranks of input[i]` on `stream` (`input: None`:
-    /// in place), returning the plan it ran. Every rank must make the same calls: the plan
-    /// depends only on what every rank shares (machine, sizes, settings).
+    /// in place on `output`), returning the plan it ran. Every rank must make the same calls:
+    /// the plan depends only on what every rank shares (machine, sizes, settings). The spans
+    /// must be on this rank's GPU, of one dtype and length, and `stream` of its context.
+    pub fn all_reduce(
+        &self,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<Plan> {
+        self.all_reduce_selected(Selection::Auto, input, output, stream)
+    }
+
+    /// The one call path, every caller's (the CLI's harness, Python, the engine plugins):
+    /// check the operands against this rank's GPU and `stream`, decide what runs
+    /// ([`Communicator::decide`]: the dispatcher's plan, or the forced choice once verified to
+    /// run here, with the reason when it cannot), enqueue it in this communicator's call
+    /// order. Returns the plan that ran.
+    pub fn all_reduce_selected(
+        &self,
+        selection: Selection,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<Plan> {
+        let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
+        let capture = self.capture(stream)?;
+        let plan = self.decide(
+            selection,
+            operands.dtype(),
+            operands.bytes() as u64,
+            capture.is_capturing(),
+        )?;
+        self.enqueue(plan.choice, &operands, stream, capture)?;
+        Ok(plan)
+    }
+
+    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests, a
+    /// forced choice); as [`Communicator::all_reduce`] otherwise.
+    pub fn all_reduce_as(
+        &self,
+        choice: Choice,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
+        let capture = self.capture(stream)?;
+        self.enqueue(choice, &operands, stream, capture)
+    }
+
+    /// [`Communicator::all_reduce`] on raw addresses, for callers not yet moved to spans (the
+    /// CLI's rank harness); `capturing` is what the caller read of `stream`.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
@@ -537,18 +630,19 @@ impl Communicator {
         stream: CUstream,
         capturing: bool,
     ) -> Result<Plan> {
-        let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
+        let plan = self.decide(
+            Selection::Auto,
+            dtype,
+            (count * dtype.size()) as u64,
+            capturing,
+        )?;
         // SAFETY: the caller's promise, passed on.
         unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
         Ok(plan)
     }
 
-    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests).
+    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
+    /// (the CLI's rank harness, the Python binding).
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
@@ -561,9 +655,38 @@ impl Communicator {
         count: usize,
         stream: CUstream,
     ) -> Result<()> {
+        // SAFETY: the caller's promise covers the stream and both buffers.
+        let (stream, operands) = unsafe {
+            (
+                borrowed_stream(self.cuda.context(), stream),
+                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
+            )
+        };
+        let capture = self.capture(&stream)?;
+        self.enqueue(choice, &operands, &stream, capture)
+    }
+
+    /// The GPU of this rank.
+    fn device(&self) -> usize {
+        self.cuda.context().ordinal()
+    }
+
+    /// Whether `stream` is capturing a graph: read once per call, at its start, and passed to
+    /// every step of the call that depends on it.
+    pub(crate) fn capture(&self, stream: &CudaStream) -> Result<Capture> {
+        self.order.capture(stream)
+    }
+
+    /// Queues the allreduce of checked `operands` on `choice`.
+    pub(crate) fn enqueue(
+        &self,
+        choice: Choice,
+        operands: &Operands,
+        stream: &CudaStream,
+        capture: Capture,
+    ) -> Result<()> {
         if choice == Choice::Nccl {
-            // SAFETY: the caller's promise: `stream` is live on this rank's context.
-            if self.nccl_pending() && unsafe { crate::backend::cuda::is_capturing(stream) } {
+            if self.nccl_pending() && capture.is_capturing() {
                 return Err(Error::Unsupported(
                     "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
                 ));
@@ -571,55 +694,36 @@ impl Communicator {
             // Created (collectively) before the ordered section, which must not block.
             self.nccl().map_err(Error::Unsupported)?;
         }
-        // SAFETY: the caller's promise: `stream` is live on this rank's context.
-        unsafe {
-            self.ordered(stream, || match choice {
-                // SAFETY: the caller's promise, passed on.
-                Choice::Tpar(algorithm) => self
-                    .cuda
-                    .all_reduce_raw(dtype, input, output, count, algorithm, stream),
-                Choice::Nccl => {
-                    let nccl = self.nccl().map_err(Error::Unsupported)?;
-                    // NCCL connects peers (and allocates their buffers) at the first calls
-                    // that need them, not at its init: what our own NCCL takes then is
-                    // measured around the call too (outside capture, where the driver can
-                    // be asked).
-                    // SAFETY: as above.
-                    let queue = || {
-                        nccl.all_reduce_raw(
-                            dtype,
-                            input,
-                            output,
-                            count,
-                            stream as *mut std::ffi::c_void,
-                        )
-                    };
-                    if nccl.is_owned() && !crate::backend::cuda::is_capturing(stream) {
-                        let (queued, taken) =
-                            crate::backend::cuda::free_memory_taken_by(self.cuda.context(), queue);
-                        self.nccl_bytes
-                            .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
-                        queued
-                    } else {
-                        queue()
-                    }
+        self.ordered(stream, capture, || match choice {
+            Choice::Tpar(algorithm) => self.cuda.enqueue(operands, algorithm, stream),
+            Choice::Nccl => {
+                let nccl = self.nccl().map_err(Error::Unsupported)?;
+                // NCCL connects peers (and allocates their buffers) at the first calls that
+                // need them, not at its init: what our own NCCL takes then is measured around
+                // the call too (outside capture, where the driver can be asked).
+                let queue = || nccl.all_reduce(operands, stream);
+                if nccl.is_owned() && !capture.is_capturing() {
+                    let (queued, taken) =
+                        crate::backend::cuda::free_memory_taken_by(self.cuda.context(), queue);
+                    self.nccl_bytes
+                        .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
+                    queued
+                } else {
+                    queue()
                 }
-            })
-        }
+            }
+        })
     }
 
     /// Queues one call's work with `enqueue` after this communicator's previous call, whatever
     /// stream that was on (see [`StreamOrder`]): every call that takes an epoch goes through here.
-    ///
-    /// # Safety
-    /// `stream` is a live stream of this rank's context.
-    pub(crate) unsafe fn ordered<T>(
+    pub(crate) fn ordered<T>(
         &self,
-        stream: CUstream,
+        stream: &CudaStream,
+        capture: Capture,
         enqueue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        // SAFETY: the caller's promise.
-        unsafe { self.order.ordered(stream, enqueue) }
+        self.order.ordered(stream, capture, enqueue)
     }
 
     /// Errors the kernels or NCCL reported since the last check.

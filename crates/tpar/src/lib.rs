@@ -18,6 +18,7 @@
 
 pub mod algorithm;
 pub mod backend;
+pub mod cache;
 pub mod check;
 pub mod communicator;
 pub mod dispatch;
@@ -35,7 +36,7 @@ mod sys;
 pub mod topology;
 mod wait;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, Selection};
 pub use backend::cpu::{CommConfig, CpuCommunicator};
 pub use communicator::Communicator;
 pub use dtype::{DType, Element};

@@ -10,8 +10,10 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+use cudarc::driver::CudaStream;
 use libloading::Library;
 
+use crate::backend::cuda::span::Operands;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::rendezvous::{from_hex, to_hex, Rendezvous};
@@ -323,30 +325,19 @@ impl NcclCommunicator {
         &self.nccl
     }
 
-    /// Queues an NCCL sum allreduce on `stream` (`input: None` means in place).
-    ///
-    /// # Safety
-    /// As for [`crate::backend::cuda::CudaCommunicator::all_reduce_raw`]: device pointers to
-    /// `count` elements on this rank's GPU, valid until the work on `stream` completes.
-    pub unsafe fn all_reduce_raw(
-        &self,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: *mut c_void,
-    ) -> Result<()> {
-        let input = input.unwrap_or(output);
-        // SAFETY: the caller's promise; the communicator is live.
+    /// Queues an NCCL sum allreduce of checked `operands` on `stream`.
+    pub(crate) fn all_reduce(&self, operands: &Operands, stream: &CudaStream) -> Result<()> {
+        // SAFETY: checked operands are device memory of this rank's GPU valid for the call's
+        // work; the stream is live (cudarc's type) and the communicator is ours.
         let rc = unsafe {
             (self.nccl.all_reduce)(
-                input as *const c_void,
-                output as *mut c_void,
-                count,
-                datatype(dtype),
+                operands.input() as *const c_void,
+                operands.output() as *mut c_void,
+                operands.count(),
+                datatype(operands.dtype()),
                 0,
                 self.comm,
-                stream,
+                stream.cu_stream() as *mut c_void,
             )
         };
         self.nccl.check("ncclAllReduce", rc)

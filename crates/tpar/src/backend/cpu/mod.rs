@@ -50,10 +50,7 @@ const BLOCK_LINES: usize = 1024;
 const SEGMENT_MAGIC: u64 = 0x7470_6172_5f73_686d; // "tpar_shm"
 const SEGMENT_VERSION: u64 = 1;
 
-/// The prefix of the /dev/shm names of a job's segments.
-pub fn segment_prefix(token: &str) -> String {
-    format!("tpar-{token}-")
-}
+pub use crate::rendezvous::segment_prefix;
 
 /// FNV-1a: stamps a segment with its job without writing the token itself into it.
 fn token_hash(token: &str) -> u64 {

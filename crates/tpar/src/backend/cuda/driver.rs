@@ -12,6 +12,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream};
 
+use super::span::Operands;
 use crate::error::{Error, Result};
 use crate::sys::SharedSegment;
 
@@ -125,6 +126,11 @@ impl DeviceMemory {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// The ordinal of the GPU this memory is on.
+    pub fn device(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     pub fn upload(&self, data: &[u8]) -> Result<()> {
@@ -536,20 +542,21 @@ pub fn copy_to_host_async(
     })
 }
 
-/// Queues a device-to-device copy of `bytes` from `src` to `dst` on `stream`.
-///
-/// # Safety
-/// Both ranges must be device memory of `ctx`'s GPU, valid until the copy has run.
-pub unsafe fn copy_raw_async(
+/// Queues the copy of checked `operands`' input to their output on `stream` (what an
+/// allreduce of one rank is).
+pub(crate) fn copy_operands_async(
     ctx: &CudaContext,
-    dst: u64,
-    src: u64,
-    bytes: usize,
-    stream: sys::CUstream,
+    operands: &Operands,
+    stream: &CudaStream,
 ) -> Result<()> {
     bind(ctx)?;
-    // SAFETY: the caller's promise.
+    // SAFETY: checked operands are device memory of this GPU valid for the call's work.
     check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream)
+        sys::cuMemcpyDtoDAsync_v2(
+            operands.output(),
+            operands.input(),
+            operands.bytes(),
+            stream.cu_stream(),
+        )
     })
 }

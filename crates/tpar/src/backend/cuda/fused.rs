@@ -328,11 +328,14 @@ impl Communicator {
         match choice {
             // Ordered like a plain call: a fused call takes the same epochs.
             // SAFETY: the caller's promise, passed on.
-            Choice::Tpar(algorithm) => unsafe {
-                self.ordered(stream, || {
+            Choice::Tpar(algorithm) => {
+                // SAFETY: the caller's promise: `stream` is live on this rank's context.
+                let wrapped = unsafe { super::borrowed_stream(cuda.context(), stream) };
+                let capture = self.capture(&wrapped)?;
+                self.ordered(&wrapped, capture, || unsafe {
                     cuda.fused_add_rms_norm_raw(call, algorithm, stream)
                 })
-            },
+            }
             Choice::Nccl => {
                 let plan = cuda.fused_plan(None, call.dtype, call.hidden);
                 if !call.validate()? {

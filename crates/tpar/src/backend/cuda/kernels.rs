@@ -48,7 +48,7 @@ pub const PROBE_PREFIX: &str = "tpar_probe";
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 
 /// Mirrors `TPAR_MAX_RANKS` in the header.
-pub const MAX_RANKS: usize = 16;
+pub const MAX_RANKS: usize = crate::algorithm::MAX_RANKS;
 /// Mirrors `TPAR_MAX_BLOCKS`.
 pub const MAX_BLOCKS: u32 = 64;
 /// Mirrors the 128-byte flag stride of the pull algorithm.

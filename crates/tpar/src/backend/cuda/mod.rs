@@ -16,7 +16,10 @@ pub mod fused;
 pub mod kernels;
 pub mod link_probe;
 pub mod nvrtc;
+pub mod span;
 pub mod stream_order;
+
+pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Element};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -26,7 +29,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUstream};
 
 /// A CUDA stream handle as the driver API takes it (`cudaStream_t` in the runtime API).
 pub type CuStream = CUstream;
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Algorithm;
@@ -40,6 +43,7 @@ use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 use driver::{DeviceMemory, Function, IpcMapping, MappedHostMemory, Module, RegisteredSegment};
 use kernels::{KernelArgs, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, THREADS};
+use span::Operands;
 
 /// Settings every rank of a CUDA communicator must agree on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,18 +98,6 @@ struct KernelSet {
     module_bytes: u64,
     /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
     pdl: bool,
-}
-
-/// Whether `stream` is being captured into a CUDA graph (false where the driver cannot say).
-///
-/// # Safety
-/// `stream` is a live stream of the current context (or null, the legacy stream).
-pub unsafe fn is_capturing(stream: CUstream) -> bool {
-    let mut status = cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: queries a caller's live stream handle; writes one enum.
-    let rc = unsafe { cudarc::driver::sys::cuStreamIsCapturing(stream, &mut status) };
-    rc == cudarc::driver::sys::CUresult::CUDA_SUCCESS
-        && status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 /// An exclusive lock (flock) on a per-GPU file in the temporary directory, held while tpar
@@ -756,9 +748,26 @@ impl CudaCommunicator {
         self.check()
     }
 
-    /// Launches `output[i] = sum over ranks of input[i]` on `stream` (`input: None` means in
-    /// place). Returns once the work is queued; errors found by the kernels surface at the next
-    /// [`CudaCommunicator::check`].
+    /// Queues `output[i] = sum over ranks of input[i]` on `stream` with `algorithm`
+    /// (`input: None`: in place on `output`). Returns once the work is queued; errors found by
+    /// the kernels surface at the next [`CudaCommunicator::check`]. The spans must be on this
+    /// rank's GPU, of one dtype and length; `stream` a stream of this rank's context (it may
+    /// be capturing a graph).
+    pub fn all_reduce(
+        &self,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let operands = Operands::check(input.as_ref(), &output, self.ctx.ordinal(), stream)?;
+        // The spans live to the end of this function: cudarc's buffers record the call's work
+        // on their events when they are dropped, after it was queued.
+        self.enqueue(&operands, algorithm, stream)
+    }
+
+    /// [`CudaCommunicator::all_reduce`] on raw addresses, for callers that have not moved to
+    /// spans yet (the CLI's rank harness until it does); not checked like spans.
     ///
     /// # Safety
     /// `input` (if any) and `output` must be device pointers on this rank's GPU to `count`
@@ -773,24 +782,40 @@ impl CudaCommunicator {
         algorithm: Algorithm,
         stream: CUstream,
     ) -> Result<()> {
+        // SAFETY: the caller's promise covers the stream and both buffers.
+        let (stream, operands) = unsafe {
+            (
+                span::borrowed_stream(&self.ctx, stream),
+                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
+            )
+        };
+        self.enqueue(&operands, algorithm, &stream)
+    }
+
+    /// Queues the allreduce of checked `operands` on `algorithm`.
+    pub(crate) fn enqueue(
+        &self,
+        operands: &Operands,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<()> {
         self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
+        let dtype = operands.dtype();
+        let count = operands.count();
         let function = self.kernels.get(&kernels::kernel_for(algorithm, dtype).1);
         let header = self.next_call(count as u64, dtype, algorithm);
-        let input = input.unwrap_or(output);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
             // copy (a memcpy node in a captured graph) is all the work there is.
-            if input != output && count > 0 {
-                // SAFETY: the caller's promise covers both buffers and the stream.
-                unsafe {
-                    driver::copy_raw_async(&self.ctx, output, input, count * dtype.size(), stream)?
-                };
+            if !operands.in_place() && count > 0 {
+                driver::copy_operands_async(&self.ctx, operands, stream)?;
             }
             return Ok(());
         }
+        let (input, output) = (operands.input(), operands.output());
         for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
             let lines = lines_for_bytes(elements.len() * dtype.size()) as u32;
@@ -811,9 +836,9 @@ impl CudaCommunicator {
                 )
             });
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
-            // for the communicator's lifetime; input/output are the caller's promise. Every
+            // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
-            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
+            unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
         }
         Ok(())
     }

@@ -14,8 +14,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{self, CUevent, CUresult, CUstream, CUstreamCaptureStatus};
-use cudarc::driver::CudaContext;
+use cudarc::driver::sys::{self, CUevent, CUresult, CUstreamCaptureStatus};
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::{Error, Result};
 
@@ -57,21 +57,20 @@ const CAPTURE_INFO_V3: i32 = 12030;
 
 /// The id of the capture `stream` is part of, or None when it is not capturing. On a driver
 /// without capture ids, every capture counts as one (id 0).
-///
-/// # Safety
-/// `stream` is a live stream of the current context.
-unsafe fn capture_of(stream: CUstream, with_ids: bool) -> Result<Option<u64>> {
+fn capture_of(stream: &CudaStream, with_ids: bool) -> Result<Option<u64>> {
     if !with_ids {
-        // SAFETY: the caller's promise.
-        return Ok(unsafe { super::is_capturing(stream) }.then_some(0));
+        let status = stream
+            .capture_status()
+            .map_err(|e| Error::Cuda(format!("cuStreamIsCapturing failed: {e}")))?;
+        return Ok((status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(0));
     }
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id: sys::cuuint64_t = 0;
-    // SAFETY: the caller's promise; the optional outputs (graph, dependencies, edges, count)
-    // are null, which the driver accepts.
+    // SAFETY: a live stream (cudarc's type); the optional outputs (graph, dependencies,
+    // edges, count) are null, which the driver accepts.
     check("cuStreamGetCaptureInfo", unsafe {
         sys::cuStreamGetCaptureInfo_v3(
-            stream,
+            stream.cu_stream(),
             &mut status,
             &mut id,
             std::ptr::null_mut(),
@@ -119,24 +118,34 @@ impl StreamOrder {
         })
     }
 
-    /// Runs `enqueue` (which queues one call's work on `stream`) after the previous call of
-    /// the same kind (eager, or captured in the same capture), whatever stream that was on,
-    /// and records the point after it for the next call. The lock keeps host order: two
-    /// threads cannot interleave their waits and records.
-    ///
-    /// # Safety
-    /// `stream` is a live stream of this communicator's context.
-    pub unsafe fn ordered<T>(
+    /// Whether `stream` is capturing a graph, and which capture (see [`Capture`]): read once
+    /// per call, by the call's first step, and passed to everything in it that depends on it.
+    pub fn capture(&self, stream: &CudaStream) -> Result<Capture> {
+        super::driver::bind(&self.ctx)?;
+        capture_of(stream, self.with_ids).map(Capture)
+    }
+
+    /// Runs `enqueue` (which queues one call's work on `stream`, whose state is `capture`)
+    /// after the previous call of the same kind (eager, or captured in the same capture),
+    /// whatever stream that was on, and records the point after it for the next call. The lock
+    /// keeps host order: two threads cannot interleave their waits and records.
+    pub fn ordered<T>(
         &self,
-        stream: CUstream,
+        stream: &CudaStream,
+        capture: Capture,
         enqueue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
+        if stream.context().ordinal() != self.ctx.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "the stream belongs to GPU {} but this communicator's rank is on GPU {}; use a stream of the rank's GPU",
+                stream.context().ordinal(),
+                self.ctx.ordinal()
+            )));
+        }
         let mut last = self.last.lock().expect("stream order lock");
         super::driver::bind(&self.ctx)?;
-        // SAFETY: the caller's promise.
-        let capture = unsafe { capture_of(stream, self.with_ids) }?;
-        let here = stream as usize;
-        let (event, wait) = match capture {
+        let here = stream.cu_stream() as usize;
+        let (event, wait) = match capture.0 {
             None => (self.eager, last.eager.is_some_and(|s| s != here)),
             Some(id) => (
                 self.captured,
@@ -144,22 +153,33 @@ impl StreamOrder {
             ),
         };
         if wait {
-            // SAFETY: both handles are live; the event was recorded by the previous call of
-            // this kind (in this capture, for a captured call).
+            // SAFETY: both handles are live (the stream is cudarc's, of this context); the
+            // event was recorded by the previous call of this kind (in this capture, for a
+            // captured call).
             check("cuStreamWaitEvent", unsafe {
-                sys::cuStreamWaitEvent(stream, event, 0)
+                sys::cuStreamWaitEvent(stream.cu_stream(), event, 0)
             })?;
         }
         let result = enqueue()?;
         // SAFETY: live event and stream of the current context.
         check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event, stream)
+            sys::cuEventRecord(event, stream.cu_stream())
         })?;
-        match capture {
+        match capture.0 {
             None => last.eager = Some(here),
             Some(id) => last.captured = Some((here, id)),
         }
         Ok(result)
+    }
+}
+
+/// Whether a call's stream is capturing a CUDA graph, and which capture (None: eager).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capture(Option<u64>);
+
+impl Capture {
+    pub fn is_capturing(self) -> bool {
+        self.0.is_some()
     }
 }
 

@@ -1,0 +1,474 @@
+//! Device memory as tpar's public API takes it: a span (GPU, address, element count, dtype)
+//! made once at the edge, then checked against the communicator and the call. Made safely from
+//! cudarc's buffers (`CudaSlice`, `CudaView`, `CudaViewMut`, which guarantee a live allocation
+//! of their length) or from tpar's own [`DeviceMemory`]; only the FFI edge, where a pointer
+//! comes from another library (torch through PyO3), uses the one `unsafe fn from_raw`.
+//!
+//! A span made from a cudarc buffer for a stream also carries cudarc's event guard: the call's
+//! stream waits for the buffer's earlier writes, and the guard records the call's work when the
+//! span is dropped (after the call has queued it), so that cudarc frees or reuses the buffer
+//! only after tpar's kernels are done with it.
+//!
+//! Streams are cudarc's [`CudaStream`]: a stream owned by another library is wrapped with
+//! [`borrowed_stream`] (unsafe: its owner keeps it alive).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use half::{bf16, f16};
+
+use super::driver::DeviceMemory;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+
+/// Rust element types with a tpar dtype.
+pub trait Element {
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::Bf16;
+}
+
+/// Where a span lives and what it holds; shared by the read-only and the writable span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Extent {
+    device: usize,
+    ptr: u64,
+    count: usize,
+    dtype: DType,
+    /// The stream a cudarc buffer's events were taken for (None: no events to keep).
+    stream: Option<usize>,
+}
+
+impl Extent {
+    fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+}
+
+/// `count` elements of `dtype` on GPU `device`, read by a call (an allreduce's input).
+pub struct DeviceSpan<'a> {
+    extent: Extent,
+    _events: Option<SyncOnDrop<'a>>,
+    _memory: PhantomData<&'a ()>,
+}
+
+/// `count` elements of `dtype` on GPU `device`, written by a call (an allreduce's output).
+pub struct DeviceSpanMut<'a> {
+    extent: Extent,
+    _events: Option<SyncOnDrop<'a>>,
+    _memory: PhantomData<&'a mut ()>,
+}
+
+impl<'a> DeviceSpan<'a> {
+    /// A cudarc buffer or view, read by work queued on `stream` (which first waits for the
+    /// buffer's earlier writes).
+    pub fn of<T: Element, S: DevicePtr<T>>(memory: &'a S, stream: &'a CudaStream) -> Self {
+        let count = memory.len();
+        let device = memory.stream().context().ordinal();
+        let (ptr, events) = memory.device_ptr(stream);
+        DeviceSpan {
+            extent: Extent {
+                device,
+                ptr,
+                count,
+                dtype: T::DTYPE,
+                stream: Some(stream.cu_stream() as usize),
+            },
+            _events: Some(events),
+            _memory: PhantomData,
+        }
+    }
+
+    /// A span of memory another library allocated.
+    ///
+    /// # Safety
+    /// `ptr` is device memory on GPU `device` holding `count` elements of `dtype`, readable
+    /// until the work of every call given this span has completed on its stream.
+    pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
+        DeviceSpan {
+            extent: Extent {
+                device,
+                ptr,
+                count,
+                dtype,
+                stream: None,
+            },
+            _events: None,
+            _memory: PhantomData,
+        }
+    }
+
+    pub fn device(&self) -> usize {
+        self.extent.device
+    }
+
+    pub fn count(&self) -> usize {
+        self.extent.count
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.extent.dtype
+    }
+}
+
+impl<'a> DeviceSpanMut<'a> {
+    /// A cudarc buffer or view, written by work queued on `stream` (which first waits for the
+    /// buffer's earlier reads and writes).
+    pub fn of<T: Element, S: DevicePtrMut<T>>(memory: &'a mut S, stream: &'a CudaStream) -> Self {
+        let count = memory.len();
+        let device = memory.stream().context().ordinal();
+        let (ptr, events) = memory.device_ptr_mut(stream);
+        DeviceSpanMut {
+            extent: Extent {
+                device,
+                ptr,
+                count,
+                dtype: T::DTYPE,
+                stream: Some(stream.cu_stream() as usize),
+            },
+            _events: Some(events),
+            _memory: PhantomData,
+        }
+    }
+
+    /// A writable span of memory another library allocated.
+    ///
+    /// # Safety
+    /// `ptr` is device memory on GPU `device` holding `count` elements of `dtype`, writable
+    /// and used by nothing else until the work of every call given this span has completed
+    /// on its stream.
+    pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
+        DeviceSpanMut {
+            extent: Extent {
+                device,
+                ptr,
+                count,
+                dtype,
+                stream: None,
+            },
+            _events: None,
+            _memory: PhantomData,
+        }
+    }
+
+    pub fn device(&self) -> usize {
+        self.extent.device
+    }
+
+    pub fn count(&self) -> usize {
+        self.extent.count
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.extent.dtype
+    }
+}
+
+impl DeviceMemory {
+    /// The first `count` elements of `dtype` of this allocation, to be read by a call.
+    pub fn span(&self, dtype: DType, count: usize) -> Result<DeviceSpan<'_>> {
+        let extent = self.extent(dtype, count)?;
+        Ok(DeviceSpan {
+            extent,
+            _events: None,
+            _memory: PhantomData,
+        })
+    }
+
+    /// The first `count` elements of `dtype` of this allocation, to be written by a call.
+    pub fn span_mut(&mut self, dtype: DType, count: usize) -> Result<DeviceSpanMut<'_>> {
+        let extent = self.extent(dtype, count)?;
+        Ok(DeviceSpanMut {
+            extent,
+            _events: None,
+            _memory: PhantomData,
+        })
+    }
+
+    fn extent(&self, dtype: DType, count: usize) -> Result<Extent> {
+        let fits = count
+            .checked_mul(dtype.size())
+            .is_some_and(|bytes| bytes <= self.bytes());
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "a span of {count} {} elements does not fit a device allocation of {} bytes; allocate more or pass fewer elements",
+                dtype.name(),
+                self.bytes()
+            )));
+        }
+        Ok(Extent {
+            device: self.device(),
+            ptr: self.ptr(),
+            count,
+            dtype,
+            stream: None,
+        })
+    }
+}
+
+/// A stream owned by another library (torch's current stream, passed to Python as an
+/// integer), wrapped for tpar's calls; dropping the wrapper leaves the stream alone.
+///
+/// # Safety
+/// `stream` is a live stream of `ctx` (or null, the legacy default stream) and stays live
+/// while the returned wrapper is used.
+pub unsafe fn borrowed_stream(ctx: &Arc<CudaContext>, stream: CUstream) -> Arc<CudaStream> {
+    // SAFETY: the caller's promise.
+    unsafe { ctx.wrap_borrowed_stream(stream) }
+}
+
+/// The operands of one allreduce once checked: `count` elements of `dtype` read at `input`
+/// and written at `output` (the same address in place), on the communicator's GPU and valid
+/// for the call's stream. Made only by [`Operands::check`] (from spans) or, at an FFI edge
+/// inside the crate, by the unsafe [`Operands::from_raw`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Operands {
+    dtype: DType,
+    input: u64,
+    output: u64,
+    count: usize,
+}
+
+impl Operands {
+    /// Checks `input` (None: in place on `output`) and `output` against each other, the
+    /// communicator's GPU `device` and the call's `stream`.
+    pub(crate) fn check(
+        input: Option<&DeviceSpan<'_>>,
+        output: &DeviceSpanMut<'_>,
+        device: usize,
+        stream: &CudaStream,
+    ) -> Result<Operands> {
+        let call_stream = CallStream {
+            id: stream.cu_stream() as usize,
+            device: stream.context().ordinal(),
+        };
+        check_extents(
+            input.map(|i| &i.extent),
+            &output.extent,
+            device,
+            call_stream,
+        )
+    }
+
+    /// # Safety
+    /// `input` and `output` are device memory of the communicator's GPU holding `count`
+    /// elements of `dtype` (readable and writable respectively) until the call's work is done.
+    pub(crate) unsafe fn from_raw(dtype: DType, input: u64, output: u64, count: usize) -> Operands {
+        Operands {
+            dtype,
+            input,
+            output,
+            count,
+        }
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub(crate) fn input(&self) -> u64 {
+        self.input
+    }
+
+    pub(crate) fn output(&self) -> u64 {
+        self.output
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.count * self.dtype.size()
+    }
+
+    pub(crate) fn in_place(&self) -> bool {
+        self.input == self.output
+    }
+}
+
+/// The stream a call runs on, as the checks see it.
+#[derive(Clone, Copy)]
+struct CallStream {
+    id: usize,
+    device: usize,
+}
+
+fn check_extents(
+    input: Option<&Extent>,
+    out: &Extent,
+    device: usize,
+    stream: CallStream,
+) -> Result<Operands> {
+    let on_stream = |e: &Extent, which: &str| {
+        match e.stream {
+        Some(s) if s != stream.id => Err(Error::InvalidArgument(format!(
+            "the {which} span was made for another stream than the call's; make it with the stream the call runs on"
+        ))),
+        _ => Ok(()),
+    }
+    };
+    let on_device = |e: &Extent, which: &str| {
+        if e.device == device {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "the {which} is on GPU {} but this communicator's rank is on GPU {device}; pass memory of the rank's GPU",
+                e.device
+            )))
+        }
+    };
+    if stream.device != device {
+        return Err(Error::InvalidArgument(format!(
+            "the stream belongs to GPU {} but this communicator's rank is on GPU {device}; use a stream of the rank's GPU",
+            stream.device
+        )));
+    }
+    on_device(out, "output")?;
+    on_stream(out, "output")?;
+    let Some(inp) = input else {
+        return Ok(Operands {
+            dtype: out.dtype,
+            input: out.ptr,
+            output: out.ptr,
+            count: out.count,
+        });
+    };
+    on_device(inp, "input")?;
+    on_stream(inp, "input")?;
+    if inp.dtype != out.dtype {
+        return Err(Error::InvalidArgument(format!(
+            "the input holds {} and the output {}; give both the same dtype",
+            inp.dtype.name(),
+            out.dtype.name()
+        )));
+    }
+    if inp.count != out.count {
+        return Err(Error::InvalidArgument(format!(
+            "the input holds {} elements and the output {}; give both the same length",
+            inp.count, out.count
+        )));
+    }
+    let overlap = inp.ptr < out.ptr + out.bytes() as u64 && out.ptr < inp.ptr + inp.bytes() as u64;
+    if overlap && inp.ptr != out.ptr {
+        return Err(Error::InvalidArgument(
+            "the input and output overlap without being the same memory; pass one buffer (in place) or two separate ones".into(),
+        ));
+    }
+    Ok(Operands {
+        dtype: out.dtype,
+        input: inp.ptr,
+        output: out.ptr,
+        count: out.count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extent(device: usize, ptr: u64, count: usize, dtype: DType) -> Extent {
+        Extent {
+            device,
+            ptr,
+            count,
+            dtype,
+            stream: None,
+        }
+    }
+
+    const STREAM: CallStream = CallStream {
+        id: 0x50,
+        device: 1,
+    };
+
+    fn error(input: Option<&Extent>, output: &Extent) -> String {
+        check_extents(input, output, 1, STREAM)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn spans_report_what_they_were_made_with() {
+        // SAFETY: never dereferenced.
+        let s = unsafe { DeviceSpan::from_raw(3, 0x1000, 7, DType::F16) };
+        assert_eq!(
+            (s.device(), s.extent.ptr, s.count(), s.dtype()),
+            (3, 0x1000, 7, DType::F16)
+        );
+        // SAFETY: as above.
+        let m = unsafe { DeviceSpanMut::from_raw(1, 0x2000, 9, DType::Bf16) };
+        assert_eq!(
+            (m.device(), m.extent.ptr, m.count(), m.dtype()),
+            (1, 0x2000, 9, DType::Bf16)
+        );
+    }
+
+    #[test]
+    fn matching_operands_pass_and_in_place_reads_the_output() {
+        let out = extent(1, 0x10_000, 100, DType::Bf16);
+        let inp = extent(1, 0x20_000, 100, DType::Bf16);
+        let ops = check_extents(Some(&inp), &out, 1, STREAM).unwrap();
+        assert_eq!(
+            (ops.dtype(), ops.input(), ops.output(), ops.count()),
+            (DType::Bf16, 0x20_000, 0x10_000, 100)
+        );
+        assert!(!ops.in_place() && ops.bytes() == 200);
+        let ops = check_extents(None, &out, 1, STREAM).unwrap();
+        assert_eq!((ops.input(), ops.output()), (0x10_000, 0x10_000));
+        assert!(ops.in_place());
+        // The same memory as input and output is in place, not an overlap.
+        assert!(check_extents(Some(&out), &out, 1, STREAM).is_ok());
+    }
+
+    #[test]
+    fn mismatched_operands_are_named() {
+        let out = extent(1, 0x10_000, 100, DType::Bf16);
+        let short = extent(1, 0x20_000, 99, DType::Bf16);
+        assert!(error(Some(&short), &out).contains("99 elements and the output 100"));
+        let f32s = extent(1, 0x20_000, 100, DType::F32);
+        assert!(error(Some(&f32s), &out).contains("f32 and the output bf16"));
+        let elsewhere = extent(0, 0x20_000, 100, DType::Bf16);
+        assert!(error(Some(&elsewhere), &out).contains("input is on GPU 0"));
+        assert!(error(None, &extent(2, 0x10_000, 100, DType::Bf16)).contains("output is on GPU 2"));
+        let partly = extent(1, 0x10_002, 100, DType::Bf16);
+        assert!(error(Some(&partly), &out).contains("overlap"));
+        let other_stream = Extent {
+            stream: Some(0x60),
+            ..out
+        };
+        assert!(error(None, &other_stream).contains("another stream"));
+        let this_stream = Extent {
+            stream: Some(STREAM.id),
+            ..out
+        };
+        assert!(check_extents(None, &this_stream, 1, STREAM).is_ok());
+        let on_gpu_0 = CallStream {
+            id: 0x50,
+            device: 0,
+        };
+        assert!(check_extents(None, &out, 1, on_gpu_0)
+            .unwrap_err()
+            .to_string()
+            .contains("stream belongs to GPU 0"));
+    }
+
+    #[test]
+    fn element_types_name_their_dtypes() {
+        assert_eq!(<f32 as Element>::DTYPE, DType::F32);
+        assert_eq!(<f16 as Element>::DTYPE, DType::F16);
+        assert_eq!(<bf16 as Element>::DTYPE, DType::Bf16);
+    }
+}
