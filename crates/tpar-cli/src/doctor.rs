@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
+use tpar::algorithm::Selection;
 use tpar::backend::cuda::link_probe::LinkProbe;
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
 use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
@@ -81,12 +82,13 @@ fn size_buckets() -> Vec<u64> {
 }
 
 pub fn run(args: DoctorArgs) -> Result<ExitCode> {
-    let forced = args
-        .algo
-        .clone()
-        .or_else(|| std::env::var("TPAR_ALGO").ok());
-    let forced = tpar::communicator::forced_choice(forced.as_deref())
-        .map_err(|e| crate::args::usage(e.into()))?;
+    // The library's one parse of a forced choice, naming where the name came from.
+    let forced = match &args.algo {
+        Some(name) => Selection::parse_from("--algo", Some(name)),
+        None => Selection::from_env(),
+    }
+    .map(Selection::forced)
+    .map_err(|e| crate::args::usage(e.into()))?;
     let mut checks = Vec::new();
     let (topology, source) = match &args.topology {
         Some(path) => (

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
+use tpar::algorithm::Selection;
 use tpar::dispatch::Choice;
 use tpar::harness::bench_step::{self, Norms, Reduce, StepPlan, StepRow};
-use tpar::harness::cuda_ranks::Route;
+use tpar::harness::cuda_ranks::parse_selection;
 use tpar::memory::human_bytes;
 use tpar::planner::model::ModelShape;
 use tpar::DType;
@@ -121,10 +122,10 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
     })?;
     let mut reduces = vec![Reduce::Nothing];
-    for r in parse_list(&args.algos, "algos", |s| Ok(s.parse::<Route>()?))? {
+    for r in parse_list(&args.algos, "algos", |s| Ok(parse_selection(s)?))? {
         for &n in &norms {
             // NCCL has no fused form: its fused row would be its separate row again.
-            if n == Norms::Fused && r == Route::Fixed(Choice::Nccl) {
+            if n == Norms::Fused && r == Selection::Forced(Choice::Nccl) {
                 continue;
             }
             reduces.push(Reduce::With(r, n));

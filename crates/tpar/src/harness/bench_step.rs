@@ -14,9 +14,10 @@ use serde::Serialize;
 
 use super::blas::Blas;
 use super::cuda_bench::time_replays;
-use super::cuda_ranks::{stream_is_capturing, CudaRanks, Route};
+use super::cuda_ranks::{queue, stream_is_capturing, CudaRanks};
 use super::stats::percentile;
 use super::Result;
+use crate::algorithm::Selection;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::fused::FusedCall;
 use crate::dispatch::Choice;
@@ -56,7 +57,7 @@ impl std::str::FromStr for Norms {
 pub enum Reduce {
     /// No allreduce: the compute alone (GEMMs and the norms as separate kernels).
     Nothing,
-    With(Route, Norms),
+    With(Selection, Norms),
 }
 
 impl Reduce {
@@ -284,16 +285,16 @@ fn time_pass(
     }
     let communication = (p50 - *compute_us).max(0.0);
     let captured = match reduce {
-        Reduce::With(Route::Auto, _) => Some(
+        Reduce::With(Selection::Auto, _) => Some(
             group.comms[0]
                 .plan(dtype, (count * dtype.size()) as u64, true)?
                 .choice,
         ),
-        Reduce::With(Route::Fixed(choice), _) => Some(choice),
+        Reduce::With(Selection::Forced(choice), _) => Some(choice),
         Reduce::Nothing => None,
     };
     let runs = match reduce {
-        Reduce::With(Route::Auto, _) => captured.map(|c| c.name().to_owned()),
+        Reduce::With(Selection::Auto, _) => captured.map(|c| c.name().to_owned()),
         _ => None,
     };
     let norms = match (reduce, captured) {
@@ -445,7 +446,7 @@ fn queue_pass(
                     Reduce::Nothing => {}
                     // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
                     Reduce::With(route, Norms::Separate) => unsafe {
-                        route.queue(comm, dtype, None, data.slot(slot), count, stream)?
+                        queue(route, comm, dtype, None, data.slot(slot), count, stream)?
                     },
                     // The allreduce and the norm that follows it (planner::step keeps them
                     // adjacent) in one call; the AddRmsNorm op is then skipped.
@@ -454,14 +455,14 @@ fn queue_pass(
                     Reduce::With(route, Norms::Fused) => unsafe {
                         let call = norm_call(slot);
                         match route {
-                            Route::Auto => {
+                            Selection::Auto => {
                                 comm.fused_add_rms_norm_raw(
                                     &call,
                                     cu,
                                     stream_is_capturing(stream),
                                 )?;
                             }
-                            Route::Fixed(choice) => {
+                            Selection::Forced(choice) => {
                                 comm.fused_add_rms_norm_with(choice, &call, cu)?;
                             }
                         }

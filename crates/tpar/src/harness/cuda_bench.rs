@@ -17,14 +17,15 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
 
-use super::cuda_ranks::{CudaRanks, Route};
+use super::cuda_ranks::CudaRanks;
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
+use crate::algorithm::Selection;
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
     /// tpar's algorithms, NCCL and `auto` (the dispatcher's pick per size), timed the same way.
-    pub choices: Vec<Route>,
+    pub choices: Vec<Selection>,
     pub dtype: DType,
     pub replays: usize,
     pub warmup: usize,
@@ -153,9 +154,12 @@ pub fn time_replays(
     Ok(us)
 }
 
-/// Bytes through the bottleneck per allreduce of `bytes` on `n` ranks sharing one GPU (or, for
-/// host-staged, one PCIe link): LL lines carry 4 bytes in 8, so pushed data counts double.
-fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
+/// Bytes through the one shared bottleneck per allreduce of `bytes` on `n` ranks sharing one
+/// GPU (its device memory; for host-staged, its one PCIe link), every rank's reads and writes
+/// together: LL lines carry 4 bytes in 8, so pushed data counts double. Not the planner's
+/// `latency_model` figure, which is one rank's bytes on its own link of a machine with a GPU
+/// per rank: this one is what the bench's wire floor on the measuring machine divides.
+fn shared_gpu_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
     let Choice::Tpar(algorithm) = choice else {
         // NCCL's ring moves 2 (n-1)/n of the message per rank.
         return 2.0 * n * bytes;
@@ -223,7 +227,7 @@ pub fn run(
     group: &mut CudaRanks,
     plan: &CudaBenchPlan,
     floors: &Floors,
-    mut progress: impl FnMut(u64, Route),
+    mut progress: impl FnMut(u64, Selection),
 ) -> Result<Vec<CudaRow>> {
     let dtype = plan.dtype;
     let n = group.world_size as f64;
@@ -251,8 +255,8 @@ pub fn run(
             };
             // What actually runs: the fixed choice, or the dispatcher's for this size.
             let planned = match algo {
-                Route::Fixed(c) => group.supports(algo).map(|_| c),
-                Route::Auto => group.comms[0]
+                Selection::Forced(c) => group.supports(algo).map(|_| c),
+                Selection::Auto => group.comms[0]
                     .plan(dtype, bytes, true)
                     .map(|p| p.choice)
                     .map_err(|e| e.to_string()),
@@ -267,7 +271,7 @@ pub fn run(
                     continue;
                 }
             };
-            if algo == Route::Auto {
+            if algo == Selection::Auto {
                 row.runs = Some(planned.name().to_owned());
             }
             // NCCL adds in its own order and rounds every 16-bit partial sum: checked within
@@ -334,7 +338,7 @@ pub fn run(
             } else {
                 floors.device_copy_gbps
             };
-            row.wire_floor_us = bottleneck_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
+            row.wire_floor_us = shared_gpu_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
             row.correct = wrong == 0;
             rows.push(row);
         }
@@ -350,11 +354,11 @@ mod tests {
     fn one_shot_moves_the_most_bytes_at_many_ranks() {
         let n = 8.0;
         assert!(
-            bottleneck_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
-                > bottleneck_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
+            shared_gpu_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
+                > shared_gpu_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
         );
         assert_eq!(
-            bottleneck_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
+            shared_gpu_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
             8.0
         );
     }

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithm::Selection;
 use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
 use crate::backend::nccl::NcclCommunicator;
 use crate::dispatch::Choice;
 use crate::topology::Topology;
@@ -20,57 +21,33 @@ use super::ranks::Rank;
 use super::verify::{self, CheckRanks, Finding};
 use super::{bail, Context, HarnessError, Result};
 
-/// What a call runs: one fixed choice, or whatever the dispatcher picks for its size (`auto`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    Fixed(Choice),
-    Auto,
-}
-
-impl Route {
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::Fixed(c) => c.name(),
-            Route::Auto => "auto",
-        }
-    }
-}
-
-impl Route {
-    /// Queues one allreduce on `stream` through `comm`: the fixed choice, or the dispatcher's.
-    ///
-    /// # Safety
-    /// As for [`Communicator::all_reduce_raw`].
-    pub unsafe fn queue(
-        self,
-        comm: &Communicator,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let cu = stream.cu_stream();
-        // SAFETY: the caller's promise, passed on.
-        unsafe {
-            match self {
-                Route::Fixed(choice) => {
-                    comm.all_reduce_with(choice, dtype, input, output, count, cu)?
-                }
-                Route::Auto => {
-                    comm.all_reduce_raw(
-                        dtype,
-                        input,
-                        output,
-                        count,
-                        cu,
-                        stream_is_capturing(stream),
-                    )?;
-                }
+/// Queues one allreduce on `stream` through `comm`: the forced choice, or the dispatcher's
+/// (the library's one parse of a choice is [`Selection`]'s).
+///
+/// # Safety
+/// As for [`Communicator::all_reduce_raw`].
+pub unsafe fn queue(
+    selection: Selection,
+    comm: &Communicator,
+    dtype: DType,
+    input: Option<u64>,
+    output: u64,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let cu = stream.cu_stream();
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        match selection {
+            Selection::Forced(choice) => {
+                comm.all_reduce_with(choice, dtype, input, output, count, cu)?
+            }
+            Selection::Auto => {
+                comm.all_reduce_raw(dtype, input, output, count, cu, stream_is_capturing(stream))?;
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
@@ -78,12 +55,6 @@ pub fn stream_is_capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| {
         s == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
     })
-}
-
-impl std::fmt::Display for Route {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// Every name `--algos`, `--algo` and `TPAR_ALGO` take, in the one order used by help, errors
@@ -96,20 +67,18 @@ macro_rules! route_names {
 }
 pub const ROUTE_NAMES: &str = route_names!();
 
-impl std::str::FromStr for Route {
-    type Err = crate::Error;
-    fn from_str(s: &str) -> std::result::Result<Route, crate::Error> {
-        if s.trim().eq_ignore_ascii_case("auto") {
-            Ok(Route::Auto)
-        } else {
-            s.parse().map(Route::Fixed).map_err(|_| {
-                crate::Error::InvalidArgument(format!(
-                    "unknown algorithm '{}'; the names are: {ROUTE_NAMES}",
-                    s.trim()
-                ))
-            })
-        }
-    }
+/// A name from a list of algorithms (`--algos`): [`Selection`]'s parse, with an error that
+/// lists every name `auto` included; an empty name is refused, not taken for `auto`.
+pub fn parse_selection(name: &str) -> std::result::Result<Selection, crate::Error> {
+    let name = name.trim();
+    let parsed = (!name.is_empty())
+        .then(|| name.parse::<Selection>().ok())
+        .flatten();
+    parsed.ok_or_else(|| {
+        crate::Error::InvalidArgument(format!(
+            "unknown algorithm '{name}'; the names are: {ROUTE_NAMES}"
+        ))
+    })
 }
 
 pub struct CudaRanks {
@@ -321,22 +290,32 @@ impl CudaRanks {
         variant: Option<usize>,
         dtype: DType,
         count: usize,
-        route: Route,
+        route: Selection,
     ) -> Result<()> {
         let b = &buffers[i];
         let input = variant.map(|v| b.inputs[v % 2].ptr());
         // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
         // were sized for the largest count); the caller keeps them alive.
-        unsafe { route.queue(&self.comms[i], dtype, input, b.output.ptr(), count, stream) }
+        unsafe {
+            queue(
+                route,
+                &self.comms[i],
+                dtype,
+                input,
+                b.output.ptr(),
+                count,
+                stream,
+            )
+        }
     }
 
     /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the
     /// dispatcher's plan says what it runs).
-    pub fn supports(&self, route: Route) -> std::result::Result<(), String> {
+    pub fn supports(&self, route: Selection) -> std::result::Result<(), String> {
         match route {
-            Route::Fixed(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
-            Route::Fixed(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
-            Route::Auto => Ok(()),
+            Selection::Forced(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
+            Selection::Forced(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
+            Selection::Auto => Ok(()),
         }
     }
 
@@ -347,7 +326,7 @@ impl CudaRanks {
         buffers: &[RankBuffers],
         dtype: DType,
         count: usize,
-        route: Route,
+        route: Selection,
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
@@ -492,26 +471,16 @@ impl CheckRanks for CudaRanks {
         self.comms[i].cuda()
     }
 
-    unsafe fn queue(
+    fn queue(
         &self,
         i: usize,
         algorithm: Algorithm,
-        dtype: DType,
-        input: Option<&DeviceMemory>,
-        output: &DeviceMemory,
-        count: usize,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
     ) -> Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe {
-            Route::Fixed(Choice::Tpar(algorithm)).queue(
-                &self.comms[i],
-                dtype,
-                input.map(DeviceMemory::ptr),
-                output.ptr(),
-                count,
-                &self.streams[i],
-            )
-        }
+        let forced = Selection::Forced(Choice::Tpar(algorithm));
+        self.comms[i].all_reduce_selected(forced, input, output, &self.streams[i])?;
+        Ok(())
     }
 
     fn synchronize(&self, i: usize) -> Result<()> {
@@ -585,9 +554,10 @@ mod route_name_tests {
         names.push("auto");
         assert_eq!(ROUTE_NAMES, names.join(", "));
         for name in &names {
-            assert_eq!(name.parse::<Route>().unwrap().name(), *name);
+            assert_eq!(parse_selection(name).unwrap().name(), *name);
         }
-        let err = "ring".parse::<Route>().unwrap_err().to_string();
+        assert!(parse_selection(" ").is_err());
+        let err = parse_selection("ring").unwrap_err().to_string();
         assert!(err.contains(ROUTE_NAMES), "{err}");
         assert_eq!(
             exact_sums(2, &verify::QUICK_CHECK),

@@ -12,10 +12,11 @@ use crate::check::{fill_expected, fill_input};
 use crate::dispatch::Choice;
 use crate::{Algorithm, DType};
 
-use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers, Route};
+use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
 use super::known::KnownData;
 use super::verify::{self, CheckSpec};
 use super::Result;
+use crate::algorithm::Selection;
 
 pub struct CudaPlan {
     pub counts: Vec<usize>,
@@ -93,7 +94,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                         Some(0),
                         DType::F32,
                         1024,
-                        Route::Fixed(Choice::Tpar(Algorithm::OneShot)),
+                        Selection::Forced(Choice::Tpar(Algorithm::OneShot)),
                     )?
                 };
             }
@@ -127,7 +128,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
         let buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
-            if let Err(why) = group.supports(Route::Fixed(Choice::Tpar(algo))) {
+            if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
                 record(
                     &mut rows,
                     [algo.name(), dtype.name(), "-", "-", "-"],
@@ -175,7 +176,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                                 (!in_place).then_some(0),
                                 dtype,
                                 count,
-                                Route::Fixed(Choice::Tpar(algo)),
+                                Selection::Forced(Choice::Tpar(algo)),
                             )
                         }
                     })?;
@@ -216,7 +217,11 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
     for &algo in &plan.algorithms {
-        if group.supports(Route::Fixed(Choice::Tpar(algo))).is_err() || plan.replays == 0 {
+        if group
+            .supports(Selection::Forced(Choice::Tpar(algo)))
+            .is_err()
+            || plan.replays == 0
+        {
             continue;
         }
         let graph = group.capture(|i, stream| -> Result<()> {
@@ -229,7 +234,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                     Some(0),
                     dtype,
                     count,
-                    Route::Fixed(Choice::Tpar(algo)),
+                    Selection::Forced(Choice::Tpar(algo)),
                 )
             }
         })?;

@@ -6,8 +6,9 @@ use std::path::PathBuf;
 
 use super::bail;
 use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
-use super::cuda_ranks::{CudaRanks, Route};
+use super::cuda_ranks::CudaRanks;
 use super::Result;
+use crate::algorithm::Selection;
 use crate::dispatch::{Choice, TuningEntry, TuningTable};
 use crate::topology::Topology;
 use crate::DType;
@@ -17,7 +18,7 @@ use crate::DType;
 pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchPlan {
     CudaBenchPlan {
         sizes,
-        choices: Choice::ALL.map(Route::Fixed).to_vec(),
+        choices: Choice::ALL.map(Selection::Forced).to_vec(),
         dtype,
         replays,
         warmup: 5,
@@ -40,7 +41,7 @@ pub fn run(
     group: &mut CudaRanks,
     plan: &CudaBenchPlan,
     topology: &Topology,
-    progress: impl FnMut(u64, Route),
+    progress: impl FnMut(u64, Selection),
 ) -> Result<Tuned> {
     let floors = cuda_bench::measure_floors(group, plan)?;
     let rows = cuda_bench::run(group, plan, &floors, progress)?;

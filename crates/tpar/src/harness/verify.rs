@@ -10,7 +10,7 @@
 use cudarc::driver::CudaStream;
 
 use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::CudaCommunicator;
+use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 use crate::check::{fill_expected, fill_input, first_mismatch};
 use crate::{Algorithm, DType};
 
@@ -57,19 +57,14 @@ pub trait CheckRanks {
     fn rank(&self, i: usize) -> usize;
     fn world_size(&self) -> usize;
     fn cuda(&self, i: usize) -> &CudaCommunicator;
-    /// Queues `algorithm` on local rank `i`: `input` (`None`: in place) into `output`.
-    ///
-    /// # Safety
-    /// Both buffers must belong to rank `i`'s GPU, hold `count` elements and stay allocated
-    /// until the queued work has completed ([`CheckRanks::synchronize`]).
-    unsafe fn queue(
+    /// Queues `algorithm` on local rank `i`: `input` (`None`: in place) into `output`, spans
+    /// of rank `i`'s GPU checked by the call.
+    fn queue(
         &self,
         i: usize,
         algorithm: Algorithm,
-        dtype: DType,
-        input: Option<&DeviceMemory>,
-        output: &DeviceMemory,
-        count: usize,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
     ) -> Result<(), Self::Error>;
     /// Waits for local rank `i`'s stream and reports any error its kernels left.
     fn synchronize(&self, i: usize) -> Result<(), Self::Error>;
@@ -118,7 +113,7 @@ pub fn check<R: CheckRanks>(
     let dtype = spec.dtype;
     let max = spec.counts.iter().copied().max().unwrap_or(0);
     let bytes = (max * dtype.size()).max(dtype.size());
-    let buffers = (0..ranks.local_ranks())
+    let mut buffers = (0..ranks.local_ranks())
         .map(|i| {
             let ctx = ranks.cuda(i).context();
             Ok((
@@ -147,11 +142,13 @@ pub fn check<R: CheckRanks>(
                     out.fill(0xA5)?;
                 }
             }
-            for (i, (inp, out)) in buffers.iter().enumerate() {
-                let source = (!spec.in_place).then_some(inp);
-                // SAFETY: both buffers were sized for the largest count on rank i's GPU, and
-                // every stream is synchronised below, before they are read or dropped.
-                unsafe { ranks.queue(i, algorithm, dtype, source, out, count)? };
+            for (i, (inp, out)) in buffers.iter_mut().enumerate() {
+                let source = if spec.in_place {
+                    None
+                } else {
+                    Some(inp.span(dtype, count)?)
+                };
+                ranks.queue(i, algorithm, source, out.span_mut(dtype, count)?)?;
             }
             for i in 0..ranks.local_ranks() {
                 ranks.synchronize(i)?;
@@ -203,26 +200,14 @@ impl CheckRanks for BackendRank<'_> {
         self.cuda
     }
 
-    unsafe fn queue(
+    fn queue(
         &self,
         _: usize,
         algorithm: Algorithm,
-        dtype: DType,
-        input: Option<&DeviceMemory>,
-        output: &DeviceMemory,
-        count: usize,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
     ) -> crate::Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe {
-            self.cuda.all_reduce_raw(
-                dtype,
-                input.map(DeviceMemory::ptr),
-                output.ptr(),
-                count,
-                algorithm,
-                self.stream.cu_stream(),
-            )
-        }
+        self.cuda.all_reduce(input, output, algorithm, self.stream)
     }
 
     fn synchronize(&self, _: usize) -> crate::Result<()> {
