@@ -579,13 +579,22 @@ __device__ TPAR_SLOW_PATH bool wait_wide(const TparArgs& a, const u64* p, u32 ta
 // The exact semantics, and the CPU reference these must match bit for bit, are in
 // crates/tpar/src/norm.rs. Every multiply and add below is an explicit _rn intrinsic: the
 // compiler must not contract them into fused multiply-adds, or the reference would differ.
+//
+// A row is cut into segments of TPAR_NORM_THREADS quads; thread t of whichever block handles
+// a segment owns quad t of it in every phase (push, reduce, residual add, y), so a thread reads
+// back only what it wrote itself (in-place calls are safe). The row's sum of squares is the
+// per-segment block tree of norm.rs, then the segment sums added in segment order: the same
+// bits however many blocks share a row.
 
 // Set in header word 4 by fused calls: a fused call and a plain allreduce of the same size
 // lay their slots out differently, so they must be named as a mismatch, not mixed.
 #define TPAR_HEADER_FUSED 0x10000
 
-// Blocks of a norm kernel must have this many threads (the sum-of-squares tree assumes it).
+// Blocks of a norm kernel must have this many threads (the sum-of-squares tree assumes it);
+// it is also the quads of one segment.
 #define TPAR_NORM_THREADS 512
+// Segments of the longest row (16384 f32 elements: 8192 quads).
+#define TPAR_NORM_MAX_SEGMENTS 16
 
 // The epilogue's operands, for one launch (pointers already offset to its first row).
 struct TparNormArgs {
@@ -597,7 +606,7 @@ struct TparNormArgs {
     u64 hidden;
     u64 rows;
     float eps;
-    u32 pad;
+    u32 blocks_per_row;    // fused kernel: blocks sharing a row (>= 1; the grid a multiple of it)
 };
 struct TparFusedArgs {
     TparArgs a;
@@ -606,6 +615,9 @@ struct TparFusedArgs {
 
 template <int DT> __device__ __forceinline__ u64 elem_bytes() { return DT == TPAR_DTYPE_F32 ? 4 : 2; }
 template <int DT> __device__ __forceinline__ u64 norm_row_quads(u64 hidden) { return (words_for<DT>(hidden) + 1) / 2; }
+__device__ __forceinline__ u32 norm_segments(u64 quads) {
+    return (u32)((quads + TPAR_NORM_THREADS - 1) / TPAR_NORM_THREADS);
+}
 
 // The quad's four (f16/bf16) or two (f32) elements as f32, from two payload words.
 template <int DT> __device__ __forceinline__ void unpack_quad(u32 w0, u32 w1, float* v) {
@@ -623,22 +635,30 @@ template <int DT> __device__ __forceinline__ void round_quad(float* v) {
     unpack_quad<DT>(w0, w1, v);
 }
 
-// Step 2 for one quad: residual_out = round(s + residual) from the rounded sums `s`; stores
-// it and adds its squares, in element order, to the thread's partial `ss`.
+// Step 2 for one quad, in registers: v = round(s + residual) from the rounded sums `s` (left
+// in `s`, as f32) and the residual's words; its words in *o0, *o1 (to store as residual_out).
+// Returns the thread's partial of the segment: 0 + v0*v0 + v1*v1 + ... in element order.
 template <int DT>
-__device__ __forceinline__ void add_residual_quad(const TparNormArgs& n, u64 row, u64 q, float* s, float* ss) {
-    const u64 words = words_for<DT>(n.hidden);
-    const u64 offset = row * n.hidden * elem_bytes<DT>();
-    u32 r0, r1;
-    load_pair<DT>((const char*)n.residual + offset, q, n.hidden, words, &r0, &r1);
+__device__ __forceinline__ float residual_quad(float* s, u32 r0, u32 r1, u32* o0, u32* o1) {
     float r[4];
     unpack_quad<DT>(r0, r1, r);
     for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) s[e] = __fadd_rn(s[e], r[e]);
-    u32 o0, o1;
-    pack_quad<DT>(s, &o0, &o1);
-    unpack_quad<DT>(o0, o1, s);
-    store_pair<DT>((char*)n.residual_out + offset, q, n.hidden, words, o0, o1);
-    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) *ss = __fadd_rn(*ss, __fmul_rn(s[e], s[e]));
+    pack_quad<DT>(s, o0, o1);
+    unpack_quad<DT>(*o0, *o1, s);
+    float p = 0.f;
+    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) p = __fadd_rn(p, __fmul_rn(s[e], s[e]));
+    return p;
+}
+
+// Step 4 for one quad: y = round(round(v * inv) * weight), as words.
+template <int DT>
+__device__ __forceinline__ void y_quad(const float* v, u32 w0, u32 w1, float inv, u32* y0, u32* y1) {
+    float w[4], t[4];
+    unpack_quad<DT>(w0, w1, w);
+    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) t[e] = __fmul_rn(v[e], inv);
+    round_quad<DT>(t);
+    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) t[e] = __fmul_rn(t[e], w[e]);
+    pack_quad<DT>(t, y0, y1);
 }
 
 __device__ __forceinline__ float butterfly_sum(float p) {
@@ -646,40 +666,35 @@ __device__ __forceinline__ float butterfly_sum(float p) {
     return p;
 }
 
-// Steps 3 and 4 for one row, after every thread of the block has added its quads into `ss`:
-// the block's fixed-order sum, the inverse RMS, and y from the stored residual_out (each thread
-// reads back only what it wrote). Every thread of the block must call it.
-template <int DT> __device__ __forceinline__ void norm_row(const TparNormArgs& n, u64 row, float ss) {
-    __shared__ float warp_sums[32];
-    __shared__ float row_inv;
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    ss = butterfly_sum(ss);
-    if (lane == 0) warp_sums[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float w = lane < (blockDim.x >> 5) ? warp_sums[lane] : 0.f;
-        w = butterfly_sum(w);
-        if (lane == 0) row_inv = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(w, (float)n.hidden), n.eps)));
-    }
-    __syncthreads();
-    const float inv = row_inv;
-    const u64 words = words_for<DT>(n.hidden);
-    const u64 quads = norm_row_quads<DT>(n.hidden);
-    const u64 offset = row * n.hidden * elem_bytes<DT>();
-    for (u64 q = threadIdx.x; q < quads; q += blockDim.x) {
-        u32 v0, v1, w0, w1;
-        load_pair<DT>((const char*)n.residual_out + offset, q, n.hidden, words, &v0, &v1);
-        load_pair<DT>(n.weight, q, n.hidden, words, &w0, &w1);
-        float v[4], w[4];
-        unpack_quad<DT>(v0, v1, v);
-        unpack_quad<DT>(w0, w1, w);
-        for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) v[e] = __fmul_rn(v[e], inv);
-        round_quad<DT>(v);
-        for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) v[e] = __fmul_rn(v[e], w[e]);
-        u32 y0, y1;
-        pack_quad<DT>(v, &y0, &y1);
-        store_pair<DT>((char*)n.y + offset, q, n.hidden, words, y0, y1);
-    }
-    __syncthreads();  // warp_sums and row_inv are reused by the next row
+// The block's per-segment trees. Every thread calls `norm_warp_fold` with its partial of the
+// block's j-th segment of the row (0 where it has no quad); after a __syncthreads, warp j
+// folds the 16 warp sums of segment j with `norm_segment_fold` (lanes 16..31 holding 0).
+__shared__ float tpar_norm_warp_sums[TPAR_NORM_MAX_SEGMENTS][TPAR_NORM_THREADS / 32];
+__shared__ float tpar_norm_segment_sums[TPAR_NORM_MAX_SEGMENTS];
+__shared__ float tpar_norm_inv;
+
+__device__ __forceinline__ void norm_warp_fold(u32 j, float p) {
+    p = butterfly_sum(p);
+    if ((threadIdx.x & 31) == 0) tpar_norm_warp_sums[j][threadIdx.x >> 5] = p;
+}
+// Warp `j`'s lanes, after the barrier: the sum of the block's j-th segment (every lane).
+__device__ __forceinline__ float norm_segment_fold(u32 j) {
+    const u32 lane = threadIdx.x & 31;
+    return butterfly_sum(lane < TPAR_NORM_THREADS / 32 ? tpar_norm_warp_sums[j][lane] : 0.f);
+}
+// Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
+// order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
+__device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps) {
+    float ss = __shfl_sync(0xffffffffu, segment_sum, 0);
+    for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k));
+    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+}
+
+// Segment sums that blocks sharing a row exchange: LL lines (the sum's bits beside the
+// epoch's tag) in this rank's own stage-one slot of its own inbox, which nothing else writes
+// (a rank never pushes to itself), one line per (row, segment) of the launch. Tags make a
+// reset unnecessary, as for the data.
+__device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a, u64 epoch) {
+    return a.inboxes[a.rank] + stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
 }
 // ==== end of the fused block ====

@@ -1,5 +1,5 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
-//! `fused_oneshot.cu` (one-shot push and host-staged, rows mapped to blocks) and of the
+//! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]. [`Communicator::fused_add_rms_norm_raw`] is the entry an engine calls;
@@ -29,7 +29,8 @@ struct NormArgs {
     hidden: u64,
     rows: u64,
     eps: f32,
-    pad: u32,
+    /// Blocks sharing one row (fused kernel; the grid is a multiple of it).
+    blocks_per_row: u32,
 }
 
 /// `struct TparFusedArgs`: the allreduce's block, then the epilogue's.
@@ -171,12 +172,29 @@ impl CudaCommunicator {
                     hidden: call.hidden as u64,
                     rows: rows as u64,
                     eps: call.eps,
-                    pad: 0,
+                    blocks_per_row: 0, // set below, with the grid
                 },
             };
+            let segments = norm::row_segments(call.dtype, call.hidden) as u32;
+            // Host-staged keeps a row in one block: the blocks of a row would exchange their
+            // sums through the inbox, which is host memory there (a PCIe round trip).
+            let spread = algorithm != Algorithm::HostStaged;
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                fused_shape(rows as u32, self.max_blocks, pdl_supported)
+                fused_shape(
+                    rows as u32,
+                    segments,
+                    spread,
+                    self.max_blocks,
+                    pdl_supported,
+                )
             });
+            let args = FusedArgs {
+                norm: NormArgs {
+                    blocks_per_row: blocks_per_row(segments, spread, self.max_blocks, pdl),
+                    ..args.norm
+                },
+                ..args
+            };
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are the caller's promise. The
             // kernel runs griddepcontrol.wait (begin_epoch) before touching memory.
@@ -261,7 +279,7 @@ impl CudaCommunicator {
             hidden: call.hidden as u64,
             rows: call.tokens as u64,
             eps: call.eps,
-            pad: 0,
+            blocks_per_row: 1,
         };
         // No spinning: any grid is correct; one block per row up to what fills the GPU.
         let grid = (call.tokens as u32)
@@ -276,14 +294,38 @@ impl CudaCommunicator {
     }
 }
 
-/// Blocks (one per row, at most the co-resident bound) and PDL for a fused launch of `rows`
-/// rows: as for the allreduce, PDL only where the grid fits in half the co-resident blocks.
-fn fused_shape(rows: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
-    let blocks = rows.max(1);
-    (
-        blocks.min(max_blocks),
-        pdl_supported && blocks <= max_blocks / 2,
-    )
+/// Blocks sharing one row of a fused launch: one per segment of the row (as the plain
+/// one-shot gives each thread one line), within the grid's bound (half the co-resident blocks
+/// with PDL); one when `spread` is off.
+fn blocks_per_row(segments: u32, spread: bool, max_blocks: u32, pdl: bool) -> u32 {
+    let bound = if pdl { max_blocks / 2 } else { max_blocks };
+    if spread {
+        segments.min(bound).max(1)
+    } else {
+        1
+    }
+}
+
+/// Blocks and PDL for a fused launch of `rows` rows of `segments` segments: the rows' blocks
+/// (see [`blocks_per_row`]) up to the co-resident bound, as whole rows (a block loops over
+/// rows `row_stride` apart). As for the allreduce, PDL only where the grid fits in half the
+/// co-resident blocks with each block taking at most two rows.
+fn fused_shape(
+    rows: u32,
+    segments: u32,
+    spread: bool,
+    max_blocks: u32,
+    pdl_supported: bool,
+) -> (u32, bool) {
+    let grid = |pdl: bool| {
+        let bound = if pdl { max_blocks / 2 } else { max_blocks };
+        let per_row = blocks_per_row(segments, spread, max_blocks, pdl);
+        per_row * rows.max(1).min((bound / per_row).max(1))
+    };
+    let half = max_blocks / 2;
+    let per_row = blocks_per_row(segments, spread, max_blocks, true);
+    let pdl = pdl_supported && half >= 1 && per_row * rows.max(1) <= 2 * half;
+    (grid(pdl), pdl)
 }
 
 /// What a fused call ran: the dispatcher's plan for its allreduce and the fused path.
@@ -370,7 +412,7 @@ mod tests {
         assert!(header.contains(&format!("#define TPAR_HEADER_FUSED {HEADER_FUSED:#x}")));
         assert!(header.contains(&format!("#define TPAR_NORM_THREADS {}", norm::NORM_THREADS)));
         assert_eq!(norm::NORM_THREADS as u32, THREADS);
-        // 5 pointers, hidden, rows (u64) and eps + pad; after the allreduce's block.
+        // 5 pointers, hidden, rows (u64) and eps + blocks per row; after the allreduce's block.
         assert_eq!(std::mem::size_of::<NormArgs>(), 7 * 8 + 8);
         assert_eq!(
             std::mem::size_of::<FusedArgs>(),
@@ -395,11 +437,36 @@ mod tests {
     }
 
     #[test]
-    fn fused_launches_give_each_row_a_block_within_the_co_resident_bound() {
-        assert_eq!(fused_shape(1, 64, true), (1, true));
-        assert_eq!(fused_shape(8, 33, true), (8, true));
-        assert_eq!(fused_shape(40, 33, true), (33, false));
-        assert_eq!(fused_shape(16, 16, false), (16, false));
+    fn fused_launches_spread_rows_over_blocks_within_the_co_resident_bound() {
+        // 1 token of 8192 bf16: 4 segments, 4 blocks, as the plain one-shot of 16 KiB.
+        assert_eq!(fused_shape(1, 4, true, 64, true), (4, true));
+        assert_eq!(blocks_per_row(4, true, 64, true), 4);
+        // 8 tokens: 32 blocks; with PDL at most 16 (two rows a block), else all 32.
+        assert_eq!(fused_shape(8, 4, true, 33, true), (16, true));
+        assert_eq!(fused_shape(8, 4, true, 33, false), (32, false));
+        assert_eq!(fused_shape(40, 4, true, 33, true), (32, false));
+        // Host-staged keeps one block per row.
+        assert_eq!(fused_shape(1, 4, false, 64, true), (1, true));
+        assert_eq!(blocks_per_row(4, false, 64, false), 1);
+        assert_eq!(fused_shape(16, 16, false, 16, false), (16, false));
+        // A row with more segments than the bound: every block of the grid on one row.
+        assert_eq!(fused_shape(3, 16, true, 8, false), (8, false));
+        assert_eq!(blocks_per_row(16, true, 8, false), 8);
+        for rows in 1..40 {
+            for segments in 1..=16 {
+                for max_blocks in 1..70 {
+                    for pdl in [false, true] {
+                        for spread in [false, true] {
+                            let (grid, used) = fused_shape(rows, segments, spread, max_blocks, pdl);
+                            let per_row = blocks_per_row(segments, spread, max_blocks, used);
+                            let bound = if used { max_blocks / 2 } else { max_blocks };
+                            assert!(grid >= 1 && grid <= bound && grid % per_row == 0);
+                            assert!(per_row <= segments && grid / per_row <= rows);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
