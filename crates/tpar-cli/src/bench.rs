@@ -108,7 +108,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::step::run(step);
     }
     if args.fused {
-        crate::fused_bench::run(
+        crate::cuda_commands::fused(
             args.world_size,
             args.iters,
             args.chain,

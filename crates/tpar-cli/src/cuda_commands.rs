@@ -15,6 +15,7 @@ use tpar::harness::anatomy::{AnatomyRow, CHAIN};
 use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
 use tpar::harness::cuda_ranks::CudaRanks;
 use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
+use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
 
 use crate::backend_choice::cuda_device;
 use crate::progress::Progress;
@@ -50,18 +51,7 @@ pub fn config(timeout: Duration) -> CudaConfig {
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
     on_ranks(processes, world_size, plan.timeout, |make, mode| {
         let sweep = cuda_selftest::run(make, &plan)?;
-        let mut rows = sweep.rows;
-        // The fused allreduce + residual add + RMSNorm (fused_bench.rs), with one-shot in the
-        // sweep (`--algos two-shot` leaves them out).
-        if plan.algorithms.contains(&tpar::Algorithm::OneShot) {
-            let fused =
-                crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)?;
-            rows.extend(
-                fused.into_iter().map(|r| {
-                    cuda_selftest::SelftestRow::tallied(r.cells.to_vec(), r.bad, r.detail)
-                }),
-            );
-        }
+        let rows = sweep.rows;
         let failed = rows.iter().filter(|r| r.bad > 0).count();
         let rows_run = rows.len();
         if sweep.leader {
@@ -279,4 +269,103 @@ pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) ->
         rows,
     };
     emit(&text, json, &report)
+}
+
+#[derive(Serialize)]
+struct FusedReport {
+    #[serde(flatten)]
+    provenance: Provenance,
+    driver_version: i32,
+    dtype: &'static str,
+    chain: usize,
+    replays: usize,
+    timing: &'static str,
+    rows: Vec<FusedBenchRow>,
+    /// World sizes that failed, with the error.
+    errors: Vec<String>,
+}
+
+/// `tpar bench --fused`: the harness's measurement as a table (and JSON).
+pub fn fused(
+    world_size: Option<usize>,
+    iters: usize,
+    chain: usize,
+    json: Option<&str>,
+) -> Result<()> {
+    let FusedBench {
+        device,
+        driver_version,
+        hidden,
+        rows,
+        errors,
+    } = fused_bench::measure(world_size, iters, chain);
+    let mut table = Table::new(
+        &[
+            "ranks",
+            "tokens",
+            "bytes",
+            "empty",
+            "allreduce",
+            "norm",
+            "ar + norm",
+            "fused",
+            "fused - ar",
+            "ar+norm - fused",
+            "correct",
+        ],
+        3,
+    );
+    for chunk in rows.chunks(VARIANTS.len()) {
+        let p = |v: &str| {
+            chunk
+                .iter()
+                .find(|r| r.variant == v)
+                .map_or(0.0, |r| r.p50_us)
+        };
+        table.push(vec![
+            chunk[0].world_size.to_string(),
+            chunk[0].tokens.to_string(),
+            human_bytes(chunk[0].bytes as u64),
+            format!("{:.2}", p("empty kernel")),
+            format!("{:.2}", p("allreduce")),
+            format!("{:.2}", p("norm kernel")),
+            format!("{:.2}", p("allreduce + norm")),
+            format!("{:.2}", p("fused")),
+            format!("{:+.2}", p("fused") - p("allreduce")),
+            format!("{:+.2}", p("allreduce + norm") - p("fused")),
+            if chunk.iter().all(|r| r.correct != Some(false)) {
+                "yes"
+            } else {
+                "NO"
+            }
+            .to_owned(),
+        ]);
+    }
+    let text = format!(
+        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {iters} replays)\n{}",
+        table.render()
+    );
+    let ok = rows.iter().all(|r| r.correct != Some(false));
+    let text = if errors.is_empty() {
+        text
+    } else {
+        format!("{text}\nFAILED: {}", errors.join("; "))
+    };
+    let report = FusedReport {
+        provenance: Provenance::collect(device),
+        driver_version,
+        dtype: "bf16",
+        chain,
+        replays: iters,
+        timing: "CUDA events around graph replays; per op = replay time / chain",
+        rows,
+        errors: errors.clone(),
+    };
+    emit(&text, json, &report)?;
+    anyhow::ensure!(
+        ok,
+        "a fused or unfused result differed from the CPU reference"
+    );
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    Ok(())
 }

@@ -10,7 +10,6 @@ mod bench;
 mod cuda_commands;
 mod debug_rank;
 mod doctor;
-mod fused_bench;
 mod limits;
 mod plan;
 mod plot;

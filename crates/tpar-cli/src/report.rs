@@ -6,7 +6,6 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-pub use tpar::harness::stats::percentile;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Provenance {

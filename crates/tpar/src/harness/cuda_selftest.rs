@@ -269,6 +269,16 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     }
     drop(buffers);
     drop(group);
+    // The fused allreduce + residual add + RMSNorm, with one-shot in the sweep (`--algos
+    // two-shot` leaves them out).
+    if plan.algorithms.contains(&Algorithm::OneShot) {
+        rows.extend(super::fused_bench::selftest(
+            make,
+            &plan.dtypes,
+            plan.timeout,
+            plan.timeout_case,
+        )?);
+    }
     Ok(Sweep { rows, leader })
 }
 

@@ -16,6 +16,7 @@
 //! - [`tune`]: the tuning table from measured rows.
 //! - [`bench_step`] and [`blas`]: one tensor-parallel forward pass timed with each way of
 //!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
+//! - [`fused_bench`]: the fused allreduce + residual add + RMSNorm's self-test rows and bench.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
@@ -29,6 +30,7 @@ pub mod cpu_selftest;
 pub mod cuda_bench;
 pub mod cuda_ranks;
 pub mod cuda_selftest;
+pub mod fused_bench;
 pub mod known;
 pub mod ranks;
 pub mod stats;
@@ -58,6 +60,20 @@ pub enum HarnessError {
 }
 
 pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
+
+impl HarnessError {
+    /// The message with every cause after it, `context: cause: ...`, as the CLI prints errors.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+}
 
 /// Adds the step an error happened in, as `anyhow::Context` does (the CLI prints the chain
 /// `context: cause`).
@@ -111,6 +127,7 @@ mod tests {
         assert_eq!(e.to_string(), "rank 1");
         let source = std::error::Error::source(&e).expect("a source");
         assert_eq!(source.to_string(), "element 7 was 3");
+        assert_eq!(e.chain(), "rank 1: element 7 was 3");
         let none: Option<u8> = None;
         assert_eq!(
             none.context("no graph").unwrap_err().to_string(),
