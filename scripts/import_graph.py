@@ -37,7 +37,7 @@ LAYERS = [
     # imports the other.
     ("policy|transport", ["dispatch", "backend"], True),
     # The one call path: check -> decide -> enqueue over the backends.
-    ("call path", ["communicator"], False),
+    ("call path", ["communicator", "verify"], False),
     # What is built on a communicator: capacity planning, the harness.
     ("tools", ["planner", "harness"], False),
 ]

@@ -226,7 +226,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     };
     emit(&render(&report), plan.json.as_deref(), &report)?;
     if let Some(path) = &plan.plot {
-        let series = series(
+        let series = crate::plot::series(
             report
                 .results
                 .iter()
@@ -286,19 +286,4 @@ fn table(rows: &[CpuRow]) -> String {
         ]);
     }
     table.render()
-}
-
-/// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
-pub fn series<'a>(rows: impl Iterator<Item = (&'a str, u64, f64)>) -> Vec<crate::plot::Series> {
-    let mut out: Vec<crate::plot::Series> = Vec::new();
-    for (name, bytes, us) in rows {
-        match out.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((bytes, us)),
-            None => out.push(crate::plot::Series {
-                name: name.to_owned(),
-                points: vec![(bytes, us)],
-            }),
-        }
-    }
-    out
 }

@@ -134,7 +134,7 @@ pub fn bench(
         emit(&render(&report), json.as_deref(), &report)?;
         if let Some(path) = &plot {
             let rows = report.results.iter().filter(|r| r.skipped.is_none());
-            let series = crate::bench::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
+            let series = crate::plot::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
             let title = format!(
                 "tpar bench: {}, {} ({mode}), {}",
                 report.provenance.device,

@@ -403,14 +403,14 @@ impl Communicator {
         instance: &str,
         timeout: std::time::Duration,
     ) -> Result<Vec<(Choice, String)>> {
-        let spec = crate::harness::verify::INIT_CHECK;
+        let spec = crate::verify::INIT_CHECK;
         let rank = self.cuda.rank();
         let stream = self
             .cuda
             .context()
             .new_stream()
             .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
-        let target = crate::harness::verify::BackendRank {
+        let target = crate::verify::BackendRank {
             cuda: &self.cuda,
             stream: &stream,
         };
@@ -421,10 +421,9 @@ impl Communicator {
                 continue;
             }
             checked.push(algorithm.name());
-            let findings =
-                crate::harness::verify::check(&target, algorithm, &spec).map_err(|e| {
-                    Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
-                })?;
+            let findings = crate::verify::check(&target, algorithm, &spec).map_err(|e| {
+                Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
+            })?;
             // One finding per path; every rank made every call (they are collective).
             if let Some(f) = findings.first() {
                 failures.push((

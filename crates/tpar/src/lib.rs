@@ -12,6 +12,7 @@
 //!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call.
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
+//! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
 //! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
 //!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
 //! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
@@ -34,6 +35,7 @@ pub mod protocol;
 pub mod rendezvous;
 mod sys;
 pub mod topology;
+pub mod verify;
 mod wait;
 
 pub use algorithm::{Algorithm, Selection};

@@ -18,8 +18,8 @@ use cudarc::driver::{CudaGraph, CudaStream};
 
 use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
-use super::verify::{self, CheckRanks, Finding};
 use super::{bail, Context, HarnessError, Result};
+use crate::verify::{self, CheckRanks, Finding};
 
 /// Queues one allreduce on `stream` through `comm`: the forced choice, or the dispatcher's
 /// (the library's one parse of a choice is [`Selection`]'s).

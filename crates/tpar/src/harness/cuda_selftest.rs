@@ -14,9 +14,9 @@ use crate::{Algorithm, DType};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
 use super::known::KnownData;
-use super::verify::{self, CheckSpec};
 use super::Result;
 use crate::algorithm::Selection;
+use crate::verify::{self, CheckSpec};
 
 pub struct CudaPlan {
     pub counts: Vec<usize>,

@@ -8,8 +8,8 @@
 //! - [`ranks`]: a rank of a job started by a launcher, and its diagnostics.
 //! - [`known`]: known inputs, their exact sums and the cross-rank tally of failed checks.
 //! - [`cuda_bench`]: timing by graph replay with agreed counts, and the floors of the same run.
-//! - [`verify`]: the one numerical check, used by the communicator's init check, `tpar doctor`
-//!   and the sweep.
+//! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
+//!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
@@ -35,7 +35,6 @@ pub mod known;
 pub mod ranks;
 pub mod stats;
 pub mod tune;
-pub mod verify;
 
 /// What can end a harness run: the library's own errors, the CUDA driver's, a check that
 /// could not be made, each with the context that says where.

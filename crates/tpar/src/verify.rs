@@ -4,8 +4,9 @@
 //! ([`QUICK_CHECK`], every rank as a thread) and the eager rows of `tpar selftest` (one spec
 //! per row) all call [`check`]; they differ in the spec and in how they share their findings.
 //!
-//! This file depends on the CUDA backend only, so the communicator can run it while it is
-//! being built; the rest of the harness sits above the communicator.
+//! It depends on the CUDA backend and the known data only, so the communicator can run it while
+//! it is being built: it sits beside the communicator in the call-path layer, below the
+//! harness (`crate::harness`), which runs it on its rank groups.
 
 use cudarc::driver::CudaStream;
 
