@@ -3,6 +3,9 @@
 //! Commands that need ranks start them (`--world-size N` processes of this same binary on this
 //! host), or run as one rank when an outside launcher set the rank environment (see
 //! `tpar help bench` and the README).
+//!
+//! This crate is argument parsing and output (tables, JSON, plots, progress): what a command
+//! measures or checks is `tpar::harness` (and `tpar::verify`), which Python calls too.
 
 mod args;
 mod backend_choice;
