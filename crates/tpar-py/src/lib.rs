@@ -363,7 +363,7 @@ impl Comm {
     fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         let reason = match comm.refusal(&plan) {
             Some(_) => format!("{}; REFUSED here: this communicator has nccl=\"none\", so all_reduce raises for this call and should_use() says False: keep it on your own NCCL", plan.reason),
             None => plan.reason,
@@ -376,7 +376,7 @@ impl Comm {
     fn refusal(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<Option<String>> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         Ok(comm.refusal(&plan))
     }
 

@@ -10,7 +10,7 @@
 
 use super::spec::Latency;
 use crate::algorithm::Algorithm;
-use crate::dispatch::{classify, plan, Choice, Class, Request};
+use crate::dispatch::{classify, decide, Choice, Class, Request};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::topology::Topology;
@@ -189,7 +189,7 @@ pub fn modelled_latency(
     let mut runs: Vec<(u64, Choice)> = Vec::new();
     for bytes in grid() {
         let bytes = bytes - bytes % dtype.size() as u64;
-        let p = plan(&Request {
+        let p = decide(&Request {
             topology,
             probe: None,
             tuning: None,
