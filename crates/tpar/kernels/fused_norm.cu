@@ -1,8 +1,17 @@
 // The residual add + RMSNorm on its own, after a plain allreduce: what a fused call runs when
 // its allreduce cannot be fused (two-shot, pull, NCCL, a row too large for a slot), and the
 // unfused side of `tpar bench --fused`. One block per row (grid-stride over rows), the same
-// arithmetic as the fused kernel (tpar_ll.cuh's fused block), so both paths agree to the bit.
+// arithmetic and sum-of-squares order as the fused kernel (tpar_ll.cuh's fused block), so both
+// paths agree to the bit.
+//
+// Latency-bound at decode sizes (one row of 8192 is 2048 quads, four per thread): a thread
+// loads the sum, residual and weight of up to TPAR_NORM_BATCH segments at once, so a row costs
+// one memory round trip instead of one per quad, and keeps residual_out in registers for y
+// when the row fits one batch.
 #include "tpar_ll.cuh"
+
+// Segments whose operands a thread holds in registers at once (8192 f16/bf16 in one batch).
+#define TPAR_NORM_BATCH 4
 
 template <int DT>
 __device__ void add_rms_norm(const TparNormArgs& n) {
@@ -11,17 +20,80 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
     pdl_launch_dependents();
     const u64 quads = norm_row_quads<DT>(n.hidden);
     const u64 words = words_for<DT>(n.hidden);
+    const u64 row_bytes = n.hidden * elem_bytes<DT>();
+    const u32 segments = norm_segments(quads);
+    const bool one_batch = segments <= TPAR_NORM_BATCH;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x) {
-        float ss = 0.f;
-        const u64 offset = row * n.hidden * elem_bytes<DT>();
-        for (u64 q = threadIdx.x; q < quads; q += blockDim.x) {
-            u32 s0, s1;
-            load_pair<DT>((const char*)n.sum + offset, q, n.hidden, words, &s0, &s1);
-            float s[4];
-            unpack_quad<DT>(s0, s1, s);
-            add_residual_quad<DT>(n, row, q, s, &ss);
+        const char* sum = (const char*)n.sum + row * row_bytes;
+        const char* residual = (const char*)n.residual + row * row_bytes;
+        char* residual_out = (char*)n.residual_out + row * row_bytes;
+        char* y = (char*)n.y + row * row_bytes;
+        float v[TPAR_NORM_BATCH][4];
+        u32 wt[TPAR_NORM_BATCH][2];
+        for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
+            u32 s[TPAR_NORM_BATCH][2], r[TPAR_NORM_BATCH][2];
+#pragma unroll
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                s[b][0] = s[b][1] = r[b][0] = r[b][1] = wt[b][0] = wt[b][1] = 0;
+                if (base + b < segments && q < quads) {
+                    load_pair<DT>(sum, q, n.hidden, words, &s[b][0], &s[b][1]);
+                    load_pair<DT>(residual, q, n.hidden, words, &r[b][0], &r[b][1]);
+                    if (one_batch) load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                if (base + b >= segments) break;  // uniform across the block
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                float partial = 0.f;
+                if (q < quads) {
+                    unpack_quad<DT>(s[b][0], s[b][1], v[b]);
+                    u32 o0, o1;
+                    partial = residual_quad<DT>(v[b], r[b][0], r[b][1], &o0, &o1);
+                    store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
+                }
+                norm_warp_fold(base + b, partial);
+            }
         }
-        norm_row<DT>(n, row, ss);
+        __syncthreads();
+        if (warp < segments) {
+            const float sum_of_segment = norm_segment_fold(warp);
+            if (lane == 0) tpar_norm_segment_sums[warp] = sum_of_segment;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            const float i = norm_inv(lane < segments ? tpar_norm_segment_sums[lane] : 0.f, segments, n.hidden, n.eps);
+            if (lane == 0) tpar_norm_inv = i;
+        }
+        __syncthreads();
+        const float inv = tpar_norm_inv;
+        for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
+            if (!one_batch) {
+                // Reloaded: residual_out was written by this thread above.
+#pragma unroll
+                for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                    const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                    if (base + b < segments && q < quads) {
+                        u32 v0, v1;
+                        load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                        unpack_quad<DT>(v0, v1, v[b]);
+                        load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                if (base + b < segments && q < quads) {
+                    u32 y0, y1;
+                    y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
+                    store_pair<DT>(y, q, n.hidden, words, y0, y1);
+                }
+            }
+        }
+        __syncthreads();  // the shared sums are reused by the next row
     }
 }
 

@@ -22,13 +22,17 @@
 //! unfused path, eager and graph replays, and this CPU reference agree to the bit. `y` may
 //! differ from vLLM's by that last bit of `inv`, never by more than the dtype's rounding.
 //!
-//! The sum of squares of one row is the tree of a block of [`NORM_THREADS`] threads: thread
-//! `t` owns the row's quads `t, t + 512, ...` (a quad is two 32-bit words: 4 f16/bf16 or 2 f32
-//! elements, zero past the row's end) and adds `v * v` of their elements in order into its
-//! partial, starting from 0; each warp of 32 folds its partials with an xor butterfly (offsets
-//! 16, 8, 4, 2, 1: `p = p + p[lane ^ offset]`); warp 0 folds the 16 warp sums (lanes 16..31
-//! holding 0) with the same butterfly. Every multiply and add is a separate IEEE f32 operation
-//! (no fused multiply-add), as Rust's f32 arithmetic is.
+//! The sum of squares of one row: the row's quads (a quad is two 32-bit words: 4 f16/bf16 or
+//! 2 f32 elements, zero past the row's end) are cut into segments of [`NORM_THREADS`] quads.
+//! In segment `k`, thread `t` of a block of [`NORM_THREADS`] owns quad `k * 512 + t` and adds
+//! `v * v` of its elements in order into its partial, starting from 0; each warp of 32 folds
+//! its partials with an xor butterfly (offsets 16, 8, 4, 2, 1: `p = p + p[lane ^ offset]`);
+//! one warp folds the 16 warp sums (lanes 16..31 holding 0) with the same butterfly: the
+//! segment's sum. The row's sum is the segment sums added in segment order (`s0 + s1 + ...`,
+//! left to right). The order does not depend on how many blocks share a row, so the fused
+//! kernel can spread a row over several blocks (which exchange their segment sums) and the
+//! separate norm kernel can keep it in one. Every multiply and add is a separate IEEE f32
+//! operation (no fused multiply-add), as Rust's f32 arithmetic is.
 //!
 //! In place: `residual_out` may be `residual` (vLLM's convention), and `y` may be `x`. `y`
 //! must not overlap `residual` or `residual_out`.
@@ -49,9 +53,14 @@ pub fn quad_elements(dtype: DType) -> usize {
 }
 
 /// Quads of one row of `hidden` elements: a row starts a fresh quad, so rows never share a
-/// line and a block reduces whole rows (odd hidden sizes included).
+/// line (odd hidden sizes included).
 pub fn row_quads(dtype: DType, hidden: usize) -> usize {
     hidden.div_ceil(quad_elements(dtype))
+}
+
+/// Segments of one row (the module doc's tree): [`NORM_THREADS`] quads each.
+pub fn row_segments(dtype: DType, hidden: usize) -> usize {
+    row_quads(dtype, hidden).div_ceil(NORM_THREADS).max(1)
 }
 
 /// Rows one fused launch carries in a slot of `payload_lines` 8-byte lines (two per quad).
@@ -95,7 +104,7 @@ pub fn plan(
         Some(a) => FusedPlan {
             fused: true,
             reason: format!(
-                "fused {a} kernel: {} rows per launch, one block per row",
+                "fused {a} kernel: {} rows per launch",
                 rows_per_chunk(dtype, hidden, payload_lines)
             ),
         },
@@ -138,20 +147,23 @@ fn butterfly(mut lanes: [f32; 32]) -> f32 {
 pub fn row_sum_of_squares(dtype: DType, row: &[f32]) -> f32 {
     let q = quad_elements(dtype);
     let quads = row.len().div_ceil(q);
-    let mut partial = [0f32; NORM_THREADS];
-    for (t, p) in partial.iter_mut().enumerate() {
-        for quad in (t..quads).step_by(NORM_THREADS) {
+    let mut total = 0f32;
+    for (k, first) in (0..quads.max(1)).step_by(NORM_THREADS).enumerate() {
+        let mut partial = [0f32; NORM_THREADS];
+        for (t, p) in partial.iter_mut().enumerate() {
             for e in 0..q {
-                let v = row.get(quad * q + e).copied().unwrap_or(0.0);
+                let v = row.get((first + t) * q + e).copied().unwrap_or(0.0);
                 *p += v * v;
             }
         }
+        let mut warps = [0f32; 32];
+        for (w, sum) in warps.iter_mut().take(NORM_THREADS / 32).enumerate() {
+            *sum = butterfly(partial[w * 32..w * 32 + 32].try_into().expect("32 lanes"));
+        }
+        let segment = butterfly(warps);
+        total = if k == 0 { segment } else { total + segment };
     }
-    let mut warps = [0f32; 32];
-    for (w, sum) in warps.iter_mut().take(NORM_THREADS / 32).enumerate() {
-        *sum = butterfly(partial[w * 32..w * 32 + 32].try_into().expect("32 lanes"));
-    }
-    butterfly(warps)
+    total
 }
 
 /// Steps 2-4 for one call, from the rounded allreduce output `sum` (all little-endian bytes
