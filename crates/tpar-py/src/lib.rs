@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 
 mod fused;
 
-use tpar::backend::cuda::CudaConfig;
-use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
+use tpar::backend::cuda::{borrowed_stream, CudaConfig, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
 use tpar::{
     Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
@@ -67,7 +66,12 @@ fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 const MAX_TIMEOUT_S: f64 = 365.0 * 86400.0;
 
 /// Checks the arguments of `Comm.new` that Python cannot type, naming the Python argument.
-fn check_args(rank: usize, world_size: usize, timeout: f64, chunk_bytes: usize) -> PyResult<()> {
+fn check_args(
+    rank: usize,
+    world_size: usize,
+    timeout: f64,
+    chunk_bytes: Option<usize>,
+) -> PyResult<()> {
     if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_S) {
         return Err(TparError::new_err(format!(
             "timeout={timeout}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year)"
@@ -84,9 +88,11 @@ fn check_args(rank: usize, world_size: usize, timeout: f64, chunk_bytes: usize) 
             world_size - 1
         )));
     }
-    if !(64..=(1 << 30)).contains(&chunk_bytes) {
+    if let Some(chunk_bytes) = chunk_bytes.filter(|c| !(64..=(1 << 30)).contains(c)) {
         return Err(TparError::new_err(format!(
-            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is 131072)"
+            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is {} on the CPU, {} on a GPU)",
+            CommConfig::default().chunk_bytes,
+            CudaConfig::default().chunk_bytes
         )));
     }
     Ok(())
@@ -164,7 +170,7 @@ impl Comm {
         rendezvous: Option<String>,
         token: Option<String>,
         timeout: f64,
-        chunk_bytes: usize,
+        chunk_bytes: Option<usize>,
         device: Option<usize>,
         members: Option<Vec<usize>>,
         nccl: Option<Bound<'_, PyAny>>,
@@ -191,12 +197,16 @@ impl Comm {
                 env.rank, env.world_size
             )));
         }
+        // `chunk_bytes=` reaches both backends (the CPU inbox and the CUDA buffers alike);
+        // left out, each takes its own default (CommConfig's and CudaConfig's docs say why).
+        let timeout = Duration::from_secs_f64(timeout);
         let config = CommConfig {
-            timeout: Duration::from_secs_f64(timeout),
-            chunk_bytes,
+            timeout,
+            chunk_bytes: chunk_bytes.unwrap_or(CommConfig::default().chunk_bytes),
         };
         let cuda_config = CudaConfig {
-            timeout: config.timeout,
+            timeout,
+            chunk_bytes: chunk_bytes.unwrap_or(CudaConfig::default().chunk_bytes),
             ..CudaConfig::default()
         };
         let interrupted: Arc<Mutex<Option<PyErr>>> = Arc::default();
@@ -254,7 +264,7 @@ impl Comm {
     /// is None, from the environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
     /// With `device` (a CUDA ordinal) the rank also gets tpar's CUDA communicator on it.
     #[new]
-    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072, device=None, members=None, nccl=None))]
+    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=None, device=None, members=None, nccl=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -263,7 +273,7 @@ impl Comm {
         rendezvous: Option<String>,
         token: Option<String>,
         timeout: f64,
-        chunk_bytes: usize,
+        chunk_bytes: Option<usize>,
         device: Option<usize>,
         members: Option<Vec<usize>>,
         nccl: Option<Bound<'_, PyAny>>,
@@ -355,7 +365,7 @@ impl Comm {
     fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         let reason = match comm.refusal(&plan) {
             Some(_) => format!("{}; REFUSED here: this communicator has nccl=\"none\", so all_reduce raises for this call and should_use() says False: keep it on your own NCCL", plan.reason),
             None => plan.reason,
@@ -368,7 +378,7 @@ impl Comm {
     fn refusal(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<Option<String>> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         Ok(comm.refusal(&plan))
     }
 
@@ -491,7 +501,7 @@ impl Comm {
                 TparError::new_err(format!("{tokens} x {hidden} elements is too many"))
             })?;
         let plan = Selection::parse_from("algorithm", algorithm)
-            .and_then(|s| comm.plan_for(s, dtype, bytes as u64, capturing))
+            .and_then(|s| comm.decision_for(s, dtype, bytes as u64, capturing))
             .map_err(err)?;
         let algorithm = match plan.choice {
             tpar::dispatch::Choice::Tpar(a) => Some(a),
@@ -543,7 +553,7 @@ impl Comm {
         comm.check().map_err(err)?;
         let bytes = op.bytes().map_err(TparError::new_err)? as u64;
         let plan = Selection::parse_from("algorithm", algorithm)
-            .and_then(|s| comm.plan_for(s, op.dtype, bytes, capturing))
+            .and_then(|s| comm.decision_for(s, op.dtype, bytes, capturing))
             .map_err(err)?;
         if let Some(why) = comm.refusal(&plan) {
             return Err(TparError::new_err(format!(

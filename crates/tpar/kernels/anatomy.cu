@@ -11,6 +11,28 @@
 // Each is timed with and without programmatic dependent launch: the kernels are the same.
 #include "tpar_ll.cuh"
 
+// The bookkeeping of the first kernels (kept for `tpar bench --anatomy`, which times what it
+// cost): every block reads the epoch before any block can finish, and the last block to
+// finish publishes it after a fence and an atomic add at the end of the call.
+__device__ __forceinline__ u64 begin_epoch_at_end(const TparArgs& a) {
+    pdl_wait();
+    u64 e = *(volatile u64*)a.state + 1;
+    pdl_launch_dependents();
+    return e;
+}
+__device__ __forceinline__ void end_epoch_at_end(const TparArgs& a, u64 epoch) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        u32 done = atomicAdd((u32*)(a.state + 1), 1u);
+        if (done == gridDim.x - 1) {
+            *(volatile u32*)(a.state + 1) = 0;
+            *(volatile u64*)a.state = epoch;
+            __threadfence();
+        }
+    }
+}
+
 template <int RUNG>
 __device__ void anatomy(const TparArgs& a) {
     if (RUNG == 0) {
@@ -67,9 +89,4 @@ done:
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_0(TparArgs a) { anatomy<0>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_1(TparArgs a) { anatomy<1>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_2(TparArgs a) { anatomy<2>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_3(TparArgs a) { anatomy<3>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_4(TparArgs a) { anatomy<4>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_anatomy_5(TparArgs a) { anatomy<5>(a); }
+TPAR_KERNELS_PER_RUNG(tpar_anatomy, anatomy, TparArgs)

@@ -3,43 +3,31 @@
 // data, rotated by epoch), fences, and raises its flag to the epoch; then, for every rank in
 // order, it waits for that rank's flag of the same block and reads the same share from it.
 // The flag is written after the data by the data's owner into its own memory, and read before
-// the data by the reader: the acquire/release pair orders them.
+// the data by the reader: the acquire/release pair orders them. The call header travels as LL
+// lines as in the push algorithms (begin_call), so mismatches are caught.
 #include "tpar_ll.cuh"
-
-__device__ __forceinline__ u32* pull_data(u64* inbox, const TparArgs& a, u64 epoch) {
-    return (u32*)(inbox + ll_region_lines(a)) + (epoch % TPAR_BUFFERS) * a.payload_lines;
-}
-__device__ __forceinline__ u64* pull_flag(u64* inbox, const TparArgs& a, u32 block) {
-    u64* flags = (u64*)((u32*)(inbox + ll_region_lines(a)) + TPAR_BUFFERS * a.payload_lines);
-    return flags + (u64)block * TPAR_FLAG_STRIDE_U64;
-}
 
 template <int DT>
 __device__ void oneshot_pull(const TparArgs& a) {
     __shared__ int ok;
     if (threadIdx.x == 0) ok = 1;
     __syncthreads();
-    const EpochTicket ticket = begin_epoch(a);
-    const u64 epoch = ticket.epoch;
-    const u32 tag = tag_for_epoch(epoch);
-    const u64 start = now_ns();
+    const Call call = begin_call(a, DT);
     const u64 lines = words_for<DT>(a.count);
     // Block b owns lines [b * per_block, (b + 1) * per_block): the same split on every rank.
     const u64 per_block = (lines + gridDim.x - 1) / gridDim.x;
     const u64 first = (u64)blockIdx.x * per_block;
     const u64 last = min(lines, first + per_block);
 
-    // The header travels as LL lines like in the push algorithms, so mismatches are caught.
-    push_header(a, epoch, tag, DT);
-    u32* mine = pull_data(a.inboxes[a.rank], a, epoch);
+    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
     for (u64 i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
-        st_release_sys(pull_flag(a.inboxes[a.rank], a, blockIdx.x), epoch);
+        st_release_sys(pull_flag(a.inboxes[a.rank], a, blockIdx.x), call.epoch);
     }
 
-    if (!check_header(a, epoch, tag, DT, start)) ok = 0;
+    if (!check_header(a, call.epoch, call.tag, DT, call.start)) ok = 0;
     __syncthreads();
     {
         const int header_ok = ok;
@@ -52,20 +40,11 @@ __device__ void oneshot_pull(const TparArgs& a) {
         for (u64 base = 0; base < words_here; base += (u64)blockDim.x * 8) {
             for (u32 r = 0; r < a.world_size; ++r) {
                 if (threadIdx.x == 0) {
-                    ok = 1;
-                    const u64* flag = pull_flag(a.inboxes[r], a, blockIdx.x);
-                    u32 spins = 0;
-                    while ((i64)(ld_acquire_sys(flag) - epoch) < 0) {
-                        if ((++spins & 1023u) == 0 && (now_ns() - start > a.timeout_ns || ld_sys(a.error) != 0)) {
-                            report_error(a, TPAR_ERR_TIMEOUT, r, TPAR_PHASE_PULL_FLAG, 0, 0);
-                            ok = 0;
-                            break;
-                        }
-                    }
+                    ok = wait_flag(a, pull_flag(a.inboxes[r], a, blockIdx.x), call.epoch, r, TPAR_PHASE_PULL_FLAG, call.start);
                 }
                 __syncthreads();
                 if (!ok) goto done;
-                const u32* theirs = pull_data(a.inboxes[r], a, epoch);
+                const u32* theirs = pull_data(a.inboxes[r], a, call.epoch);
                 for (int k = 0; k < 8; ++k) {
                     u64 i = first + base + (u64)k * blockDim.x + threadIdx.x;
                     if (i >= last) break;
@@ -83,9 +62,7 @@ __device__ void oneshot_pull(const TparArgs& a) {
         }
     }
 done:
-    end_epoch(a, ticket);
+    end_call(a, call);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f32(TparArgs a) { oneshot_pull<TPAR_DTYPE_F32>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_f16(TparArgs a) { oneshot_pull<TPAR_DTYPE_F16>(a); }
-extern "C" __global__ void __launch_bounds__(512) tpar_oneshot_pull_bf16(TparArgs a) { oneshot_pull<TPAR_DTYPE_BF16>(a); }
+TPAR_KERNELS_PER_DTYPE(tpar_oneshot_pull, oneshot_pull, TparArgs)

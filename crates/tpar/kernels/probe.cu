@@ -19,7 +19,7 @@ struct TparProbeArgs {
     u32 role;          // ping-pong: 0 starts each round, 1 answers
 };
 
-extern "C" __global__ void __launch_bounds__(512) tpar_probe_copy(TparProbeArgs a) {
+extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_probe_copy(TparProbeArgs a) {
     const u32 copy = blockIdx.x % a.copies;
     const u64 blocks = gridDim.x / a.copies;
     const TparVec16* src = (const TparVec16*)a.src[copy];
@@ -29,7 +29,7 @@ extern "C" __global__ void __launch_bounds__(512) tpar_probe_copy(TparProbeArgs 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_probe_pingpong(TparProbeArgs a) {
+extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_probe_pingpong(TparProbeArgs a) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     u64* out = (u64*)a.flag_out;
     const u64* in = (const u64*)a.flag_in;

@@ -16,7 +16,7 @@ use crate::backend::cuda::{
     borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
 };
 use crate::backend::nccl::{Nccl, NcclCommunicator};
-use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
+use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
@@ -114,19 +114,19 @@ pub struct Communicator {
     tuning: HashMap<DType, TuningTable>,
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
-    probe: Probe,
+    findings: Findings,
     /// Orders calls issued from several streams as they were issued on the host.
     order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
-    plans: Mutex<HashMap<(Selection, DType, u64, bool), Plan>>,
+    decisions: Mutex<HashMap<(Selection, DType, u64, bool), Decision>>,
     /// What creating this group found that its user should hear about (also logged):
     /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
     warnings: Vec<String>,
 }
 
 /// Distinct (dtype, size, capturing) plans kept before the cache starts over.
-const PLAN_CACHE_ENTRIES: usize = 4096;
+const DECISION_CACHE_ENTRIES: usize = 4096;
 
 impl Communicator {
     /// Puts the backends of one rank behind one call. `nccl` is the NCCL communicator for the
@@ -182,8 +182,8 @@ impl Communicator {
             topology,
             selection,
             tuning,
-            probe,
-            plans: Mutex::default(),
+            findings: probe,
+            decisions: Mutex::default(),
             warnings: Vec::new(),
         })
     }
@@ -390,9 +390,9 @@ impl Communicator {
             let warning = format!("{choice} failed the init self-test and will not be used: {why}");
             log::warn!("{warning}");
             self.warnings.push(warning);
-            self.probe.failed.push((choice, why));
+            self.findings.failed.push((choice, why));
         }
-        self.plans.lock().expect("plan cache").clear();
+        self.decisions.lock().expect("decision cache").clear();
         Ok(())
     }
 
@@ -469,52 +469,58 @@ impl Communicator {
 
     /// What a call of `bytes` of `dtype` will run, and why (or why nothing can): the
     /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
-    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
-        self.plan_for(Selection::Auto, dtype, bytes, capturing)
+    pub fn decision(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
+        self.decision_for(Selection::Auto, dtype, bytes, capturing)
+    }
+
+    /// The old name of [`Communicator::decision`], kept until its last users (the CLI,
+    /// `fused.rs`) move.
+    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
+        self.decision(dtype, bytes, capturing)
     }
 
     /// What a call of `bytes` of `dtype` will run for `selection`, and why: with
-    /// [`Selection::Auto`] as [`Communicator::plan`]; with a forced choice, that choice once
+    /// [`Selection::Auto`] as [`Communicator::decision`]; with a forced choice, that choice once
     /// the dispatcher's checks say it can run here (else an error with the reason, never a
     /// substitute). A forced choice of the call wins over `TPAR_ALGO`.
-    pub fn plan_for(
+    pub fn decision_for(
         &self,
         selection: Selection,
         dtype: DType,
         bytes: u64,
         capturing: bool,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
         let selection = match selection {
             Selection::Auto => self.selection,
             forced => forced,
         };
         let key = (selection, dtype, bytes, capturing);
-        if let Some(p) = self.plans.lock().expect("plan cache").get(&key) {
+        if let Some(p) = self.decisions.lock().expect("decision cache").get(&key) {
             return Ok(p.clone());
         }
-        let p = self.make_plan(selection.forced(), dtype, bytes, capturing)?;
-        let mut plans = self.plans.lock().expect("plan cache");
-        if plans.len() >= PLAN_CACHE_ENTRIES {
-            plans.clear();
+        let p = self.make_decision(selection.forced(), dtype, bytes, capturing)?;
+        let mut decisions = self.decisions.lock().expect("decision cache");
+        if decisions.len() >= DECISION_CACHE_ENTRIES {
+            decisions.clear();
         }
-        plans.insert(key, p.clone());
+        decisions.insert(key, p.clone());
         Ok(p)
     }
 
-    fn make_plan(
+    fn make_decision(
         &self,
         forced: Option<Choice>,
         dtype: DType,
         bytes: u64,
         capturing: bool,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
         let slot_why = match &*self.nccl.lock().expect("nccl slot") {
             NcclSlot::Unavailable(why) => Some(why.clone()),
             _ => None,
         };
-        plan(&Request {
+        decide(&Request {
             topology: &self.topology,
-            probe: Some(&self.probe),
+            probe: Some(&self.findings),
             tuning: self.tuning.get(&dtype),
             world_size: self.cuda.world_size(),
             dtype,
@@ -534,13 +540,13 @@ impl Communicator {
 
     /// Why a call with this plan would be refused before launch (NCCL planned on a
     /// communicator created with nccl=none), or None when it runs.
-    pub fn refusal(&self, plan: &Plan) -> Option<String> {
+    pub fn refusal(&self, plan: &Decision) -> Option<String> {
         (plan.choice == Choice::Nccl
             && matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Refused))
         .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
     }
 
-    /// The one decision of a call: its plan for `selection` ([`Communicator::plan_for`]), then
+    /// The one decision of a call: its plan for `selection` ([`Communicator::decision_for`]), then
     /// whether this communicator refuses it ([`Communicator::refusal`]), as one error.
     pub fn decide(
         &self,
@@ -548,8 +554,8 @@ impl Communicator {
         dtype: DType,
         bytes: u64,
         capturing: bool,
-    ) -> Result<Plan> {
-        let plan = self.plan_for(selection, dtype, bytes, capturing)?;
+    ) -> Result<Decision> {
+        let plan = self.decision_for(selection, dtype, bytes, capturing)?;
         if let Some(why) = self.refusal(&plan) {
             return Err(Error::Unsupported(format!(
                 "this call is planned for {why}"
@@ -573,7 +579,7 @@ impl Communicator {
         input: Option<DeviceSpan<'_>>,
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
         self.all_reduce_selected(Selection::Auto, input, output, stream)
     }
 
@@ -588,7 +594,7 @@ impl Communicator {
         input: Option<DeviceSpan<'_>>,
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
         let plan = self.decide(
@@ -628,7 +634,7 @@ impl Communicator {
         count: usize,
         stream: CUstream,
         capturing: bool,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
         let plan = self.decide(
             Selection::Auto,
             dtype,
@@ -636,16 +642,34 @@ impl Communicator {
             capturing,
         )?;
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
+        unsafe { self.all_reduce_raw_as(plan.choice, dtype, input, output, count, stream)? };
         Ok(plan)
     }
 
-    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
-    /// (the CLI's rank harness, the Python binding).
+    /// The old name of [`Communicator::all_reduce_raw_as`], kept until its last users (the
+    /// CLI's rank harness) move.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
     pub unsafe fn all_reduce_with(
+        &self,
+        choice: Choice,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.all_reduce_raw_as(choice, dtype, input, output, count, stream) }
+    }
+
+    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
+    /// (the CLI's rank harness).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_raw_as(
         &self,
         choice: Choice,
         dtype: DType,
@@ -748,10 +772,10 @@ impl Communicator {
 }
 
 /// Init self-test findings per group key (GPUs in rank order and settings) in this process.
-type Findings = Vec<(Choice, String)>;
+type SelfTestFailures = Vec<(Choice, String)>;
 
-fn selftest_cache() -> &'static Mutex<HashMap<String, Findings>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Findings>>> = OnceLock::new();
+fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, SelfTestFailures>>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 

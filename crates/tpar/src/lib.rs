@@ -8,14 +8,19 @@
 //!   (a private directory and a random job token) and how `tpar` starts its own ranks.
 //! - [`backend`]: transports. [`backend::cpu`] runs the protocol over POSIX shared memory
 //!   between processes; [`backend::cuda`] runs it in CUDA kernels; [`backend::nccl`] loads NCCL.
-//! - [`topology`] and [`dispatch`]: what the machine is and which path runs each message;
-//!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call.
+//! - [`topology`] and [`dispatch`]: what the machine is (plain data; [`backend::machine`] reads
+//!   it) and which path runs each message (pure policy: no backend imports);
+//!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call path
+//!   (check -> decide -> enqueue).
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
 //! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
 //! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
 //!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
-//! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
+//! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`]: the small vocabulary types
+//!   and the cache root.
+//!
+//! Layers point down only: `python3 scripts/import_graph.py` checks it (ARCHITECTURE.md).
 
 pub mod algorithm;
 pub mod backend;

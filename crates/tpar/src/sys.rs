@@ -1,5 +1,7 @@
-//! The only module with `unsafe`: POSIX shared memory, process liveness and the parent-death
-//! signal, wrapped in safe types. Everything above it works with `&[AtomicU64]` and `Result`.
+//! The libc FFI of tpar (POSIX shared memory, file locks, process liveness and the parent-death
+//! signal), wrapped in safe types: everything above it works with `&[AtomicU64]` and `Result`.
+//! The other FFI modules are `backend::cuda::{driver, nvrtc}` (CUDA), `backend::nccl` (NCCL)
+//! and `backend::libsearch` (loading a library by path).
 
 use std::ffi::CString;
 use std::io;
@@ -122,6 +124,11 @@ impl SharedSegment {
     /// Start of the mapping, for registering it with the GPU driver.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr as *mut u8
+    }
+
+    /// The segment's name in /dev/shm (as `open` takes it).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub fn len_bytes(&self) -> usize {

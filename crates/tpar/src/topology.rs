@@ -281,9 +281,10 @@ impl fmt::Display for Topology {
     }
 }
 
-/// What the init probe measured on this machine.
+/// What checks and measurements found on this machine: choices that failed a check (with
+/// why) and the link bandwidth measured with every link busy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
+pub struct Findings {
     /// Paths that cannot run here, with the reason (a failed self-test, no peer access in this
     /// group): never planned, and an error when forced.
     pub failed: Vec<(Choice, String)>,
@@ -291,6 +292,9 @@ pub struct Probe {
     pub push_gbps: Option<f64>,
     pub pull_gbps: Option<f64>,
 }
+
+/// The old name of [`Findings`], kept until its last users (the CLI, `link_probe.rs`) move.
+pub type Probe = Findings;
 
 /// The fixtures shipped with tpar: (file stem, JSON).
 pub const FIXTURES: [(&str, &str); 5] = [

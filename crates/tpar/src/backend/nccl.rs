@@ -2,8 +2,10 @@
 //! Loaded at run time, never linked: `TPAR_NCCL_LIBRARY` (a path) if set, else pip's
 //! `nvidia/nccl/lib/libnccl.so.2` in any site-packages, else `libnccl.so.2` / `libnccl.so` where
 //! the loader finds them. Communicators are created through tpar's rendezvous (rank 0's unique
-//! id travels in a record) or, for ranks of one process, with `ncclCommInitAll`. All `unsafe`
-//! of the NCCL backend is in this file.
+//! id travels in a record) or, for ranks of one process, with `ncclCommInitAll`. All of NCCL's
+//! FFI is in this file (a communicator lent by an engine arrives as a raw handle, through the
+//! unsafe [`NcclCommunicator::borrow`]); its allreduce takes checked operands and a cudarc
+//! stream, so calling it needs no `unsafe`.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};

@@ -24,8 +24,8 @@ pub use crate::algorithm::Choice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::human_bytes;
-pub use crate::topology::Probe;
 use crate::topology::Topology;
+pub use crate::topology::{Findings, Probe};
 pub use explain::describe_ranges;
 use explain::{describe_machine, rung_text};
 pub use refusal::{eligibility, Reason, Refusal};
@@ -37,7 +37,7 @@ pub use tuning::{TuningEntry, TuningTable};
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     pub topology: &'a Topology,
-    pub probe: Option<&'a Probe>,
+    pub probe: Option<&'a Findings>,
     pub tuning: Option<&'a TuningTable>,
     pub world_size: usize,
     pub dtype: DType,
@@ -47,15 +47,24 @@ pub struct Request<'a> {
     pub forced: Option<Choice>,
 }
 
+/// The dispatcher's answer for one call: what runs it, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Plan {
+pub struct Decision {
     pub choice: Choice,
     pub reason: String,
 }
 
-/// Plans one allreduce. Never returns a choice that cannot run; every error says why.
-pub fn plan(req: &Request) -> Result<Plan> {
-    let result = plan_inner(req);
+/// The old name of [`Decision`], kept until its last users (the CLI, `fused.rs`) move.
+pub type Plan = Decision;
+
+/// The old name of [`decide`], kept until its last users (the CLI) move.
+pub fn plan(req: &Request) -> Result<Decision> {
+    decide(req)
+}
+
+/// Decides one allreduce. Never returns a choice that cannot run; every error says why.
+pub fn decide(req: &Request) -> Result<Decision> {
+    let result = decide_inner(req);
     match &result {
         Ok(p) => log::debug!(
             "plan: {} ranks, {} of {}: {} because {}",
@@ -74,10 +83,10 @@ pub fn plan(req: &Request) -> Result<Plan> {
     result
 }
 
-fn plan_inner(req: &Request) -> Result<Plan> {
+fn decide_inner(req: &Request) -> Result<Decision> {
     if let Some(forced) = req.forced {
         return match eligibility(req, forced) {
-            Ok(()) => Ok(Plan {
+            Ok(()) => Ok(Decision {
                 choice: forced,
                 reason: "forced (TPAR_ALGO or --algo)".into(),
             }),
@@ -89,7 +98,7 @@ fn plan_inner(req: &Request) -> Result<Plan> {
     if req.world_size == 1 {
         let choice = Choice::Tpar(Algorithm::OneShot);
         eligibility(req, choice)?;
-        return Ok(Plan {
+        return Ok(Decision {
             choice,
             reason: "one rank: the allreduce is a copy".into(),
         });
@@ -102,7 +111,7 @@ fn plan_inner(req: &Request) -> Result<Plan> {
         if let Some(entry) = table.entries.iter().find(|e| req.bytes <= e.max_bytes) {
             match eligibility(req, entry.choice) {
                 Ok(()) => {
-                    return Ok(Plan {
+                    return Ok(Decision {
                         choice: entry.choice,
                         reason: if entry.max_bytes == u64::MAX {
                             format!(
@@ -159,7 +168,7 @@ fn plan_inner(req: &Request) -> Result<Plan> {
                 if !skipped.is_empty() {
                     reason = format!("{}; so {reason}", skipped.join("; "));
                 }
-                return Ok(Plan {
+                return Ok(Decision {
                     choice: rung.choice,
                     reason,
                 });
@@ -236,7 +245,7 @@ mod tests {
         ];
         let forced: Vec<Option<Choice>> =
             std::iter::once(None).chain(Choice::ALL.map(Some)).collect();
-        let probe = Probe {
+        let probe = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::TwoShot),
                 "numerical self-test failed".into(),
@@ -262,7 +271,7 @@ mod tests {
                                         capturing,
                                         forced: force,
                                     };
-                                    match plan(&req) {
+                                    match decide(&req) {
                                         Ok(plan) => {
                                             plans += 1;
                                             assert_eq!(
@@ -304,45 +313,51 @@ mod tests {
     fn rules_pick_what_each_machine_can_do_best() {
         let h200 = fixture("8x-h200-nvswitch");
         assert_eq!(
-            plan(&request(&h200, 8, 4 * KIB)).unwrap().choice,
+            decide(&request(&h200, 8, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
         assert_eq!(
-            plan(&request(&h200, 8, 128 * KIB)).unwrap().choice,
+            decide(&request(&h200, 8, 128 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::TwoShot)
         );
-        assert_eq!(plan(&request(&h200, 8, MIB)).unwrap().choice, Choice::Nccl);
         assert_eq!(
-            plan(&request(&h200, 8, 256 * MIB)).unwrap().choice,
+            decide(&request(&h200, 8, MIB)).unwrap().choice,
+            Choice::Nccl
+        );
+        assert_eq!(
+            decide(&request(&h200, 8, 256 * MIB)).unwrap().choice,
             Choice::Nccl
         );
         // Two ranks on NVLink: one-shot up to 256 KiB, then NCCL (measured on 2 H200s).
         assert_eq!(
-            plan(&request(&h200, 2, 256 * KIB)).unwrap().choice,
+            decide(&request(&h200, 2, 256 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
-        assert_eq!(plan(&request(&h200, 2, MIB)).unwrap().choice, Choice::Nccl);
+        assert_eq!(
+            decide(&request(&h200, 2, MIB)).unwrap().choice,
+            Choice::Nccl
+        );
         let rtx = fixture("4x-rtx-4090-no-p2p");
         assert_eq!(
-            plan(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
+            decide(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::HostStaged)
         );
         assert_eq!(
-            plan(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
+            decide(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
             Choice::Nccl
         );
         // L40S: P2P only within a NUMA node. 4 ranks stay on node 0; 8 ranks cross.
         let l40s = fixture("8x-l40s-2numa");
         assert_eq!(
-            plan(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
+            decide(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
         assert_eq!(
-            plan(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
+            decide(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::HostStaged)
         );
         // More ranks than GPUs: NCCL cannot, tpar can.
-        let big = plan(&request(&h200, 12, 512 * MIB)).unwrap();
+        let big = decide(&request(&h200, 12, 512 * MIB)).unwrap();
         assert_eq!(big.choice, Choice::Tpar(Algorithm::TwoShot), "{big:?}");
         assert!(
             big.reason.contains("NCCL needs one GPU per rank"),
@@ -354,19 +369,19 @@ mod tests {
     #[test]
     fn a_path_that_failed_its_check_is_never_planned_and_the_plan_says_so() {
         let h200 = fixture("8x-h200-nvswitch");
-        let probe = Probe {
+        let probe = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::OneShot),
                 "the init self-test on rank 3, 4099 bf16 elements: element 7 was 1, expected 2"
                     .into(),
             )],
-            ..Probe::default()
+            ..Findings::default()
         };
         let req = Request {
             probe: Some(&probe),
             ..request(&h200, 8, 4 * KIB)
         };
-        let p = plan(&req).unwrap();
+        let p = decide(&req).unwrap();
         assert_ne!(p.choice, Choice::Tpar(Algorithm::OneShot));
         assert!(
             p.reason
@@ -379,24 +394,24 @@ mod tests {
             forced: Some(Choice::Tpar(Algorithm::OneShot)),
             ..req
         };
-        let err = plan(&forced).unwrap_err().to_string();
+        let err = decide(&forced).unwrap_err().to_string();
         assert!(err.contains("element 7"), "{err}");
     }
 
     #[test]
     fn a_probe_that_saw_writes_collapse_turns_push_into_pull() {
         let pro = fixture("8x-rtx-pro-6000-pcie-2switch");
-        let probe = Probe {
+        let probe = Findings {
             push_gbps: Some(4.0),
             pull_gbps: Some(50.0),
-            ..Probe::default()
+            ..Findings::default()
         };
         let req = Request {
             probe: Some(&probe),
             ..request(&pro, 8, 16 * KIB)
         };
         assert_eq!(
-            plan(&req).unwrap().choice,
+            decide(&req).unwrap().choice,
             Choice::Tpar(Algorithm::OneShotPull)
         );
     }
@@ -408,7 +423,7 @@ mod tests {
             forced: Some(Choice::Tpar(Algorithm::OneShot)),
             ..request(&rtx, 4, 4 * KIB)
         };
-        let err = plan(&req).unwrap_err().to_string();
+        let err = decide(&req).unwrap_err().to_string();
         assert!(
             err.contains("forced algorithm one-shot cannot run")
                 && err.contains("no peer-to-peer writes"),
@@ -433,7 +448,7 @@ mod tests {
             tuning: Some(&table),
             ..request(&h200, 8, 4 * KIB)
         };
-        let p = plan(&req).unwrap();
+        let p = decide(&req).unwrap();
         assert_eq!(p.choice, Choice::Tpar(Algorithm::TwoShot));
         assert!(p.reason.contains("tuning table"));
         // Past the table's last entry the rules decide.
@@ -441,7 +456,10 @@ mod tests {
             tuning: Some(&table),
             ..request(&h200, 8, 16 * KIB)
         };
-        assert_eq!(plan(&req).unwrap().choice, Choice::Tpar(Algorithm::OneShot));
+        assert_eq!(
+            decide(&req).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShot)
+        );
     }
 
     #[test]

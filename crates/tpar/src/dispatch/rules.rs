@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::algorithm::{Algorithm, Choice};
-use crate::topology::{Probe, Topology};
+use crate::topology::{Findings, Topology};
 
 /// The kind of machine the ranks of a request run on, for the built-in rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -79,7 +79,7 @@ const NVLINK_NCCL_WHY: &str =
 /// The built-in rules for a class. Thresholds come from the measurements in bench/README.md
 /// and the published figures in the design brief; `tpar tune` replaces them with this
 /// machine's own.
-pub(super) fn ladder(class: Class, world_size: usize, probe: Option<&Probe>) -> Vec<Rung> {
+pub(super) fn ladder(class: Class, world_size: usize, probe: Option<&Findings>) -> Vec<Rung> {
     use Algorithm::*;
     let many = world_size > 4;
     let push_collapses = probe

@@ -96,7 +96,7 @@ impl Bench {
     fn new(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<Bench> {
         let (major, minor) = ctx.compute_capability()?;
         let arch = (major * 10 + minor) as u32;
-        let headers = [(kernels::HEADER_NAME, kernels::HEADER_SOURCE)];
+        let headers = kernels::HEADERS;
         let load = |(file, source): (&str, &str)| -> Result<Module> {
             let cubin = nvrtc::cached_cubin(file, source, &headers, arch)?;
             Ok(Module::load(ctx, &cubin)?)

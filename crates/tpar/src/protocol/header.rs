@@ -9,7 +9,8 @@ use crate::dtype::DType;
 /// Lines reserved for the header at the start of each stage-one slot.
 pub const HEADER_LINES: usize = 8;
 
-const MAGIC: u32 = 0x7470_6172; // "tpar"
+/// Word 0 of every call header: "tpar" (`TPAR_HEADER_MAGIC` in the kernels' layout.cuh).
+pub const HEADER_MAGIC: u32 = 0x7470_6172;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallHeader {
@@ -26,7 +27,7 @@ pub struct CallHeader {
 impl CallHeader {
     pub fn encode(&self) -> [u32; HEADER_LINES] {
         [
-            MAGIC,
+            HEADER_MAGIC,
             self.seq,
             self.count as u32,
             (self.count >> 32) as u32,
@@ -39,7 +40,7 @@ impl CallHeader {
 
     /// Decodes a header; `None` when the words are not a header this version wrote.
     pub fn decode(words: &[u32; HEADER_LINES]) -> Option<CallHeader> {
-        if words[0] != MAGIC {
+        if words[0] != HEADER_MAGIC {
             return None;
         }
         Some(CallHeader {

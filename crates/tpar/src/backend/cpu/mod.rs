@@ -25,7 +25,11 @@ use crate::sys::{liveness, Liveness, SharedSegment};
 pub use crate::wait::InterruptCheck;
 use crate::wait::{Phase, Watch};
 
-/// Settings every rank of a communicator must agree on.
+/// Settings every rank of a CPU communicator must agree on. Its default chunk (128 KiB) is
+/// half the CUDA backend's ([`crate::backend::cuda::CudaConfig`]): the inbox costs about
+/// 6 x (world size + 1) chunks of /dev/shm per rank. Python's `chunk_bytes=` sets both. (At
+/// 256 KiB the 7-rank CLI selftest failed under load, 2 runs of 2: a rank waiting on a live
+/// peer reports another peer that exited after its last call; see `wait::Watch::gone_peers`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CommConfig {
     /// Longest wait for a peer before a call fails with [`Error::PeerTimeout`].

@@ -1,7 +1,10 @@
-//! The CUDA driver calls tpar makes itself, each wrapped in a safe type: device memory,
-//! host memory mapped into the GPU (allocated, or a shared-memory segment registered), IPC
-//! handles, modules and kernel launches. All `unsafe` of the CUDA backend that is not in
-//! `nvrtc.rs` is here. Contexts, streams, events and graphs come from cudarc's safe API.
+//! The CUDA driver calls tpar makes itself, each wrapped in a safe type or function: device
+//! memory, host memory mapped into the GPU (allocated, or a shared-memory segment registered),
+//! IPC handles, peer access, capture state, modules and kernel launches. With `nvrtc.rs`, the
+//! CUDA FFI of the backend; `unsafe` elsewhere in it is only the unsafe constructors of
+//! `span.rs` (raw addresses from other libraries), the raw-address entry points of `raw.rs`
+//! built on them, and the kernel launch sites ([`Function::launch`]: the argument block must
+//! mirror the kernel's). Contexts, streams, events and graphs come from cudarc's safe API.
 //!
 //! cudarc panics when a library is missing, so [`driver_present`] must be asked first; every
 //! entry point of the backend does.
@@ -559,4 +562,48 @@ pub(crate) fn copy_operands_async(
             stream.cu_stream(),
         )
     })
+}
+
+/// `stream`'s capture status and, while capturing, the id of its capture
+/// (`cuStreamGetCaptureInfo_v3`: CUDA 12.3 or newer; cudarc panics on a driver without it,
+/// so callers check [`driver_version`] first).
+pub fn capture_info(stream: &CudaStream) -> Result<(sys::CUstreamCaptureStatus, u64)> {
+    bind(stream.context())?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: sys::cuuint64_t = 0;
+    // SAFETY: a live stream (cudarc's type) of the current context; the optional outputs
+    // (graph, dependencies, edges, count) are null, which the driver accepts.
+    check("cuStreamGetCaptureInfo", unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok((status, id))
+}
+
+/// Whether `a`'s GPU can map `b`'s memory (P2P).
+pub fn can_access_peer(a: &CudaContext, b: &CudaContext) -> Result<bool> {
+    let mut can = 0;
+    // SAFETY: queries two valid devices (cudarc's contexts hold them); writes one int.
+    check("cuDeviceCanAccessPeer", unsafe {
+        sys::cuDeviceCanAccessPeer(&mut can, a.cu_device(), b.cu_device())
+    })?;
+    Ok(can != 0)
+}
+
+/// Lets kernels of `from`'s context access `to`'s memory; already enabled counts as done.
+pub fn enable_peer_access(from: &CudaContext, to: &CudaContext) -> Result<()> {
+    bind(from)?;
+    // SAFETY: enables access from the current context (`from`) to a live context.
+    let rc = unsafe { sys::cuCtxEnablePeerAccess(to.cu_ctx(), 0) };
+    if rc == CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check("cuCtxEnablePeerAccess", rc)
 }

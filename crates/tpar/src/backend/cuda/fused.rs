@@ -2,12 +2,17 @@
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
-//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm_raw`] is the entry an engine calls;
-//! it plans the allreduce with the dispatcher, then picks the path with [`crate::norm::plan`].
+//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm`] is the entry an engine calls (its
+//! operands as checked spans; `_raw`/`_with` take raw addresses for the Python binding and the
+//! CLI until they move to spans); it plans the allreduce with the dispatcher, then picks the
+//! path with [`crate::norm::plan`].
 
 use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaStream;
 
-use super::kernels::{KernelArgs, THREADS};
+use super::kernels::{KernelArgs, KernelId, THREADS};
+use super::span::{DeviceSpan, DeviceSpanMut, FusedOperands};
+use super::stream_order::Capture;
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::communicator::Communicator;
@@ -51,14 +56,6 @@ pub(super) fn header_note(word: u32) -> &'static str {
     } else {
         ""
     }
-}
-
-fn fused_kernel(dtype: DType) -> String {
-    format!("tpar_fused_oneshot_{}", dtype.name())
-}
-
-fn norm_kernel(dtype: DType) -> String {
-    format!("tpar_add_rms_norm_{}", dtype.name())
 }
 
 /// One fused call: `x`, `residual`, `weight` in; `residual_out` (`None`: in place on
@@ -105,7 +102,51 @@ impl FusedCall {
     }
 }
 
+/// The fused op's `x` and `y`: separate (`y` written, `x` only read), or `y` written over `x`.
+pub enum FusedInput<'a> {
+    Separate {
+        x: DeviceSpan<'a>,
+        y: DeviceSpanMut<'a>,
+    },
+    YIntoX(DeviceSpanMut<'a>),
+}
+
+/// The fused op's residual: updated in place, or read and the sum written to `out`.
+pub enum FusedResidual<'a> {
+    InPlace(DeviceSpanMut<'a>),
+    Separate {
+        residual: DeviceSpan<'a>,
+        out: DeviceSpanMut<'a>,
+    },
+}
+
+/// One fused call's operands as spans (`tokens x hidden` elements each, `weight`: `hidden`,
+/// all of one dtype on the rank's GPU): what the safe entry points take.
+pub struct FusedSpans<'a> {
+    pub input: FusedInput<'a>,
+    pub residual: FusedResidual<'a>,
+    pub weight: DeviceSpan<'a>,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
 impl CudaCommunicator {
+    /// Queues the fused op with its allreduce on tpar's `algorithm` (the fused kernel where
+    /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` and the separate
+    /// norm kernel), its operands given as spans checked
+    /// against this rank's GPU, `stream`, one dtype and the call's shape.
+    pub fn fused_add_rms_norm(
+        &self,
+        spans: FusedSpans<'_>,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<FusedPlan> {
+        let operands = FusedOperands::check(&spans, self.ctx.ordinal(), stream)?;
+        // The spans live until this returns, after the work is queued.
+        self.fused_enqueue(&operands, algorithm, stream)
+    }
+
     /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
     pub fn fused_plan(
         &self,
@@ -119,32 +160,28 @@ impl CudaCommunicator {
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
     /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` followed by the
     /// separate norm kernel. Returns the plan it ran.
-    ///
-    /// # Safety
-    /// Every pointer of `call` must be device memory on this rank's GPU holding
-    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
-    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
-    /// capturing).
-    pub unsafe fn fused_add_rms_norm_raw(
+    pub(crate) fn fused_enqueue(
         &self,
-        call: &FusedCall,
+        operands: &FusedOperands,
         algorithm: Algorithm,
-        stream: CUstream,
+        cuda_stream: &CudaStream,
     ) -> Result<FusedPlan> {
-        self.check()?;
+        let call = operands.call();
+        let stream = cuda_stream.cu_stream();
         let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
         if !call.validate()? {
             return Ok(plan);
         }
         if !plan.fused {
-            // SAFETY: the caller's promise, passed on.
-            unsafe { self.unfused_add_rms_norm_raw(call, algorithm, stream)? };
+            // The allreduce checks the error word.
+            self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
+        self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
-        let function = self.kernels.get(&fused_kernel(call.dtype));
+        let function = self.kernels.get(KernelId::FusedOneShot(call.dtype));
         self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
@@ -196,8 +233,9 @@ impl CudaCommunicator {
                 ..args
             };
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
-            // ours for the communicator's lifetime; the operands are the caller's promise. The
-            // kernel runs griddepcontrol.wait (begin_epoch) before touching memory.
+            // ours for the communicator's lifetime; the operands are checked (or promised at
+            // the FFI edge). The kernel runs griddepcontrol.wait (begin_epoch) before touching
+            // memory.
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(plan)
@@ -205,31 +243,19 @@ impl CudaCommunicator {
 
     /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
     /// `algorithm`, then the separate residual add + RMSNorm kernel reading `y`.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
-    pub unsafe fn unfused_add_rms_norm_raw(
+    pub(crate) fn unfused_enqueue(
         &self,
-        call: &FusedCall,
+        operands: &FusedOperands,
         algorithm: Algorithm,
-        stream: CUstream,
+        stream: &CudaStream,
     ) -> Result<()> {
+        let call = operands.call();
         if !call.validate()? {
             return Ok(());
         }
-        // SAFETY: the caller's promise covers x, y and the stream.
-        unsafe {
-            self.all_reduce_raw(
-                call.dtype,
-                Some(call.x),
-                call.y,
-                call.elements(),
-                algorithm,
-                stream,
-            )?;
-            let before = self.last_chunk_grid(call, algorithm);
-            self.launch_add_rms_norm(call, call.y, Some(before), stream)
-        }
+        self.enqueue(&operands.allreduce(), algorithm, stream)?;
+        let before = self.last_chunk_grid(call, algorithm);
+        self.norm_enqueue(operands, NormInput::Y, Some(before), stream)
     }
 
     /// Blocks of the last launch of a tpar allreduce of the call's elements on `algorithm`.
@@ -248,24 +274,26 @@ impl CudaCommunicator {
         .0
     }
 
-    /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output
-    /// `sum` (which may be `call.y`). `after_grid`: the blocks of the spinning kernel just
+    /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output,
+    /// read from `y` or `x` as `sum` says. `after_grid`: the blocks of the spinning kernel just
     /// before it on `stream` (`Some(0)` when none spins; `None` when unknown).
     ///
     /// With programmatic dependent launch this kernel's blocks become resident while that
     /// kernel still spins, so PDL is used only where both grids fit this rank's share of the
     /// co-resident blocks: 8 ranks sharing one H200 deadlocked (a timeout in the all-gather)
     /// when a 16-block two-shot was followed by an 8-block norm kernel with PDL (2026-12-01).
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`], and `sum` too.
-    pub unsafe fn launch_add_rms_norm(
+    pub(crate) fn norm_enqueue(
         &self,
-        call: &FusedCall,
-        sum: u64,
+        operands: &FusedOperands,
+        sum: NormInput,
         after_grid: Option<u32>,
-        stream: CUstream,
+        stream: &CudaStream,
     ) -> Result<()> {
+        let call = operands.call();
+        let sum = match sum {
+            NormInput::Y => call.y,
+            NormInput::X => call.x,
+        };
         if !call.validate()? {
             return Ok(());
         }
@@ -287,11 +315,21 @@ impl CudaCommunicator {
             .max(1);
         let (grid, pdl) =
             self.launch_behind_last(|pdl_supported| (grid, pdl_supported && after_grid.is_some()));
-        let f = self.kernels.get(&norm_kernel(call.dtype));
-        // SAFETY: the argument block mirrors TparNormArgs; the pointers are the caller's
-        // promise. The kernel waits for its predecessor (griddepcontrol.wait) first.
-        unsafe { f.launch_ex(grid, THREADS, stream, &args, pdl) }
+        let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
+        // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
+        // promised at the FFI edge). The kernel waits for its predecessor
+        // (griddepcontrol.wait) first.
+        unsafe { f.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl) }
     }
+}
+
+/// Where the separate norm kernel reads the rounded allreduce output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NormInput {
+    /// `y`: the allreduce wrote its output there (the unfused path).
+    Y,
+    /// `x`: the allreduce ran in place (benchmarks of the norm kernel alone).
+    X,
 }
 
 /// Blocks sharing one row of a fused launch: one per segment of the row (as the plain
@@ -339,7 +377,37 @@ impl Communicator {
     /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
     /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
     /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
-    /// pull) it runs followed by tpar's separate norm kernel, with the same results.
+    /// pull) it runs followed by tpar's separate norm kernel, with the same results. The spans
+    /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
+    pub fn fused_add_rms_norm(
+        &self,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedRun> {
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        let call = operands.call();
+        let bytes = (call.elements() * call.dtype.size()) as u64;
+        let allreduce = self.plan(call.dtype, bytes, capture.is_capturing())?;
+        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
+        Ok(FusedRun { allreduce, path })
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] with its allreduce on `choice`, without asking
+    /// the dispatcher.
+    pub fn fused_add_rms_norm_as(
+        &self,
+        choice: Choice,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedPlan> {
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        self.fused_enqueue(choice, &operands, stream, capture)
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] on raw addresses (the Python binding's fused op,
+    /// the CLI's benchmarks); `capturing` is what the caller read of `stream`.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
@@ -356,7 +424,7 @@ impl Communicator {
         Ok(FusedRun { allreduce, path })
     }
 
-    /// The fused op with its allreduce on `choice`, without asking the dispatcher.
+    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
@@ -366,35 +434,39 @@ impl Communicator {
         call: &FusedCall,
         stream: CUstream,
     ) -> Result<FusedPlan> {
+        // SAFETY: the caller's promise covers the stream and every address of `call`.
+        let (stream, operands) = unsafe {
+            (
+                super::borrowed_stream(self.cuda().context(), stream),
+                FusedOperands::assume(*call),
+            )
+        };
+        let capture = self.capture(&stream)?;
+        self.fused_enqueue(choice, &operands, &stream, capture)
+    }
+
+    /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused
+    /// call takes the same epochs); `capture` is `stream`'s, read once.
+    fn fused_enqueue(
+        &self,
+        choice: Choice,
+        operands: &FusedOperands,
+        stream: &CudaStream,
+        capture: Capture,
+    ) -> Result<FusedPlan> {
         let cuda = self.cuda();
+        let call = operands.call();
         match choice {
-            // Ordered like a plain call: a fused call takes the same epochs.
-            // SAFETY: the caller's promise, passed on.
-            Choice::Tpar(algorithm) => {
-                // SAFETY: the caller's promise: `stream` is live on this rank's context.
-                let wrapped = unsafe { super::borrowed_stream(cuda.context(), stream) };
-                let capture = self.capture(&wrapped)?;
-                self.ordered(&wrapped, capture, || unsafe {
-                    cuda.fused_add_rms_norm_raw(call, algorithm, stream)
-                })
-            }
+            Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
+                cuda.fused_enqueue(operands, algorithm, stream)
+            }),
             Choice::Nccl => {
                 let plan = cuda.fused_plan(None, call.dtype, call.hidden);
                 if !call.validate()? {
                     return Ok(plan);
                 }
-                // SAFETY: as above.
-                unsafe {
-                    self.all_reduce_with(
-                        choice,
-                        call.dtype,
-                        Some(call.x),
-                        call.y,
-                        call.elements(),
-                        stream,
-                    )?;
-                    cuda.launch_add_rms_norm(call, call.y, None, stream)?;
-                }
+                self.enqueue(choice, &operands.allreduce(), stream, capture)?;
+                cuda.norm_enqueue(operands, NormInput::Y, None, stream)?;
                 Ok(plan)
             }
         }
@@ -418,22 +490,6 @@ mod tests {
             std::mem::size_of::<FusedArgs>(),
             std::mem::size_of::<KernelArgs>() + std::mem::size_of::<NormArgs>()
         );
-    }
-
-    #[test]
-    fn every_dtype_has_fused_and_norm_kernels() {
-        for d in DType::ALL {
-            for (file, name) in [
-                ("fused_oneshot.cu", fused_kernel(d)),
-                ("fused_norm.cu", norm_kernel(d)),
-            ] {
-                let source = kernels::SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
-                assert!(
-                    source.contains(&format!("void __launch_bounds__(512) {name}(")),
-                    "{name}"
-                );
-            }
-        }
     }
 
     #[test]

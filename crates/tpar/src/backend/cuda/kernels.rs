@@ -1,12 +1,30 @@
-//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file, the shared line
-//! format and layout in `tpar_ll.cuh`), the Rust mirror of their argument block, and which
-//! kernel runs which algorithm and dtype.
+//! tpar's kernel sources (in `crates/tpar/kernels/`, one algorithm per file; the shared
+//! headers, one concern each, behind the umbrella `tpar_ll.cuh`), the Rust mirror of their
+//! argument block, and which kernel runs which algorithm and dtype.
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 
+/// The umbrella header every `.cu` includes (it includes the others, and ends with the fused
+/// block).
 pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");
+
+/// Every header a kernel source may include: (file name, source). NVRTC finds includes only
+/// among the headers it is given, and the kernel cache key hashes every one given, so a kernel
+/// is compiled with, and cached under, the text of all of them.
+pub const HEADERS: [(&str, &str); 7] = [
+    (HEADER_NAME, HEADER_SOURCE),
+    ("abi.cuh", include_str!("../../../kernels/abi.cuh")),
+    ("tuning.cuh", include_str!("../../../kernels/tuning.cuh")),
+    (
+        "memorder.cuh",
+        include_str!("../../../kernels/memorder.cuh"),
+    ),
+    ("layout.cuh", include_str!("../../../kernels/layout.cuh")),
+    ("dtype.cuh", include_str!("../../../kernels/dtype.cuh")),
+    ("prims.cuh", include_str!("../../../kernels/prims.cuh")),
+];
 
 /// Every kernel source file: (file name, source).
 pub const SOURCES: [(&str, &str); 7] = [
@@ -41,9 +59,6 @@ pub const ANATOMY_SOURCE: (&str, &str) =
     ("anatomy.cu", include_str!("../../../kernels/anatomy.cu"));
 pub const ANATOMY_RUNGS: usize = 6;
 
-/// Kernels of the init probe (`probe.cu`): not allreduces, launched with their own arguments.
-pub const PROBE_PREFIX: &str = "tpar_probe";
-
 /// Architectures tpar builds for (compute capability x 10): Ampere to Blackwell.
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 
@@ -51,22 +66,36 @@ pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 pub const MAX_RANKS: usize = crate::algorithm::MAX_RANKS;
 /// Mirrors `TPAR_MAX_BLOCKS`.
 pub const MAX_BLOCKS: u32 = 64;
-/// Mirrors the 128-byte flag stride of the pull algorithm.
+/// Mirrors the 128-byte flag stride of the pull algorithm (`TPAR_FLAG_STRIDE_U64` u64s).
 pub const FLAG_STRIDE_BYTES: usize = 128;
-/// Threads per block of every kernel (`__launch_bounds__(512)`).
+/// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 
-/// Error word codes and phases (`TPAR_ERR_*`, `TPAR_PHASE_*`).
+/// Error word codes (`TPAR_ERR_*` in abi.cuh).
 pub const ERR_TIMEOUT: u64 = 1;
 pub const ERR_MISMATCH: u64 = 2;
+/// Where each field sits in the error word (`TPAR_ERR_*_SHIFT`): code in bits 0..8, then the
+/// peer, the phase, the header field (a byte each) and the detail (the high 32 bits).
+pub const ERR_PEER_SHIFT: u32 = 8;
+pub const ERR_PHASE_SHIFT: u32 = 16;
+pub const ERR_FIELD_SHIFT: u32 = 24;
+pub const ERR_DETAIL_SHIFT: u32 = 32;
 
+/// The phase of a call an error word names (`TPAR_PHASE_*`).
+pub const PHASE_HEADER: u64 = 1;
+pub const PHASE_ONE_SHOT: u64 = 2;
+pub const PHASE_REDUCE_SCATTER: u64 = 3;
+pub const PHASE_ALL_GATHER: u64 = 4;
+pub const PHASE_PULL_FLAG: u64 = 5;
+
+/// What a user reads for a phase code of the error word.
 pub fn phase_name(code: u64) -> &'static str {
     match code {
-        1 => "header exchange",
-        2 => "one-shot receive",
-        3 => "two-shot reduce-scatter",
-        4 => "two-shot all-gather",
-        5 => "pull: waiting for the peer's flag",
+        PHASE_HEADER => "header exchange",
+        PHASE_ONE_SHOT => "one-shot receive",
+        PHASE_REDUCE_SCATTER => "two-shot reduce-scatter",
+        PHASE_ALL_GATHER => "two-shot all-gather",
+        PHASE_PULL_FLAG => "pull: waiting for the peer's flag",
         _ => "unknown phase",
     }
 }
@@ -90,31 +119,205 @@ pub struct KernelArgs {
     pub algo: u32,
 }
 
-/// The source file and function name of the kernel for `algorithm` on `dtype`.
-pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) {
-    let (file, stem) = match algorithm {
-        Algorithm::OneShot | Algorithm::HostStaged => ("oneshot_push.cu", "tpar_oneshot_push"),
-        Algorithm::TwoShot => ("twoshot_push.cu", "tpar_twoshot_push"),
-        Algorithm::OneShotPull => ("oneshot_pull.cu", "tpar_oneshot_pull"),
-    };
-    (file, format!("{stem}_{}", dtype.name()))
+/// Every kernel a communicator launches, as a key built once: the loader looks each one up
+/// at load time into an array indexed by [`KernelId::index`], so a launch indexes an array
+/// instead of building and hashing a name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelId {
+    /// One-shot push (also host-staged: the same kernel over host inboxes).
+    OneShotPush(DType),
+    TwoShotPush(DType),
+    OneShotPull(DType),
+    /// Allreduce + residual add + RMSNorm in one kernel (`fused_oneshot.cu`).
+    FusedOneShot(DType),
+    /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
+    AddRmsNorm(DType),
+    /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
+    Empty,
+    /// The init link probe's copy and flag ping-pong (`probe.cu`).
+    ProbeCopy,
+    ProbePingpong,
 }
 
-pub const EMPTY_KERNEL: (&str, &str) = ("floor.cu", "tpar_empty");
+/// Position of `dtype` in [`DType::ALL`] (f32, f16, bf16).
+const fn dtype_index(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 0,
+        DType::F16 => 1,
+        DType::Bf16 => 2,
+    }
+}
+
+/// Names per dtype in [`DType::ALL`]'s order.
+const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
+    names[dtype_index(dtype)]
+}
+
+impl KernelId {
+    /// How many kernels a communicator looks up.
+    pub const COUNT: usize = 18;
+
+    /// Every key, at its index.
+    pub const ALL: [KernelId; KernelId::COUNT] = {
+        use DType::{Bf16, F16, F32};
+        use KernelId::*;
+        [
+            OneShotPush(F32),
+            OneShotPush(F16),
+            OneShotPush(Bf16),
+            TwoShotPush(F32),
+            TwoShotPush(F16),
+            TwoShotPush(Bf16),
+            OneShotPull(F32),
+            OneShotPull(F16),
+            OneShotPull(Bf16),
+            FusedOneShot(F32),
+            FusedOneShot(F16),
+            FusedOneShot(Bf16),
+            AddRmsNorm(F32),
+            AddRmsNorm(F16),
+            AddRmsNorm(Bf16),
+            Empty,
+            ProbeCopy,
+            ProbePingpong,
+        ]
+    };
+
+    /// The allreduce kernel of `algorithm` on `dtype`.
+    pub const fn allreduce(algorithm: Algorithm, dtype: DType) -> KernelId {
+        match algorithm {
+            Algorithm::OneShot | Algorithm::HostStaged => KernelId::OneShotPush(dtype),
+            Algorithm::TwoShot => KernelId::TwoShotPush(dtype),
+            Algorithm::OneShotPull => KernelId::OneShotPull(dtype),
+        }
+    }
+
+    /// Where this kernel sits in [`KernelId::ALL`] and in the loader's array.
+    pub const fn index(self) -> usize {
+        match self {
+            KernelId::OneShotPush(d) => dtype_index(d),
+            KernelId::TwoShotPush(d) => 3 + dtype_index(d),
+            KernelId::OneShotPull(d) => 6 + dtype_index(d),
+            KernelId::FusedOneShot(d) => 9 + dtype_index(d),
+            KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
+            KernelId::Empty => 15,
+            KernelId::ProbeCopy => 16,
+            KernelId::ProbePingpong => 17,
+        }
+    }
+
+    /// The `extern "C"` function name in its module.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KernelId::OneShotPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_oneshot_push_f32",
+                    "tpar_oneshot_push_f16",
+                    "tpar_oneshot_push_bf16",
+                ],
+            ),
+            KernelId::TwoShotPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_twoshot_push_f32",
+                    "tpar_twoshot_push_f16",
+                    "tpar_twoshot_push_bf16",
+                ],
+            ),
+            KernelId::OneShotPull(d) => by_dtype(
+                d,
+                [
+                    "tpar_oneshot_pull_f32",
+                    "tpar_oneshot_pull_f16",
+                    "tpar_oneshot_pull_bf16",
+                ],
+            ),
+            KernelId::FusedOneShot(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_f32",
+                    "tpar_fused_oneshot_f16",
+                    "tpar_fused_oneshot_bf16",
+                ],
+            ),
+            KernelId::AddRmsNorm(d) => by_dtype(
+                d,
+                [
+                    "tpar_add_rms_norm_f32",
+                    "tpar_add_rms_norm_f16",
+                    "tpar_add_rms_norm_bf16",
+                ],
+            ),
+            KernelId::Empty => "tpar_empty",
+            KernelId::ProbeCopy => "tpar_probe_copy",
+            KernelId::ProbePingpong => "tpar_probe_pingpong",
+        }
+    }
+
+    /// The source file (in [`SOURCES`]) that defines it.
+    pub const fn file(self) -> &'static str {
+        match self {
+            KernelId::OneShotPush(_) => "oneshot_push.cu",
+            KernelId::TwoShotPush(_) => "twoshot_push.cu",
+            KernelId::OneShotPull(_) => "oneshot_pull.cu",
+            KernelId::FusedOneShot(_) => "fused_oneshot.cu",
+            KernelId::AddRmsNorm(_) => "fused_norm.cu",
+            KernelId::Empty => "floor.cu",
+            KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
+        }
+    }
+
+    /// Whether its blocks spin waiting for peers, so all must be resident at once: these
+    /// bound the blocks per SM of the co-residency check (the empty kernel and the probe,
+    /// launched alone with their own shapes, do not).
+    pub const fn spins(self) -> bool {
+        !matches!(
+            self,
+            KernelId::Empty | KernelId::ProbeCopy | KernelId::ProbePingpong
+        )
+    }
+}
+
+/// The kernels of `tpar bench --anatomy`'s ladder (`anatomy.cu`), rung by rung.
+pub const ANATOMY_KERNELS: [&str; ANATOMY_RUNGS] = [
+    "tpar_anatomy_0",
+    "tpar_anatomy_1",
+    "tpar_anatomy_2",
+    "tpar_anatomy_3",
+    "tpar_anatomy_4",
+    "tpar_anatomy_5",
+];
+
+/// The source file and function name of the kernel for `algorithm` on `dtype`, for code that
+/// loads a module itself (the CLI's anatomy ladder); communicators use [`KernelId`].
+pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) {
+    let id = KernelId::allreduce(algorithm, dtype);
+    (id.file(), id.name().to_owned())
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::cuda::nvrtc;
-    use crate::protocol::header::HEADER_LINES;
+    use crate::protocol::header::{HEADER_LINES, HEADER_MAGIC};
     use crate::protocol::layout::{BUFFERS, SEGMENT_HEADER_LINES};
 
+    /// The value of `#define name` in the kernel headers, which must define it exactly once
+    /// (tuning knobs, under `#ifndef`, are not mirrored and not read here).
     fn define(name: &str) -> u64 {
-        let line = HEADER_SOURCE
-            .lines()
-            .find(|l| l.split_whitespace().nth(1) == Some(name) && l.starts_with("#define"))
-            .unwrap_or_else(|| panic!("{name} is not defined in {HEADER_NAME}"));
-        let value = line
+        let lines: Vec<(&str, &str)> = HEADERS
+            .iter()
+            .flat_map(|(file, source)| source.lines().map(move |l| (*file, l)))
+            .filter(|(_, l)| l.starts_with("#define") && l.split_whitespace().nth(1) == Some(name))
+            .collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "{name} must be defined once in the kernel headers: {lines:?}"
+        );
+        let value = lines[0]
+            .1
             .split_whitespace()
             .nth(2)
             .unwrap()
@@ -122,6 +325,48 @@ mod tests {
         match value.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
             None => value.parse().unwrap(),
+        }
+    }
+
+    /// The files named by `#include "..."` in `source`.
+    fn includes(source: &str) -> Vec<&str> {
+        source
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#include \""))
+            .filter_map(|rest| rest.split('"').next())
+            .collect()
+    }
+
+    #[test]
+    fn every_include_is_a_registered_header_and_every_header_is_used() {
+        let registered: Vec<&str> = HEADERS.iter().map(|(name, _)| *name).collect();
+        let mut reached = vec![HEADER_NAME];
+        let mut pending = vec![HEADER_NAME];
+        for (file, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
+            assert_eq!(
+                includes(source),
+                [HEADER_NAME],
+                "{file} includes the umbrella only"
+            );
+        }
+        while let Some(name) = pending.pop() {
+            let source = HEADERS.iter().find(|(n, _)| *n == name).unwrap().1;
+            for included in includes(source) {
+                assert!(
+                    registered.contains(&included),
+                    "{name} includes {included}, which is not in HEADERS (NVRTC would not find it)"
+                );
+                if !reached.contains(&included) {
+                    reached.push(included);
+                    pending.push(included);
+                }
+            }
+        }
+        for name in registered {
+            assert!(
+                reached.contains(&name),
+                "{name} is registered but no kernel includes it"
+            );
         }
     }
 
@@ -133,12 +378,21 @@ mod tests {
             define("TPAR_SEGMENT_HEADER_LINES"),
             SEGMENT_HEADER_LINES as u64
         );
-        assert_eq!(define("TPAR_HEADER_MAGIC"), 0x7470_6172);
+        assert_eq!(define("TPAR_HEADER_MAGIC"), u64::from(HEADER_MAGIC));
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
+        assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
         assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
         assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);
+        for (name, shift) in [
+            ("TPAR_ERR_PEER_SHIFT", ERR_PEER_SHIFT),
+            ("TPAR_ERR_PHASE_SHIFT", ERR_PHASE_SHIFT),
+            ("TPAR_ERR_FIELD_SHIFT", ERR_FIELD_SHIFT),
+            ("TPAR_ERR_DETAIL_SHIFT", ERR_DETAIL_SHIFT),
+        ] {
+            assert_eq!(define(name), u64::from(shift), "{name}");
+        }
         for d in DType::ALL {
             assert_eq!(
                 define(&format!("TPAR_DTYPE_{}", d.name().to_uppercase())),
@@ -160,30 +414,310 @@ mod tests {
         );
     }
 
+    /// How a kernel written out in full in a `.cu` file begins its line.
+    const KERNEL_DECLARATION: &str = "extern \"C\" __global__";
+
+    /// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
+    /// one kernel `stem_<suffix>` per suffix.
+    const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
+
+    /// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
+    fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
+        match macro_name {
+            "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
+            "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
+            other => unreachable!("{other} is not an instantiation macro"),
+        }
+    }
+
+    /// The kernels a source file declares, by name (test only: the loader looks kernels up by
+    /// [`KernelId`]): each `extern "C" __global__` line (the first
+    /// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
+    /// each instantiation macro's expansion.
+    fn kernel_names(source: &str) -> Vec<String> {
+        let mut names = Vec::new();
+        for line in source.lines() {
+            if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
+                names.extend(
+                    rest.split_whitespace()
+                        .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                        .map(|word| word.split('(').next().unwrap_or(word).to_owned())
+                        .next(),
+                );
+                continue;
+            }
+            for macro_name in INSTANTIATION_MACROS {
+                let Some(arguments) = line
+                    .strip_prefix(macro_name)
+                    .and_then(|rest| rest.strip_prefix('('))
+                else {
+                    continue;
+                };
+                let stem = arguments.split(',').next().unwrap_or_default().trim();
+                names.extend(
+                    instantiation_suffixes(macro_name)
+                        .iter()
+                        .map(|suffix| format!("{stem}_{suffix}")),
+                );
+            }
+        }
+        names
+    }
+
     #[test]
-    fn every_algorithm_and_dtype_has_a_kernel_in_the_sources() {
+    fn every_key_sits_at_its_index() {
+        for (i, id) in KernelId::ALL.into_iter().enumerate() {
+            assert_eq!(id.index(), i, "{id:?}");
+        }
+        let mut names: Vec<&str> = KernelId::ALL.iter().map(|k| k.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), KernelId::COUNT, "two keys share a name");
+    }
+
+    #[test]
+    fn every_key_names_a_kernel_declared_in_its_file_and_every_kernel_has_a_key() {
+        let mut declared = Vec::new();
+        for (file, source) in SOURCES {
+            declared.extend(kernel_names(source).into_iter().map(|n| (file, n)));
+        }
+        for id in KernelId::ALL {
+            assert!(
+                declared.contains(&(id.file(), id.name().to_owned())),
+                "{id:?}: {} is not declared in {}",
+                id.name(),
+                id.file()
+            );
+        }
+        for (file, name) in &declared {
+            assert!(
+                KernelId::ALL
+                    .iter()
+                    .any(|k| k.name() == name && k.file() == *file),
+                "{file} declares {name}, which no KernelId names (the loader would never load it)"
+            );
+        }
         for a in Algorithm::ALL {
             for d in DType::ALL {
                 let (file, function) = kernel_for(a, d);
                 let source = SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
-                assert!(
-                    source.contains(&format!("void __launch_bounds__(512) {function}(")),
-                    "{function}"
-                );
+                assert!(kernel_names(source).contains(&function), "{function}");
             }
         }
     }
 
     #[test]
     fn every_anatomy_rung_has_a_kernel_and_nothing_more() {
-        let source = ANATOMY_SOURCE.1;
-        for rung in 0..ANATOMY_RUNGS {
+        let expected: Vec<String> = (0..ANATOMY_RUNGS)
+            .map(|rung| format!("tpar_anatomy_{rung}"))
+            .collect();
+        assert_eq!(kernel_names(ANATOMY_SOURCE.1), expected);
+        assert_eq!(ANATOMY_KERNELS.map(str::to_owned).to_vec(), expected);
+    }
+
+    #[test]
+    fn kernel_names_are_found_in_sources() {
+        let names = kernel_names(SOURCES[0].1);
+        assert_eq!(
+            names,
+            [
+                "tpar_oneshot_push_f32",
+                "tpar_oneshot_push_f16",
+                "tpar_oneshot_push_bf16"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_kernel_file_yields_plain_function_names() {
+        // Each file's names must be C identifiers that the module lookup can find: a parse
+        // that returned a brace or a fragment of a parameter list failed every load on a GPU.
+        let mut all = Vec::new();
+        for (file, source) in SOURCES {
+            let names = kernel_names(source);
+            assert!(!names.is_empty(), "{file} declares no kernel");
+            for name in &names {
+                assert!(
+                    name.starts_with("tpar_")
+                        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "{file}: {name:?}"
+                );
+            }
+            all.extend(names);
+        }
+        assert!(all.contains(&"tpar_probe_copy".to_owned()), "{all:?}");
+        assert!(all.contains(&"tpar_probe_pingpong".to_owned()), "{all:?}");
+        assert!(all.contains(&KernelId::Empty.name().to_owned()), "{all:?}");
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            all.len(),
+            "a kernel name is declared twice: {all:?}"
+        );
+    }
+
+    /// The names [`kernel_names`] derives from an instantiation line must be the ones the
+    /// macro's definition in the header pastes together, with the launch bound the host uses.
+    #[test]
+    fn instantiation_macros_declare_the_names_rust_expects() {
+        let abi = HEADERS.iter().find(|(n, _)| *n == "abi.cuh").unwrap().1;
+        for macro_name in INSTANTIATION_MACROS {
+            let definition: Vec<&str> = abi
+                .lines()
+                .skip_while(|l| !l.starts_with(&format!("#define {macro_name}(NAME,")))
+                .scan(true, |continued, l| {
+                    let this = continued.then_some(l);
+                    *continued = l.ends_with('\\');
+                    this
+                })
+                .collect();
             assert!(
-                source.contains(&format!("void __launch_bounds__(512) tpar_anatomy_{rung}(")),
-                "rung {rung}"
+                !definition.is_empty(),
+                "{macro_name} is not defined in abi.cuh"
+            );
+            let pasted: Vec<String> = definition
+                .iter()
+                .filter_map(|l| l.split("NAME##_").nth(1))
+                .map(|rest| rest.split('(').next().unwrap().to_owned())
+                .collect();
+            assert_eq!(pasted, instantiation_suffixes(macro_name), "{macro_name}");
+            let bounded = definition
+                .iter()
+                .filter(|l| l.contains("__launch_bounds__(TPAR_THREADS) NAME##_"))
+                .count();
+            assert_eq!(
+                bounded,
+                pasted.len(),
+                "{macro_name}: every kernel has the launch bound"
             );
         }
-        assert!(!source.contains(&format!("tpar_anatomy_{ANATOMY_RUNGS}(")));
+    }
+
+    #[test]
+    fn every_phase_of_the_header_has_its_rust_code_and_a_name() {
+        let rust = [
+            ("TPAR_PHASE_HEADER", PHASE_HEADER),
+            ("TPAR_PHASE_ONE_SHOT", PHASE_ONE_SHOT),
+            ("TPAR_PHASE_REDUCE_SCATTER", PHASE_REDUCE_SCATTER),
+            ("TPAR_PHASE_ALL_GATHER", PHASE_ALL_GATHER),
+            ("TPAR_PHASE_PULL_FLAG", PHASE_PULL_FLAG),
+        ];
+        // Every TPAR_PHASE_ the headers define is one of these: a phase added on the kernel
+        // side alone would reach users as "unknown phase".
+        let defined: Vec<&str> = HEADERS
+            .iter()
+            .flat_map(|(_, source)| source.lines())
+            .filter_map(|l| l.strip_prefix("#define "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| name.starts_with("TPAR_PHASE_"))
+            .collect();
+        assert_eq!(defined, rust.map(|(name, _)| name));
+        let mut names = Vec::new();
+        for (name, code) in rust {
+            assert_eq!(define(name), code, "{name}");
+            assert_ne!(phase_name(code), phase_name(0), "{name} has no name");
+            names.push(phase_name(code));
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), rust.len(), "two phases share a name");
+    }
+
+    /// The fields of `struct name` in the kernel headers, in order: (C type, field, elements).
+    fn c_struct_fields(name: &str) -> Vec<(String, String, usize)> {
+        let opening = format!("struct {name} {{");
+        let (file, source) = HEADERS
+            .iter()
+            .find(|(_, s)| s.lines().any(|l| l.trim() == opening))
+            .unwrap_or_else(|| panic!("struct {name} is not in the kernel headers"));
+        source
+            .lines()
+            .skip_while(|l| l.trim() != opening)
+            .skip(1)
+            .take_while(|l| l.trim() != "};")
+            .map(|l| l.split("//").next().unwrap().trim())
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let declaration = l
+                    .strip_suffix(';')
+                    .unwrap_or_else(|| panic!("{file}: {l:?} is not one field"));
+                let (c_type, declarator) = declaration.rsplit_once(' ').unwrap();
+                let (field, elements) = match declarator.split_once('[') {
+                    Some((field, rest)) => {
+                        let length = rest.trim_end_matches(']');
+                        let n = length.parse().unwrap_or_else(|_| define(length) as usize);
+                        (field, n)
+                    }
+                    None => (declarator, 1),
+                };
+                (c_type.trim().to_owned(), field.to_owned(), elements)
+            })
+            .collect()
+    }
+
+    /// Size (and alignment) of the C types the argument blocks use, on a 64-bit target.
+    fn c_size(c_type: &str) -> usize {
+        match c_type {
+            t if t.ends_with('*') => 8,
+            "u64" => 8,
+            "u32" => 4,
+            other => panic!("no size known for the C type {other:?}: add it here"),
+        }
+    }
+
+    #[test]
+    fn kernel_args_has_the_layout_of_tpar_args() {
+        // Each Rust field: (name, offset, size); the C side is laid out from the header text.
+        let rust = [
+            ("input", std::mem::offset_of!(KernelArgs, input), 8),
+            ("output", std::mem::offset_of!(KernelArgs, output), 8),
+            ("count", std::mem::offset_of!(KernelArgs, count), 8),
+            (
+                "total_count",
+                std::mem::offset_of!(KernelArgs, total_count),
+                8,
+            ),
+            (
+                "payload_lines",
+                std::mem::offset_of!(KernelArgs, payload_lines),
+                8,
+            ),
+            (
+                "timeout_ns",
+                std::mem::offset_of!(KernelArgs, timeout_ns),
+                8,
+            ),
+            ("state", std::mem::offset_of!(KernelArgs, state), 8),
+            ("error", std::mem::offset_of!(KernelArgs, error), 8),
+            (
+                "inboxes",
+                std::mem::offset_of!(KernelArgs, inboxes),
+                8 * MAX_RANKS,
+            ),
+            ("rank", std::mem::offset_of!(KernelArgs, rank), 4),
+            (
+                "world_size",
+                std::mem::offset_of!(KernelArgs, world_size),
+                4,
+            ),
+            ("chunk", std::mem::offset_of!(KernelArgs, chunk), 4),
+            ("algo", std::mem::offset_of!(KernelArgs, algo), 4),
+        ];
+        let mut c = Vec::new();
+        let (mut offset, mut align) = (0usize, 1usize);
+        for (c_type, field, elements) in c_struct_fields("TparArgs") {
+            let size = c_size(&c_type);
+            offset = offset.next_multiple_of(size);
+            align = align.max(size);
+            c.push((field, offset, size * elements));
+            offset += size * elements;
+        }
+        let c_total = offset.next_multiple_of(align);
+        let c: Vec<(&str, usize, usize)> = c.iter().map(|(f, o, s)| (f.as_str(), *o, *s)).collect();
+        assert_eq!(c, rust, "struct TparArgs (abi.cuh) and KernelArgs differ");
+        assert_eq!(std::mem::size_of::<KernelArgs>(), c_total);
     }
 
     /// Compiles every kernel for every architecture. Needs NVRTC but no GPU; CI sets
@@ -202,13 +736,22 @@ mod tests {
         let version = nvrtc::nvrtc_version().unwrap();
         for arch in ARCHITECTURES {
             for (name, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
-                let cubin =
-                    nvrtc::compile_cubin(name, source, &[(HEADER_NAME, HEADER_SOURCE)], arch)
-                        .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
+                let cubin = nvrtc::compile_cubin(name, source, &HEADERS, arch)
+                    .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
                 assert!(
                     cubin.starts_with(b"\x7fELF"),
                     "{name} sm_{arch}: not an ELF CUBIN"
                 );
+                // The symbols the loader looks up by key are in the module (whatever macros
+                // the source uses to declare them).
+                for id in KernelId::ALL.into_iter().filter(|k| k.file() == name) {
+                    let symbol = [id.name().as_bytes(), b"\0"].concat();
+                    assert!(
+                        cubin.windows(symbol.len()).any(|w| w == symbol),
+                        "{name} sm_{arch}: no symbol {}",
+                        id.name()
+                    );
+                }
             }
         }
         eprintln!(

@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use serde::{Deserialize, Serialize};
 
 use super::driver::DeviceMemory;
-use super::kernels::{MAX_RANKS, THREADS};
+use super::kernels::{KernelId, MAX_RANKS, THREADS};
 use super::{context, enable_peer_access, kernel_set, KernelSet};
 use crate::error::{Error, Result};
 use crate::topology::Probe;
@@ -108,7 +108,7 @@ impl Gpu {
         // SAFETY: every pointer is a live device allocation of at least `bytes` (ours or a
         // peer's, reachable with peer access enabled); the argument block mirrors probe.cu.
         unsafe {
-            self.kernels.get("tpar_probe_copy").launch(
+            self.kernels.get(KernelId::ProbeCopy).launch(
                 blocks,
                 THREADS,
                 self.stream.cu_stream(),
@@ -271,7 +271,7 @@ fn pingpong(a: &Gpu, b: &Gpu, timeout: Duration) -> Result<f64> {
         // SAFETY: flags and result are live 16-byte allocations (peer access is enabled); the
         // kernel touches nothing else.
         unsafe {
-            me.kernels.get("tpar_probe_pingpong").launch(
+            me.kernels.get(KernelId::ProbePingpong).launch(
                 1,
                 32,
                 me.stream.cu_stream(),

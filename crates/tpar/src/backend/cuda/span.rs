@@ -4,6 +4,10 @@
 //! of their length) or from tpar's own [`DeviceMemory`]; only the FFI edge, where a pointer
 //! comes from another library (torch through PyO3), uses the one `unsafe fn from_raw`.
 //!
+//! The checked forms, `Operands` (an allreduce) and `FusedOperands` (the fused op), are
+//! what the backends' launch paths take: made from spans, or at an FFI edge by their unsafe
+//! constructors, so the launch paths themselves need no `unsafe` but the launch.
+//!
 //! A span made from a cudarc buffer for a stream also carries cudarc's event guard: the call's
 //! stream waits for the buffer's earlier writes, and the guard records the call's work when the
 //! span is dropped (after the call has queued it), so that cudarc frees or reuses the buffer
@@ -17,28 +21,11 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
-use half::{bf16, f16};
 
 use super::driver::DeviceMemory;
-use crate::dtype::DType;
+use super::fused::{FusedCall, FusedInput, FusedResidual, FusedSpans};
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-
-/// Rust element types with a tpar dtype.
-pub trait Element {
-    const DTYPE: DType;
-}
-
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-}
-
-impl Element for f16 {
-    const DTYPE: DType = DType::F16;
-}
-
-impl Element for bf16 {
-    const DTYPE: DType = DType::Bf16;
-}
 
 /// Where a span lives and what it holds; shared by the read-only and the writable span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +41,42 @@ struct Extent {
 impl Extent {
     fn bytes(&self) -> usize {
         self.count * self.dtype.size()
+    }
+
+    fn address_for(
+        &self,
+        which: &str,
+        device: usize,
+        stream: CallStream,
+        dtype: DType,
+        count: usize,
+    ) -> Result<u64> {
+        if stream.device != device {
+            return Err(Error::InvalidArgument(format!(
+                "the stream belongs to GPU {} but this communicator's rank is on GPU {device}; use a stream of the rank's GPU",
+                stream.device
+            )));
+        }
+        if self.device != device {
+            return Err(Error::InvalidArgument(format!(
+                "{which} is on GPU {} but this communicator's rank is on GPU {device}; pass memory of the rank's GPU",
+                self.device
+            )));
+        }
+        if self.stream.is_some_and(|s| s != stream.id) {
+            return Err(Error::InvalidArgument(format!(
+                "{which} was made for another stream than the call's; make it with the stream the call runs on"
+            )));
+        }
+        if self.dtype != dtype || self.count != count {
+            return Err(Error::InvalidArgument(format!(
+                "{which} holds {} {} elements where the call needs {count} {}; pass a span of that length and dtype",
+                self.count,
+                self.dtype.name(),
+                dtype.name()
+            )));
+        }
+        Ok(self.ptr)
     }
 }
 
@@ -299,11 +322,105 @@ impl Operands {
     }
 }
 
+/// One fused call's operands once checked: every address of the [`FusedCall`] is device memory
+/// of the communicator's GPU holding what the call reads and writes, valid for the call's
+/// stream. Made only by [`FusedOperands::check`] (from spans) or, at an FFI edge, by the unsafe
+/// [`FusedOperands::assume`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FusedOperands {
+    call: FusedCall,
+}
+
+impl FusedOperands {
+    /// The call's addresses, every span checked against GPU `device`, `stream`, the call's
+    /// dtype (x's) and its shape.
+    pub(crate) fn check(
+        spans: &FusedSpans<'_>,
+        device: usize,
+        stream: &CudaStream,
+    ) -> Result<FusedOperands> {
+        let dtype = match &spans.input {
+            FusedInput::Separate { x, .. } => x.dtype(),
+            FusedInput::YIntoX(x) => x.dtype(),
+        };
+        let elements = spans.tokens.checked_mul(spans.hidden).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "fused_add_rms_norm: {} tokens x {} hidden elements is too many",
+                spans.tokens, spans.hidden
+            ))
+        })?;
+        let at = |e: &Extent, which: &str, count: usize| {
+            e.address_for(which, device, CallStream::of(stream), dtype, count)
+        };
+        let (x, y) = match &spans.input {
+            FusedInput::Separate { x, y } => {
+                (at(&x.extent, "x", elements)?, at(&y.extent, "y", elements)?)
+            }
+            FusedInput::YIntoX(x) => {
+                let x = at(&x.extent, "x", elements)?;
+                (x, x)
+            }
+        };
+        let (residual, residual_out) = match &spans.residual {
+            FusedResidual::InPlace(r) => (at(&r.extent, "residual", elements)?, None),
+            FusedResidual::Separate { residual, out } => (
+                at(&residual.extent, "residual", elements)?,
+                Some(at(&out.extent, "residual_out", elements)?),
+            ),
+        };
+        Ok(FusedOperands {
+            call: FusedCall {
+                dtype,
+                tokens: spans.tokens,
+                hidden: spans.hidden,
+                x,
+                residual,
+                residual_out,
+                weight: at(&spans.weight.extent, "weight", spans.hidden)?,
+                y,
+                eps: spans.eps,
+            },
+        })
+    }
+
+    /// # Safety
+    /// Every address of `call` is device memory of the communicator's GPU holding
+    /// `tokens x hidden` elements of `dtype` (`weight`: `hidden`), valid (and, for `y` and
+    /// `residual_out`, writable) until the call's work on its stream is done.
+    pub(crate) unsafe fn assume(call: FusedCall) -> FusedOperands {
+        FusedOperands { call }
+    }
+
+    pub(crate) fn call(&self) -> &FusedCall {
+        &self.call
+    }
+
+    /// The operands of the fused op's allreduce: `x` summed into `y`.
+    pub(crate) fn allreduce(&self) -> Operands {
+        let c = &self.call;
+        Operands {
+            dtype: c.dtype,
+            input: c.x,
+            output: c.y,
+            count: c.tokens * c.hidden,
+        }
+    }
+}
+
 /// The stream a call runs on, as the checks see it.
 #[derive(Clone, Copy)]
 struct CallStream {
     id: usize,
     device: usize,
+}
+
+impl CallStream {
+    fn of(stream: &CudaStream) -> CallStream {
+        CallStream {
+            id: stream.cu_stream() as usize,
+            device: stream.context().ordinal(),
+        }
+    }
 }
 
 fn check_extents(
@@ -466,9 +583,27 @@ mod tests {
     }
 
     #[test]
-    fn element_types_name_their_dtypes() {
-        assert_eq!(<f32 as Element>::DTYPE, DType::F32);
-        assert_eq!(<f16 as Element>::DTYPE, DType::F16);
-        assert_eq!(<bf16 as Element>::DTYPE, DType::Bf16);
+    fn one_operand_is_checked_against_the_call() {
+        let x = extent(1, 0x10_000, 64, DType::Bf16);
+        assert_eq!(
+            x.address_for("x", 1, STREAM, DType::Bf16, 64).unwrap(),
+            0x10_000
+        );
+        let err = |e: Result<u64>| e.unwrap_err().to_string();
+        assert!(err(x.address_for("weight", 1, STREAM, DType::Bf16, 8))
+            .contains("weight holds 64 bf16 elements where the call needs 8 bf16"));
+        assert!(err(x.address_for("x", 1, STREAM, DType::F32, 64)).contains("needs 64 f32"));
+        assert!(err(x.address_for("x", 0, STREAM, DType::Bf16, 64)).contains("stream belongs"));
+        let on_stream = Extent {
+            stream: Some(0x60),
+            ..x
+        };
+        assert!(err(on_stream.address_for("y", 1, STREAM, DType::Bf16, 64))
+            .contains("y was made for another stream"));
+        let elsewhere = Extent { device: 2, ..x };
+        assert!(
+            err(elsewhere.address_for("residual", 1, STREAM, DType::Bf16, 64))
+                .contains("residual is on GPU 2")
+        );
     }
 }

@@ -10,22 +10,21 @@
 //! same capture (an ordinary join inside the graph). A graph's calls run when it is replayed,
 //! which the caller orders against eager calls by the stream it replays on (as for any work).
 //!
-//! All FFI of this file is the few driver calls below, each with its safety note.
+//! Events are cudarc's; the capture id comes from [`driver::capture_info`]. No `unsafe` here.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{self, CUevent, CUresult, CUstreamCaptureStatus};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::sys::CUstreamCaptureStatus;
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError};
 
+use super::driver;
 use crate::error::{Error, Result};
 
-fn check(what: &str, rc: CUresult) -> Result<()> {
-    if rc == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Cuda(format!(
-            "{what} failed ({rc:?}) while ordering a call after the previous call on another stream"
-        )))
+fn failed(what: &str) -> impl FnOnce(DriverError) -> Error + '_ {
+    move |e| {
+        Error::Cuda(format!(
+            "{what} failed ({e}) while ordering a call after the previous call on another stream"
+        ))
     }
 }
 
@@ -40,17 +39,12 @@ struct Last {
 /// calls, one for captured calls).
 pub struct StreamOrder {
     ctx: Arc<CudaContext>,
-    eager: CUevent,
-    captured: CUevent,
+    eager: CudaEvent,
+    captured: CudaEvent,
     last: Mutex<Last>,
     /// The driver tells captures apart (`cuStreamGetCaptureInfo_v3`).
     with_ids: bool,
 }
-
-// SAFETY: the event handle is used only under `last`'s lock (or in drop), and CUDA events may
-// be used from any thread of the process.
-unsafe impl Send for StreamOrder {}
-unsafe impl Sync for StreamOrder {}
 
 /// Drivers before 12.3 lack `cuStreamGetCaptureInfo_v3` (cudarc panics on a missing symbol).
 const CAPTURE_INFO_V3: i32 = 12030;
@@ -58,27 +52,14 @@ const CAPTURE_INFO_V3: i32 = 12030;
 /// The id of the capture `stream` is part of, or None when it is not capturing. On a driver
 /// without capture ids, every capture counts as one (id 0).
 fn capture_of(stream: &CudaStream, with_ids: bool) -> Result<Option<u64>> {
-    if !with_ids {
+    let (status, id) = if with_ids {
+        driver::capture_info(stream)?
+    } else {
         let status = stream
             .capture_status()
             .map_err(|e| Error::Cuda(format!("cuStreamIsCapturing failed: {e}")))?;
-        return Ok((status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE).then_some(0));
-    }
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: sys::cuuint64_t = 0;
-    // SAFETY: a live stream (cudarc's type); the optional outputs (graph, dependencies,
-    // edges, count) are null, which the driver accepts.
-    check("cuStreamGetCaptureInfo", unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            stream.cu_stream(),
-            &mut status,
-            &mut id,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    })?;
+        (status, 0)
+    };
     Ok(match status {
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Some(id),
@@ -89,39 +70,22 @@ fn capture_of(stream: &CudaStream, with_ids: bool) -> Result<Option<u64>> {
     })
 }
 
-fn new_event() -> Result<CUevent> {
-    let mut event: CUevent = std::ptr::null_mut();
-    // SAFETY: creates one event in the current context into `event`.
-    check("cuEventCreate", unsafe {
-        sys::cuEventCreate(
-            &mut event,
-            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as std::ffi::c_uint,
-        )
-    })?;
-    Ok(event)
-}
-
 impl StreamOrder {
     pub fn new(ctx: &Arc<CudaContext>) -> Result<StreamOrder> {
-        super::driver::bind(ctx)?;
-        let eager = new_event()?;
-        let captured = new_event().inspect_err(|_| {
-            // SAFETY: destroys the event just created, once.
-            unsafe { sys::cuEventDestroy_v2(eager) };
-        })?;
+        let event = || ctx.new_event(None).map_err(failed("cuEventCreate"));
         Ok(StreamOrder {
             ctx: ctx.clone(),
-            eager,
-            captured,
+            eager: event()?,
+            captured: event()?,
             last: Mutex::default(),
-            with_ids: super::driver::driver_version().is_ok_and(|v| v >= CAPTURE_INFO_V3),
+            with_ids: driver::driver_version().is_ok_and(|v| v >= CAPTURE_INFO_V3),
         })
     }
 
     /// Whether `stream` is capturing a graph, and which capture (see [`Capture`]): read once
     /// per call, by the call's first step, and passed to everything in it that depends on it.
     pub fn capture(&self, stream: &CudaStream) -> Result<Capture> {
-        super::driver::bind(&self.ctx)?;
+        driver::bind(&self.ctx)?;
         capture_of(stream, self.with_ids).map(Capture)
     }
 
@@ -143,28 +107,21 @@ impl StreamOrder {
             )));
         }
         let mut last = self.last.lock().expect("stream order lock");
-        super::driver::bind(&self.ctx)?;
         let here = stream.cu_stream() as usize;
         let (event, wait) = match capture.0 {
-            None => (self.eager, last.eager.is_some_and(|s| s != here)),
+            None => (&self.eager, last.eager.is_some_and(|s| s != here)),
             Some(id) => (
-                self.captured,
+                &self.captured,
                 last.captured.is_some_and(|(s, c)| c == id && s != here),
             ),
         };
         if wait {
-            // SAFETY: both handles are live (the stream is cudarc's, of this context); the
-            // event was recorded by the previous call of this kind (in this capture, for a
-            // captured call).
-            check("cuStreamWaitEvent", unsafe {
-                sys::cuStreamWaitEvent(stream.cu_stream(), event, 0)
-            })?;
+            // The event was recorded by the previous call of this kind (in this capture, for
+            // a captured call).
+            stream.wait(event).map_err(failed("cuStreamWaitEvent"))?;
         }
         let result = enqueue()?;
-        // SAFETY: live event and stream of the current context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(event, stream.cu_stream())
-        })?;
+        event.record(stream).map_err(failed("cuEventRecord"))?;
         match capture.0 {
             None => last.eager = Some(here),
             Some(id) => last.captured = Some((here, id)),
@@ -180,18 +137,5 @@ pub struct Capture(Option<u64>);
 impl Capture {
     pub fn is_capturing(self) -> bool {
         self.0.is_some()
-    }
-}
-
-impl Drop for StreamOrder {
-    fn drop(&mut self) {
-        if super::driver::bind(&self.ctx).is_ok() {
-            // SAFETY: destroys our events once; pending waits on them stay valid (the driver
-            // releases them when they complete).
-            unsafe {
-                sys::cuEventDestroy_v2(self.eager);
-                sys::cuEventDestroy_v2(self.captured);
-            }
-        }
     }
 }

@@ -1,0 +1,82 @@
+// abi.cuh: what the host and the kernels must agree on, and nothing else: the argument block
+// every allreduce kernel takes by value, the codes it carries (dtype, algorithm), the limits
+// its arrays are sized by, and the error word a kernel reports failures in. Rust mirrors each
+// of these in crates/tpar/src/backend/cuda/kernels.rs (and the dtype/algorithm codes in
+// dtype.rs/algorithm.rs); its tests read the #defines and the struct below, so a change on
+// one side alone fails them.
+#pragma once
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+#define TPAR_MAX_RANKS 16
+#define TPAR_MAX_BLOCKS 64
+// Threads per block of every kernel: its launch bound, and what the host launches with.
+#define TPAR_THREADS 512
+
+#define TPAR_DTYPE_F32 1
+#define TPAR_DTYPE_F16 2
+#define TPAR_DTYPE_BF16 3
+
+#define TPAR_ALGO_ONE_SHOT 1
+#define TPAR_ALGO_TWO_SHOT 2
+#define TPAR_ALGO_ONE_SHOT_PULL 3
+#define TPAR_ALGO_HOST_STAGED 4
+
+// Error word (host-mapped u64): code | peer << 8 | phase << 16 | field << 24 | detail << 32,
+// where for a mismatch `field` is the header word that differed and `detail` the peer's value
+// of it. Zero means fine.
+#define TPAR_ERR_PEER_SHIFT 8
+#define TPAR_ERR_PHASE_SHIFT 16
+#define TPAR_ERR_FIELD_SHIFT 24
+#define TPAR_ERR_DETAIL_SHIFT 32
+#define TPAR_ERR_TIMEOUT 1
+#define TPAR_ERR_MISMATCH 2
+#define TPAR_PHASE_HEADER 1
+#define TPAR_PHASE_ONE_SHOT 2
+#define TPAR_PHASE_REDUCE_SCATTER 3
+#define TPAR_PHASE_ALL_GATHER 4
+#define TPAR_PHASE_PULL_FLAG 5
+
+// Kernel arguments, passed by value. Field order and types match `KernelArgs` in
+// crates/tpar/src/backend/cuda/kernels.rs.
+struct TparArgs {
+    const void* input;
+    void* output;
+    u64 count;          // elements in this chunk
+    u64 total_count;    // elements in the whole call (for the header)
+    u64 payload_lines;  // lines of one slot
+    u64 timeout_ns;
+    u64* state;         // this rank's device state: [0] epoch of the last chunk, [1] blocks done
+    u64* error;         // this rank's error word, in host-mapped memory
+    u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
+    u32 rank;
+    u32 world_size;
+    u32 chunk;
+    u32 algo;
+};
+
+// The kernels of one algorithm body, one per dtype: NAME_f32, NAME_f16 and NAME_bf16, each
+// running BODY<its dtype code> on its argument block (of type ARGS, by value). The host looks
+// kernels up by these names (kernels.rs reads this macro to know them), so a .cu file writes
+// its body once and instantiates it with one line.
+#define TPAR_KERNELS_PER_DTYPE(NAME, BODY, ARGS)                                                      \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f32(ARGS args) {              \
+        BODY<TPAR_DTYPE_F32>(args);                                                                  \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f16(ARGS args) {              \
+        BODY<TPAR_DTYPE_F16>(args);                                                                  \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(ARGS args) {             \
+        BODY<TPAR_DTYPE_BF16>(args);                                                                 \
+    }
+
+// The same for a ladder of variants (anatomy.cu's rungs): NAME_0 .. NAME_5 running BODY<rung>.
+#define TPAR_KERNELS_PER_RUNG(NAME, BODY, ARGS)                                                       \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_0(ARGS args) { BODY<0>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_1(ARGS args) { BODY<1>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_2(ARGS args) { BODY<2>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_3(ARGS args) { BODY<3>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_4(ARGS args) { BODY<4>(args); } \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_5(ARGS args) { BODY<5>(args); }

@@ -1,0 +1,56 @@
+// tuning.cuh: the kernels' compile-time knobs, each with the measurement that set its default.
+// Every one can be overridden for an experiment (TPAR_KERNEL_DEFINES="-DNAME=VALUE ...", part
+// of the kernel cache key); none changes the protocol, only how fast waits poll and how the
+// slow paths are compiled.
+#pragma once
+
+// The longest pause between two polls of a line in host memory, in ns (0: spin without
+// pausing). On one H200 pauses of up to 512 ns changed nothing for host-staged.
+#ifndef TPAR_POLL_SLEEP_MAX_NS
+#define TPAR_POLL_SLEEP_MAX_NS 512
+#endif
+// The same for polls of device memory (every other algorithm). Across GPUs, readers spinning
+// without pause on lines that peers write over NVLink put one-shot into a state of 200-400 us
+// per call (4 x H200, one process per GPU, 42 and 64 KiB: 214 and 418 us without pauses,
+// 6.6 and 7.0 us with up to 256 ns, 6.8 and 7.2 us with up to 2048 ns, where two-shot slowed
+// from 7.4 to 12 us); bench/README.md has the run.
+#ifndef TPAR_DEVICE_POLL_SLEEP_MAX_NS
+#define TPAR_DEVICE_POLL_SLEEP_MAX_NS 256
+#endif
+// Polls of device memory made without any pause before the pauses above begin: a line that
+// arrives within about a microsecond (the common case once the ranks run in step) is seen at
+// once instead of up to one pause late; a wait longer than that falls back to the pauses, which
+// is what kept the multi-GPU state above away.
+#ifndef TPAR_DEVICE_FREE_POLLS
+#define TPAR_DEVICE_FREE_POLLS 64
+#endif
+// Polls of host memory made without pause (host-staged) before the pauses begin.
+#ifndef TPAR_HOST_FREE_POLLS
+#define TPAR_HOST_FREE_POLLS 0
+#endif
+// How the slow paths (waits, error reports, header checks) are compiled: inlined (1, the
+// default) or as calls (0; each call takes the argument block by reference, which puts a copy
+// of it on the stack). One H200, 2 ranks as streams, bf16, 2026-12-01 (bench/README.md,
+// "Anatomy of one call"): as calls, 0 B took 2.45 us against 2.17 inlined, but 4 KiB 2.72
+// against 2.86, 32 KiB 2.77 against 3.20 and 256 KiB 3.98 against 4.09. The 8-rank figures
+// were measured inlined only; which to default to per world size is open.
+#ifndef TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH_INLINE 1
+#endif
+#if TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH __forceinline__
+#else
+#define TPAR_SLOW_PATH __noinline__
+#endif
+// Whether the header check polls its four words together also in device memory (it always
+// does in host memory, where waiting for each word in turn costs a PCIe round trip apiece).
+// Same run as above: 1 took 0 B to 1.89 us from 2.17, and changed 4 KiB to 256 KiB by at most
+// 0.07 us either way (2 ranks; 8 ranks not measured with it).
+#ifndef TPAR_HEADER_BATCH_POLL
+#define TPAR_HEADER_BATCH_POLL 0
+#endif
+// Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
+// common world sizes in one round trip within 64 registers.
+#ifndef TPAR_RANK_GROUP
+#define TPAR_RANK_GROUP 8
+#endif

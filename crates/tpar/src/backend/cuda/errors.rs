@@ -1,0 +1,117 @@
+//! The error word a kernel leaves in host-mapped memory when it gives up (a peer past its
+//! deadline, a peer's call header that disagrees with this rank's), decoded into tpar's errors.
+//! The word's layout, codes and phases are the ABI mirror's in `kernels.rs` (checked against
+//! the headers there): `code | peer << 8 | phase << 16 | field << 24 | detail << 32`.
+
+use std::time::Duration;
+
+use super::fused;
+use super::kernels::{
+    phase_name, ERR_DETAIL_SHIFT, ERR_FIELD_SHIFT, ERR_MISMATCH, ERR_PEER_SHIFT, ERR_PHASE_SHIFT,
+    ERR_TIMEOUT,
+};
+use crate::algorithm::Algorithm;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::protocol::header::CallHeader;
+
+/// Where each part of the word sits: (shift, mask); the shifts are the ABI mirror's.
+const CODE: (u32, u64) = (0, 0xff);
+const PEER: (u32, u64) = (ERR_PEER_SHIFT, 0xff);
+const PHASE: (u32, u64) = (ERR_PHASE_SHIFT, 0xff);
+const FIELD: (u32, u64) = (ERR_FIELD_SHIFT, 0xff);
+const DETAIL: (u32, u64) = (ERR_DETAIL_SHIFT, 0xffff_ffff);
+
+/// The call header's words (`header_word` in the kernels) that a mismatch can name.
+const HEADER_COUNT_LOW: u64 = 2;
+const HEADER_DTYPE_AND_ALGORITHM: u64 = 4;
+const HEADER_CHUNK: u64 = 5;
+
+fn part(word: u64, (shift, mask): (u32, u64)) -> u64 {
+    (word >> shift) & mask
+}
+
+/// What a call of `rank` should report for error `word` (non-zero), given the header of its
+/// last call and the kernels' `timeout`.
+pub(super) fn decode(
+    word: u64,
+    rank: usize,
+    last_call: Option<CallHeader>,
+    timeout: Duration,
+) -> Error {
+    let peer = part(word, PEER) as usize;
+    let phase = phase_name(part(word, PHASE));
+    let field = part(word, FIELD);
+    let detail = part(word, DETAIL) as u32;
+    match part(word, CODE) {
+        ERR_TIMEOUT => Error::PeerTimeout {
+            peer,
+            phase: format!("{phase}, in a kernel"),
+            waited: timeout,
+        },
+        ERR_MISMATCH => Error::CallMismatch {
+            seq: last_call.map_or(0, |c| c.seq),
+            rank,
+            mine: last_call.map_or_else(|| "another call".to_owned(), |c| c.describe()),
+            peer,
+            theirs: match field {
+                HEADER_COUNT_LOW => format!("{detail} elements (low 32 bits of its count)"),
+                HEADER_DTYPE_AND_ALGORITHM => format!(
+                    "dtype {} with algorithm {}{}",
+                    DType::from_code(detail as u8).map_or("?", DType::name),
+                    Algorithm::from_code((detail >> 8) as u8).map_or("?", Algorithm::name),
+                    fused::header_note(detail)
+                ),
+                HEADER_CHUNK => format!("chunk {detail}"),
+                _ => format!("header word {field} = {detail:#x}"),
+            },
+        },
+        _ => Error::Cuda(format!(
+            "the kernel reported an unknown error word {word:#x}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kernels::{PHASE_ALL_GATHER, PHASE_HEADER};
+    use super::*;
+
+    #[test]
+    fn words_decode_into_named_errors() {
+        let timeout = Duration::from_secs(3);
+        let word = ERR_TIMEOUT | 3 << ERR_PEER_SHIFT | PHASE_ALL_GATHER << ERR_PHASE_SHIFT;
+        match decode(word, 1, None, timeout) {
+            Error::PeerTimeout {
+                peer,
+                phase,
+                waited,
+            } => {
+                assert_eq!((peer, waited), (3, timeout));
+                assert_eq!(phase, "two-shot all-gather, in a kernel");
+            }
+            other => panic!("{other:?}"),
+        }
+        let bf16_one_shot =
+            u64::from(DType::Bf16.code()) | u64::from(Algorithm::OneShot.code()) << 8;
+        let mismatch = |peer: u64, field: u64, detail: u64| {
+            ERR_MISMATCH
+                | peer << ERR_PEER_SHIFT
+                | PHASE_HEADER << ERR_PHASE_SHIFT
+                | field << ERR_FIELD_SHIFT
+                | detail << ERR_DETAIL_SHIFT
+        };
+        let word = mismatch(2, HEADER_DTYPE_AND_ALGORITHM, bf16_one_shot);
+        let text = decode(word, 0, None, timeout).to_string();
+        assert!(
+            text.contains("dtype bf16 with algorithm one-shot"),
+            "{text}"
+        );
+        let word = mismatch(1, HEADER_COUNT_LOW, 77);
+        let text = decode(word, 0, None, timeout).to_string();
+        assert!(text.contains("77 elements"), "{text}");
+        assert!(decode(0x99, 0, None, timeout)
+            .to_string()
+            .contains("unknown error word 0x99"));
+    }
+}

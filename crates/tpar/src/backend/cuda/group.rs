@@ -1,0 +1,510 @@
+//! How a CUDA group is built, once for both kinds of group: every rank opens its GPU, loads
+//! the kernels and allocates its buffers (a [`Member`]), publishes a record of them (within one
+//! process by hand, across processes through the rendezvous), and joins: peers' inboxes
+//! addressed or mapped (CUDA IPC, shared-memory segments), the co-residency bound of the
+//! busiest GPU, peer access. Also what a group allocates, planned and measured.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaContext;
+use serde::{Deserialize, Serialize};
+
+use super::communicator::CudaCommunicator;
+use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
+use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS};
+use super::loader::{kernel_set, KernelSet};
+use super::{probe, CudaConfig};
+use crate::error::{Error, Result};
+use crate::memory::MemoryFootprint;
+use crate::protocol::layout::{InboxLayout, BUFFERS};
+use crate::rendezvous::{from_hex, to_hex, Rendezvous};
+use crate::sys::SharedSegment;
+
+pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>> {
+    probe()?;
+    CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
+}
+
+fn check_world(world_size: usize) -> Result<()> {
+    if world_size == 0 || world_size > MAX_RANKS {
+        return Err(Error::Unsupported(format!(
+            "world size {world_size}: the CUDA backend supports 1 to {MAX_RANKS} ranks"
+        )));
+    }
+    Ok(())
+}
+
+/// An exclusive lock (flock) on a per-GPU file in the temporary directory, held while tpar
+/// loads its kernels and allocates its buffers on that GPU, so that ranks of several
+/// processes sharing a GPU do not allocate inside each other's measured windows. None when
+/// the file cannot be opened or locked (then measurements may include a neighbour's bytes).
+fn allocation_lock(device_uuid: &str) -> Option<std::fs::File> {
+    let name: String = device_uuid
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let path = std::env::temp_dir().join(format!("tpar-gpu-{name}.lock"));
+    let file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true),
+        0o600,
+    )
+    .open(path)
+    .ok()?;
+    crate::sys::lock_exclusive(&file).ok()?;
+    Some(file)
+}
+
+/// The ranks whose (process id, GPU UUID) shows them on `rank`'s GPU in another process.
+fn other_processes_on_my_gpu(rank: usize, ranks: &[(u32, &str)]) -> Vec<usize> {
+    let (pid, gpu) = ranks[rank];
+    (0..ranks.len())
+        .filter(|&r| ranks[r].1 == gpu && ranks[r].0 != pid)
+        .collect()
+}
+
+/// Blocks per rank such that every spinning block of every rank on the busiest GPU is
+/// resident at once (`capacity` = SMs x blocks per SM on each GPU).
+fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>) -> Result<u32> {
+    let mut blocks = MAX_BLOCKS;
+    for (capacity, sharers) in capacity_and_sharers {
+        let fit = capacity / sharers.max(1);
+        if fit == 0 {
+            return Err(Error::Unsupported(format!(
+                "{sharers} ranks share a GPU that holds only {capacity} resident blocks of tpar's kernels; use fewer ranks per GPU"
+            )));
+        }
+        blocks = blocks.min(fit);
+    }
+    // TPAR_MAX_BLOCKS lowers the cap, for tuning experiments.
+    let cap = std::env::var("TPAR_MAX_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|v| *v >= 1)
+        .unwrap_or(MAX_BLOCKS);
+    Ok(blocks.min(cap).min(MAX_BLOCKS))
+}
+
+/// This rank's own allocations.
+pub(super) struct Owned {
+    /// LL inbox, then the pull region (data buffers and block flags).
+    pub(super) inbox: DeviceMemory,
+    /// [epoch of the last chunk, blocks done].
+    pub(super) state: DeviceMemory,
+    pub(super) error: MappedHostMemory,
+    pub(super) host_inbox: Option<RegisteredSegment>,
+}
+
+/// The device state (epoch, blocks done) and the host-mapped error word of one rank.
+const STATE_BYTES: usize = 16;
+const ERROR_WORD_BYTES: usize = 4096;
+
+fn device_inbox_bytes(layout: &InboxLayout) -> usize {
+    layout.total_bytes()
+        + BUFFERS * layout.payload_lines * 4
+        + MAX_BLOCKS as usize * FLAG_STRIDE_BYTES
+}
+
+impl Owned {
+    fn allocate(
+        ctx: &Arc<CudaContext>,
+        layout: &InboxLayout,
+        host_segment: Option<String>,
+    ) -> Result<Owned> {
+        let host_inbox = match host_segment {
+            Some(name) => Some(RegisteredSegment::register(
+                ctx,
+                SharedSegment::create(&name, layout.total_bytes())?,
+            )?),
+            None => None,
+        };
+        Ok(Owned {
+            inbox: DeviceMemory::zeroed(ctx, device_inbox_bytes(layout))?,
+            state: DeviceMemory::zeroed(ctx, STATE_BYTES)?,
+            error: MappedHostMemory::zeroed(ctx, ERROR_WORD_BYTES)?,
+            host_inbox,
+        })
+    }
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+struct CudaRecord {
+    pid: u32,
+    device_uuid: String,
+    /// SMs x resident blocks per SM of tpar's kernels on this rank's GPU.
+    capacity: u32,
+    payload_lines: usize,
+    inbox_ptr: u64,
+    /// The IPC handle of the inbox, for peers in other processes (None within one process).
+    inbox_ipc: Option<String>,
+    host_segment: Option<String>,
+    /// The host-staged inbox as GPUs address it: valid in this process only.
+    host_inbox_ptr: u64,
+}
+
+/// What `cuMemAlloc` takes from free device memory for an allocation: whole 2 MiB pages.
+/// Counted this way the footprint matches the drop in free memory; counted by the bytes asked
+/// for it fell 2.2 MiB short at one rank and 5.5 MiB at two (one H200, 2026-12-01:
+/// `scripts/gpu-check.sh engine-comm`, a 3.8 MiB inbox and a 16-byte state word took 4 + 2 MiB).
+/// For the small state word this is an upper bound (the driver may share its page).
+const DEVICE_PAGE_BYTES: usize = 2 << 20;
+
+/// What loading tpar's kernels took from free device memory, once per process and GPU (one
+/// H200, every kernel file, 2026-12-01: 2.0 MiB in each footprint check of
+/// `scripts/gpu-check.sh engine-comm`): the planned figure before anything is loaded.
+pub const PLANNED_MODULE_BYTES: u64 = 2 << 20;
+
+fn reserved_device_bytes(bytes: usize) -> u64 {
+    bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64
+}
+
+/// One rank's part of a group before it meets its peers: its GPU, kernels and buffers.
+struct Member {
+    ctx: Arc<CudaContext>,
+    kernels: Arc<KernelSet>,
+    own: Owned,
+}
+
+impl Member {
+    /// Opens GPU `device`, loads the kernels and allocates the rank's buffers (host-staged
+    /// inbox in the shared-memory segment `host_segment`, if any).
+    fn create(device: usize, layout: &InboxLayout, host_segment: Option<String>) -> Result<Member> {
+        let ctx = context(device)?;
+        // Ranks of other processes on this GPU load and allocate one at a time, so that the
+        // free-memory drop measured around the module load is this process's alone.
+        let gpu_lock = allocation_lock(&driver::device_uuid(&ctx)?);
+        let kernels = kernel_set(&ctx)?;
+        let own = Owned::allocate(&ctx, layout, host_segment)?;
+        drop(gpu_lock);
+        Ok(Member { ctx, kernels, own })
+    }
+
+    /// What peers need to know of this rank; `ipc`: peers in other processes will map it.
+    fn record(&self, layout: &InboxLayout, ipc: bool) -> Result<CudaRecord> {
+        let host = self.own.host_inbox.as_ref();
+        Ok(CudaRecord {
+            pid: std::process::id(),
+            device_uuid: driver::device_uuid(&self.ctx)?,
+            capacity: self.kernels.sm_count * self.kernels.blocks_per_sm,
+            payload_lines: layout.payload_lines,
+            inbox_ptr: self.own.inbox.ptr(),
+            inbox_ipc: if ipc {
+                Some(to_hex(&self.own.inbox.ipc_handle()?))
+            } else {
+                None
+            },
+            host_segment: host.map(|h| h.segment().name().to_owned()),
+            host_inbox_ptr: host.map_or(0, RegisteredSegment::device_ptr),
+        })
+    }
+
+    /// Rank `rank` of the group whose ranks sent `records` (in rank order, this one's
+    /// included): peers' inboxes addressed (directly within this process, else mapped from
+    /// their IPC handle and shared-memory segment), the launch bound that keeps every rank on
+    /// a shared GPU resident, and the GPUs shared with other processes. Device memory that
+    /// cannot be mapped leaves `peer_access` saying why (then only host-staged runs).
+    fn join(
+        self,
+        rank: usize,
+        records: &[CudaRecord],
+        config: &CudaConfig,
+        group_key: String,
+    ) -> Result<CudaCommunicator> {
+        let Member { ctx, kernels, own } = self;
+        let layout = InboxLayout::new(records.len(), config.chunk_bytes);
+        let mut sharers: HashMap<&str, u32> = HashMap::new();
+        for r in records {
+            *sharers.entry(r.device_uuid.as_str()).or_default() += 1;
+            if r.payload_lines != layout.payload_lines
+                || r.host_segment.is_some() != config.host_staged
+            {
+                return Err(Error::InvalidArgument(
+                    "ranks were created with different CudaConfig (chunk size or host-staged); every rank must pass the same".into(),
+                ));
+            }
+        }
+        let max_blocks = co_resident_blocks(
+            records
+                .iter()
+                .map(|r| (r.capacity, sharers[r.device_uuid.as_str()])),
+        )?;
+        let pid = std::process::id();
+        let mut device_inboxes = [0u64; MAX_RANKS];
+        let mut host_inboxes = [0u64; MAX_RANKS];
+        let mut peer_device_mappings = Vec::new();
+        let mut peer_host_mappings = Vec::new();
+        let mut peer_access: std::result::Result<(), String> = Ok(());
+        for (peer, record) in records.iter().enumerate() {
+            let in_process = peer == rank || record.pid == pid;
+            device_inboxes[peer] = match (&record.inbox_ipc, in_process) {
+                (_, true) => record.inbox_ptr,
+                (None, false) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "rank {peer} is in another process but sent no IPC handle"
+                    )))
+                }
+                (Some(hex), false) => {
+                    let handle = from_hex::<64>(hex).ok_or_else(|| {
+                        Error::InvalidArgument(format!("rank {peer} sent a malformed IPC handle"))
+                    })?;
+                    match IpcMapping::open(&ctx, &handle) {
+                        Ok(mapping) => {
+                            let ptr = mapping.ptr();
+                            peer_device_mappings.push(mapping);
+                            ptr
+                        }
+                        Err(e) => {
+                            if peer_access.is_ok() {
+                                peer_access = Err(format!("rank {rank} cannot map rank {peer}'s device memory through CUDA IPC ({e}): no peer access between their GPUs; host-staged runs without it"));
+                            }
+                            0
+                        }
+                    }
+                }
+            };
+            // A local group's segments are registered portable by this process and live as
+            // long as the group: every GPU addresses them alike. A rank of a rendezvous group
+            // maps each peer's segment itself, so that it outlives that peer's communicator.
+            let direct = peer == rank || record.inbox_ipc.is_none();
+            host_inboxes[peer] = match (&record.host_segment, direct) {
+                (_, true) => record.host_inbox_ptr,
+                (Some(name), false) => {
+                    let registered = RegisteredSegment::register(&ctx, SharedSegment::open(name)?)?;
+                    let ptr = registered.device_ptr();
+                    peer_host_mappings.push(registered);
+                    ptr
+                }
+                (None, false) => 0,
+            };
+        }
+        Ok(CudaCommunicator {
+            rank,
+            world_size: records.len(),
+            ctx,
+            kernels,
+            layout,
+            max_blocks,
+            timeout: config.timeout,
+            own,
+            device_inboxes,
+            host_inboxes: config.host_staged.then_some(host_inboxes),
+            peer_access,
+            peer_device_mappings,
+            peer_host_mappings,
+            time_sliced_with: other_processes_on_my_gpu(
+                rank,
+                &records
+                    .iter()
+                    .map(|r| (r.pid, r.device_uuid.as_str()))
+                    .collect::<Vec<_>>(),
+            ),
+            group_key,
+            status: Mutex::default(),
+            last_grid: AtomicU32::new(0),
+        })
+    }
+}
+
+/// The group's GPUs in rank order and its buffer settings: groups with the same key run the
+/// same kernels over the same links (`prefix` tells the transports apart).
+fn group_key(prefix: &str, records: &[CudaRecord], config: &CudaConfig) -> String {
+    let gpus: Vec<&str> = records.iter().map(|r| r.device_uuid.as_str()).collect();
+    format!("{prefix}{gpus:?} {config:?}")
+}
+
+impl CudaCommunicator {
+    /// All `devices.len()` ranks of a group in this process (rank r on GPU `devices[r]`),
+    /// sharing buffers by pointer. Several ranks may share a GPU.
+    pub fn new_local_group(devices: &[usize], config: CudaConfig) -> Result<Vec<CudaCommunicator>> {
+        let world_size = devices.len();
+        check_world(world_size)?;
+        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let token = crate::rendezvous::random_token()?;
+        let mut members = Vec::with_capacity(world_size);
+        for (rank, device) in devices.iter().enumerate() {
+            let host = config.host_staged.then(|| {
+                format!(
+                    "/{}local-r{rank}",
+                    crate::backend::cpu::segment_prefix(&token)
+                )
+            });
+            let mut member = Member::create(*device, &layout, host)?;
+            members.push(member.record(&layout, false).map(|record| {
+                if let Some(h) = member.own.host_inbox.as_mut() {
+                    h.segment_mut().unlink(); // this process holds the only mapping it needs
+                }
+                (member, record)
+            })?);
+        }
+        let contexts: Vec<Arc<CudaContext>> = members.iter().map(|(m, _)| m.ctx.clone()).collect();
+        let peer_access = enable_peer_access(&contexts);
+        let records: Vec<CudaRecord> = members.iter().map(|(_, r)| r.clone()).collect();
+        let key = group_key("local ", &records, &config);
+        members
+            .into_iter()
+            .enumerate()
+            .map(|(rank, (member, _))| {
+                let mut comm = member.join(rank, &records, &config, key.clone())?;
+                comm.peer_access = peer_access.clone();
+                Ok(comm)
+            })
+            .collect()
+    }
+
+    /// This process's rank of the job behind `rendezvous`, on GPU `device`; peers in other
+    /// processes are reached through CUDA IPC (device memory) and shared memory (host-staged).
+    pub fn new(
+        rendezvous: &Rendezvous,
+        device: usize,
+        config: CudaConfig,
+    ) -> Result<CudaCommunicator> {
+        // Taken before anything can fail on one rank alone, so that every rank's count of
+        // communicators stays the same after a failed creation.
+        let instance = rendezvous.next_instance();
+        let rank = rendezvous.rank();
+        check_world(rendezvous.world_size())?;
+        let layout = InboxLayout::new(rendezvous.world_size(), config.chunk_bytes);
+        let host = config
+            .host_staged
+            .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
+        let member = Member::create(device, &layout, host)?;
+        let key = format!("cuda-{instance}");
+        rendezvous.publish(&format!("{key}-buffers"), &member.record(&layout, true)?)?;
+        let records: Vec<CudaRecord> =
+            rendezvous.gather(&format!("{key}-buffers"), config.timeout)?;
+        let mut comm = member.join(rank, &records, &config, group_key("", &records, &config))?;
+        // GPUs without peer access cannot map each other's memory: then only host-staged (and
+        // NCCL) can run, which every rank must know alike. Also the barrier after which the
+        // segments may be unlinked.
+        rendezvous.publish(&format!("{key}-mapped"), &comm.peer_access.as_ref().err())?;
+        let everyone: Vec<Option<String>> =
+            rendezvous.gather(&format!("{key}-mapped"), config.timeout)?;
+        if let Some(why) = everyone.into_iter().flatten().next() {
+            comm.peer_access = Err(why);
+        }
+        if let Some(h) = comm.own.host_inbox.as_mut() {
+            h.segment_mut().unlink();
+        }
+        Ok(comm)
+    }
+
+    /// What a rank of a `world_size` group with `config` will allocate, before creating it
+    /// (so that an engine can subtract it from its KV-cache budget first).
+    pub fn planned_footprint(world_size: usize, config: &CudaConfig) -> MemoryFootprint {
+        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let host = if config.host_staged {
+            layout.total_bytes() as u64
+        } else {
+            0
+        };
+        let buffers =
+            reserved_device_bytes(device_inbox_bytes(&layout)) + reserved_device_bytes(STATE_BYTES);
+        MemoryFootprint {
+            device_bytes: buffers + PLANNED_MODULE_BYTES,
+            pinned_host_bytes: ERROR_WORD_BYTES as u64,
+            shared_host_bytes: host,
+            peer_mapped_bytes: 0,
+            device_buffer_bytes: buffers,
+            module_bytes: PLANNED_MODULE_BYTES,
+            ..MemoryFootprint::default()
+        }
+    }
+
+    /// Every byte this rank allocated, by kind.
+    pub fn memory_footprint(&self) -> MemoryFootprint {
+        let host_inbox = self
+            .own
+            .host_inbox
+            .as_ref()
+            .map_or(0, |h| h.segment().len_bytes() as u64);
+        let buffers = reserved_device_bytes(self.own.inbox.bytes())
+            + reserved_device_bytes(self.own.state.bytes());
+        MemoryFootprint {
+            device_bytes: buffers + self.kernels.module_bytes,
+            device_buffer_bytes: buffers,
+            module_bytes: self.kernels.module_bytes,
+            nccl_bytes: 0,
+            nccl_estimated: false,
+            pinned_host_bytes: self.own.error.bytes() as u64,
+            shared_host_bytes: host_inbox,
+            peer_mapped_bytes: self.peer_device_mappings.len() as u64
+                * device_inbox_bytes(&self.layout) as u64
+                + self
+                    .peer_host_mappings
+                    .iter()
+                    .map(|h| h.segment().len_bytes() as u64)
+                    .sum::<u64>(),
+        }
+    }
+}
+
+/// Enables peer access between every pair of distinct GPUs in `contexts`; the error says
+/// which pair cannot (then only host-staged can run).
+pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::Result<(), String> {
+    for a in contexts {
+        for b in contexts {
+            if a.ordinal() == b.ordinal() {
+                continue;
+            }
+            if !driver::can_access_peer(a, b).unwrap_or(false) {
+                return Err(format!(
+                    "GPU {} cannot access GPU {} (no P2P); use host-staged",
+                    a.ordinal(),
+                    b.ordinal()
+                ));
+            }
+            driver::enable_peer_access(a, b).map_err(|e| {
+                format!(
+                    "enabling P2P from GPU {} to GPU {} failed: {e}",
+                    a.ordinal(),
+                    b.ordinal()
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planned_footprint_grows_with_the_world_size() {
+        let config = CudaConfig::default();
+        let two = CudaCommunicator::planned_footprint(2, &config);
+        let eight = CudaCommunicator::planned_footprint(8, &config);
+        assert!(eight.device_bytes > two.device_bytes);
+        // 3 buffers x (8 slots + gather) x 64K lines x 8 B, plus headers and the pull region.
+        assert!(eight.device_bytes > 3 * 9 * (256 << 10) * 2);
+        let off = CudaCommunicator::planned_footprint(
+            8,
+            &CudaConfig {
+                host_staged: false,
+                ..config
+            },
+        );
+        assert_eq!(off.shared_host_bytes, 0);
+    }
+
+    #[test]
+    fn co_residency_divides_the_gpu_among_its_ranks() {
+        // 132 SMs x 2 blocks, 8 ranks on it: 33 each; 2 ranks: 132, capped at 64.
+        assert_eq!(co_resident_blocks([(264, 8)]).unwrap(), 33);
+        assert_eq!(co_resident_blocks([(264, 2)]).unwrap(), MAX_BLOCKS);
+        assert_eq!(co_resident_blocks([(264, 8), (40, 4)]).unwrap(), 10);
+        assert!(co_resident_blocks([(4, 8)]).is_err());
+    }
+
+    #[test]
+    fn ranks_of_other_processes_on_the_same_gpu_are_found() {
+        let ranks = [(10, "gpu-a"), (11, "gpu-a"), (12, "gpu-b"), (10, "gpu-a")];
+        assert_eq!(other_processes_on_my_gpu(0, &ranks), vec![1]);
+        assert_eq!(other_processes_on_my_gpu(1, &ranks), vec![0, 3]);
+        assert!(other_processes_on_my_gpu(2, &ranks).is_empty());
+    }
+}
