@@ -11,6 +11,10 @@
 #   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
 #            (with several GPUs) one per GPU
 #   step   : tpar bench step on the model fixtures (norms separate and fused into the allreduce)
+#   harness: issue 17's harness in the library, under 5 minutes on one GPU: selftest -n 2 and
+#            -n 8 (the sweep, its fused rows, the one check), doctor (its quick check), bench,
+#            --anatomy, --fused, bench step, tune, then tpar.verify/tpar.tune from Python (needs
+#            the wheel in .ci/wheels); compare the logs with the same mode on the parent commit
 #   fused-py : the fused allreduce + residual + RMSNorm from Python (issue 15): CUDA tests at 2
 #            ranks sharing GPU 0 and a timing of the op eager/graph (scripts/gpu_fused_py.py)
 #   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
@@ -150,6 +154,17 @@ elif [ "$mode" = fused-py ]; then
   CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused 170 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k "$select"
   OUT=$out CUDA_VISIBLE_DEVICES=0 step fused-py-timing 60 python3 scripts/gpu_fused_py.py --world-size 2
   cp $out/fused-py.json "${OUT:-.}/fused-py.json" 2>/dev/null
+elif [ "$mode" = harness ]; then
+  step selftest-threads-2 75 $tpar selftest --backend cuda -n 2 --counts 0,7,4099,65541 --replays 50
+  step selftest-threads-8 75 $tpar selftest --backend cuda -n 8 --counts 0,7,4099 --dtypes bf16 --replays 20
+  step doctor 30 $tpar doctor
+  step bench-threads-2 30 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20 --json "$out/bench-2.json"
+  step anatomy-2 25 $tpar bench --anatomy -n 2 --iters 10 --json "$out/anatomy-2.json"
+  step fused-2 25 $tpar bench --fused -n 2 --iters 20 --chain 20 --json "$out/fused-2.json"
+  step step-llama-tp2 40 $tpar bench step --config $models/llama-3.1-70b.json -n 2 --layers 4 --replays 5 --json "$out/step-2.json"
+  step tune-1 40 env TPAR_CACHE_DIR=/tmp/tpar-harness-tune $tpar tune -n 1 --sizes 4K,64K,1M --iters 10 --json "$out/tune-1.json"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=0 TPAR_CACHE_DIR=/tmp/tpar-harness-tune step pytest-harness 60 python3 -m pytest -rs -v tests/python/test_harness.py
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

@@ -4,7 +4,8 @@
 use anyhow::{bail, Result};
 use tpar::dispatch::Choice;
 
-use crate::cuda_ranks::Route;
+use tpar::algorithm::Selection;
+use tpar::harness::cuda_ranks::parse_selection;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -58,7 +59,7 @@ pub struct Setup {
     pub note: Option<String>,
     pub world_size: usize,
     /// tpar's algorithms, and NCCL and `auto` where the backend is CUDA.
-    pub choices: Vec<Route>,
+    pub choices: Vec<Selection>,
     /// The choices were named by `--algos` (not the default list).
     pub explicit: bool,
 }
@@ -73,8 +74,8 @@ impl Setup {
     ) -> Result<Setup> {
         // A misspelt TPAR_ALGO would otherwise be read only where a communicator is built
         // (never, on the CPU backend): refuse it before anything starts.
-        let forced = std::env::var(tpar::communicator::ENV_ALGO).ok();
-        let forced = tpar::communicator::forced_choice(forced.as_deref())
+        let forced = Selection::from_env()
+            .map(Selection::forced)
             .map_err(|e| crate::args::usage(e.into()))?;
         let (backend, mut note) = resolve(backend)?;
         if let Some(choice) = forced {
@@ -99,18 +100,18 @@ impl Setup {
         };
         let world_size = crate::ranks::world_size_or(world_size, default_world)?;
         let choices = match algos {
-            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(s.parse::<Route>()?))?,
+            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(parse_selection(s)?))?,
             None if backend == Backend::Cuda => Choice::ALL
-                .map(Route::Fixed)
+                .map(Selection::Forced)
                 .into_iter()
-                .chain([Route::Auto])
+                .chain([Selection::Auto])
                 .collect(),
             None => tpar::CpuCommunicator::ALGORITHMS
-                .map(|a| Route::Fixed(Choice::Tpar(a)))
+                .map(|a| Selection::Forced(Choice::Tpar(a)))
                 .to_vec(),
         };
         if backend == Backend::Cpu {
-            let cpu_runs = |c: &Route| matches!(c, Route::Fixed(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
+            let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
             if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
                 bail!(crate::args::Usage(format!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)")));
             }
@@ -131,7 +132,7 @@ impl Setup {
         if let Some(other) = self
             .choices
             .iter()
-            .find(|c| !matches!(c, Route::Fixed(Choice::Tpar(_))))
+            .find(|c| !matches!(c, Selection::Forced(Choice::Tpar(_))))
             .filter(|_| self.explicit)
         {
             bail!(crate::args::Usage(format!(
@@ -143,7 +144,7 @@ impl Setup {
             .choices
             .iter()
             .filter_map(|c| match c {
-                Route::Fixed(Choice::Tpar(a)) => Some(*a),
+                Selection::Forced(Choice::Tpar(a)) => Some(*a),
                 _ => None,
             })
             .collect())

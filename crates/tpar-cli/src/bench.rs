@@ -2,20 +2,18 @@
 //! call against the exact expected sum, and prints a table (and JSON) of p50/p99 latency and
 //! bus bandwidth as nccl-tests defines it.
 
-use std::time::{Duration, Instant};
-
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
+use tpar::harness::cpu_bench::{self, CpuBenchPlan, CpuRow};
 use tpar::memory::human_bytes;
-use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
+use tpar::DType;
 
 use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
 use crate::backend_choice::{Backend, BackendArg, Setup};
-use crate::known::{total_across_ranks, KnownData};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{bus_bandwidth_gbps, cpu_device, emit, percentile, Provenance, Table};
+use crate::report::{cpu_device, emit, Provenance, Table};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
@@ -37,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long)]
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to time, comma-separated, from: ", crate::route_names!(),
+        "Algorithms to time, comma-separated, from: ", tpar::route_names!(),
         " (CPU: one-shot, two-shot) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -80,30 +78,15 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Time one tensor-parallel forward pass (GEMMs and allreduces of a model's shapes) with
     /// NCCL and with tpar, and the share of it spent in communication.
-    Step(crate::bench_step::StepArgs),
+    Step(crate::step::StepArgs),
 }
 
 struct BenchPlan {
     backend: Backend,
     note: Option<String>,
-    sizes: Vec<(u64, usize)>,
-    algorithms: Vec<Algorithm>,
-    iters: usize,
-    warmup: usize,
-    dtype: DType,
-    timeout: Duration,
+    sweep: CpuBenchPlan,
     json: Option<String>,
     plot: Option<String>,
-}
-
-#[derive(Serialize)]
-struct BenchRow {
-    bytes: u64,
-    algo: String,
-    p50_us: f64,
-    p99_us: f64,
-    busbw_gbps: f64,
-    correct: bool,
 }
 
 #[derive(Serialize)]
@@ -117,15 +100,15 @@ struct BenchReport {
     warmup: usize,
     timing: &'static str,
     memory_per_rank_bytes: u64,
-    results: Vec<BenchRow>,
+    results: Vec<CpuRow>,
 }
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if let Some(BenchCommand::Step(step)) = args.command {
-        return crate::bench_step::run(step);
+        return crate::step::run(step);
     }
     if args.fused {
-        crate::fused_bench::run(
+        crate::cuda_commands::fused(
             args.world_size,
             args.iters,
             args.chain,
@@ -134,7 +117,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return Ok(std::process::ExitCode::SUCCESS);
     }
     if args.anatomy {
-        crate::anatomy::run(args.world_size, args.iters, args.json.as_deref())?;
+        crate::cuda_commands::anatomy(args.world_size, args.iters, args.json.as_deref())?;
         return Ok(std::process::ExitCode::SUCCESS);
     }
     // Everything is checked before any rank starts.
@@ -162,7 +145,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::bench(
             args.processes,
             world_size,
-            crate::cuda_bench::CudaBenchPlan {
+            tpar::harness::cuda_bench::CudaBenchPlan {
                 sizes: bytes.into_iter().zip(counts).collect(),
                 choices: setup.choices,
                 dtype,
@@ -186,16 +169,18 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let plan = BenchPlan {
         backend,
         note: setup.note.clone(),
-        sizes: bytes.into_iter().zip(counts).collect(),
-        algorithms: setup.tpar_algorithms("the CPU bench")?,
-        iters: args.iters,
-        warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
-        dtype,
-        timeout,
+        sweep: CpuBenchPlan {
+            sizes: bytes.into_iter().zip(counts).collect(),
+            algorithms: setup.tpar_algorithms("the CPU bench")?,
+            iters: args.iters,
+            warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
+            dtype,
+            timeout,
+        },
         json: args.json,
         plot: args.plot,
     };
-    run_ranks(world_size, plan.timeout, |rank| bench_rank(rank, &plan))
+    run_ranks(world_size, timeout, |rank| bench_rank(rank, &plan))
 }
 
 fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
@@ -206,56 +191,23 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
             eprintln!("{note}");
         }
     }
-    let config = CommConfig {
-        timeout: plan.timeout,
-        ..CommConfig::default()
-    };
-    let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
-    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
-    let known = KnownData::new(plan.dtype, rank.rank(), world_size, max_count, [11, 12]);
-    let mut output = vec![0u8; max_count * plan.dtype.size()];
-
-    let configs = plan.sizes.len() * plan.algorithms.len();
+    let configs = plan.sweep.sizes.len() * plan.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
-    let mut rows = Vec::with_capacity(configs);
-    for &(bytes, count) in &plan.sizes {
-        for &algo in &plan.algorithms {
-            progress.step(format!("{} {algo}", crate::report::size(bytes)));
-            let out = &mut output[..count * plan.dtype.size()];
-            total_across_ranks(&mut comm, 0)?; // start together
-            for i in 0..plan.warmup {
-                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
-            }
-            let mut samples = Vec::with_capacity(plan.iters);
-            let mut wrong = 0u64;
-            for i in 0..plan.iters {
-                let start = Instant::now();
-                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
-                samples.push(start.elapsed());
-                wrong += u64::from(*out != *known.expected(i, count));
-            }
-            let wrong = total_across_ranks(&mut comm, wrong)?;
-            let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-            us.sort_by(f64::total_cmp);
-            let p50 = percentile(&us, 50.0);
-            rows.push(BenchRow {
-                bytes,
-                algo: algo.name().to_owned(),
-                p50_us: p50,
-                p99_us: percentile(&us, 99.0),
-                busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
-                correct: wrong == 0,
-            });
+    let run = cpu_bench::run(
+        &rank,
+        &plan.sweep,
+        |bytes, algo| progress.step(format!("{} {algo}", crate::report::size(bytes))),
+        |rows| {
             if leader {
                 rank.save_partial(&format!(
                     "tpar bench (partial): cpu backend, {}, {}\n{}",
                     crate::report::ranks(world_size),
-                    plan.dtype,
-                    table(&rows)
+                    plan.sweep.dtype,
+                    table(rows)
                 ));
             }
-        }
-    }
+        },
+    )?;
     progress.finish();
     if !leader {
         return Ok(());
@@ -264,17 +216,17 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let report = BenchReport {
         backend: plan.backend.name().to_owned(),
         world_size,
-        dtype: plan.dtype,
+        dtype: plan.sweep.dtype,
         provenance: Provenance::collect(cpu_device()),
-        iters: plan.iters,
-        warmup: plan.warmup,
+        iters: plan.sweep.iters,
+        warmup: plan.sweep.warmup,
         timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
-        memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
-        results: rows,
+        memory_per_rank_bytes: run.memory_per_rank_bytes,
+        results: run.rows,
     };
     emit(&render(&report), plan.json.as_deref(), &report)?;
     if let Some(path) = &plan.plot {
-        let series = series(
+        let series = crate::plot::series(
             report
                 .results
                 .iter()
@@ -283,7 +235,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         let title = format!(
             "tpar bench: cpu, {}, {}",
             crate::report::ranks(world_size),
-            plan.dtype
+            plan.sweep.dtype
         );
         crate::plot::latency_svg(path, &title, &series)?;
         eprintln!("wrote {path}");
@@ -311,7 +263,7 @@ fn render(report: &BenchReport) -> String {
     )
 }
 
-fn table(rows: &[BenchRow]) -> String {
+fn table(rows: &[CpuRow]) -> String {
     let mut table = Table::new(
         &[
             "size",
@@ -334,19 +286,4 @@ fn table(rows: &[BenchRow]) -> String {
         ]);
     }
     table.render()
-}
-
-/// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
-pub fn series<'a>(rows: impl Iterator<Item = (&'a str, u64, f64)>) -> Vec<crate::plot::Series> {
-    let mut out: Vec<crate::plot::Series> = Vec::new();
-    for (name, bytes, us) in rows {
-        match out.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((bytes, us)),
-            None => out.push(crate::plot::Series {
-                name: name.to_owned(),
-                points: vec![(bytes, us)],
-            }),
-        }
-    }
-    out
 }

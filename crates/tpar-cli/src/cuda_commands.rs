@@ -1,6 +1,6 @@
 //! The CUDA paths of `tpar bench` and `tpar selftest`: one process driving every rank (the
 //! default), or one process per rank (`--processes`, or when started by an outside launcher),
-//! and the reports they print.
+//! and the reports they print. The measuring and checking is `tpar::harness`'s.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,14 +10,17 @@ use serde::Serialize;
 use tpar::memory::human_bytes;
 use tpar::{DType, RankEnv};
 
+use tpar::backend::cuda::CudaConfig;
+use tpar::harness::anatomy::{AnatomyRow, CHAIN};
+use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
+use tpar::harness::cuda_ranks::CudaRanks;
+use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
+use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
+
 use crate::backend_choice::cuda_device;
-use crate::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
-use crate::cuda_ranks::CudaRanks;
-use crate::cuda_selftest::{self, CudaPlan};
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
 use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
-use tpar::backend::cuda::CudaConfig;
 
 /// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
 /// `--processes`, or under an outside launcher) this process's own, started by the launcher.
@@ -26,7 +29,7 @@ pub fn on_ranks(
     processes: bool,
     world_size: usize,
     timeout: Duration,
-    body: impl Fn(&dyn Fn(CudaConfig) -> Result<CudaRanks>, &'static str) -> Result<()>,
+    body: impl Fn(MakeGroup<'_>, &'static str) -> Result<()>,
 ) -> Result<ExitCode> {
     if processes || RankEnv::from_env()?.is_some() {
         run_ranks(world_size, timeout, |rank| {
@@ -47,16 +50,29 @@ pub fn config(timeout: Duration) -> CudaConfig {
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
     on_ranks(processes, world_size, plan.timeout, |make, mode| {
-        let (rows, failed, table) = cuda_selftest::run(make, &plan)?;
-        if let Some(table) = table {
+        let sweep = cuda_selftest::run(make, &plan)?;
+        let rows = sweep.rows;
+        let failed = rows.iter().filter(|r| r.bad > 0).count();
+        let rows_run = rows.len();
+        if sweep.leader {
+            let mut table = Table::new(
+                &["case", "dtype", "elements", "placement", "mode", "result"],
+                5,
+            );
+            for row in &rows {
+                let mut cells = row.cells.clone();
+                cells.push(row.result.clone());
+                table.push(cells);
+            }
+            let table = table.render();
             println!(
                 "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{table}",
                 crate::report::ranks(world_size)
             );
-            println!("selftest: {} passed, {failed} failed", rows - failed);
+            println!("selftest: {} passed, {failed} failed", rows_run - failed);
         }
         if failed > 0 {
-            bail!("{failed} of {rows} selftest rows failed");
+            bail!("{failed} of {rows_run} selftest rows failed");
         }
         Ok(())
     })
@@ -92,14 +108,14 @@ pub fn bench(
         let leader = group.is_leader();
         let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
         let floors = cuda_bench::measure_floors(&group, &plan)?;
-        let rows = cuda_bench::run(&mut group, &plan, &floors, |what| {
-            progress.step(what.to_owned())
+        let rows = cuda_bench::run(&mut group, &plan, &floors, |bytes, algo| {
+            progress.step(format!("{} {algo}", crate::report::size(bytes)))
         })?;
         progress.finish();
         if !leader {
             return Ok(());
         }
-        let gpus = crate::cuda_ranks::device_count()?;
+        let gpus = tpar::harness::cuda_ranks::device_count()?;
         let report = CudaReport {
             backend: "cuda",
             world_size,
@@ -118,7 +134,7 @@ pub fn bench(
         emit(&render(&report), json.as_deref(), &report)?;
         if let Some(path) = &plot {
             let rows = report.results.iter().filter(|r| r.skipped.is_none());
-            let series = crate::bench::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
+            let series = crate::plot::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
             let title = format!(
                 "tpar bench: {}, {} ({mode}), {}",
                 report.provenance.device,
@@ -191,4 +207,165 @@ fn render(report: &CudaReport) -> String {
         f.device_to_host_gbps,
         table.render()
     )
+}
+
+#[derive(Serialize)]
+struct AnatomyReport {
+    #[serde(flatten)]
+    provenance: Provenance,
+    driver_version: i32,
+    chain: usize,
+    replays: usize,
+    dtype: &'static str,
+    rows: Vec<AnatomyRow>,
+}
+
+/// `tpar bench --anatomy`: the harness's ladder of kernels, as a table (and JSON).
+pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
+    let anatomy = tpar::harness::anatomy::run(world_size, replays)?;
+    let rows = anatomy.rows;
+    let mut table = Table::new(
+        &[
+            "ranks",
+            "piece",
+            "bytes",
+            "grid",
+            "us/op",
+            "xempty",
+            "PDL us/op",
+            "xempty",
+        ],
+        2,
+    );
+    for plain in rows.iter().filter(|r| !r.pdl) {
+        let with = rows.iter().find(|r| {
+            r.pdl
+                && r.world_size == plain.world_size
+                && r.rung == plain.rung
+                && r.bytes == plain.bytes
+        });
+        table.push(vec![
+            plain.world_size.to_string(),
+            plain.piece.clone(),
+            human_bytes(plain.bytes as u64),
+            plain.grid.to_string(),
+            format!("{:.2}", plain.p50_us),
+            format!("{:.2}", plain.ratio_to_empty),
+            with.map_or("-".into(), |w| format!("{:.2}", w.p50_us)),
+            with.map_or("-".into(), |w| format!("{:.2}", w.ratio_to_empty)),
+        ]);
+    }
+    let device = anatomy.device;
+    let text = format!(
+        "anatomy of one allreduce call: {device}, ranks as streams, bf16, per call in a graph chain of {CHAIN} per rank (median of {replays} replays)\n{}",
+        table.render()
+    );
+    let report = AnatomyReport {
+        provenance: Provenance::collect(device),
+        driver_version: anatomy.driver_version,
+        chain: CHAIN,
+        replays,
+        dtype: "bf16",
+        rows,
+    };
+    emit(&text, json, &report)
+}
+
+#[derive(Serialize)]
+struct FusedReport {
+    #[serde(flatten)]
+    provenance: Provenance,
+    driver_version: i32,
+    dtype: &'static str,
+    chain: usize,
+    replays: usize,
+    timing: &'static str,
+    rows: Vec<FusedBenchRow>,
+    /// World sizes that failed, with the error.
+    errors: Vec<String>,
+}
+
+/// `tpar bench --fused`: the harness's measurement as a table (and JSON).
+pub fn fused(
+    world_size: Option<usize>,
+    iters: usize,
+    chain: usize,
+    json: Option<&str>,
+) -> Result<()> {
+    let FusedBench {
+        device,
+        driver_version,
+        hidden,
+        rows,
+        errors,
+    } = fused_bench::measure(world_size, iters, chain);
+    let mut table = Table::new(
+        &[
+            "ranks",
+            "tokens",
+            "bytes",
+            "empty",
+            "allreduce",
+            "norm",
+            "ar + norm",
+            "fused",
+            "fused - ar",
+            "ar+norm - fused",
+            "correct",
+        ],
+        3,
+    );
+    for chunk in rows.chunks(VARIANTS.len()) {
+        let p = |v: &str| {
+            chunk
+                .iter()
+                .find(|r| r.variant == v)
+                .map_or(0.0, |r| r.p50_us)
+        };
+        table.push(vec![
+            chunk[0].world_size.to_string(),
+            chunk[0].tokens.to_string(),
+            human_bytes(chunk[0].bytes as u64),
+            format!("{:.2}", p("empty kernel")),
+            format!("{:.2}", p("allreduce")),
+            format!("{:.2}", p("norm kernel")),
+            format!("{:.2}", p("allreduce + norm")),
+            format!("{:.2}", p("fused")),
+            format!("{:+.2}", p("fused") - p("allreduce")),
+            format!("{:+.2}", p("allreduce + norm") - p("fused")),
+            if chunk.iter().all(|r| r.correct != Some(false)) {
+                "yes"
+            } else {
+                "NO"
+            }
+            .to_owned(),
+        ]);
+    }
+    let text = format!(
+        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {iters} replays)\n{}",
+        table.render()
+    );
+    let ok = rows.iter().all(|r| r.correct != Some(false));
+    let text = if errors.is_empty() {
+        text
+    } else {
+        format!("{text}\nFAILED: {}", errors.join("; "))
+    };
+    let report = FusedReport {
+        provenance: Provenance::collect(device),
+        driver_version,
+        dtype: "bf16",
+        chain,
+        replays: iters,
+        timing: "CUDA events around graph replays; per op = replay time / chain",
+        rows,
+        errors: errors.clone(),
+    };
+    emit(&text, json, &report)?;
+    anyhow::ensure!(
+        ok,
+        "a fused or unfused result differed from the CPU reference"
+    );
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    Ok(())
 }

@@ -7,8 +7,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
 
-use crate::known::KnownData;
 use crate::ranks::{run_ranks, say, world_size_or, Rank};
+use tpar::harness::known::KnownData;
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
+use tpar::algorithm::Selection;
 use tpar::backend::cuda::link_probe::LinkProbe;
 use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
 use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
@@ -33,7 +34,7 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", crate::route_names!()
+        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar::route_names!()
     ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).
@@ -81,12 +82,13 @@ fn size_buckets() -> Vec<u64> {
 }
 
 pub fn run(args: DoctorArgs) -> Result<ExitCode> {
-    let forced = args
-        .algo
-        .clone()
-        .or_else(|| std::env::var("TPAR_ALGO").ok());
-    let forced = tpar::communicator::forced_choice(forced.as_deref())
-        .map_err(|e| crate::args::usage(e.into()))?;
+    // The library's one parse of a forced choice, naming where the name came from.
+    let forced = match &args.algo {
+        Some(name) => Selection::parse_from("--algo", Some(name)),
+        None => Selection::from_env(),
+    }
+    .map(Selection::forced)
+    .map_err(|e| crate::args::usage(e.into()))?;
     let mut checks = Vec::new();
     let (topology, source) = match &args.topology {
         Some(path) => (
@@ -246,7 +248,8 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
             );
             continue;
         }
-        let result = crate::cuda_ranks::quick_check(ranks, algo);
+        let result =
+            tpar::harness::cuda_ranks::quick_check(ranks, algo).map_err(anyhow::Error::from);
         if let Err(e) = &result {
             probe
                 .failed

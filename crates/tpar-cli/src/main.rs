@@ -3,21 +3,16 @@
 //! Commands that need ranks start them (`--world-size N` processes of this same binary on this
 //! host), or run as one rank when an outside launcher set the rank environment (see
 //! `tpar help bench` and the README).
+//!
+//! This crate is argument parsing and output (tables, JSON, plots, progress): what a command
+//! measures or checks is `tpar::harness` (and `tpar::verify`), which Python calls too.
 
-mod anatomy;
 mod args;
 mod backend_choice;
 mod bench;
-mod bench_step;
-mod blas;
-mod cuda_bench;
 mod cuda_commands;
-mod cuda_ranks;
-mod cuda_selftest;
 mod debug_rank;
 mod doctor;
-mod fused_bench;
-mod known;
 mod limits;
 mod plan;
 mod plot;
@@ -25,6 +20,7 @@ mod progress;
 mod ranks;
 mod report;
 mod selftest;
+mod step;
 mod tune;
 
 use std::process::ExitCode;

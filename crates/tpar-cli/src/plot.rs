@@ -76,6 +76,21 @@ pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
     std::fs::rename(&tmp, target).with_context(|| format!("cannot write {path}"))
 }
 
+/// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
+pub fn series<'a>(rows: impl Iterator<Item = (&'a str, u64, f64)>) -> Vec<Series> {
+    let mut out: Vec<Series> = Vec::new();
+    for (name, bytes, us) in rows {
+        match out.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push((bytes, us)),
+            None => out.push(Series {
+                name: name.to_owned(),
+                points: vec![(bytes, us)],
+            }),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,15 +4,13 @@
 //! in time and leave the process able to communicate again. Prints a pass/fail table and ends
 //! non-zero on any failure.
 
-use std::time::{Duration, Instant};
-
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
+use tpar::harness::cpu_selftest::{self, CpuPlan};
+use tpar::harness::cuda_selftest::SelftestRow;
 
 use crate::args::{parse_dtypes, parse_list};
 use crate::backend_choice::{Backend, BackendArg, Setup};
-use crate::known::{total_across_ranks, KnownData};
 use crate::ranks::{run_ranks, Rank};
 use crate::report::Table;
 
@@ -32,7 +30,7 @@ pub struct SelftestArgs {
     #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
     dtypes: String,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to check, comma-separated, from: ", crate::route_names!(),
+        "Algorithms to check, comma-separated, from: ", tpar::route_names!(),
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -52,15 +50,8 @@ pub struct SelftestArgs {
 
 struct Plan {
     note: Option<String>,
-    counts: Vec<usize>,
-    dtypes: Vec<DType>,
-    algorithms: Vec<Algorithm>,
-    timeout: Duration,
-    timeout_case: bool,
+    sweep: CpuPlan,
 }
-
-/// The deadline of the timeout case: short, so the case is cheap.
-const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
@@ -95,7 +86,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::selftest(
             args.processes,
             world_size,
-            crate::cuda_selftest::CudaPlan {
+            tpar::harness::cuda_selftest::CudaPlan {
                 counts,
                 dtypes,
                 algorithms,
@@ -107,13 +98,15 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     }
     let plan = Plan {
         note,
-        counts,
-        dtypes,
-        algorithms,
-        timeout,
-        timeout_case: !args.no_timeout_case && world_size > 1,
+        sweep: CpuPlan {
+            counts,
+            dtypes,
+            algorithms,
+            timeout,
+            timeout_case: !args.no_timeout_case && world_size > 1,
+        },
     };
-    run_ranks(world_size, plan.timeout, |rank| selftest_rank(rank, &plan))
+    run_ranks(world_size, timeout, |rank| selftest_rank(rank, &plan))
 }
 
 fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
@@ -123,120 +116,36 @@ fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
             eprintln!("{note}");
         }
     }
-    let timeout_case = plan.timeout_case.then(|| timeout_case(&rank)).transpose()?;
-
-    // A fresh communicator: the one the timeout case broke is gone.
-    let config = CommConfig {
-        timeout: plan.timeout,
-        ..CommConfig::default()
-    };
-    let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
-    let mut table = Table::new(&["case", "dtype", "elements", "placement", "result"], 4);
-    let mut failed = 0;
-    let mut rows = 0;
-    if let Some(detail) = timeout_case {
-        let bad = total_across_ranks(&mut comm, u64::from(detail.is_err()))?;
-        rows += 1;
-        failed += usize::from(bad > 0);
-        table.push(vec![
-            "peer timeout".into(),
-            "-".into(),
-            "-".into(),
-            format!("rank {} silent", rank.world_size() - 1),
-            match (&detail, bad) {
-                (Ok(took), 0) => format!("pass (failed in {took:.2?}, deadline {CASE_DEADLINE:?})"),
-                (Err(e), _) => format!("FAIL: {e}"),
-                (Ok(_), n) => format!("FAIL on {n} rank(s)"),
-            },
-        ]);
-    }
-
-    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
-    for &dtype in &plan.dtypes {
-        let known = KnownData::new(dtype, rank.rank(), rank.world_size(), max_count, [21, 22]);
-        for &algo in &plan.algorithms {
-            for &count in &plan.counts {
-                for in_place in [false, true] {
-                    let mut wrong = 0u64;
-                    let mut output = vec![0u8; count * dtype.size()];
-                    for variant in 0..2 {
-                        let input = known.input(variant, count);
-                        if in_place {
-                            output.copy_from_slice(input);
-                            comm.all_reduce_bytes(dtype, None, &mut output, algo)?;
-                        } else {
-                            comm.all_reduce_bytes(dtype, Some(input), &mut output, algo)?;
-                        }
-                        wrong += u64::from(output != known.expected(variant, count));
-                    }
-                    let bad_ranks = total_across_ranks(&mut comm, u64::from(wrong > 0))?;
-                    rows += 1;
-                    failed += usize::from(bad_ranks > 0);
-                    table.push(vec![
-                        algo.name().into(),
-                        dtype.name().into(),
-                        count.to_string(),
-                        if in_place { "in place" } else { "out of place" }.into(),
-                        if bad_ranks == 0 {
-                            "pass".into()
-                        } else {
-                            format!("FAIL on {bad_ranks} rank(s)")
-                        },
-                    ]);
-                    if leader {
-                        rank.save_partial(&format!(
-                            "tpar selftest (partial): cpu backend, {}\n{}",
-                            crate::report::ranks(rank.world_size()),
-                            table.render()
-                        ));
-                    }
-                }
-            }
+    let header = ["case", "dtype", "elements", "placement", "result"];
+    let table = |rows: &[SelftestRow]| {
+        let mut table = Table::new(&header, 4);
+        for row in rows {
+            let mut cells = row.cells.clone();
+            cells.push(row.result.clone());
+            table.push(cells);
         }
-    }
+        table.render()
+    };
+    let rows = cpu_selftest::run(&rank, &plan.sweep, |rows| {
+        if leader {
+            rank.save_partial(&format!(
+                "tpar selftest (partial): cpu backend, {}\n{}",
+                crate::report::ranks(rank.world_size()),
+                table(rows)
+            ));
+        }
+    })?;
+    let failed = rows.iter().filter(|r| r.bad > 0).count();
     if leader {
         println!(
             "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}",
             crate::report::ranks(rank.world_size()),
-            table.render()
+            table(&rows)
         );
-        println!("selftest: {} passed, {failed} failed", rows - failed);
+        println!("selftest: {} passed, {failed} failed", rows.len() - failed);
     }
     if failed > 0 {
-        bail!("{failed} of {rows} selftest rows failed");
+        bail!("{failed} of {} selftest rows failed", rows.len());
     }
     Ok(())
-}
-
-/// The last rank skips a call; every other rank must fail with a timeout that names it,
-/// within the deadline plus one second. Returns how long this rank took to fail.
-fn timeout_case(rank: &Rank) -> Result<std::result::Result<Duration, String>> {
-    let config = CommConfig {
-        timeout: CASE_DEADLINE,
-        ..CommConfig::default()
-    };
-    let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
-    let mut data = vec![1f32; 1024];
-    comm.all_reduce_in_place(&mut data, Algorithm::OneShot)?;
-    let silent = rank.world_size() - 1;
-    if rank.rank() == silent {
-        return Ok(Ok(Duration::ZERO));
-    }
-    let start = Instant::now();
-    let result = comm.all_reduce_in_place(&mut data, Algorithm::OneShot);
-    let took = start.elapsed();
-    Ok(match result {
-        Err(Error::PeerTimeout { peer, .. })
-            if peer == silent && took <= CASE_DEADLINE + Duration::from_secs(1) =>
-        {
-            Ok(took)
-        }
-        Err(e) => Err(format!(
-            "expected a timeout naming rank {silent} within {:?}, got after {took:.2?}: {e}",
-            CASE_DEADLINE + Duration::from_secs(1)
-        )),
-        Ok(()) => Err(format!(
-            "the call succeeded although rank {silent} never made it"
-        )),
-    })
 }

@@ -13,12 +13,11 @@ use std::sync::{Arc, Mutex};
 
 mod fused;
 
-use tpar::backend::cuda::CudaConfig;
+use tpar::backend::cuda::{borrowed_stream, CudaConfig, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
-use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
-    Rendezvous,
+    Rendezvous, Selection,
 };
 
 create_exception!(
@@ -67,7 +66,12 @@ fn guard<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 const MAX_TIMEOUT_S: f64 = 365.0 * 86400.0;
 
 /// Checks the arguments of `Comm.new` that Python cannot type, naming the Python argument.
-fn check_args(rank: usize, world_size: usize, timeout: f64, chunk_bytes: usize) -> PyResult<()> {
+fn check_args(
+    rank: usize,
+    world_size: usize,
+    timeout: f64,
+    chunk_bytes: Option<usize>,
+) -> PyResult<()> {
     if !(timeout > 0.0 && timeout <= MAX_TIMEOUT_S) {
         return Err(TparError::new_err(format!(
             "timeout={timeout}: give a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a year)"
@@ -84,9 +88,11 @@ fn check_args(rank: usize, world_size: usize, timeout: f64, chunk_bytes: usize) 
             world_size - 1
         )));
     }
-    if !(64..=(1 << 30)).contains(&chunk_bytes) {
+    if let Some(chunk_bytes) = chunk_bytes.filter(|c| !(64..=(1 << 30)).contains(c)) {
         return Err(TparError::new_err(format!(
-            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is 131072)"
+            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is {} on the CPU, {} on a GPU)",
+            CommConfig::default().chunk_bytes,
+            CudaConfig::default().chunk_bytes
         )));
     }
     Ok(())
@@ -141,21 +147,6 @@ impl Comm {
     }
 }
 
-/// The plan for a forced `name`, or why it cannot run on this communicator.
-fn forced(comm: &Communicator, name: &str) -> tpar::Result<tpar::dispatch::Plan> {
-    let choice: Choice = name.parse()?;
-    match choice {
-        Choice::Tpar(a) => comm.cuda().supports(a).map_err(tpar::Error::Unsupported)?,
-        Choice::Nccl => {
-            comm.ensure_nccl()?;
-        }
-    }
-    Ok(tpar::dispatch::Plan {
-        choice,
-        reason: format!("forced by algorithm={name}"),
-    })
-}
-
 fn footprint_dict<'py>(py: Python<'py>, m: &MemoryFootprint) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("device_bytes", m.device_bytes)?;
@@ -179,7 +170,7 @@ impl Comm {
         rendezvous: Option<String>,
         token: Option<String>,
         timeout: f64,
-        chunk_bytes: usize,
+        chunk_bytes: Option<usize>,
         device: Option<usize>,
         members: Option<Vec<usize>>,
         nccl: Option<Bound<'_, PyAny>>,
@@ -206,12 +197,16 @@ impl Comm {
                 env.rank, env.world_size
             )));
         }
+        // `chunk_bytes=` reaches both backends (the CPU inbox and the CUDA buffers alike);
+        // left out, each takes its own default (CommConfig's and CudaConfig's docs say why).
+        let timeout = Duration::from_secs_f64(timeout);
         let config = CommConfig {
-            timeout: Duration::from_secs_f64(timeout),
-            chunk_bytes,
+            timeout,
+            chunk_bytes: chunk_bytes.unwrap_or(CommConfig::default().chunk_bytes),
         };
         let cuda_config = CudaConfig {
-            timeout: config.timeout,
+            timeout,
+            chunk_bytes: chunk_bytes.unwrap_or(CudaConfig::default().chunk_bytes),
             ..CudaConfig::default()
         };
         let interrupted: Arc<Mutex<Option<PyErr>>> = Arc::default();
@@ -269,7 +264,7 @@ impl Comm {
     /// is None, from the environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
     /// With `device` (a CUDA ordinal) the rank also gets tpar's CUDA communicator on it.
     #[new]
-    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=131072, device=None, members=None, nccl=None))]
+    #[pyo3(signature = (rank=None, world_size=None, rendezvous=None, token=None, timeout=30.0, chunk_bytes=None, device=None, members=None, nccl=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -278,7 +273,7 @@ impl Comm {
         rendezvous: Option<String>,
         token: Option<String>,
         timeout: f64,
-        chunk_bytes: usize,
+        chunk_bytes: Option<usize>,
         device: Option<usize>,
         members: Option<Vec<usize>>,
         nccl: Option<Bound<'_, PyAny>>,
@@ -330,34 +325,31 @@ impl Comm {
         }
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let bytes = count
+        count
             .checked_mul(dtype.size())
             .ok_or_else(|| TparError::new_err(format!("count={count} elements is too many")))?;
-        let choice = match algorithm {
-            None => comm.plan(dtype, bytes as u64, capturing),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
-        if let Some(why) = comm.refusal(&choice) {
-            return Err(TparError::new_err(format!(
-                "this call is planned for {why}"
-            )));
-        }
+        let selection = Selection::parse_from("algorithm", algorithm).map_err(err)?;
+        // The library reads the stream's capture state itself; what Python saw is the same.
+        let _ = capturing;
+        let device = comm.cuda().context().ordinal();
         // SAFETY: the tpar package passes live, contiguous CUDA tensors of `count` elements of
         // `dtype` on this communicator's device and the stream torch orders them on; torch's
-        // caching allocator keeps their memory until work queued on that stream has run.
-        unsafe {
-            comm.all_reduce_with(
-                choice.choice,
-                dtype,
-                input,
-                output,
-                count,
-                stream as tpar::backend::cuda::CuStream,
+        // caching allocator keeps their memory until work queued on that stream has run, and
+        // the stream outlives this call.
+        let (input, output, stream) = unsafe {
+            (
+                input.map(|p| DeviceSpan::from_raw(device, p, count, dtype)),
+                DeviceSpanMut::from_raw(device, output, count, dtype),
+                borrowed_stream(
+                    comm.cuda().context(),
+                    stream as tpar::backend::cuda::CuStream,
+                ),
             )
-        }
-        .map_err(err)?;
-        Ok(choice.choice.name().to_owned())
+        };
+        let plan = comm
+            .all_reduce_selected(selection, input, output, &stream)
+            .map_err(err)?;
+        Ok(plan.choice.name().to_owned())
     }
 
     /// Returns once every rank has called it (through the CPU backend).
@@ -373,7 +365,7 @@ impl Comm {
     fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         let reason = match comm.refusal(&plan) {
             Some(_) => format!("{}; REFUSED here: this communicator has nccl=\"none\", so all_reduce raises for this call and should_use() says False: keep it on your own NCCL", plan.reason),
             None => plan.reason,
@@ -386,7 +378,7 @@ impl Comm {
     fn refusal(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<Option<String>> {
         let dtype: DType = dtype.parse().map_err(err)?;
         let comm = self.cuda()?;
-        let plan = comm.plan(dtype, bytes, capturing).map_err(err)?;
+        let plan = comm.decision(dtype, bytes, capturing).map_err(err)?;
         Ok(comm.refusal(&plan))
     }
 
@@ -508,14 +500,12 @@ impl Comm {
             .ok_or_else(|| {
                 TparError::new_err(format!("{tokens} x {hidden} elements is too many"))
             })?;
-        let plan = match algorithm {
-            None => comm.plan(dtype, bytes as u64, capturing),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
+        let plan = Selection::parse_from("algorithm", algorithm)
+            .and_then(|s| comm.decision_for(s, dtype, bytes as u64, capturing))
+            .map_err(err)?;
         let algorithm = match plan.choice {
-            Choice::Tpar(a) => Some(a),
-            Choice::Nccl => None,
+            tpar::dispatch::Choice::Tpar(a) => Some(a),
+            tpar::dispatch::Choice::Nccl => None,
         };
         let path = comm.cuda().fused_plan(algorithm, dtype, hidden);
         Ok((
@@ -561,15 +551,10 @@ impl Comm {
         op.check().map_err(TparError::new_err)?;
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let plan = match algorithm {
-            None => comm.plan(
-                op.dtype,
-                op.bytes().map_err(TparError::new_err)? as u64,
-                capturing,
-            ),
-            Some(name) => forced(comm, name),
-        }
-        .map_err(err)?;
+        let bytes = op.bytes().map_err(TparError::new_err)? as u64;
+        let plan = Selection::parse_from("algorithm", algorithm)
+            .and_then(|s| comm.decision_for(s, op.dtype, bytes, capturing))
+            .map_err(err)?;
         if let Some(why) = comm.refusal(&plan) {
             return Err(TparError::new_err(format!(
                 "this call's allreduce is planned for {why}"
@@ -668,5 +653,259 @@ fn _tpar(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Comm>()?;
     m.add("TparError", m.py().get_type::<TparError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    add_harness(m)?;
+    Ok(())
+}
+
+// ---- The harness for Python: verify and tune a machine as `tpar selftest` and `tpar tune` do.
+
+/// A harness error as a TparError: the library's own errors in the Python user's words, the
+/// others with their chain of causes (`context: cause`), as the `tpar` command prints them.
+fn harness_err(e: tpar::harness::HarnessError) -> PyErr {
+    if let tpar::harness::HarnessError::Tpar(inner) = e {
+        return err(inner);
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    TparError::new_err(text)
+}
+
+/// This process's rank of the job: from `rendezvous`/`token`/`rank`/`world_size` where given,
+/// else from the rank environment (TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK, WORLD_SIZE).
+fn harness_rank(
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    rendezvous: Option<String>,
+    token: Option<String>,
+) -> PyResult<tpar::harness::ranks::Rank> {
+    let env = match rendezvous {
+        Some(dir) => {
+            let (Some(rank), Some(world_size), Some(token)) = (rank, world_size, token) else {
+                return Err(TparError::new_err(
+                    "with rendezvous=..., give rank=, world_size= and token= too",
+                ));
+            };
+            RankEnv {
+                rank,
+                world_size,
+                local_rank: rank,
+                local_world_size: world_size,
+                dir: dir.into(),
+                token,
+            }
+        }
+        None => RankEnv::from_env().map_err(err)?.ok_or_else(|| {
+            TparError::new_err("no rank environment: set TPAR_RENDEZVOUS, TPAR_JOB_TOKEN, RANK and WORLD_SIZE, or pass rendezvous=, token=, rank=, world_size=")
+        })?,
+    };
+    let rendezvous = Rendezvous::join(env).map_err(err)?;
+    Ok(tpar::harness::ranks::Rank { rendezvous })
+}
+
+fn parse_each<T: std::str::FromStr<Err = tpar::Error>>(names: Vec<String>) -> PyResult<Vec<T>> {
+    names.iter().map(|n| n.parse::<T>().map_err(err)).collect()
+}
+
+fn positive_seconds(name: &str, value: f64) -> PyResult<Duration> {
+    if !(value.is_finite() && value > 0.0 && value <= 86_400.0) {
+        return Err(TparError::new_err(format!(
+            "{name}={value}: give seconds, more than 0 and at most 86400"
+        )));
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+/// The numerical self-test of `tpar selftest` on this rank: every rank of the job calls it
+/// together. `backend` "cpu" (shared memory) or "cuda" (this rank's GPU: local rank modulo the
+/// GPUs). Returns {"backend", "world_size", "rows": [{"case", "dtype", "elements",
+/// "placement", "mode", "result", "failed_ranks"}], "passed", "failed"}: a row fails when any
+/// rank got a wrong bit.
+#[pyfunction]
+#[pyo3(signature = (backend="cpu", counts=None, dtypes=None, algorithms=None, timeout=30.0, timeout_case=true, replays=1000, rank=None, world_size=None, rendezvous=None, token=None))]
+#[allow(clippy::too_many_arguments)]
+fn verify<'py>(
+    py: Python<'py>,
+    backend: &str,
+    counts: Option<Vec<usize>>,
+    dtypes: Option<Vec<String>>,
+    algorithms: Option<Vec<String>>,
+    timeout: f64,
+    timeout_case: bool,
+    replays: usize,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    rendezvous: Option<String>,
+    token: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    use tpar::harness::{cpu_selftest, cuda_ranks::CudaRanks, cuda_selftest};
+    let timeout = positive_seconds("timeout", timeout)?;
+    let counts = counts.unwrap_or_else(|| vec![0, 1, 7, 1023, 65541, 1_048_579]);
+    let dtypes = match dtypes {
+        Some(names) => parse_each::<DType>(names)?,
+        None => vec![DType::F32, DType::F16, DType::Bf16],
+    };
+    let cuda = match backend {
+        "cpu" => false,
+        "cuda" => true,
+        other => {
+            return Err(TparError::new_err(format!(
+                "backend={other:?}: give \"cpu\" or \"cuda\""
+            )))
+        }
+    };
+    let algorithms = match algorithms {
+        Some(names) => parse_each::<Algorithm>(names)?,
+        None if cuda => Algorithm::ALL.to_vec(),
+        None => CpuCommunicator::ALGORITHMS.to_vec(),
+    };
+    if let Some(a) = algorithms
+        .iter()
+        .find(|a| !cuda && !CpuCommunicator::ALGORITHMS.contains(a))
+    {
+        return Err(TparError::new_err(format!(
+            "algorithm {a}: the CPU backend runs one-shot and two-shot (backend=\"cuda\" runs the others)"
+        )));
+    }
+    let me = harness_rank(rank, world_size, rendezvous, token)?;
+    let world = me.world_size();
+    let rows = py
+        .detach(|| {
+            if cuda {
+                let plan = cuda_selftest::CudaPlan {
+                    counts,
+                    dtypes,
+                    algorithms,
+                    timeout,
+                    timeout_case: timeout_case && world > 1,
+                    replays,
+                };
+                cuda_selftest::run(&|c| CudaRanks::process(&me, c), &plan).map(|s| s.rows)
+            } else {
+                let plan = cpu_selftest::CpuPlan {
+                    counts,
+                    dtypes,
+                    algorithms,
+                    timeout,
+                    timeout_case: timeout_case && world > 1,
+                };
+                cpu_selftest::run(&me, &plan, |_| {})
+            }
+        })
+        .map_err(harness_err)?;
+    let d = PyDict::new(py);
+    d.set_item("backend", backend)?;
+    d.set_item("world_size", world)?;
+    let keys = ["case", "dtype", "elements", "placement", "mode"];
+    let mut listed = Vec::new();
+    for row in &rows {
+        let r = PyDict::new(py);
+        for (key, cell) in keys.iter().zip(&row.cells) {
+            r.set_item(*key, cell)?;
+        }
+        r.set_item("result", &row.result)?;
+        r.set_item("failed_ranks", row.bad)?;
+        listed.push(r);
+    }
+    let failed = rows.iter().filter(|r| r.bad > 0).count();
+    d.set_item("rows", listed)?;
+    d.set_item("passed", rows.len() - failed)?;
+    d.set_item("failed", failed)?;
+    Ok(d)
+}
+
+/// `tpar tune` on this rank of the job (every rank calls it together, one GPU each: local rank
+/// modulo the GPUs): every tpar algorithm and NCCL timed by graph replay at each of `sizes`
+/// (bytes), the fastest correct choice per size written by rank 0 as the tuning table the
+/// dispatcher reads on this machine. Returns {"written_to" (rank 0, else None), "crossovers",
+/// "entries": [(max_bytes, choice, p50_us)], "measurements": [{"bytes", "algo", "p50_us",
+/// "correct", "skipped"}]}.
+#[pyfunction]
+#[pyo3(signature = (sizes=None, dtype="bf16", iters=50, timeout=30.0, rank=None, world_size=None, rendezvous=None, token=None))]
+#[allow(clippy::too_many_arguments)]
+fn tune<'py>(
+    py: Python<'py>,
+    sizes: Option<Vec<u64>>,
+    dtype: &str,
+    iters: usize,
+    timeout: f64,
+    rank: Option<usize>,
+    world_size: Option<usize>,
+    rendezvous: Option<String>,
+    token: Option<String>,
+) -> PyResult<Bound<'py, PyDict>> {
+    use tpar::harness::{cuda_ranks::CudaRanks, tune};
+    let timeout = positive_seconds("timeout", timeout)?;
+    let dtype: DType = dtype.parse().map_err(err)?;
+    let sizes = sizes.unwrap_or_else(|| {
+        [
+            1u64, 4, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 16384, 65536,
+        ]
+        .map(|k| k << 10)
+        .to_vec()
+    });
+    if sizes.is_empty() || iters == 0 {
+        return Err(TparError::new_err("give at least one size and iters >= 1"));
+    }
+    let mut pairs = Vec::new();
+    for &bytes in &sizes {
+        if bytes == 0 || bytes % dtype.size() as u64 != 0 {
+            return Err(TparError::new_err(format!(
+                "size {bytes}: give a positive whole number of {dtype} elements ({} bytes each)",
+                dtype.size()
+            )));
+        }
+        pairs.push((bytes, (bytes / dtype.size() as u64) as usize));
+    }
+    tpar::backend::cuda::probe().map_err(|e| {
+        TparError::new_err(format!("tune measures GPUs, and none is usable here: {e}"))
+    })?;
+    let topology = tpar::topology::Topology::detect().map_err(err)?;
+    let me = harness_rank(rank, world_size, rendezvous, token)?;
+    let plan = tune::plan(pairs, dtype, iters);
+    let tuned = py
+        .detach(|| {
+            let config = CudaConfig {
+                timeout,
+                ..CudaConfig::default()
+            };
+            let mut group = CudaRanks::process(&me, config)?;
+            tune::run(&mut group, &plan, &topology, |_, _| {})
+        })
+        .map_err(harness_err)?;
+    let d = PyDict::new(py);
+    d.set_item(
+        "written_to",
+        tuned.written_to.map(|p| p.display().to_string()),
+    )?;
+    d.set_item("crossovers", tune::crossovers(&tuned.table))?;
+    let entries: Vec<(u64, String, f64)> = tuned
+        .table
+        .entries
+        .iter()
+        .map(|e| (e.max_bytes, e.choice.name().to_owned(), e.p50_us))
+        .collect();
+    d.set_item("entries", entries)?;
+    let mut measurements = Vec::new();
+    for r in &tuned.rows {
+        let m = PyDict::new(py);
+        m.set_item("bytes", r.bytes)?;
+        m.set_item("algo", &r.algo)?;
+        m.set_item("p50_us", r.skipped.is_none().then_some(r.p50_us))?;
+        m.set_item("correct", r.skipped.is_none().then_some(r.correct))?;
+        m.set_item("skipped", r.skipped.as_deref())?;
+        measurements.push(m);
+    }
+    d.set_item("measurements", measurements)?;
+    Ok(d)
+}
+
+fn add_harness(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(tune, m)?)?;
     Ok(())
 }

@@ -1,9 +1,15 @@
-//! The allreduce algorithms a caller can ask for by name.
+//! What can run an allreduce: tpar's algorithms ([`Algorithm`]) and, beside them, NCCL
+//! ([`Choice`]), each named the way a caller asks for it.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::Error;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The most ranks tpar's kernels address (`TPAR_MAX_RANKS` in the kernels' header mirrors it).
+pub const MAX_RANKS: usize = 16;
 
 /// One protocol for moving and reducing the data. Every transport implements the ones it can;
 /// asking a transport for one it lacks is an error, never a silent substitute.
@@ -65,7 +71,7 @@ impl fmt::Display for Algorithm {
 impl FromStr for Algorithm {
     type Err = Error;
 
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
+    fn from_str(s: &str) -> Result<Self> {
         let wanted = s.trim().to_ascii_lowercase().replace('_', "-");
         Algorithm::ALL
             .into_iter()
@@ -75,6 +81,138 @@ impl FromStr for Algorithm {
                     "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged"
                 ))
             })
+    }
+}
+
+/// What runs an allreduce: one of tpar's algorithms or NCCL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Choice {
+    Tpar(Algorithm),
+    Nccl,
+}
+
+impl Choice {
+    pub const ALL: [Choice; 5] = [
+        Choice::Tpar(Algorithm::OneShot),
+        Choice::Tpar(Algorithm::TwoShot),
+        Choice::Tpar(Algorithm::OneShotPull),
+        Choice::Tpar(Algorithm::HostStaged),
+        Choice::Nccl,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Tpar(a) => a.name(),
+            Choice::Nccl => "nccl",
+        }
+    }
+}
+
+impl fmt::Display for Choice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Choice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Choice> {
+        if s.trim().eq_ignore_ascii_case("nccl") {
+            return Ok(Choice::Nccl);
+        }
+        s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
+            ))
+        })
+    }
+}
+
+impl Serialize for Choice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Choice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Choice, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The variable that forces one choice for every call of a process's communicators.
+pub const ENV_ALGO: &str = "TPAR_ALGO";
+
+/// What a caller asks a call to run: whatever the dispatcher decides for its size, or one
+/// forced choice (which runs or is refused with the reason, never substituted). The one parse
+/// of `TPAR_ALGO`, `--algo`/`--algos` and Python's `algorithm=`: `auto` (or nothing) is
+/// [`Selection::Auto`], any [`Choice`] name forces that choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Selection {
+    #[default]
+    Auto,
+    Forced(Choice),
+}
+
+impl Selection {
+    /// Every selection: `auto`, then every choice.
+    pub const ALL: [Selection; 6] = [
+        Selection::Auto,
+        Selection::Forced(Choice::ALL[0]),
+        Selection::Forced(Choice::ALL[1]),
+        Selection::Forced(Choice::ALL[2]),
+        Selection::Forced(Choice::ALL[3]),
+        Selection::Forced(Choice::ALL[4]),
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Selection::Auto => "auto",
+            Selection::Forced(c) => c.name(),
+        }
+    }
+
+    /// The forced choice, if any.
+    pub fn forced(self) -> Option<Choice> {
+        match self {
+            Selection::Auto => None,
+            Selection::Forced(c) => Some(c),
+        }
+    }
+
+    /// `value` as given by `source` (a variable or argument name, e.g. `TPAR_ALGO`), which an
+    /// error names: `TPAR_ALGO=ring: unknown algorithm 'ring'; ...`. Nothing or blank is auto.
+    pub fn parse_from(source: &str, value: Option<&str>) -> Result<Selection> {
+        match value {
+            None => Ok(Selection::Auto),
+            Some(v) => v
+                .parse()
+                .map_err(|e| Error::InvalidArgument(format!("{source}={v}: {e}"))),
+        }
+    }
+
+    /// What `TPAR_ALGO` selects for this process (auto when unset); a name that is not a
+    /// choice is an error, not ignored.
+    pub fn from_env() -> Result<Selection> {
+        Selection::parse_from(ENV_ALGO, std::env::var(ENV_ALGO).ok().as_deref())
+    }
+}
+
+impl fmt::Display for Selection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Selection {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Selection> {
+        let s = s.trim();
+        if s.is_empty() || s.eq_ignore_ascii_case("auto") {
+            return Ok(Selection::Auto);
+        }
+        s.parse().map(Selection::Forced)
     }
 }
 
@@ -91,5 +229,32 @@ mod tests {
         assert_eq!("OneShot".parse::<Algorithm>().unwrap(), Algorithm::OneShot);
         assert!("three-shot".parse::<Algorithm>().is_err());
         assert_eq!(Algorithm::from_code(0), None);
+    }
+
+    #[test]
+    fn one_parse_of_a_selection_auto_or_a_forced_choice() {
+        for s in Selection::ALL {
+            assert_eq!(s.name().parse::<Selection>().unwrap(), s);
+        }
+        assert_eq!(" AUTO ".parse::<Selection>().unwrap(), Selection::Auto);
+        assert_eq!("".parse::<Selection>().unwrap(), Selection::Auto);
+        assert_eq!(
+            "OneShot".parse::<Selection>().unwrap(),
+            Selection::Forced(Choice::Tpar(Algorithm::OneShot))
+        );
+        assert_eq!(Selection::parse_from("X", None).unwrap(), Selection::Auto);
+        assert_eq!(
+            Selection::parse_from("X", Some("nccl")).unwrap().forced(),
+            Some(Choice::Nccl)
+        );
+        let err = Selection::parse_from("TPAR_ALGO", Some("ring"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TPAR_ALGO=ring: ")
+                && err.contains("unknown algorithm 'ring'")
+                && err.contains("nccl"),
+            "{err}"
+        );
     }
 }

@@ -9,7 +9,6 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
@@ -17,29 +16,23 @@ use crate::backend::cuda::{
     borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
 };
 use crate::backend::nccl::{Nccl, NcclCommunicator};
-use crate::check::{fill_expected, fill_input, first_mismatch};
-use crate::dispatch::{plan, Choice, Plan, Probe, Request, TuningTable};
+use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
 use crate::rendezvous::Rendezvous;
 use crate::topology::Topology;
 
-/// The variable that forces one algorithm for every call.
-pub const ENV_ALGO: &str = "TPAR_ALGO";
+pub use crate::algorithm::{Selection, ENV_ALGO};
 
 /// `TPAR_INIT_SELFTEST=0` skips the numerical self-test of [`Communicator::join`].
 pub const ENV_INIT_SELFTEST: &str = "TPAR_INIT_SELFTEST";
 
-/// The algorithm `TPAR_ALGO` forces, if any; an unknown name is an error, not ignored.
+/// The choice `TPAR_ALGO` (given as `value`) forces, if any; an unknown name is an error, not
+/// ignored. A shorthand of [`Selection::parse_from`] for callers that read the variable
+/// themselves.
 pub fn forced_choice(value: Option<&str>) -> Result<Option<Choice>> {
-    value
-        .filter(|v| !v.trim().is_empty() && !v.trim().eq_ignore_ascii_case("auto"))
-        .map(|v| {
-            v.parse::<Choice>()
-                .map_err(|e| Error::InvalidArgument(format!("{ENV_ALGO}={v}: {e}")))
-        })
-        .transpose()
+    Selection::parse_from(ENV_ALGO, value).map(Selection::forced)
 }
 
 /// Which NCCL communicator serves the calls the dispatcher gives to NCCL (large messages,
@@ -116,23 +109,24 @@ pub struct Communicator {
     nccl_bytes: std::sync::atomic::AtomicU64,
     /// The machine, as the dispatcher sees it (no NCCL when this group has none).
     topology: Topology,
-    forced: Option<Choice>,
+    /// What `TPAR_ALGO` selects for every call that does not force its own choice.
+    selection: Selection,
     tuning: HashMap<DType, TuningTable>,
     /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
     /// that failed the self-test of `join`): failed paths are never planned.
-    probe: Probe,
+    findings: Findings,
     /// Orders calls issued from several streams as they were issued on the host.
     order: StreamOrder,
     /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
     /// asks the same few sizes over and over, on its hot path.
-    plans: Mutex<HashMap<(DType, u64, bool), Plan>>,
+    decisions: Mutex<HashMap<(Selection, DType, u64, bool), Decision>>,
     /// What creating this group found that its user should hear about (also logged):
     /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
     warnings: Vec<String>,
 }
 
 /// Distinct (dtype, size, capturing) plans kept before the cache starts over.
-const PLAN_CACHE_ENTRIES: usize = 4096;
+const DECISION_CACHE_ENTRIES: usize = 4096;
 
 impl Communicator {
     /// Puts the backends of one rank behind one call. `nccl` is the NCCL communicator for the
@@ -160,7 +154,7 @@ impl Communicator {
         nccl_ready: OnceLock<NcclCommunicator>,
         mut topology: Topology,
     ) -> Result<Communicator> {
-        let forced = forced_choice(std::env::var(ENV_ALGO).ok().as_deref())?;
+        let selection = Selection::from_env()?;
         if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
@@ -186,10 +180,10 @@ impl Communicator {
             nccl_ready,
             nccl_bytes: Default::default(),
             topology,
-            forced,
+            selection,
             tuning,
-            probe,
-            plans: Mutex::default(),
+            findings: probe,
+            decisions: Mutex::default(),
             warnings: Vec::new(),
         })
     }
@@ -396,9 +390,9 @@ impl Communicator {
             let warning = format!("{choice} failed the init self-test and will not be used: {why}");
             log::warn!("{warning}");
             self.warnings.push(warning);
-            self.probe.failed.push((choice, why));
+            self.findings.failed.push((choice, why));
         }
-        self.plans.lock().expect("plan cache").clear();
+        self.decisions.lock().expect("decision cache").clear();
         Ok(())
     }
 
@@ -409,29 +403,17 @@ impl Communicator {
         instance: &str,
         timeout: std::time::Duration,
     ) -> Result<Vec<(Choice, String)>> {
-        let dtype = DType::Bf16;
-        let counts = [4099usize, 140_001];
+        let spec = crate::verify::INIT_CHECK;
         let rank = self.cuda.rank();
-
-        let ctx = self.cuda.context().clone();
-        let stream = ctx
+        let stream = self
+            .cuda
+            .context()
             .new_stream()
             .map_err(|e| Error::Cuda(format!("init self-test: cannot create a stream: {e}")))?;
-        let max = counts[counts.len() - 1];
-        let mut buffer = DeviceMemory::zeroed(&ctx, max * dtype.size())?;
-        // Inputs and expected sums depend on the count only: made once, used for every path.
-        let cases: Vec<(usize, Vec<u8>, Vec<u8>)> = counts
-            .iter()
-            .enumerate()
-            .map(|(seed, &count)| {
-                let mut input = vec![0u8; count * dtype.size()];
-                let mut expected = vec![0u8; count * dtype.size()];
-                fill_input(dtype, seed as u64, rank, &mut input);
-                fill_expected(dtype, seed as u64, self.cuda.world_size(), &mut expected);
-                (count, input, expected)
-            })
-            .collect();
-        let mut output = vec![0u8; max * dtype.size()];
+        let target = crate::verify::BackendRank {
+            cuda: &self.cuda,
+            stream: &stream,
+        };
         let mut failures: Vec<(String, String)> = Vec::new();
         let mut checked: Vec<&str> = Vec::new();
         for algorithm in Algorithm::ALL {
@@ -439,25 +421,18 @@ impl Communicator {
                 continue;
             }
             checked.push(algorithm.name());
-            for (count, input, expected) in &cases {
-                let (count, bytes) = (*count, input.len());
-                buffer.upload(input)?;
-                self.cuda
-                    .all_reduce(None, buffer.span_mut(dtype, count)?, algorithm, &stream)?;
-                self.cuda.synchronize(&stream).map_err(|e| {
-                    Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
-                })?;
-                buffer.download(&mut output[..bytes])?;
-                // One finding per path; every rank still makes every call (they are collective).
-                let already = failures.iter().any(|(name, _)| name == algorithm.name());
-                if let Some((i, got, want)) =
-                    first_mismatch(dtype, &output[..bytes], expected).filter(|_| !already)
-                {
-                    failures.push((
-                        algorithm.name().to_owned(),
-                        format!("the init self-test on rank {rank}, {count} bf16 elements: element {i} was {got}, expected {want}"),
-                    ));
-                }
+            let findings = crate::verify::check(&target, algorithm, &spec).map_err(|e| {
+                Error::Cuda(format!("init self-test of {algorithm} on rank {rank}: {e}"))
+            })?;
+            // One finding per path; every rank made every call (they are collective).
+            if let Some(f) = findings.first() {
+                failures.push((
+                    algorithm.name().to_owned(),
+                    format!(
+                        "the init self-test on rank {rank}, {} {} elements: element {} was {}, expected {}",
+                        f.count, spec.dtype, f.index, f.got, f.want
+                    ),
+                ));
             }
         }
         let key = format!("selftest-{instance}");
@@ -468,7 +443,11 @@ impl Communicator {
             log::info!(
                 "init self-test on rank {rank}: {} correct on every rank ({} bf16 elements, every element checked)",
                 checked.join(", "),
-                counts.map(|c| c.to_string()).join(" and ")
+                spec.counts
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" and ")
             );
         }
         Ok(vetoed)
@@ -488,37 +467,68 @@ impl Communicator {
         &self.topology
     }
 
-    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can).
-    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
-        let key = (dtype, bytes, capturing);
-        if let Some(p) = self.plans.lock().expect("plan cache").get(&key) {
+    /// What a call of `bytes` of `dtype` will run, and why (or why nothing can): the
+    /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
+    pub fn decision(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
+        self.decision_for(Selection::Auto, dtype, bytes, capturing)
+    }
+
+    /// The old name of [`Communicator::decision`], kept until its last users (the CLI,
+    /// `fused.rs`) move.
+    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
+        self.decision(dtype, bytes, capturing)
+    }
+
+    /// What a call of `bytes` of `dtype` will run for `selection`, and why: with
+    /// [`Selection::Auto`] as [`Communicator::decision`]; with a forced choice, that choice once
+    /// the dispatcher's checks say it can run here (else an error with the reason, never a
+    /// substitute). A forced choice of the call wins over `TPAR_ALGO`.
+    pub fn decision_for(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Decision> {
+        let selection = match selection {
+            Selection::Auto => self.selection,
+            forced => forced,
+        };
+        let key = (selection, dtype, bytes, capturing);
+        if let Some(p) = self.decisions.lock().expect("decision cache").get(&key) {
             return Ok(p.clone());
         }
-        let p = self.make_plan(dtype, bytes, capturing)?;
-        let mut plans = self.plans.lock().expect("plan cache");
-        if plans.len() >= PLAN_CACHE_ENTRIES {
-            plans.clear();
+        let p = self.make_decision(selection.forced(), dtype, bytes, capturing)?;
+        let mut decisions = self.decisions.lock().expect("decision cache");
+        if decisions.len() >= DECISION_CACHE_ENTRIES {
+            decisions.clear();
         }
-        plans.insert(key, p.clone());
+        decisions.insert(key, p.clone());
         Ok(p)
     }
 
-    fn make_plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Plan> {
+    fn make_decision(
+        &self,
+        forced: Option<Choice>,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Decision> {
         let slot_why = match &*self.nccl.lock().expect("nccl slot") {
             NcclSlot::Unavailable(why) => Some(why.clone()),
             _ => None,
         };
-        plan(&Request {
+        decide(&Request {
             topology: &self.topology,
-            probe: Some(&self.probe),
+            probe: Some(&self.findings),
             tuning: self.tuning.get(&dtype),
             world_size: self.cuda.world_size(),
             dtype,
             bytes,
             capturing,
-            forced: self.forced,
+            forced,
         })
-        .map_err(|e| match (slot_why, self.forced) {
+        .map_err(|e| match (slot_why, forced) {
             // Say why this group has no NCCL, not only that the machine "has none".
             (Some(why), Some(Choice::Nccl)) => match e {
                 Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
@@ -530,10 +540,28 @@ impl Communicator {
 
     /// Why a call with this plan would be refused before launch (NCCL planned on a
     /// communicator created with nccl=none), or None when it runs.
-    pub fn refusal(&self, plan: &Plan) -> Option<String> {
+    pub fn refusal(&self, plan: &Decision) -> Option<String> {
         (plan.choice == Choice::Nccl
             && matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Refused))
         .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
+    }
+
+    /// The one decision of a call: its plan for `selection` ([`Communicator::decision_for`]), then
+    /// whether this communicator refuses it ([`Communicator::refusal`]), as one error.
+    pub fn decide(
+        &self,
+        selection: Selection,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+    ) -> Result<Decision> {
+        let plan = self.decision_for(selection, dtype, bytes, capturing)?;
+        if let Some(why) = self.refusal(&plan) {
+            return Err(Error::Unsupported(format!(
+                "this call is planned for {why}"
+            )));
+        }
+        Ok(plan)
     }
 
     /// Whether tpar's own NCCL communicator is still to be created by the first call planned
@@ -551,19 +579,30 @@ impl Communicator {
         input: Option<DeviceSpan<'_>>,
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
-    ) -> Result<Plan> {
+    ) -> Result<Decision> {
+        self.all_reduce_selected(Selection::Auto, input, output, stream)
+    }
+
+    /// The one call path, every caller's (the CLI's harness, Python, the engine plugins):
+    /// check the operands against this rank's GPU and `stream`, decide what runs
+    /// ([`Communicator::decide`]: the dispatcher's plan, or the forced choice once verified to
+    /// run here, with the reason when it cannot), enqueue it in this communicator's call
+    /// order. Returns the plan that ran.
+    pub fn all_reduce_selected(
+        &self,
+        selection: Selection,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+        stream: &CudaStream,
+    ) -> Result<Decision> {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
-        let plan = self.plan(
+        let plan = self.decide(
+            selection,
             operands.dtype(),
             operands.bytes() as u64,
             capture.is_capturing(),
         )?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
         self.enqueue(plan.choice, &operands, stream, capture)?;
         Ok(plan)
     }
@@ -595,24 +634,42 @@ impl Communicator {
         count: usize,
         stream: CUstream,
         capturing: bool,
-    ) -> Result<Plan> {
-        let plan = self.plan(dtype, (count * dtype.size()) as u64, capturing)?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
+    ) -> Result<Decision> {
+        let plan = self.decide(
+            Selection::Auto,
+            dtype,
+            (count * dtype.size()) as u64,
+            capturing,
+        )?;
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.all_reduce_with(plan.choice, dtype, input, output, count, stream)? };
+        unsafe { self.all_reduce_raw_as(plan.choice, dtype, input, output, count, stream)? };
         Ok(plan)
     }
 
-    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
-    /// (the CLI's rank harness, the Python binding).
+    /// The old name of [`Communicator::all_reduce_raw_as`], kept until its last users (the
+    /// CLI's rank harness) move.
     ///
     /// # Safety
     /// As for [`CudaCommunicator::all_reduce_raw`].
     pub unsafe fn all_reduce_with(
+        &self,
+        choice: Choice,
+        dtype: DType,
+        input: Option<u64>,
+        output: u64,
+        count: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.all_reduce_raw_as(choice, dtype, input, output, count, stream) }
+    }
+
+    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
+    /// (the CLI's rank harness).
+    ///
+    /// # Safety
+    /// As for [`CudaCommunicator::all_reduce_raw`].
+    pub unsafe fn all_reduce_raw_as(
         &self,
         choice: Choice,
         dtype: DType,
@@ -715,10 +772,10 @@ impl Communicator {
 }
 
 /// Init self-test findings per group key (GPUs in rank order and settings) in this process.
-type Findings = Vec<(Choice, String)>;
+type SelfTestFailures = Vec<(Choice, String)>;
 
-fn selftest_cache() -> &'static Mutex<HashMap<String, Findings>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Findings>>> = OnceLock::new();
+fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, SelfTestFailures>>> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 

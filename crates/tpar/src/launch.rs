@@ -351,7 +351,7 @@ pub fn send_sigkill(pid: u32) {
 /// Unlinks every shared-memory segment of the job with `token` (left by a rank that died
 /// between creating its segment and the moment all peers had mapped it).
 pub fn remove_job_segments(token: &str) -> usize {
-    let prefix = crate::backend::cpu::segment_prefix(token);
+    let prefix = crate::rendezvous::segment_prefix(token);
     let Ok(entries) = std::fs::read_dir("/dev/shm") else {
         return 0;
     };
@@ -426,7 +426,7 @@ mod tests {
         })
         .unwrap();
         std::fs::write(dead_dir.join(LAUNCHER_RECORD), record).unwrap();
-        let name = format!("/{}g0-r0", crate::backend::cpu::segment_prefix(&token));
+        let name = format!("/{}g0-r0", crate::rendezvous::segment_prefix(&token));
         std::mem::forget(crate::sys::SharedSegment::create(&name, 4096).unwrap());
         let live_dir = tmp.join(format!("tpar-abcdefgh-{}", std::process::id()));
         ensure_private_dir(&live_dir).unwrap();
@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn leftover_segments_of_the_job_are_removed() {
         let token = random_token().unwrap();
-        let name = format!("/{}leftover", crate::backend::cpu::segment_prefix(&token));
+        let name = format!("/{}leftover", crate::rendezvous::segment_prefix(&token));
         let seg = crate::sys::SharedSegment::create(&name, 4096).unwrap();
         std::mem::forget(seg); // as if its rank was killed before unlinking
         assert_eq!(remove_job_segments(&token), 1);

@@ -8,19 +8,29 @@
 //!   (a private directory and a random job token) and how `tpar` starts its own ranks.
 //! - [`backend`]: transports. [`backend::cpu`] runs the protocol over POSIX shared memory
 //!   between processes; [`backend::cuda`] runs it in CUDA kernels; [`backend::nccl`] loads NCCL.
-//! - [`topology`] and [`dispatch`]: what the machine is and which path runs each message;
-//!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call.
+//! - [`topology`] and [`dispatch`]: what the machine is (plain data; [`backend::machine`] reads
+//!   it) and which path runs each message (pure policy: no backend imports);
+//!   [`communicator::Communicator`] puts the CUDA and NCCL backends behind one call path
+//!   (check -> decide -> enqueue).
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
-//! - [`dtype`], [`algorithm`], [`memory`], [`error`]: the small vocabulary types.
+//! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
+//! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
+//!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
+//! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`]: the small vocabulary types
+//!   and the cache root.
+//!
+//! Layers point down only: `python3 scripts/import_graph.py` checks it (ARCHITECTURE.md).
 
 pub mod algorithm;
 pub mod backend;
+pub mod cache;
 pub mod check;
 pub mod communicator;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
+pub mod harness;
 pub mod hash;
 pub mod launch;
 pub mod memory;
@@ -30,9 +40,10 @@ pub mod protocol;
 pub mod rendezvous;
 mod sys;
 pub mod topology;
+pub mod verify;
 mod wait;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Algorithm, Selection};
 pub use backend::cpu::{CommConfig, CpuCommunicator};
 pub use communicator::Communicator;
 pub use dtype::{DType, Element};

@@ -23,6 +23,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 pub const ENV_RENDEZVOUS: &str = "TPAR_RENDEZVOUS";
+
+/// The prefix of the /dev/shm names of a job's segments (every backend's, and what `tpar`'s
+/// launcher sweeps after a job).
+pub fn segment_prefix(token: &str) -> String {
+    format!("tpar-{token}-")
+}
+
 pub const ENV_JOB_TOKEN: &str = "TPAR_JOB_TOKEN";
 
 /// Where one rank stands in its job.
@@ -414,7 +421,7 @@ impl Rendezvous {
     pub(crate) fn shm_name(&self, what: &str) -> String {
         format!(
             "/{}{}{what}",
-            crate::backend::cpu::segment_prefix(&self.env.token),
+            segment_prefix(&self.env.token),
             self.namespace
         )
     }

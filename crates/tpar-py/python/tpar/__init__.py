@@ -33,8 +33,9 @@ import weakref
 from ._tpar import Comm as _Comm
 from ._tpar import TparError
 from ._tpar import __version__
+from ._tpar import tune, verify  # the harness: `tpar tune` and `tpar selftest` for one rank
 
-__all__ = ["Communicator", "TparError", "__version__"]  # tpar.adapter, tpar.ops: see there
+__all__ = ["Communicator", "TparError", "__version__", "tune", "verify"]  # tpar.adapter, tpar.ops: see there
 
 _CPU_ALGORITHMS = ("one-shot", "two-shot")
 _TORCH_DTYPES = {"torch.float32": ("f32", 4), "torch.float16": ("f16", 2), "torch.bfloat16": ("bf16", 2)}
@@ -223,14 +224,14 @@ class Communicator:
     """
 
     def __init__(self, rank=None, world_size=None, device=None, *, group=None, rendezvous=None, token=None,
-                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=128 << 10, members=None, nccl="none"):
+                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=None, members=None, nccl="none"):
         self._comm = None
         rank = _integer("rank", rank)
         world_size = _integer("world_size", world_size, low=1)
         if rank is not None and world_size is not None and rank >= world_size:
             raise TparError(f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}")
         timeout = _seconds("timeout", timeout)
-        chunk_bytes = _integer("chunk_bytes", chunk_bytes, low=64, allow_none=False, high=1 << 30)
+        chunk_bytes = _integer("chunk_bytes", chunk_bytes, low=64, allow_none=True, high=1 << 30)
         self.max_bytes = _integer("max_bytes", max_bytes, low=1, high=1 << 62)
         if token is not None and not isinstance(token, str):
             raise TparError(f"token={type(token).__name__}: give the job's token as a string")

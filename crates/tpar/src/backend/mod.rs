@@ -4,6 +4,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod libsearch;
+pub mod machine;
 pub mod nccl;
 
 /// Whether this machine shows NVIDIA GPUs, read from the driver's /proc files so that nothing

@@ -10,7 +10,7 @@
 
 use super::spec::Latency;
 use crate::algorithm::Algorithm;
-use crate::dispatch::{classify, plan, Choice, Class, Request};
+use crate::dispatch::{classify, decide, Choice, Class, Request};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::topology::Topology;
@@ -122,16 +122,43 @@ pub fn class_model(class: Class) -> ClassModel {
     }
 }
 
-/// Bytes one rank puts on its bottleneck for an allreduce of `bytes` over `n` ranks: LL lines
-/// carry 4 data bytes in 8, so tpar's pushed bytes count double.
-fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
-    match choice {
-        Choice::Nccl => 2.0 * (n - 1.0) / n * bytes,
-        Choice::Tpar(Algorithm::OneShot) | Choice::Tpar(Algorithm::OneShotPull) => {
-            (n - 1.0) * 2.0 * bytes
-        }
-        Choice::Tpar(Algorithm::TwoShot) => 2.0 * (n - 1.0) / n * 2.0 * bytes,
-        Choice::Tpar(Algorithm::HostStaged) => n * 2.0 * bytes,
+/// Where the ranks of an allreduce sit, which decides what its bottleneck is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// One rank per GPU: the bottleneck is each rank's own link.
+    GpuPerRank,
+    /// Every rank on one GPU: the bottleneck is that GPU's memory (or, for host-staged, its
+    /// one PCIe link), which carries every rank's traffic.
+    SharedGpu,
+}
+
+/// Bytes through the bottleneck for one allreduce of `bytes` over `n` ranks placed as
+/// `placement` says. LL lines carry 4 data bytes in 8, so tpar's pushed bytes count double.
+/// The one formula for the latency model (one rank per GPU) and for the bandwidth columns of
+/// benchmarks (often every rank on one GPU).
+pub fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64, placement: Placement) -> f64 {
+    match placement {
+        Placement::GpuPerRank => match choice {
+            Choice::Nccl => 2.0 * (n - 1.0) / n * bytes,
+            Choice::Tpar(Algorithm::OneShot) | Choice::Tpar(Algorithm::OneShotPull) => {
+                (n - 1.0) * 2.0 * bytes
+            }
+            Choice::Tpar(Algorithm::TwoShot) => 2.0 * (n - 1.0) / n * 2.0 * bytes,
+            Choice::Tpar(Algorithm::HostStaged) => n * 2.0 * bytes,
+        },
+        Placement::SharedGpu => match choice {
+            // NCCL's ring moves 2 (n-1)/n of the message per rank, n ranks on the one GPU.
+            Choice::Nccl => 2.0 * n * bytes,
+            // n ranks each write 2B into n inboxes and read n slots of 2B.
+            Choice::Tpar(Algorithm::OneShot) => 4.0 * n * n * bytes,
+            // Reduce-scatter and all-gather each write and read about 2B per rank, twice.
+            Choice::Tpar(Algorithm::TwoShot) => 8.0 * n * bytes,
+            // Each rank writes B once; every rank reads every rank's B.
+            Choice::Tpar(Algorithm::OneShotPull) => n * bytes + n * n * bytes,
+            // Over PCIe, per direction: n x n x 2B written to host memory (and as much read
+            // back).
+            Choice::Tpar(Algorithm::HostStaged) => 2.0 * n * n * bytes,
+        },
     }
 }
 
@@ -162,7 +189,7 @@ pub fn modelled_latency(
     let mut runs: Vec<(u64, Choice)> = Vec::new();
     for bytes in grid() {
         let bytes = bytes - bytes % dtype.size() as u64;
-        let p = plan(&Request {
+        let p = decide(&Request {
             topology,
             probe: None,
             tuning: None,
@@ -181,7 +208,10 @@ pub fn modelled_latency(
         let us = if world_size <= 1 {
             0.0
         } else {
-            cost.at(world_size, bottleneck_bytes(p.choice, n, bytes as f64)) + extra
+            cost.at(
+                world_size,
+                bottleneck_bytes(p.choice, n, bytes as f64, Placement::GpuPerRank),
+            ) + extra
         };
         points.push((bytes, us));
         if runs.last().is_none_or(|(_, c)| *c != p.choice) {
@@ -276,5 +306,32 @@ mod tests {
         let h200 = fixture("8x-h200-nvswitch");
         let at = |t: &Topology| modelled_latency(t, 4, DType::Bf16).unwrap().0.at(43008);
         assert!(at(&rtx) > at(&h200));
+    }
+
+    #[test]
+    fn bottleneck_bytes_count_each_placement_s_bottleneck() {
+        let one_shot = Choice::Tpar(Algorithm::OneShot);
+        let kib = 1024.0;
+        // One rank per GPU: each pushes its LL-doubled input to n-1 peers.
+        assert_eq!(
+            bottleneck_bytes(one_shot, 8.0, kib, Placement::GpuPerRank),
+            7.0 * 2.0 * kib
+        );
+        // All on one GPU: n ranks write 2B into n inboxes and read n slots of 2B.
+        assert_eq!(
+            bottleneck_bytes(one_shot, 8.0, kib, Placement::SharedGpu),
+            4.0 * 64.0 * kib
+        );
+        for choice in Choice::ALL {
+            for placement in [Placement::GpuPerRank, Placement::SharedGpu] {
+                let two = bottleneck_bytes(choice, 2.0, kib, placement);
+                let eight = bottleneck_bytes(choice, 8.0, kib, placement);
+                assert!(two > 0.0 && eight > two, "{choice} {placement:?}");
+                assert_eq!(
+                    bottleneck_bytes(choice, 8.0, 2.0 * kib, placement),
+                    2.0 * eight
+                );
+            }
+        }
     }
 }

@@ -25,7 +25,11 @@ use crate::sys::{liveness, Liveness, SharedSegment};
 pub use crate::wait::InterruptCheck;
 use crate::wait::{Phase, Watch};
 
-/// Settings every rank of a communicator must agree on.
+/// Settings every rank of a CPU communicator must agree on. Its default chunk (128 KiB) is
+/// half the CUDA backend's ([`crate::backend::cuda::CudaConfig`]): the inbox costs about
+/// 6 x (world size + 1) chunks of /dev/shm per rank. Python's `chunk_bytes=` sets both. (At
+/// 256 KiB the 7-rank CLI selftest failed under load, 2 runs of 2: a rank waiting on a live
+/// peer reports another peer that exited after its last call; see `wait::Watch::gone_peers`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CommConfig {
     /// Longest wait for a peer before a call fails with [`Error::PeerTimeout`].
@@ -50,10 +54,7 @@ const BLOCK_LINES: usize = 1024;
 const SEGMENT_MAGIC: u64 = 0x7470_6172_5f73_686d; // "tpar_shm"
 const SEGMENT_VERSION: u64 = 1;
 
-/// The prefix of the /dev/shm names of a job's segments.
-pub fn segment_prefix(token: &str) -> String {
-    format!("tpar-{token}-")
-}
+pub use crate::rendezvous::segment_prefix;
 
 /// FNV-1a: stamps a segment with its job without writing the token itself into it.
 fn token_hash(token: &str) -> u64 {

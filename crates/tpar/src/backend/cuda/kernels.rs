@@ -63,7 +63,7 @@ pub const ANATOMY_RUNGS: usize = 6;
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 
 /// Mirrors `TPAR_MAX_RANKS` in the header.
-pub const MAX_RANKS: usize = 16;
+pub const MAX_RANKS: usize = crate::algorithm::MAX_RANKS;
 /// Mirrors `TPAR_MAX_BLOCKS`.
 pub const MAX_BLOCKS: u32 = 64;
 /// Mirrors the 128-byte flag stride of the pull algorithm (`TPAR_FLAG_STRIDE_U64` u64s).

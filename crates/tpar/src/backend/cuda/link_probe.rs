@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 use super::driver::DeviceMemory;
 use super::kernels::{KernelId, MAX_RANKS, THREADS};
 use super::{context, enable_peer_access, kernel_set, KernelSet};
-use crate::dispatch::Probe;
 use crate::error::{Error, Result};
+use crate::topology::Probe;
 use crate::topology::Topology;
 
 /// One link, measured alone.

@@ -7,7 +7,7 @@
 //! for the message when it is missing and for launchers that set `LD_LIBRARY_PATH`.
 
 use std::ffi::{c_char, CStr, CString};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use cudarc::nvrtc::sys::{self, nvrtcResult};
 
@@ -172,18 +172,7 @@ fn extra_defines() -> Vec<String> {
         .collect()
 }
 
-/// tpar's cache: `TPAR_CACHE_DIR`, else `$XDG_CACHE_HOME/tpar`, else `~/.cache/tpar`.
-/// Compiled kernels go in `kernels/`, tuning tables in `tuning/`.
-pub fn cache_root() -> PathBuf {
-    if let Ok(dir) = std::env::var("TPAR_CACHE_DIR") {
-        return dir.into();
-    }
-    std::env::var("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|_| std::env::temp_dir())
-        .join("tpar")
-}
+pub use crate::cache::cache_root;
 
 /// [`compile_cubin`] through the disk cache.
 pub fn cached_cubin(

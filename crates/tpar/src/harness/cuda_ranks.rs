@@ -6,83 +6,55 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use crate::algorithm::Selection;
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use crate::backend::nccl::NcclCommunicator;
+use crate::dispatch::Choice;
+use crate::topology::Topology;
+use crate::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
-use tpar::backend::cuda::driver::DeviceMemory;
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
-use tpar::backend::nccl::NcclCommunicator;
-use tpar::dispatch::Choice;
-use tpar::topology::Topology;
-use tpar::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
 
-use crate::known::{total_across_ranks, KnownData};
-use crate::ranks::Rank;
+use super::known::{total_across_ranks, KnownData};
+use super::ranks::Rank;
+use super::{bail, Context, HarnessError, Result};
+use crate::verify::{self, CheckRanks, Finding};
 
-/// What a call runs: one fixed choice, or whatever the dispatcher picks for its size (`auto`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    Fixed(Choice),
-    Auto,
-}
-
-impl Route {
-    pub fn name(self) -> &'static str {
-        match self {
-            Route::Fixed(c) => c.name(),
-            Route::Auto => "auto",
-        }
-    }
-}
-
-impl Route {
-    /// Queues one allreduce on `stream` through `comm`: the fixed choice, or the dispatcher's.
-    ///
-    /// # Safety
-    /// As for [`Communicator::all_reduce_raw`].
-    pub unsafe fn queue(
-        self,
-        comm: &Communicator,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let cu = stream.cu_stream();
-        // SAFETY: the caller's promise, passed on.
-        unsafe {
-            match self {
-                Route::Fixed(choice) => {
-                    comm.all_reduce_with(choice, dtype, input, output, count, cu)?
-                }
-                Route::Auto => {
-                    comm.all_reduce_raw(
-                        dtype,
-                        input,
-                        output,
-                        count,
-                        cu,
-                        stream_is_capturing(stream),
-                    )?;
-                }
+/// Queues one allreduce on `stream` through `comm`: the forced choice, or the dispatcher's
+/// (the library's one parse of a choice is [`Selection`]'s).
+///
+/// # Safety
+/// As for [`Communicator::all_reduce_raw`].
+pub unsafe fn queue(
+    selection: Selection,
+    comm: &Communicator,
+    dtype: DType,
+    input: Option<u64>,
+    output: u64,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<()> {
+    let cu = stream.cu_stream();
+    // SAFETY: the caller's promise, passed on.
+    unsafe {
+        match selection {
+            Selection::Forced(choice) => {
+                comm.all_reduce_with(choice, dtype, input, output, count, cu)?
+            }
+            Selection::Auto => {
+                comm.all_reduce_raw(dtype, input, output, count, cu, stream_is_capturing(stream))?;
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
-pub(crate) fn stream_is_capturing(stream: &CudaStream) -> bool {
+pub fn stream_is_capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| {
         s == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
     })
-}
-
-impl std::fmt::Display for Route {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// Every name `--algos`, `--algo` and `TPAR_ALGO` take, in the one order used by help, errors
@@ -95,20 +67,18 @@ macro_rules! route_names {
 }
 pub const ROUTE_NAMES: &str = route_names!();
 
-impl std::str::FromStr for Route {
-    type Err = tpar::Error;
-    fn from_str(s: &str) -> std::result::Result<Route, tpar::Error> {
-        if s.trim().eq_ignore_ascii_case("auto") {
-            Ok(Route::Auto)
-        } else {
-            s.parse().map(Route::Fixed).map_err(|_| {
-                tpar::Error::InvalidArgument(format!(
-                    "unknown algorithm '{}'; the names are: {ROUTE_NAMES}",
-                    s.trim()
-                ))
-            })
-        }
-    }
+/// A name from a list of algorithms (`--algos`): [`Selection`]'s parse, with an error that
+/// lists every name `auto` included; an empty name is refused, not taken for `auto`.
+pub fn parse_selection(name: &str) -> std::result::Result<Selection, crate::Error> {
+    let name = name.trim();
+    let parsed = (!name.is_empty())
+        .then(|| name.parse::<Selection>().ok())
+        .flatten();
+    parsed.ok_or_else(|| {
+        crate::Error::InvalidArgument(format!(
+            "unknown algorithm '{name}'; the names are: {ROUTE_NAMES}"
+        ))
+    })
 }
 
 pub struct CudaRanks {
@@ -130,7 +100,7 @@ pub struct RankBuffers {
 }
 
 pub fn device_count() -> Result<usize> {
-    Ok(tpar::backend::cuda::probe()?)
+    Ok(crate::backend::cuda::probe()?)
 }
 
 impl CudaRanks {
@@ -233,7 +203,7 @@ impl CudaRanks {
             let result = comm.cuda().synchronize(&self.streams[i]);
             let took = start.elapsed();
             match result {
-                Err(tpar::Error::PeerTimeout { peer, .. })
+                Err(crate::Error::PeerTimeout { peer, .. })
                     if peer == silent && took <= deadline + Duration::from_secs(1) =>
                 {
                     detail = format!(" (kernels gave up after {took:.2?}, deadline {deadline:?})");
@@ -320,22 +290,32 @@ impl CudaRanks {
         variant: Option<usize>,
         dtype: DType,
         count: usize,
-        route: Route,
+        route: Selection,
     ) -> Result<()> {
         let b = &buffers[i];
         let input = variant.map(|v| b.inputs[v % 2].ptr());
         // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
         // were sized for the largest count); the caller keeps them alive.
-        unsafe { route.queue(&self.comms[i], dtype, input, b.output.ptr(), count, stream) }
+        unsafe {
+            queue(
+                route,
+                &self.comms[i],
+                dtype,
+                input,
+                b.output.ptr(),
+                count,
+                stream,
+            )
+        }
     }
 
     /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the
     /// dispatcher's plan says what it runs).
-    pub fn supports(&self, route: Route) -> std::result::Result<(), String> {
+    pub fn supports(&self, route: Selection) -> std::result::Result<(), String> {
         match route {
-            Route::Fixed(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
-            Route::Fixed(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
-            Route::Auto => Ok(()),
+            Selection::Forced(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
+            Selection::Forced(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
+            Selection::Auto => Ok(()),
         }
     }
 
@@ -346,7 +326,7 @@ impl CudaRanks {
         buffers: &[RankBuffers],
         dtype: DType,
         count: usize,
-        route: Route,
+        route: Selection,
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
@@ -397,7 +377,7 @@ impl CudaRanks {
             b.output.download(&mut host)?;
             let expected = k.expected(variant, count);
             let mismatch = if tolerance == 0.0 {
-                tpar::check::first_mismatch(dtype, &host, expected)
+                crate::check::first_mismatch(dtype, &host, expected)
             } else {
                 (0..count)
                     .map(|e| (e, dtype.load_f32(&host, e), dtype.load_f32(expected, e)))
@@ -408,7 +388,7 @@ impl CudaRanks {
             if let Some((index, got, want)) = mismatch {
                 wrong += 1;
                 let previous = dtype.load_f32(k.expected(variant + 1, count), index) == got;
-                crate::ranks::say(
+                super::ranks::say(
                     self.ranks[i],
                     &format!(
                         "wrong result at {count} {dtype} elements: first at element {index}, got {got}, expected {want}{}",
@@ -421,56 +401,108 @@ impl CudaRanks {
     }
 
     /// Captures one graph per local rank on its own stream, as each GPU of a real machine
-    /// would capture its own decode graph.
-    pub fn capture_each(
+    /// would capture its own decode graph. `body` may fail with the caller's own error type.
+    pub fn capture_each<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
-    ) -> Result<Vec<CudaGraph>> {
+        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Vec<CudaGraph>, E> {
         self.streams
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+                s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                    .map_err(HarnessError::from)?;
                 let captured = body(i, s);
                 let graph = s.end_capture(CUgraphInstantiate_flags(0));
                 captured?;
-                graph?.context("stream capture produced no graph")
+                let graph = graph.map_err(HarnessError::from)?;
+                Ok(graph.context("stream capture produced no graph")?)
             })
             .collect()
     }
 
     /// Captures one graph: `body(local_index, stream)` queues rank work on that rank's stream;
     /// the other streams fork from and join back into the first.
-    pub fn capture(
+    pub fn capture<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> Result<()>,
-    ) -> Result<CudaGraph> {
+        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+    ) -> std::result::Result<CudaGraph, E> {
         let main = &self.streams[0];
-        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-        let captured = (|| -> Result<()> {
-            let fork = main.record_event(None)?;
+        main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(HarnessError::from)?;
+        let captured = (|| -> std::result::Result<(), E> {
+            let fork = main.record_event(None).map_err(HarnessError::from)?;
             for s in &self.streams[1..] {
-                s.wait(&fork)?;
+                s.wait(&fork).map_err(HarnessError::from)?;
             }
             for (i, s) in self.streams.iter().enumerate() {
                 body(i, s)?;
             }
             for s in &self.streams[1..] {
-                main.join(s)?;
+                main.join(s).map_err(HarnessError::from)?;
             }
             Ok(())
         })();
         let graph = main.end_capture(CUgraphInstantiate_flags(0));
         captured?;
-        match graph? {
+        match graph.map_err(HarnessError::from)? {
             Some(g) => Ok(g),
-            None => bail!("stream capture produced no graph"),
+            None => Err(HarnessError::Failed("stream capture produced no graph".into()).into()),
         }
     }
 }
 
+impl CheckRanks for CudaRanks {
+    type Error = HarnessError;
+
+    fn local_ranks(&self) -> usize {
+        self.comms.len()
+    }
+
+    fn rank(&self, i: usize) -> usize {
+        self.ranks[i]
+    }
+
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    fn cuda(&self, i: usize) -> &CudaCommunicator {
+        self.comms[i].cuda()
+    }
+
+    fn queue(
+        &self,
+        i: usize,
+        algorithm: Algorithm,
+        input: Option<DeviceSpan<'_>>,
+        output: DeviceSpanMut<'_>,
+    ) -> Result<()> {
+        let forced = Selection::Forced(Choice::Tpar(algorithm));
+        self.comms[i].all_reduce_selected(forced, input, output, &self.streams[i])?;
+        Ok(())
+    }
+
+    fn synchronize(&self, i: usize) -> Result<()> {
+        let comm = &self.comms[i];
+        let rank = comm.cuda().rank();
+        comm.cuda()
+            .synchronize(&self.streams[i])
+            .with_context(|| format!("rank {rank}"))?;
+        comm.check().with_context(|| format!("rank {rank}"))
+    }
+}
+
+/// Describes each wrong output on stderr as its rank (`tpar[rank R]: ...`), so that a failure
+/// can be diagnosed.
+pub fn say_findings(findings: &[Finding], dtype: DType) {
+    for f in findings {
+        super::ranks::say(f.rank, &f.describe(dtype));
+    }
+}
+
 /// A quick numerical check of one algorithm on `world_size` ranks in this process (doctor):
-/// two calls at each of a few odd sizes, compared bitwise with the exact sum.
+/// [`verify::QUICK_CHECK`], compared bitwise with the exact sum.
 pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     let group = CudaRanks::threads(
         world_size,
@@ -479,32 +511,37 @@ pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
             ..CudaConfig::default()
         },
     )?;
-    let counts = [0, 7, 4099, 70001];
-    let dtype = DType::Bf16;
-    let max = counts[counts.len() - 1];
-    let known = group.known(dtype, max, [51, 52]);
-    let buffers = group.buffers(max * dtype.size())?;
-    group.upload_inputs(&buffers, &known, max)?;
-    for count in counts {
-        for variant in 0..2 {
-            group.launch(
-                &buffers,
-                dtype,
-                count,
-                Route::Fixed(Choice::Tpar(algorithm)),
-                variant,
-                false,
-            )?;
-            group.synchronize()?;
-            let wrong = group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
-            if wrong > 0 {
-                bail!("{wrong} of {world_size} ranks got a wrong sum at {count} elements");
-            }
-        }
+    let spec = verify::QUICK_CHECK;
+    let findings = verify::check(&group, algorithm, &spec)?;
+    if let Some(first) = findings.first() {
+        let wrong: Vec<Finding> = findings
+            .iter()
+            .filter(|f| f.count == first.count && f.call == first.call)
+            .cloned()
+            .collect();
+        say_findings(&wrong, spec.dtype);
+        bail!(
+            "{} of {world_size} ranks got a wrong sum at {} elements",
+            wrong.len(),
+            first.count
+        );
     }
-    Ok(format!(
-        "exact sums on {world_size} ranks at 0, 7, 4099 and 70001 bf16 elements"
-    ))
+    Ok(exact_sums(world_size, &spec))
+}
+
+/// "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements": what a passed check shows.
+fn exact_sums(world_size: usize, spec: &verify::CheckSpec<'_>) -> String {
+    let counts: Vec<String> = spec.counts.iter().map(usize::to_string).collect();
+    let (last, rest) = counts.split_last().expect("a check has counts");
+    format!(
+        "exact sums on {world_size} ranks at {}{last} {} elements",
+        if rest.is_empty() {
+            String::new()
+        } else {
+            format!("{} and ", rest.join(", "))
+        },
+        spec.dtype
+    )
 }
 
 #[cfg(test)]
@@ -517,11 +554,16 @@ mod route_name_tests {
         names.push("auto");
         assert_eq!(ROUTE_NAMES, names.join(", "));
         for name in &names {
-            assert_eq!(name.parse::<Route>().unwrap().name(), *name);
+            assert_eq!(parse_selection(name).unwrap().name(), *name);
         }
-        let err = "ring".parse::<Route>().unwrap_err().to_string();
+        assert!(parse_selection(" ").is_err());
+        let err = parse_selection("ring").unwrap_err().to_string();
         assert!(err.contains(ROUTE_NAMES), "{err}");
-        let readme = include_str!("../../../README.md");
+        assert_eq!(
+            exact_sums(2, &verify::QUICK_CHECK),
+            "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements"
+        );
+        let readme = include_str!("../../../../README.md");
         assert!(
             readme.contains(ROUTE_NAMES),
             "README lists other algorithm names"

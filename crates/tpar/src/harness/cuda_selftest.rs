@@ -2,18 +2,21 @@
 //! and replayed from a CUDA graph, each compared bitwise with the exact sum (the kernels
 //! accumulate in fp32 in rank order, as the reference does); a graph replayed 1000 times with
 //! new inputs each time; and a peer-timeout case after which a fresh group must pass.
+//! Rows are counted across ranks (a row fails when any rank got a wrong bit); the caller
+//! prints them.
 
 use std::time::{Duration, Instant};
 
-use crate::cuda_ranks::Route;
-use anyhow::Result;
-use tpar::backend::cuda::CudaConfig;
-use tpar::check::{fill_expected, fill_input};
-use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType};
+use crate::backend::cuda::CudaConfig;
+use crate::check::{fill_expected, fill_input};
+use crate::dispatch::Choice;
+use crate::{Algorithm, DType};
 
-use crate::cuda_ranks::CudaRanks;
-use crate::report::Table;
+use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
+use super::known::KnownData;
+use super::Result;
+use crate::algorithm::Selection;
+use crate::verify::{self, CheckSpec};
 
 pub struct CudaPlan {
     pub counts: Vec<usize>,
@@ -26,28 +29,49 @@ pub struct CudaPlan {
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
-/// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
-pub fn run(
-    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
-    plan: &CudaPlan,
-) -> Result<(usize, usize, Option<String>)> {
-    let mut table = Table::new(
-        &["case", "dtype", "elements", "placement", "mode", "result"],
-        5,
-    );
-    let mut failed = 0;
-    let mut rows = 0;
-    let mut leader = false;
-    let mut record = |table: &mut Table, cells: [&str; 5], bad: u64, detail: String| {
-        rows += 1;
-        failed += usize::from(bad > 0);
-        let mut row: Vec<String> = cells.iter().map(|s| s.to_string()).collect();
-        row.push(if bad == 0 {
+/// The two inputs every row alternates between.
+const SEEDS: [u64; 2] = [31, 32];
+
+/// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
+/// process's rank of a job).
+pub type MakeGroup<'a> = &'a dyn Fn(CudaConfig) -> Result<CudaRanks>;
+
+/// One row of a self-test: what was checked (case, dtype, elements, placement and, on CUDA,
+/// mode), on how many ranks it failed (0: passed everywhere), and the result column.
+pub struct SelftestRow {
+    pub cells: Vec<String>,
+    pub bad: u64,
+    pub result: String,
+}
+
+impl SelftestRow {
+    /// A row whose result is `pass` or `FAIL on N rank(s)`, followed by `detail`.
+    pub fn tallied(cells: Vec<String>, bad: u64, detail: String) -> SelftestRow {
+        let result = if bad == 0 {
             format!("pass{detail}")
         } else {
             format!("FAIL on {bad} rank(s){detail}")
-        });
-        table.push(row);
+        };
+        SelftestRow { cells, bad, result }
+    }
+}
+
+/// The rows of a sweep, and whether this process holds rank 0 (which prints them).
+pub struct Sweep {
+    pub rows: Vec<SelftestRow>,
+    pub leader: bool,
+}
+
+/// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
+pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
+    let mut rows = Vec::new();
+    let mut leader = false;
+    let record = |rows: &mut Vec<SelftestRow>, cells: [&str; 5], bad: u64, detail: String| {
+        rows.push(SelftestRow::tallied(
+            cells.iter().map(|c| c.to_string()).collect(),
+            bad,
+            detail,
+        ));
     };
 
     if plan.timeout_case {
@@ -70,7 +94,7 @@ pub fn run(
                         Some(0),
                         DType::F32,
                         1024,
-                        Route::Fixed(Choice::Tpar(Algorithm::OneShot)),
+                        Selection::Forced(Choice::Tpar(Algorithm::OneShot)),
                     )?
                 };
             }
@@ -79,7 +103,7 @@ pub fn run(
         let bad = group.total(bad)?;
         leader |= group.is_leader();
         record(
-            &mut table,
+            &mut rows,
             [
                 "peer timeout",
                 "-",
@@ -100,13 +124,13 @@ pub fn run(
     leader |= group.is_leader();
     let max_count = plan.counts.iter().copied().max().unwrap_or(0);
     for &dtype in &plan.dtypes {
-        let known = group.known(dtype, max_count, [31, 32]);
+        let known = group.known(dtype, max_count, SEEDS);
         let buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
-            if let Err(why) = group.supports(Route::Fixed(Choice::Tpar(algo))) {
+            if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
                 record(
-                    &mut table,
+                    &mut rows,
                     [algo.name(), dtype.name(), "-", "-", "-"],
                     0,
                     format!(" (skipped: {why})"),
@@ -116,24 +140,20 @@ pub fn run(
             for &count in &plan.counts {
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
-                    // Eager: two calls with different inputs.
-                    let mut wrong = 0;
-                    for variant in 0..2 {
-                        prepare_output(&buffers, &known, count, variant, in_place)?;
-                        group.launch(
-                            &buffers,
-                            dtype,
-                            count,
-                            Route::Fixed(Choice::Tpar(algo)),
-                            variant,
-                            in_place,
-                        )?;
-                        group.synchronize()?;
-                        wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
-                    }
+                    // Eager: the one numerical check, two calls with different inputs.
+                    let spec = CheckSpec {
+                        dtype,
+                        counts: &[count],
+                        calls: 2,
+                        in_place,
+                        seeds: SEEDS,
+                    };
+                    let findings = verify::check(&group, algo, &spec)?;
+                    say_findings(&findings, dtype);
+                    let wrong = findings.len() as u64;
                     let bad = group.total(wrong)?;
                     record(
-                        &mut table,
+                        &mut rows,
                         [
                             algo.name(),
                             dtype.name(),
@@ -146,7 +166,7 @@ pub fn run(
                     );
 
                     // Graph: captured once, replayed with new data in the same buffers.
-                    let graph = group.capture(|i, stream| {
+                    let graph = group.capture(|i, stream| -> Result<()> {
                         // SAFETY: the graph is dropped before the buffers.
                         unsafe {
                             group.queue(
@@ -156,7 +176,7 @@ pub fn run(
                                 (!in_place).then_some(0),
                                 dtype,
                                 count,
-                                Route::Fixed(Choice::Tpar(algo)),
+                                Selection::Forced(Choice::Tpar(algo)),
                             )
                         }
                     })?;
@@ -174,7 +194,7 @@ pub fn run(
                     group.upload_inputs(&buffers, &known, max_count)?;
                     let bad = group.total(wrong)?;
                     record(
-                        &mut table,
+                        &mut rows,
                         [
                             algo.name(),
                             dtype.name(),
@@ -197,10 +217,14 @@ pub fn run(
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
     for &algo in &plan.algorithms {
-        if group.supports(Route::Fixed(Choice::Tpar(algo))).is_err() || plan.replays == 0 {
+        if group
+            .supports(Selection::Forced(Choice::Tpar(algo)))
+            .is_err()
+            || plan.replays == 0
+        {
             continue;
         }
-        let graph = group.capture(|i, stream| {
+        let graph = group.capture(|i, stream| -> Result<()> {
             // SAFETY: the graph is dropped before the buffers.
             unsafe {
                 group.queue(
@@ -210,7 +234,7 @@ pub fn run(
                     Some(0),
                     dtype,
                     count,
-                    Route::Fixed(Choice::Tpar(algo)),
+                    Selection::Forced(Choice::Tpar(algo)),
                 )
             }
         })?;
@@ -231,7 +255,7 @@ pub fn run(
         }
         let bad = group.total(wrong)?;
         record(
-            &mut table,
+            &mut rows,
             [
                 algo.name(),
                 dtype.name(),
@@ -245,26 +269,24 @@ pub fn run(
     }
     drop(buffers);
     drop(group);
-    // The fused allreduce + residual add + RMSNorm (fused_bench.rs), with one-shot in the
-    // sweep (`--algos two-shot` leaves them out).
-    let fused_rows = if plan.algorithms.contains(&Algorithm::OneShot) {
-        crate::fused_bench::selftest(make, &plan.dtypes, plan.timeout, plan.timeout_case)?
-    } else {
-        Vec::new()
-    };
-    for row in fused_rows {
-        let cells = row.cells.each_ref().map(String::as_str);
-        record(&mut table, cells, row.bad, row.detail);
+    // The fused allreduce + residual add + RMSNorm, with one-shot in the sweep (`--algos
+    // two-shot` leaves them out).
+    if plan.algorithms.contains(&Algorithm::OneShot) {
+        rows.extend(super::fused_bench::selftest(
+            make,
+            &plan.dtypes,
+            plan.timeout,
+            plan.timeout_case,
+        )?);
     }
-    let text = leader.then(|| table.render());
-    Ok((rows, failed, text))
+    Ok(Sweep { rows, leader })
 }
 
 /// In place: the output starts as the input. Out of place: poisoned, so that an unwritten
 /// element cannot pass.
 fn prepare_output(
-    buffers: &[crate::cuda_ranks::RankBuffers],
-    known: &[crate::known::KnownData],
+    buffers: &[RankBuffers],
+    known: &[KnownData],
     count: usize,
     variant: usize,
     in_place: bool,

@@ -8,23 +8,24 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use crate::backend::cuda::driver::{
+    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
+};
+use crate::dispatch::Choice;
+use crate::{Algorithm, DType};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
-use tpar::backend::cuda::driver::{
-    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
-};
-use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType};
 
-use crate::cuda_ranks::{CudaRanks, Route};
-use crate::report::{bus_bandwidth_gbps, percentile};
+use super::cuda_ranks::CudaRanks;
+use super::stats::{bus_bandwidth_gbps, percentile};
+use super::Result;
+use crate::algorithm::Selection;
 
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
     /// tpar's algorithms, NCCL and `auto` (the dispatcher's pick per size), timed the same way.
-    pub choices: Vec<Route>,
+    pub choices: Vec<Selection>,
     pub dtype: DType,
     pub replays: usize,
     pub warmup: usize,
@@ -113,7 +114,7 @@ pub struct Floors {
 /// Replays `graphs` (one per local rank, each on its rank's stream, or a single graph holding
 /// every rank) `warmup + replays` times, timing each replay with events on the first stream:
 /// the other streams start after it and it waits for them.
-pub(crate) fn time_replays(
+pub fn time_replays(
     group: &CudaRanks,
     graphs: &[CudaGraph],
     warmup: usize,
@@ -148,14 +149,17 @@ pub(crate) fn time_replays(
     let mut us: Vec<f64> = events
         .iter()
         .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3))
-        .collect::<Result<_, _>>()?;
+        .collect::<std::result::Result<_, _>>()?;
     us.sort_by(f64::total_cmp);
     Ok(us)
 }
 
-/// Bytes through the bottleneck per allreduce of `bytes` on `n` ranks sharing one GPU (or, for
-/// host-staged, one PCIe link): LL lines carry 4 bytes in 8, so pushed data counts double.
-fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
+/// Bytes through the one shared bottleneck per allreduce of `bytes` on `n` ranks sharing one
+/// GPU (its device memory; for host-staged, its one PCIe link), every rank's reads and writes
+/// together: LL lines carry 4 bytes in 8, so pushed data counts double. Not the planner's
+/// `latency_model` figure, which is one rank's bytes on its own link of a machine with a GPU
+/// per rank: this one is what the bench's wire floor on the measuring machine divides.
+fn shared_gpu_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
     let Choice::Tpar(algorithm) = choice else {
         // NCCL's ring moves 2 (n-1)/n of the message per rank.
         return 2.0 * n * bytes;
@@ -173,14 +177,15 @@ fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
 }
 
 pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
-    let chain = group.capture_each(|i, s| {
+    let chain = group.capture_each(|i, s| -> Result<()> {
         for _ in 0..plan.chain {
             group.comms[i].cuda().launch_empty(s)?;
         }
         Ok(())
     })?;
     let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
-    let single = group.capture(|i, s| Ok(group.comms[i].cuda().launch_empty(s)?))?;
+    let single =
+        group.capture(|i, s| -> Result<()> { Ok(group.comms[i].cuda().launch_empty(s)?) })?;
     let single_us = time_replays(
         group,
         std::slice::from_ref(&single),
@@ -222,7 +227,7 @@ pub fn run(
     group: &mut CudaRanks,
     plan: &CudaBenchPlan,
     floors: &Floors,
-    mut progress: impl FnMut(&str),
+    mut progress: impl FnMut(u64, Selection),
 ) -> Result<Vec<CudaRow>> {
     let dtype = plan.dtype;
     let n = group.world_size as f64;
@@ -233,7 +238,7 @@ pub fn run(
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
         for &algo in &plan.choices {
-            progress(&format!("{} {algo}", crate::report::size(bytes)));
+            progress(bytes, algo);
             let mut row = CudaRow {
                 bytes,
                 algo: algo.name().to_owned(),
@@ -250,8 +255,8 @@ pub fn run(
             };
             // What actually runs: the fixed choice, or the dispatcher's for this size.
             let planned = match algo {
-                Route::Fixed(c) => group.supports(algo).map(|_| c),
-                Route::Auto => group.comms[0]
+                Selection::Forced(c) => group.supports(algo).map(|_| c),
+                Selection::Auto => group.comms[0]
                     .plan(dtype, bytes, true)
                     .map(|p| p.choice)
                     .map_err(|e| e.to_string()),
@@ -266,13 +271,13 @@ pub fn run(
                     continue;
                 }
             };
-            if algo == Route::Auto {
+            if algo == Selection::Auto {
                 row.runs = Some(planned.name().to_owned());
             }
             // NCCL adds in its own order and rounds every 16-bit partial sum: checked within
             // the worst case of that; tpar's paths bitwise.
             let tolerance = if planned == Choice::Nccl {
-                tpar::check::unordered_sum_error_bound(dtype, group.world_size)
+                crate::check::unordered_sum_error_bound(dtype, group.world_size)
             } else {
                 0.0
             };
@@ -299,7 +304,7 @@ pub fn run(
             row.chain = chain_len;
             row.replays = replays;
 
-            let chain = group.capture_each(|i, s| {
+            let chain = group.capture_each(|i, s| -> Result<()> {
                 for k in 0..chain_len {
                     // SAFETY: the buffers outlive the graph, which is dropped in this scope.
                     unsafe { group.queue(i, s, &buffers, Some(k % 2), dtype, count, algo)? };
@@ -310,7 +315,7 @@ pub fn run(
             wrong += check(group, (chain_len - 1) % 2)?;
             drop(chain);
 
-            let single = group.capture(|i, s| {
+            let single = group.capture(|i, s| -> Result<()> {
                 // SAFETY: as above.
                 unsafe { group.queue(i, s, &buffers, Some(0), dtype, count, algo) }
             })?;
@@ -333,7 +338,7 @@ pub fn run(
             } else {
                 floors.device_copy_gbps
             };
-            row.wire_floor_us = bottleneck_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
+            row.wire_floor_us = shared_gpu_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
             row.correct = wrong == 0;
             rows.push(row);
         }
@@ -349,11 +354,11 @@ mod tests {
     fn one_shot_moves_the_most_bytes_at_many_ranks() {
         let n = 8.0;
         assert!(
-            bottleneck_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
-                > bottleneck_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
+            shared_gpu_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
+                > shared_gpu_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
         );
         assert_eq!(
-            bottleneck_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
+            shared_gpu_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
             8.0
         );
     }

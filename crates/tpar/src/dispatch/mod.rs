@@ -6,135 +6,38 @@
 //! never a substitute), then the tuning table measured on this machine by `tpar tune`, then
 //! built-in rules per topology class. The init probe can veto a path that failed its check.
 //! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
+//!
+//! Pure policy: no backend, no NCCL, no files except the tuning table's. One concern per file:
+//! [`refusal`] (whether a choice can run a request, as a typed [`Refusal`]), [`rules`] (the
+//! machine's class and the built-in ladder per class), [`tuning`] (the measured table and where
+//! it is kept), [`explain`] (the words of a decision); this file puts them in their order.
 
-use std::fmt;
-use std::str::FromStr;
+pub mod explain;
+pub mod refusal;
+pub mod rules;
+pub mod tuning;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::kernels::MAX_RANKS;
+pub use crate::algorithm::Choice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::human_bytes;
 use crate::topology::Topology;
-
-/// What runs an allreduce: one of tpar's algorithms or NCCL.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Choice {
-    Tpar(Algorithm),
-    Nccl,
-}
-
-impl Choice {
-    pub const ALL: [Choice; 5] = [
-        Choice::Tpar(Algorithm::OneShot),
-        Choice::Tpar(Algorithm::TwoShot),
-        Choice::Tpar(Algorithm::OneShotPull),
-        Choice::Tpar(Algorithm::HostStaged),
-        Choice::Nccl,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Choice::Tpar(a) => a.name(),
-            Choice::Nccl => "nccl",
-        }
-    }
-}
-
-impl fmt::Display for Choice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Choice {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Choice> {
-        if s.trim().eq_ignore_ascii_case("nccl") {
-            return Ok(Choice::Nccl);
-        }
-        s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
-            ))
-        })
-    }
-}
-
-impl Serialize for Choice {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> Deserialize<'de> for Choice {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Choice, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// What the init probe measured on this machine.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
-    /// Paths that cannot run here, with the reason (a failed self-test, no peer access in this
-    /// group): never planned, and an error when forced.
-    pub failed: Vec<(Choice, String)>,
-    /// Peer-write and peer-read bandwidth with every link busy at once, GB/s.
-    pub push_gbps: Option<f64>,
-    pub pull_gbps: Option<f64>,
-}
-
-/// The fastest choice per size, measured by `tpar tune` on one machine.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TuningTable {
-    /// Of the GPUs, driver and topology the table was measured on.
-    pub fingerprint: String,
-    pub world_size: usize,
-    pub dtype: DType,
-    /// Ascending `max_bytes`; a message takes the first entry it fits.
-    pub entries: Vec<TuningEntry>,
-}
-
-impl TuningTable {
-    /// Where the table for this machine, world size and dtype lives: `tuning/` in tpar's cache
-    /// (`TPAR_CACHE_DIR`, else `~/.cache/tpar`).
-    pub fn path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
-        crate::backend::cuda::nvrtc::cache_root()
-            .join("tuning")
-            .join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
-    }
-
-    /// The table measured on `topology`'s machine, if `tpar tune` wrote one.
-    pub fn load_for(topology: &Topology, world_size: usize, dtype: DType) -> Option<TuningTable> {
-        let text =
-            std::fs::read_to_string(Self::path(&topology.fingerprint(), world_size, dtype)).ok()?;
-        serde_json::from_str(&text).ok()
-    }
-
-    /// Writes the table where [`TuningTable::load_for`] looks (atomically).
-    pub fn save(&self) -> Result<std::path::PathBuf> {
-        let path = Self::path(&self.fingerprint, self.world_size, self.dtype);
-        let text = serde_json::to_vec_pretty(self).expect("tables serialise");
-        crate::sys::write_file_atomically(&path, &text, "cannot write the tuning table")?;
-        Ok(path)
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TuningEntry {
-    pub max_bytes: u64,
-    pub choice: Choice,
-    pub p50_us: f64,
-}
+pub use crate::topology::{Findings, Probe};
+pub use explain::describe_ranges;
+use explain::{describe_machine, rung_text};
+pub use refusal::{eligibility, Reason, Refusal};
+pub use rules::{classify, Class};
+use rules::{ladder, Rung, NCCL_WHY};
+pub use tuning::{TuningEntry, TuningTable};
 
 /// One allreduce to plan.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     pub topology: &'a Topology,
-    pub probe: Option<&'a Probe>,
+    pub probe: Option<&'a Findings>,
     pub tuning: Option<&'a TuningTable>,
     pub world_size: usize,
     pub dtype: DType,
@@ -144,221 +47,24 @@ pub struct Request<'a> {
     pub forced: Option<Choice>,
 }
 
+/// The dispatcher's answer for one call: what runs it, and why.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Plan {
+pub struct Decision {
     pub choice: Choice,
     pub reason: String,
 }
 
-/// The kind of machine the ranks of a request run on, for the built-in rules.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Class {
-    OneGpu,
-    Nvlink,
-    PcieP2p,
-    NoP2p,
+/// The old name of [`Decision`], kept until its last users (the CLI, `fused.rs`) move.
+pub type Plan = Decision;
+
+/// The old name of [`decide`], kept until its last users (the CLI) move.
+pub fn plan(req: &Request) -> Result<Decision> {
+    decide(req)
 }
 
-impl Class {
-    fn describe(self) -> &'static str {
-        match self {
-            Class::OneGpu => "all ranks share one GPU",
-            Class::Nvlink => "every pair of GPUs is on NVLink",
-            Class::PcieP2p => "PCIe with peer-to-peer between every pair",
-            Class::NoP2p => "some pair of GPUs has no peer-to-peer access",
-        }
-    }
-}
-
-fn distinct_pairs(topology: &Topology, world_size: usize) -> Vec<(usize, usize)> {
-    let mut gpus = topology.placement(world_size);
-    gpus.sort_unstable();
-    gpus.dedup();
-    let mut pairs = Vec::new();
-    for (i, a) in gpus.iter().enumerate() {
-        for b in &gpus[i + 1..] {
-            pairs.push((*a, *b));
-        }
-    }
-    pairs
-}
-
-pub fn classify(topology: &Topology, world_size: usize) -> Class {
-    let pairs = distinct_pairs(topology, world_size);
-    let link = |&(a, b): &(usize, usize)| topology.link(a, b);
-    if pairs.is_empty() {
-        Class::OneGpu
-    } else if pairs.iter().all(|p| link(p).is_some_and(|l| l.nvlink)) {
-        Class::Nvlink
-    } else if pairs
-        .iter()
-        .all(|p| link(p).is_some_and(|l| l.p2p_write && l.p2p_read))
-    {
-        Class::PcieP2p
-    } else {
-        Class::NoP2p
-    }
-}
-
-/// Whether `choice` can run the request on this machine, and if not, why.
-pub fn eligibility(req: &Request, choice: Choice) -> std::result::Result<(), String> {
-    if req.world_size == 0 {
-        return Err("the world size is 0".into());
-    }
-    if req.topology.gpus.is_empty() {
-        return Err("the topology has no GPU".into());
-    }
-    if req.bytes % req.dtype.size() as u64 != 0 {
-        return Err(format!(
-            "{} bytes is not a whole number of {} elements",
-            req.bytes, req.dtype
-        ));
-    }
-    if let Some((_, why)) = req
-        .probe
-        .and_then(|p| p.failed.iter().find(|(c, _)| *c == choice))
-    {
-        return Err(format!("{choice} cannot run here: {why}"));
-    }
-    let pairs = distinct_pairs(req.topology, req.world_size);
-    match choice {
-        Choice::Nccl => {
-            if req.topology.nccl_version.is_none() {
-                return Err("NCCL is not available (no libnccl.so.2 found, or no NCCL communicator for these ranks)".into());
-            }
-            if req.world_size > req.topology.gpus.len() {
-                return Err(format!(
-                    "NCCL needs one GPU per rank: {} ranks on {} GPU(s)",
-                    req.world_size,
-                    req.topology.gpus.len()
-                ));
-            }
-            Ok(())
-        }
-        Choice::Tpar(_) if req.world_size > MAX_RANKS => Err(format!(
-            "tpar's kernels address at most {MAX_RANKS} ranks; {} asked",
-            req.world_size
-        )),
-        Choice::Tpar(Algorithm::HostStaged) => Ok(()),
-        Choice::Tpar(algorithm) => {
-            let reads = algorithm == Algorithm::OneShotPull;
-            for (a, b) in pairs {
-                let ok = req.topology.link(a, b).is_some_and(|l| {
-                    if reads {
-                        l.p2p_read
-                    } else {
-                        l.p2p_write
-                    }
-                });
-                if !ok {
-                    let path = req.topology.link(a, b).map_or("?", |l| l.path.label());
-                    return Err(format!(
-                        "GPUs {a} and {b} ({path}) have no peer-to-peer {}",
-                        if reads { "reads" } else { "writes" }
-                    ));
-                }
-            }
-            Ok(())
-        }
-    }
-}
-
-const KIB: u64 = 1024;
-const MIB: u64 = 1024 * KIB;
-
-/// One rung of the built-in rules: messages up to `max_bytes` go to `choice`, because `why`.
-struct Rung {
-    max_bytes: u64,
-    choice: Choice,
-    why: &'static str,
-}
-
-const ONE_SHOT_WHY: &str = "one step and no barrier: the lowest latency for small messages";
-const TWO_SHOT_WHY: &str = "moves 2(n-1)/n of the message per rank instead of (n-1) copies";
-const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link bandwidth";
-const NVLINK_NCCL_WHY: &str =
-    "over NVLink NCCL was fastest from 1 MiB on 2 and 4 H200s (its copy engines and rings run at link bandwidth)";
-
-/// The built-in rules for a class. Thresholds come from the measurements in bench/README.md
-/// and the published figures in the design brief; `tpar tune` replaces them with this
-/// machine's own.
-fn ladder(class: Class, world_size: usize, probe: Option<&Probe>) -> Vec<Rung> {
-    use Algorithm::*;
-    let many = world_size > 4;
-    let push_collapses = probe
-        .and_then(|p| Some(p.push_gbps? < 0.5 * p.pull_gbps?))
-        .unwrap_or(false);
-    let (one_shot, one_shot_why) = if push_collapses {
-        (
-            Choice::Tpar(OneShotPull),
-            "the init probe saw peer writes collapse while reads held, so peers are read (pull)",
-        )
-    } else {
-        (Choice::Tpar(OneShot), ONE_SHOT_WHY)
-    };
-    let rung = |max_bytes, choice, why| Rung {
-        max_bytes,
-        choice,
-        why,
-    };
-    match class {
-        Class::OneGpu if !many => vec![rung(
-            u64::MAX,
-            Choice::Tpar(OneShot),
-            "with 2 ranks on one GPU one-shot was fastest at every size measured (H200)",
-        )],
-        Class::OneGpu => vec![
-            rung(32 * KIB, Choice::Tpar(OneShot), ONE_SHOT_WHY),
-            rung(
-                u64::MAX,
-                Choice::Tpar(TwoShot),
-                "with 8 ranks on one GPU two-shot overtook one-shot from 42 KiB (H200)",
-            ),
-        ],
-        // Measured on 2 and 4 H200s, one process per GPU (bench/README.md): one-shot led up to
-        // 256 KiB at 2 ranks and 64 KiB at 4, two-shot at 256 KiB with 4, NCCL from 1 MiB.
-        // 8 ranks are extrapolated (one-shot's traffic grows with the square of the ranks).
-        Class::Nvlink if world_size <= 2 => vec![
-            rung(256 * KIB, one_shot, one_shot_why),
-            rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
-        ],
-        Class::Nvlink => vec![
-            rung(
-                if many { 32 * KIB } else { 64 * KIB },
-                one_shot,
-                one_shot_why,
-            ),
-            rung(256 * KIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
-            rung(u64::MAX, Choice::Nccl, NVLINK_NCCL_WHY),
-        ],
-        Class::PcieP2p => vec![
-            rung(
-                if many { 32 * KIB } else { 64 * KIB },
-                one_shot,
-                one_shot_why,
-            ),
-            rung(MIB, Choice::Tpar(TwoShot), TWO_SHOT_WHY),
-            rung(u64::MAX, Choice::Nccl, NCCL_WHY),
-        ],
-        Class::NoP2p => vec![
-            rung(
-                if many { 64 * KIB } else { 256 * KIB },
-                Choice::Tpar(HostStaged),
-                "without P2P tpar stages through pinned host memory mapped into every GPU",
-            ),
-            rung(
-                u64::MAX,
-                Choice::Nccl,
-                "NCCL's shared-memory transport pipelines large messages through host memory",
-            ),
-        ],
-    }
-}
-
-/// Plans one allreduce. Never returns a choice that cannot run; every error says why.
-pub fn plan(req: &Request) -> Result<Plan> {
-    let result = plan_inner(req);
+/// Decides one allreduce. Never returns a choice that cannot run; every error says why.
+pub fn decide(req: &Request) -> Result<Decision> {
+    let result = decide_inner(req);
     match &result {
         Ok(p) => log::debug!(
             "plan: {} ranks, {} of {}: {} because {}",
@@ -377,10 +83,10 @@ pub fn plan(req: &Request) -> Result<Plan> {
     result
 }
 
-fn plan_inner(req: &Request) -> Result<Plan> {
+fn decide_inner(req: &Request) -> Result<Decision> {
     if let Some(forced) = req.forced {
         return match eligibility(req, forced) {
-            Ok(()) => Ok(Plan {
+            Ok(()) => Ok(Decision {
                 choice: forced,
                 reason: "forced (TPAR_ALGO or --algo)".into(),
             }),
@@ -391,8 +97,8 @@ fn plan_inner(req: &Request) -> Result<Plan> {
     }
     if req.world_size == 1 {
         let choice = Choice::Tpar(Algorithm::OneShot);
-        eligibility(req, choice).map_err(Error::Unsupported)?;
-        return Ok(Plan {
+        eligibility(req, choice)?;
+        return Ok(Decision {
             choice,
             reason: "one rank: the allreduce is a copy".into(),
         });
@@ -405,7 +111,7 @@ fn plan_inner(req: &Request) -> Result<Plan> {
         if let Some(entry) = table.entries.iter().find(|e| req.bytes <= e.max_bytes) {
             match eligibility(req, entry.choice) {
                 Ok(()) => {
-                    return Ok(Plan {
+                    return Ok(Decision {
                         choice: entry.choice,
                         reason: if entry.max_bytes == u64::MAX {
                             format!(
@@ -462,7 +168,7 @@ fn plan_inner(req: &Request) -> Result<Plan> {
                 if !skipped.is_empty() {
                     reason = format!("{}; so {reason}", skipped.join("; "));
                 }
-                return Ok(Plan {
+                return Ok(Decision {
                     choice: rung.choice,
                     reason,
                 });
@@ -481,45 +187,9 @@ fn plan_inner(req: &Request) -> Result<Plan> {
     )))
 }
 
-/// The class in words, naming the first pair of GPUs without P2P where that decides.
-fn describe_machine(topology: &Topology, world_size: usize, class: Class) -> String {
-    if class != Class::NoP2p {
-        return class.describe().to_owned();
-    }
-    distinct_pairs(topology, world_size)
-        .into_iter()
-        .find_map(|(a, b)| {
-            let l = topology.link(a, b)?;
-            (!(l.p2p_read && l.p2p_write)).then(|| {
-                format!(
-                    "GPUs {a} and {b} ({}) have no peer-to-peer access",
-                    l.path.label()
-                )
-            })
-        })
-        .unwrap_or_else(|| class.describe().to_owned())
-}
-
-fn rung_text(rungs: &[Rung]) -> String {
-    describe_ranges(rungs.iter().map(|r| (r.max_bytes, r.choice)))
-}
-
-/// `one-shot up to 64 KiB, two-shot up to 1 MiB, nccl above` for (largest size, choice) pairs.
-pub fn describe_ranges(ranges: impl Iterator<Item = (u64, Choice)>) -> String {
-    ranges
-        .map(|(max_bytes, choice)| {
-            if max_bytes == u64::MAX {
-                format!("{choice} above")
-            } else {
-                format!("{choice} up to {}", human_bytes(max_bytes))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 #[cfg(test)]
 mod tests {
+    use super::rules::{KIB, MIB};
     use super::*;
     use crate::topology::FIXTURES;
 
@@ -575,7 +245,7 @@ mod tests {
         ];
         let forced: Vec<Option<Choice>> =
             std::iter::once(None).chain(Choice::ALL.map(Some)).collect();
-        let probe = Probe {
+        let probe = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::TwoShot),
                 "numerical self-test failed".into(),
@@ -601,7 +271,7 @@ mod tests {
                                         capturing,
                                         forced: force,
                                     };
-                                    match plan(&req) {
+                                    match decide(&req) {
                                         Ok(plan) => {
                                             plans += 1;
                                             assert_eq!(
@@ -643,45 +313,51 @@ mod tests {
     fn rules_pick_what_each_machine_can_do_best() {
         let h200 = fixture("8x-h200-nvswitch");
         assert_eq!(
-            plan(&request(&h200, 8, 4 * KIB)).unwrap().choice,
+            decide(&request(&h200, 8, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
         assert_eq!(
-            plan(&request(&h200, 8, 128 * KIB)).unwrap().choice,
+            decide(&request(&h200, 8, 128 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::TwoShot)
         );
-        assert_eq!(plan(&request(&h200, 8, MIB)).unwrap().choice, Choice::Nccl);
         assert_eq!(
-            plan(&request(&h200, 8, 256 * MIB)).unwrap().choice,
+            decide(&request(&h200, 8, MIB)).unwrap().choice,
+            Choice::Nccl
+        );
+        assert_eq!(
+            decide(&request(&h200, 8, 256 * MIB)).unwrap().choice,
             Choice::Nccl
         );
         // Two ranks on NVLink: one-shot up to 256 KiB, then NCCL (measured on 2 H200s).
         assert_eq!(
-            plan(&request(&h200, 2, 256 * KIB)).unwrap().choice,
+            decide(&request(&h200, 2, 256 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
-        assert_eq!(plan(&request(&h200, 2, MIB)).unwrap().choice, Choice::Nccl);
+        assert_eq!(
+            decide(&request(&h200, 2, MIB)).unwrap().choice,
+            Choice::Nccl
+        );
         let rtx = fixture("4x-rtx-4090-no-p2p");
         assert_eq!(
-            plan(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
+            decide(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::HostStaged)
         );
         assert_eq!(
-            plan(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
+            decide(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
             Choice::Nccl
         );
         // L40S: P2P only within a NUMA node. 4 ranks stay on node 0; 8 ranks cross.
         let l40s = fixture("8x-l40s-2numa");
         assert_eq!(
-            plan(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
+            decide(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::OneShot)
         );
         assert_eq!(
-            plan(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
+            decide(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
             Choice::Tpar(Algorithm::HostStaged)
         );
         // More ranks than GPUs: NCCL cannot, tpar can.
-        let big = plan(&request(&h200, 12, 512 * MIB)).unwrap();
+        let big = decide(&request(&h200, 12, 512 * MIB)).unwrap();
         assert_eq!(big.choice, Choice::Tpar(Algorithm::TwoShot), "{big:?}");
         assert!(
             big.reason.contains("NCCL needs one GPU per rank"),
@@ -693,19 +369,19 @@ mod tests {
     #[test]
     fn a_path_that_failed_its_check_is_never_planned_and_the_plan_says_so() {
         let h200 = fixture("8x-h200-nvswitch");
-        let probe = Probe {
+        let probe = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::OneShot),
                 "the init self-test on rank 3, 4099 bf16 elements: element 7 was 1, expected 2"
                     .into(),
             )],
-            ..Probe::default()
+            ..Findings::default()
         };
         let req = Request {
             probe: Some(&probe),
             ..request(&h200, 8, 4 * KIB)
         };
-        let p = plan(&req).unwrap();
+        let p = decide(&req).unwrap();
         assert_ne!(p.choice, Choice::Tpar(Algorithm::OneShot));
         assert!(
             p.reason
@@ -718,24 +394,24 @@ mod tests {
             forced: Some(Choice::Tpar(Algorithm::OneShot)),
             ..req
         };
-        let err = plan(&forced).unwrap_err().to_string();
+        let err = decide(&forced).unwrap_err().to_string();
         assert!(err.contains("element 7"), "{err}");
     }
 
     #[test]
     fn a_probe_that_saw_writes_collapse_turns_push_into_pull() {
         let pro = fixture("8x-rtx-pro-6000-pcie-2switch");
-        let probe = Probe {
+        let probe = Findings {
             push_gbps: Some(4.0),
             pull_gbps: Some(50.0),
-            ..Probe::default()
+            ..Findings::default()
         };
         let req = Request {
             probe: Some(&probe),
             ..request(&pro, 8, 16 * KIB)
         };
         assert_eq!(
-            plan(&req).unwrap().choice,
+            decide(&req).unwrap().choice,
             Choice::Tpar(Algorithm::OneShotPull)
         );
     }
@@ -747,7 +423,7 @@ mod tests {
             forced: Some(Choice::Tpar(Algorithm::OneShot)),
             ..request(&rtx, 4, 4 * KIB)
         };
-        let err = plan(&req).unwrap_err().to_string();
+        let err = decide(&req).unwrap_err().to_string();
         assert!(
             err.contains("forced algorithm one-shot cannot run")
                 && err.contains("no peer-to-peer writes"),
@@ -772,7 +448,7 @@ mod tests {
             tuning: Some(&table),
             ..request(&h200, 8, 4 * KIB)
         };
-        let p = plan(&req).unwrap();
+        let p = decide(&req).unwrap();
         assert_eq!(p.choice, Choice::Tpar(Algorithm::TwoShot));
         assert!(p.reason.contains("tuning table"));
         // Past the table's last entry the rules decide.
@@ -780,7 +456,10 @@ mod tests {
             tuning: Some(&table),
             ..request(&h200, 8, 16 * KIB)
         };
-        assert_eq!(plan(&req).unwrap().choice, Choice::Tpar(Algorithm::OneShot));
+        assert_eq!(
+            decide(&req).unwrap().choice,
+            Choice::Tpar(Algorithm::OneShot)
+        );
     }
 
     #[test]

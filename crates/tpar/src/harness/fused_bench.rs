@@ -1,24 +1,25 @@
-//! The fused allreduce + residual add + RMSNorm in the CLI: its selftest rows (every path,
+//! The fused allreduce + residual add + RMSNorm in the harness: its selftest rows (every path,
 //! odd hidden sizes, 1 and many tokens, in place and not, eager and graph-replayed, each rank's
-//! `residual_out` and `y` compared bitwise with the CPU reference of `tpar::norm`; a peer
+//! `residual_out` and `y` compared bitwise with the CPU reference of `crate::norm`; a peer
 //! timeout and a mismatched call), and `tpar bench --fused`: the fused op against the plain
 //! allreduce of the same bytes and against the allreduce followed by tpar's separate
 //! residual + RMSNorm kernel, each in a graph chain per rank (ranks as streams).
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use crate::backend::cuda::driver::{self, DeviceMemory};
+use crate::backend::cuda::fused::FusedCall;
+use crate::backend::cuda::CudaConfig;
+use crate::check::fill_input;
+use crate::dispatch::Choice;
+use crate::{Algorithm, DType, Error};
 use serde::Serialize;
-use tpar::backend::cuda::driver::{self, DeviceMemory};
-use tpar::backend::cuda::fused::FusedCall;
-use tpar::backend::cuda::CudaConfig;
-use tpar::check::fill_input;
-use tpar::dispatch::Choice;
-use tpar::{Algorithm, DType, Error};
 
-use crate::cuda_bench::time_replays;
-use crate::cuda_ranks::CudaRanks;
-use crate::report::{emit, percentile, Provenance, Table};
+use super::cuda_bench::time_replays;
+use super::cuda_ranks::CudaRanks;
+use super::cuda_selftest::{MakeGroup, SelftestRow};
+use super::stats::percentile;
+use super::{Context, Result};
 
 /// Inputs of one case for every rank of the job, and the reference outputs.
 struct HostCase {
@@ -50,7 +51,7 @@ impl HostCase {
         let eps = 1e-6;
         let refs: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
         let (residual_out, y) =
-            tpar::norm::fused_reference(dtype, &refs, &residual, &weight, hidden, eps);
+            crate::norm::fused_reference(dtype, &refs, &residual, &weight, hidden, eps);
         HostCase {
             dtype,
             tokens,
@@ -139,10 +140,10 @@ fn wrong(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase, in_place: bo
         for (name, buffer, expected) in outputs {
             buffer.download(&mut host)?;
             if let Some((index, got, want)) =
-                tpar::check::first_mismatch(case.dtype, &host, expected)
+                crate::check::first_mismatch(case.dtype, &host, expected)
             {
                 bad += 1;
-                crate::ranks::say(
+                super::ranks::say(
                     group.ranks[i],
                     &format!(
                         "fused {} x {} {}: {name} element {index} is {got}, the reference {want}",
@@ -157,10 +158,16 @@ fn wrong(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase, in_place: bo
 }
 
 /// One row of the selftest table: cells, ranks that failed, detail.
-pub struct FusedRow {
-    pub cells: [String; 5],
-    pub bad: u64,
-    pub detail: String,
+struct FusedRow {
+    cells: [String; 5],
+    bad: u64,
+    detail: String,
+}
+
+impl FusedRow {
+    fn into_row(self) -> SelftestRow {
+        SelftestRow::tallied(self.cells.to_vec(), self.bad, self.detail)
+    }
 }
 
 /// (tokens, hidden): 1 and many tokens, odd hidden sizes, several launches (512 x 2048 bf16
@@ -178,11 +185,11 @@ const SHAPES: [(usize, usize); 6] = [
 /// and host-staged (fused) and two-shot (allreduce + separate norm), then, with `failure_cases`,
 /// a silent peer and a mismatched call.
 pub fn selftest(
-    make: &dyn Fn(CudaConfig) -> Result<CudaRanks>,
+    make: MakeGroup<'_>,
     dtypes: &[DType],
     timeout: Duration,
     failure_cases: bool,
-) -> Result<Vec<FusedRow>> {
+) -> Result<Vec<SelftestRow>> {
     let mut rows = Vec::new();
     let mut group = make(CudaConfig {
         timeout,
@@ -295,14 +302,14 @@ pub fn selftest(
         rows.push(silent_peer(make)?);
         rows.push(mismatched_rows(make)?);
     }
-    Ok(rows)
+    Ok(rows.into_iter().map(FusedRow::into_row).collect())
 }
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The last rank never calls: every other rank's fused kernel must give up at its deadline,
 /// naming that rank.
-fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
     let mut group = make(CudaConfig {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -342,7 +349,7 @@ fn silent_peer(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRo
 
 /// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
 /// every rank must report a mismatched call, none a result.
-fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<FusedRow> {
+fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
     let mut group = make(CudaConfig {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -393,33 +400,32 @@ fn mismatched_rows(make: &dyn Fn(CudaConfig) -> Result<CudaRanks>) -> Result<Fus
     })
 }
 
-#[derive(Serialize)]
-struct BenchRow {
-    world_size: usize,
-    tokens: usize,
-    hidden: usize,
-    bytes: usize,
-    variant: &'static str,
-    p50_us: f64,
-    p99_us: f64,
-    correct: Option<bool>,
+/// One timed variant of one case of `tpar bench --fused`.
+#[derive(Serialize, Clone, Debug)]
+pub struct FusedBenchRow {
+    pub world_size: usize,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub bytes: usize,
+    pub variant: &'static str,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Checked against the CPU reference after the replays (the norm-producing variants).
+    pub correct: Option<bool>,
 }
 
-#[derive(Serialize)]
-struct BenchReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    dtype: &'static str,
-    chain: usize,
-    replays: usize,
-    timing: &'static str,
-    rows: Vec<BenchRow>,
-    /// World sizes that failed, with the error.
-    errors: Vec<String>,
+/// The rows of a fused bench, where they ran, and the world sizes that failed (with the error):
+/// a failing world size is reported beside the others' figures, not instead of them.
+pub struct FusedBench {
+    pub device: String,
+    pub driver_version: i32,
+    pub hidden: usize,
+    pub rows: Vec<FusedBenchRow>,
+    pub errors: Vec<String>,
 }
 
-const VARIANTS: [&str; 5] = [
+/// The variants timed per case, in table order.
+pub const VARIANTS: [&str; 5] = [
     "empty kernel",
     "allreduce",
     "norm kernel",
@@ -428,13 +434,9 @@ const VARIANTS: [&str; 5] = [
 ];
 
 /// `tpar bench --fused`: bf16, hidden 8192, 1 and 8 tokens, -n ranks as streams on GPU 0
-/// (2 and 8 when -n is not given), one-shot.
-pub fn run(
-    world_size: Option<usize>,
-    iters: usize,
-    chain: usize,
-    json: Option<&str>,
-) -> Result<()> {
+/// (2 and 8 when `world_size` is `None`), one-shot; each variant in a graph chain of `chain`
+/// per rank, `iters` timed replays.
+pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBench {
     let dtype = DType::Bf16;
     let hidden = 8192;
     let sizes = world_size.map_or(vec![2, 8], |n| vec![n]);
@@ -487,7 +489,7 @@ pub fn run(
                         }
                         Ok(())
                     };
-                    let graphs = group.capture_each(|i, s| {
+                    let graphs = group.capture_each(|i, s| -> Result<()> {
                         for _ in 0..chain {
                             one(&group, i, s)?;
                         }
@@ -506,7 +508,7 @@ pub fn run(
                     if variant == "allreduce + norm" {
                         upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
                     }
-                    rows.push(BenchRow {
+                    rows.push(FusedBenchRow {
                         world_size: n,
                         tokens,
                         hidden,
@@ -521,76 +523,14 @@ pub fn run(
             Ok(())
         };
         if let Err(e) = measure() {
-            errors.push(format!("{n} ranks: {e:#}"));
+            errors.push(format!("{n} ranks: {}", e.chain()));
         }
     }
-    let mut table = Table::new(
-        &[
-            "ranks",
-            "tokens",
-            "bytes",
-            "empty",
-            "allreduce",
-            "norm",
-            "ar + norm",
-            "fused",
-            "fused - ar",
-            "ar+norm - fused",
-            "correct",
-        ],
-        3,
-    );
-    for chunk in rows.chunks(VARIANTS.len()) {
-        let p = |v: &str| {
-            chunk
-                .iter()
-                .find(|r| r.variant == v)
-                .map_or(0.0, |r| r.p50_us)
-        };
-        table.push(vec![
-            chunk[0].world_size.to_string(),
-            chunk[0].tokens.to_string(),
-            tpar::memory::human_bytes(chunk[0].bytes as u64),
-            format!("{:.2}", p("empty kernel")),
-            format!("{:.2}", p("allreduce")),
-            format!("{:.2}", p("norm kernel")),
-            format!("{:.2}", p("allreduce + norm")),
-            format!("{:.2}", p("fused")),
-            format!("{:+.2}", p("fused") - p("allreduce")),
-            format!("{:+.2}", p("allreduce + norm") - p("fused")),
-            if chunk.iter().all(|r| r.correct != Some(false)) {
-                "yes"
-            } else {
-                "NO"
-            }
-            .to_owned(),
-        ]);
-    }
-    let text = format!(
-        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {iters} replays)\n{}",
-        table.render()
-    );
-    let ok = rows.iter().all(|r| r.correct != Some(false));
-    let text = if errors.is_empty() {
-        text
-    } else {
-        format!("{text}\nFAILED: {}", errors.join("; "))
-    };
-    let report = BenchReport {
-        provenance: Provenance::collect(device),
+    FusedBench {
+        device,
         driver_version,
-        dtype: "bf16",
-        chain,
-        replays: iters,
-        timing: "CUDA events around graph replays; per op = replay time / chain",
+        hidden,
         rows,
-        errors: errors.clone(),
-    };
-    emit(&text, json, &report)?;
-    anyhow::ensure!(
-        ok,
-        "a fused or unfused result differed from the CPU reference"
-    );
-    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
-    Ok(())
+        errors,
+    }
 }

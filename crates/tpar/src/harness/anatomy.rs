@@ -9,19 +9,19 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaGraph, CudaStream};
 use serde::Serialize;
-use tpar::backend::cuda::driver::{self, DeviceMemory, Function, MappedHostMemory, Module};
-use tpar::backend::cuda::kernels::{self, KernelArgs, MAX_BLOCKS, MAX_RANKS, THREADS};
-use tpar::backend::cuda::nvrtc;
-use tpar::protocol::layout::InboxLayout;
 
-use crate::report::{emit, percentile, Provenance, Table};
+use super::stats::percentile;
+use super::{bail, Context, Result};
+use crate::backend::cuda::driver::{self, DeviceMemory, Function, MappedHostMemory, Module};
+use crate::backend::cuda::kernels::{self, KernelArgs, MAX_BLOCKS, MAX_RANKS, THREADS};
+use crate::backend::cuda::nvrtc;
+use crate::protocol::layout::InboxLayout;
 
 /// Kernels per rank in one timed graph.
-const CHAIN: usize = 100;
+pub const CHAIN: usize = 100;
 /// The largest payload timed.
 const MAX_BYTES: usize = 256 << 10;
 const PAYLOADS: [usize; 3] = [4 << 10, 32 << 10, 256 << 10];
@@ -55,15 +55,13 @@ pub struct AnatomyRow {
     pub checked: bool,
 }
 
-#[derive(Serialize)]
-struct AnatomyReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    chain: usize,
-    replays: usize,
-    dtype: &'static str,
-    rows: Vec<AnatomyRow>,
+/// The rows of one run and the device they were measured on.
+pub struct Anatomy {
+    /// The name of GPU 0, where every rank ran.
+    pub device: String,
+    pub driver_version: i32,
+    pub replays: usize,
+    pub rows: Vec<AnatomyRow>,
 }
 
 /// One rank's buffers on the shared GPU.
@@ -105,7 +103,7 @@ impl Bench {
         };
         let ladder_module = load(kernels::ANATOMY_SOURCE)?;
         let (push_file, push_name) =
-            kernels::kernel_for(tpar::Algorithm::OneShot, tpar::DType::Bf16);
+            kernels::kernel_for(crate::Algorithm::OneShot, crate::DType::Bf16);
         let push_source = kernels::SOURCES
             .iter()
             .find(|(f, _)| *f == push_file)
@@ -119,7 +117,7 @@ impl Bench {
             .iter()
             .chain([&production])
             .map(|f| f.max_blocks_per_sm(THREADS))
-            .collect::<tpar::Result<Vec<u32>>>()?
+            .collect::<crate::Result<Vec<u32>>>()?
             .into_iter()
             .min()
             .unwrap_or(1);
@@ -185,7 +183,7 @@ impl Bench {
             rank: rank as u32,
             world_size: self.ranks.len() as u32,
             chunk: 0,
-            algo: u32::from(tpar::Algorithm::OneShot.code()),
+            algo: u32::from(crate::Algorithm::OneShot.code()),
         }
     }
 
@@ -303,7 +301,7 @@ impl Bench {
         let mut us: Vec<f64> = events
             .iter()
             .map(|(s, e)| s.elapsed_ms(e).map(|ms| f64::from(ms) * 1e3 / CHAIN as f64))
-            .collect::<Result<_, _>>()?;
+            .collect::<std::result::Result<_, _>>()?;
         us.sort_by(f64::total_cmp);
         Ok((percentile(&us, 50.0), percentile(&us, 99.0)))
     }
@@ -366,9 +364,8 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
     Ok(rows)
 }
 
-/// Runs the anatomy for `world_size` ranks (both 2 and 8 when `None`) and prints the table
-/// (and JSON where `json` says).
-pub fn run(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
+/// Runs the anatomy for `world_size` ranks (both 2 and 8 when `None`) on GPU 0.
+pub fn run(world_size: Option<usize>, replays: usize) -> Result<Anatomy> {
     if !driver::driver_present() {
         bail!("--anatomy needs an NVIDIA GPU and driver; none was found");
     }
@@ -387,51 +384,12 @@ pub fn run(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Res
     for n in sizes {
         rows.extend(measure(&ctx, n, replays)?);
     }
-    let mut table = Table::new(
-        &[
-            "ranks",
-            "piece",
-            "bytes",
-            "grid",
-            "us/op",
-            "xempty",
-            "PDL us/op",
-            "xempty",
-        ],
-        2,
-    );
-    for plain in rows.iter().filter(|r| !r.pdl) {
-        let with = rows.iter().find(|r| {
-            r.pdl
-                && r.world_size == plain.world_size
-                && r.rung == plain.rung
-                && r.bytes == plain.bytes
-        });
-        table.push(vec![
-            plain.world_size.to_string(),
-            plain.piece.clone(),
-            tpar::memory::human_bytes(plain.bytes as u64),
-            plain.grid.to_string(),
-            format!("{:.2}", plain.p50_us),
-            format!("{:.2}", plain.ratio_to_empty),
-            with.map_or("-".into(), |w| format!("{:.2}", w.p50_us)),
-            with.map_or("-".into(), |w| format!("{:.2}", w.ratio_to_empty)),
-        ]);
-    }
-    let device = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
-    let text = format!(
-        "anatomy of one allreduce call: {device}, ranks as streams, bf16, per call in a graph chain of {CHAIN} per rank (median of {replays} replays)\n{}",
-        table.render()
-    );
-    let report = AnatomyReport {
-        provenance: Provenance::collect(device),
+    Ok(Anatomy {
+        device: ctx.name().unwrap_or_else(|_| "unknown GPU".into()),
         driver_version: driver::driver_version()?,
-        chain: CHAIN,
         replays,
-        dtype: "bf16",
         rows,
-    };
-    emit(&text, json, &report)
+    })
 }
 
 #[cfg(test)]

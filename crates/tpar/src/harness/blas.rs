@@ -1,14 +1,15 @@
 //! cuBLAS for `tpar bench step`, through cudarc and loaded at run time like the rest of CUDA:
 //! one handle per rank bound to the rank's stream, and the one GEMM the step needs (bf16 in
-//! and out, fp32 accumulation). All of the CLI's cuBLAS `unsafe` is here.
+//! and out, fp32 accumulation). The driver level of the harness's cuBLAS use: every cuBLAS
+//! call and its `unsafe` is here, each with its `# Safety` or `SAFETY` note.
 
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
+use super::{bail, Context, HarnessError, Result};
+use crate::backend::cuda::driver::DeviceMemory;
 use cudarc::cublas::{result, sys};
 use cudarc::driver::CudaStream;
-use tpar::backend::cuda::driver::DeviceMemory;
 
 /// Loads cuBLAS: from the loader's path, else from a CUDA toolkit or pip's
 /// `nvidia-cublas` wheel (libcublasLt first: libcublas needs it beside it).
@@ -17,16 +18,16 @@ pub fn load() -> Result<()> {
     if unsafe { sys::is_culib_present() } {
         return Ok(());
     }
-    let mut dirs = tpar::backend::libsearch::cuda_toolkit_lib_dirs();
-    for sp in tpar::backend::libsearch::python_site_packages() {
+    let mut dirs = crate::backend::libsearch::cuda_toolkit_lib_dirs();
+    for sp in crate::backend::libsearch::python_site_packages() {
         dirs.push(sp.join("nvidia/cu13/lib"));
         dirs.push(sp.join("nvidia/cublas/lib"));
     }
-    let dirs = tpar::backend::libsearch::dirs_holding(dirs, &["libcublas.so.13"]);
+    let dirs = crate::backend::libsearch::dirs_holding(dirs, &["libcublas.so.13"]);
     if let Some(dir) = dirs.first() {
         let one = std::slice::from_ref(dir);
-        tpar::backend::libsearch::preload(one, &["libcublasLt.so.13"]);
-        tpar::backend::libsearch::preload(one, &["libcublas.so.13"]);
+        crate::backend::libsearch::preload(one, &["libcublasLt.so.13"]);
+        crate::backend::libsearch::preload(one, &["libcublas.so.13"]);
     }
     // SAFETY: as above.
     if unsafe { sys::is_culib_present() } {
@@ -91,7 +92,10 @@ impl Blas {
         accumulate: bool,
     ) -> Result<()> {
         let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-        let int = |v: u64| i32::try_from(v).context("a GEMM dimension over 2^31");
+        let int = |v: u64| {
+            i32::try_from(v)
+                .map_err(|e| HarnessError::Failed(format!("a GEMM dimension over 2^31: {e}")))
+        };
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         // SAFETY: the caller's promise about the buffers; alpha and beta live on this frame,
         // which cuBLAS reads before returning (host pointer mode).

@@ -1,0 +1,264 @@
+//! `tpar bench step`: the arguments, and the table and JSON of the harness's timed passes
+//! (`tpar::harness::bench_step`, which says what the pass holds).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use tpar::algorithm::Selection;
+use tpar::dispatch::Choice;
+use tpar::harness::bench_step::{self, Norms, Reduce, StepPlan, StepRow};
+use tpar::harness::cuda_ranks::parse_selection;
+use tpar::memory::human_bytes;
+use tpar::planner::model::ModelShape;
+use tpar::DType;
+
+use crate::args::parse_list;
+use crate::backend_choice::cuda_device;
+use crate::cuda_commands::{config, on_ranks};
+use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
+
+#[derive(Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub struct StepArgs {
+    /// The model's Hugging Face config.json (layers, hidden size, heads, MLP, MLA and MoE fields).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Tensor-parallel size: the number of ranks (round-robin over the GPUs; on fewer GPUs than
+    /// ranks they share, which times the protocol but not a real TP machine).
+    #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::world_size_arg)]
+    tp: usize,
+    /// Tokens per pass: 1 for a plain decode step, draft tokens + 1 for a verify pass.
+    #[arg(long, default_value_t = 1)]
+    tokens: usize,
+    /// Layers in the pass [default: the config's num_hidden_layers].
+    #[arg(long)]
+    layers: Option<u64>,
+    #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
+        "How the allreduces run, comma-separated, from: ", tpar::route_names!(),
+        " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
+    ))]
+    algos: String,
+    /// How the norm after each allreduce runs, comma-separated, from: separate (its own kernel
+    /// after the allreduce, as engines run it), fused (one call with tpar's allreduce; NCCL
+    /// rows have no fused form).
+    #[arg(long, default_value = "separate,fused", value_name = "LIST")]
+    norms: String,
+    /// Timed replays of each pass's graph.
+    #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
+    replays: usize,
+    /// One process per rank (CUDA IPC) instead of one process driving every rank; NCCL needs it
+    /// with more than one rank [default: on when every rank has a GPU of its own].
+    #[arg(long)]
+    processes: bool,
+    /// Seconds a rank waits for a peer before it fails the run, naming the peer.
+    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
+    timeout: std::time::Duration,
+    /// Write results as JSON to PATH; `-` writes JSON to stdout and the table to stderr.
+    #[arg(long, value_name = "PATH|-")]
+    json: Option<String>,
+}
+
+#[derive(Serialize)]
+struct StepReport {
+    model: String,
+    tp: usize,
+    tokens: usize,
+    layers: u64,
+    allreduces_per_pass: u64,
+    /// Residual add + RMSNorms per pass: one after each allreduce.
+    norms_per_pass: u64,
+    allreduce_bytes: u64,
+    gemms_per_pass: usize,
+    weight_bytes_per_rank_per_layer: u64,
+    mode: &'static str,
+    gpus: usize,
+    #[serde(flatten)]
+    provenance: Provenance,
+    replays: usize,
+    timing: &'static str,
+    results: Vec<StepRow>,
+}
+
+pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
+    if let Some(path) = &args.json {
+        crate::args::check_writable("json", path)?;
+    }
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read --config {}", args.config.display()))
+        .map_err(crate::args::usage)?;
+    // A Hugging Face checkout names the model by its folder; a renamed file by its stem.
+    let stem = args
+        .config
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned());
+    let name = match stem.as_deref() {
+        Some("config") | None => args
+            .config
+            .canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()?
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "model".to_owned()),
+        Some(stem) => stem.to_owned(),
+    };
+    let model = ModelShape::from_config_json(&text, &name)?;
+    if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
+        bail!("-n/--world-size, --tokens and --replays must be at least 1");
+    }
+    let layers = args.layers.unwrap_or(model.layers);
+    if layers == 0 || layers > model.layers {
+        bail!(
+            "--layers {layers}: the model has {} layers; give 1 to {}",
+            model.layers,
+            model.layers
+        );
+    }
+    let norms = parse_list(&args.norms, "norms", |s| {
+        s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
+    })?;
+    let mut reduces = vec![Reduce::Nothing];
+    for r in parse_list(&args.algos, "algos", |s| Ok(parse_selection(s)?))? {
+        for &n in &norms {
+            // NCCL has no fused form: its fused row would be its separate row again.
+            if n == Norms::Fused && r == Selection::Forced(Choice::Nccl) {
+                continue;
+            }
+            reduces.push(Reduce::With(r, n));
+        }
+    }
+    let timeout = args.timeout;
+    let gpus = tpar::harness::cuda_ranks::device_count().context(
+        "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
+    )?;
+    // NCCL takes one process per rank: with a GPU for every rank, run that way by default.
+    let processes = args.processes || (args.tp > 1 && gpus >= args.tp);
+    if processes && !args.processes && std::env::var_os("RANK").is_none() {
+        eprintln!(
+            "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
+        );
+    }
+    tpar::harness::blas::load()?;
+    let plan = StepPlan::new(
+        model,
+        layers,
+        args.tp as u64,
+        args.tokens as u64,
+        reduces,
+        args.replays,
+        processes,
+    );
+    let dtype = DType::Bf16;
+
+    on_ranks(processes, args.tp, timeout, |make, mode| {
+        let mut group = make(config(timeout))?;
+        let leader = group.is_leader();
+        if leader {
+            eprintln!(
+                "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
+                crate::report::ranks(args.tp),
+                plan.layer_kinds(),
+                human_bytes(plan.weight_bytes(true))
+            );
+        }
+        let rows = bench_step::run(&mut group, &plan, |reduce| {
+            if leader {
+                eprintln!("tpar bench step: timing {}", reduce.name());
+            }
+        })?;
+        if !leader {
+            return Ok(());
+        }
+        let gpus = tpar::harness::cuda_ranks::device_count()?;
+        let report = StepReport {
+            model: plan.model.name.clone(),
+            tp: args.tp,
+            tokens: args.tokens,
+            layers,
+            allreduces_per_pass: 2 * layers,
+            norms_per_pass: 2 * layers,
+            allreduce_bytes: (plan.count() * dtype.size()) as u64,
+            gemms_per_pass: plan.gemms_per_pass(),
+            weight_bytes_per_rank_per_layer: plan.weight_bytes(false),
+            mode,
+            gpus,
+            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
+            replays: args.replays,
+            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
+            results: rows,
+        };
+        emit(&render(&report), args.json.as_deref(), &report)
+    })
+}
+
+fn render(report: &StepReport) -> String {
+    let mut table = Table::new(
+        &[
+            "allreduce",
+            "norms",
+            "pass p50 us",
+            "pass p99 us",
+            "communication us",
+            "share",
+            "per allreduce us",
+        ],
+        1,
+    );
+    for r in &report.results {
+        if let Some(why) = &r.skipped {
+            table.push(skipped_row(vec![r.reduce.clone()], 7, why));
+            continue;
+        }
+        let name = name_with_runs(&r.reduce, r.runs.as_deref());
+        let compute = r.reduce.starts_with("none");
+        table.push(vec![
+            name,
+            r.norms.clone(),
+            format!("{:.1}", r.pass_p50_us),
+            format!("{:.1}", r.pass_p99_us),
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.1}", r.communication_us)
+            },
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.1}%", 100.0 * r.communication_share)
+            },
+            if compute {
+                "-".into()
+            } else {
+                format!("{:.2}", r.per_allreduce_us)
+            },
+        ]);
+    }
+    let sharing = if report.gpus < report.tp {
+        format!(
+            "\nnote: {} ranks share {} GPU(s): every rank's GEMMs run on the same GPU, so the pass is not a TP-{} machine's; the real use is one GPU per rank",
+            report.tp, report.gpus, report.tp
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs, {} allreduces of {} bf16 and {} residual add + RMSNorms per pass; {}, {} ({})\n{}{}",
+        report.model,
+        report.tp,
+        report.tokens,
+        report.layers,
+        report.gemms_per_pass,
+        report.allreduces_per_pass,
+        human_bytes(report.allreduce_bytes),
+        report.norms_per_pass,
+        report.provenance.device,
+        crate::report::ranks(report.tp),
+        report.mode,
+        table.render(),
+        sharing
+    )
+}

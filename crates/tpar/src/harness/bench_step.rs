@@ -1,0 +1,491 @@
+//! `tpar bench step`'s runner: one tensor-parallel forward pass (a decode step, or a
+//! speculative verify pass over several tokens) on real GPUs: each rank's share of the
+//! projection and MLP GEMMs (cuBLAS, random bf16 weights of the model's shapes), the two
+//! allreduces per layer and the residual add + RMSNorm after each, captured as one CUDA graph
+//! and replayed. The same pass is timed with no allreduce (the compute), and with each way of
+//! reducing asked for (NCCL, tpar's dispatcher, a forced tpar algorithm; norms separate or
+//! fused): the difference is what communication costs the pass. See `crate::planner::step` for
+//! what the pass holds and leaves out.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaGraph;
+use serde::Serialize;
+
+use super::blas::Blas;
+use super::cuda_bench::time_replays;
+use super::cuda_ranks::{queue, stream_is_capturing, CudaRanks};
+use super::stats::percentile;
+use super::Result;
+use crate::algorithm::Selection;
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::fused::FusedCall;
+use crate::dispatch::Choice;
+use crate::planner::model::ModelShape;
+use crate::planner::step::{pass_ops, slot_elements, Slot, StepOp};
+use crate::DType;
+
+/// RMSNorm epsilon of the pass (Llama's and DeepSeek's `rms_norm_eps`); it does not change
+/// the time.
+pub const EPS: f32 = 1e-5;
+
+/// How a pass runs the norm after each allreduce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Norms {
+    /// The allreduce, then tpar's residual add + RMSNorm kernel on its own.
+    Separate,
+    /// One fused call (`fused_add_rms_norm`); where the allreduce's algorithm has no fused
+    /// kernel it runs as the allreduce and the norm kernel, and the row says so.
+    Fused,
+}
+
+impl std::str::FromStr for Norms {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "separate" => Ok(Norms::Separate),
+            "fused" => Ok(Norms::Fused),
+            other => Err(format!(
+                "unknown norm mode '{other}'; give separate or fused"
+            )),
+        }
+    }
+}
+
+/// What reduces in one timed pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// No allreduce: the compute alone (GEMMs and the norms as separate kernels).
+    Nothing,
+    With(Selection, Norms),
+}
+
+impl Reduce {
+    pub fn name(self) -> String {
+        match self {
+            Reduce::Nothing => "none (compute only)".into(),
+            Reduce::With(r, Norms::Separate) => r.name().into(),
+            Reduce::With(r, Norms::Fused) => format!("{} fused", r.name()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct StepRow {
+    pub reduce: String,
+    /// What `auto` ran for this pass's message size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
+    /// How the norms ran: "separate", or "fused" / "unfused: why" for fused rows (the plan
+    /// of the captured pass).
+    pub norms: String,
+    pub pass_p50_us: f64,
+    pub pass_p99_us: f64,
+    /// The pass's time minus the compute-only pass's.
+    pub communication_us: f64,
+    pub communication_share: f64,
+    pub per_allreduce_us: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+/// One rank's buffers: activations by slot and the weights of each op of a dense and of a MoE
+/// layer (layers of a kind share weights: each is larger than the GPU's L2 cache, so reuse
+/// across layers does not make them cheaper to read).
+struct RankData {
+    blas: Blas,
+    slots: Vec<(Slot, DeviceMemory)>,
+    /// `weights[kind][op]`: kind 0 for the first layer's op list, 1 for MoE layers'.
+    weights: [Vec<Option<DeviceMemory>>; 2],
+    /// The RMSNorm weight (`hidden` elements), shared by every norm of the pass.
+    norm_weight: DeviceMemory,
+}
+
+impl RankData {
+    fn slot(&self, slot: Slot) -> u64 {
+        self.slots.iter().find(|(s, _)| *s == slot).unwrap().1.ptr()
+    }
+}
+
+/// Random bf16 in [-1/16, 1/16): the values do not change a GEMM's time, but keep the
+/// activations finite over many layers.
+fn random_bf16(elements: u64, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut bytes = Vec::with_capacity(elements as usize * 2);
+    for _ in 0..elements {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) / 8.0;
+        bytes.extend_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes());
+    }
+    bytes
+}
+
+fn layer_kind(model: &ModelShape, layer: u64) -> usize {
+    match &model.moe {
+        Some(m) if layer >= m.dense_layers => 1,
+        _ => 0,
+    }
+}
+
+/// The pass to time: the model's shapes, the ops of its layers and how the allreduces run.
+pub struct StepPlan {
+    pub model: ModelShape,
+    pub layers: u64,
+    pub tp: u64,
+    pub tokens: u64,
+    /// Timed passes: the compute alone first, then each way of reducing.
+    pub reduces: Vec<Reduce>,
+    pub replays: usize,
+    /// One graph per rank (processes, or a single rank) instead of one graph for all ranks.
+    pub graph_per_rank: bool,
+    ops: Vec<Vec<StepOp>>,
+    sizes: [(Slot, u64); 5],
+    /// The first layer of each kind (dense, MoE) whose weights are allocated.
+    kinds: Vec<u64>,
+}
+
+impl StepPlan {
+    pub fn new(
+        model: ModelShape,
+        layers: u64,
+        tp: u64,
+        tokens: u64,
+        reduces: Vec<Reduce>,
+        replays: usize,
+        graph_per_rank: bool,
+    ) -> StepPlan {
+        let ops = pass_ops(&model, layers, tp, tokens);
+        let sizes = slot_elements(&ops, tokens, model.hidden);
+        let kinds: Vec<u64> = match &model.moe {
+            Some(m) if m.dense_layers < layers => vec![0, m.dense_layers],
+            _ => vec![0],
+        };
+        StepPlan {
+            model,
+            layers,
+            tp,
+            tokens,
+            reduces,
+            replays,
+            graph_per_rank,
+            ops,
+            sizes,
+            kinds,
+        }
+    }
+
+    /// Elements of one allreduce (tokens x hidden).
+    pub fn count(&self) -> usize {
+        (self.tokens * self.model.hidden) as usize
+    }
+
+    pub fn gemms_per_pass(&self) -> usize {
+        self.ops
+            .iter()
+            .flatten()
+            .filter(|o| matches!(o, StepOp::Gemm { .. }))
+            .count()
+    }
+
+    /// Bytes of weights per rank: of every layer kind, or of the last kind's one layer.
+    pub fn weight_bytes(&self, every_kind: bool) -> u64 {
+        let kinds = if every_kind {
+            &self.kinds[..]
+        } else {
+            &self.kinds[self.kinds.len() - 1..]
+        };
+        weight_bytes(&self.ops, kinds) * 2
+    }
+
+    pub fn layer_kinds(&self) -> usize {
+        self.kinds.len()
+    }
+}
+
+/// Times every pass of `plan` on `group`; `on_timing` hears each one before it is timed.
+pub fn run(
+    group: &mut CudaRanks,
+    plan: &StepPlan,
+    mut on_timing: impl FnMut(Reduce),
+) -> Result<Vec<StepRow>> {
+    let dtype = DType::Bf16;
+    let (model, layers, tokens) = (&plan.model, plan.layers, plan.tokens);
+    let count = plan.count();
+    let data = prepare(group, &plan.ops, &plan.sizes, &plan.kinds, model.hidden)?;
+    let mut rows = Vec::new();
+    let mut compute_us = 0.0;
+    for &reduce in &plan.reduces {
+        if let Reduce::With(route, _) = reduce {
+            if let Err(why) = group.supports(route) {
+                rows.push(StepRow {
+                    reduce: reduce.name(),
+                    runs: None,
+                    norms: "-".into(),
+                    pass_p50_us: 0.0,
+                    pass_p99_us: 0.0,
+                    communication_us: 0.0,
+                    communication_share: 0.0,
+                    per_allreduce_us: 0.0,
+                    skipped: Some(why),
+                });
+                continue;
+            }
+        }
+        on_timing(reduce);
+        // Collective calls: every rank replays the same number of times.
+        let replays = group.agreed_mean(plan.replays as u64)? as usize;
+        let group = &*group;
+        let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
+            queue_pass(
+                group, &data[i], i, stream, &plan.ops, model, reduce, tokens, dtype,
+            )
+        };
+        // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
+        for (i, s) in group.streams.iter().enumerate() {
+            queue(i, s)?;
+        }
+        group.synchronize()?;
+        let graphs: Vec<CudaGraph> = if plan.graph_per_rank || group.comms.len() == 1 {
+            group.capture_each(queue)?
+        } else {
+            vec![group.capture(queue)?]
+        };
+        rows.push(time_pass(
+            group,
+            plan,
+            graphs,
+            reduce,
+            replays,
+            &mut compute_us,
+            (count, dtype, layers),
+        )?);
+    }
+    Ok(rows)
+}
+
+/// Replays one pass's graphs and makes its row (the compute-only pass sets `compute_us`).
+fn time_pass(
+    group: &CudaRanks,
+    plan: &StepPlan,
+    graphs: Vec<CudaGraph>,
+    reduce: Reduce,
+    replays: usize,
+    compute_us: &mut f64,
+    (count, dtype, layers): (usize, DType, u64),
+) -> Result<StepRow> {
+    let warmup = 3;
+    let us = time_replays(group, &graphs, warmup, replays)?;
+    drop(graphs);
+    let p50 = percentile(&us, 50.0);
+    let p99 = percentile(&us, 99.0);
+    if reduce == Reduce::Nothing {
+        *compute_us = p50;
+    }
+    let communication = (p50 - *compute_us).max(0.0);
+    let captured = match reduce {
+        Reduce::With(Selection::Auto, _) => Some(
+            group.comms[0]
+                .plan(dtype, (count * dtype.size()) as u64, true)?
+                .choice,
+        ),
+        Reduce::With(Selection::Forced(choice), _) => Some(choice),
+        Reduce::Nothing => None,
+    };
+    let runs = match reduce {
+        Reduce::With(Selection::Auto, _) => captured.map(|c| c.name().to_owned()),
+        _ => None,
+    };
+    let norms = match (reduce, captured) {
+        (Reduce::With(_, Norms::Fused), Some(choice)) => {
+            let algorithm = match choice {
+                Choice::Tpar(a) => Some(a),
+                Choice::Nccl => None,
+            };
+            let path =
+                group.comms[0]
+                    .cuda()
+                    .fused_plan(algorithm, dtype, plan.model.hidden as usize);
+            if path.fused {
+                "fused".to_owned()
+            } else {
+                format!("unfused: {}", path.reason)
+            }
+        }
+        _ => "separate".to_owned(),
+    };
+    Ok(StepRow {
+        reduce: reduce.name(),
+        runs,
+        norms,
+        pass_p50_us: p50,
+        pass_p99_us: p99,
+        communication_us: communication,
+        communication_share: if p50 > 0.0 { communication / p50 } else { 0.0 },
+        per_allreduce_us: communication / (2 * layers) as f64,
+        skipped: None,
+    })
+}
+
+fn weight_bytes(ops: &[Vec<StepOp>], kinds: &[u64]) -> u64 {
+    kinds
+        .iter()
+        .map(|&l| {
+            ops[l as usize]
+                .iter()
+                .map(StepOp::weight_elements)
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// cuBLAS handles, activation buffers and random weights for every local rank.
+fn prepare(
+    group: &CudaRanks,
+    ops: &[Vec<StepOp>],
+    sizes: &[(Slot, u64)],
+    kinds: &[u64],
+    hidden: u64,
+) -> Result<Vec<RankData>> {
+    let mut all = Vec::new();
+    for (i, (comm, stream)) in group.comms.iter().zip(&group.streams).enumerate() {
+        let ctx = comm.cuda().context();
+        let slots = sizes
+            .iter()
+            .map(|&(slot, elements)| {
+                let memory = DeviceMemory::zeroed(ctx, (elements as usize * 2).max(2))?;
+                memory.upload(&random_bf16(elements, 1000 + i as u64)[..])?;
+                Ok((slot, memory))
+            })
+            .collect::<Result<_>>()?;
+        let mut weights: [Vec<Option<DeviceMemory>>; 2] = [Vec::new(), Vec::new()];
+        for (kind, &layer) in kinds.iter().enumerate() {
+            for (j, op) in ops[layer as usize].iter().enumerate() {
+                let elements = op.weight_elements();
+                weights[kind].push(if elements == 0 {
+                    None
+                } else {
+                    let memory = DeviceMemory::zeroed(ctx, elements as usize * 2)?;
+                    memory.upload(&random_bf16(elements, (i * 1000 + kind * 100 + j) as u64))?;
+                    Some(memory)
+                });
+            }
+        }
+        let norm_weight = DeviceMemory::zeroed(ctx, hidden as usize * 2)?;
+        norm_weight.upload(&random_bf16(hidden, 7 + i as u64)[..])?;
+        all.push(RankData {
+            blas: Blas::new(stream)?,
+            slots,
+            weights,
+            norm_weight,
+        });
+    }
+    Ok(all)
+}
+
+/// Queues local rank `i`'s pass on `stream`.
+#[allow(clippy::too_many_arguments)]
+fn queue_pass(
+    group: &CudaRanks,
+    data: &RankData,
+    i: usize,
+    stream: &Arc<cudarc::driver::CudaStream>,
+    ops: &[Vec<StepOp>],
+    model: &ModelShape,
+    reduce: Reduce,
+    tokens: u64,
+    dtype: DType,
+) -> Result<()> {
+    let comm = &group.comms[i];
+    let count = (tokens * model.hidden) as usize;
+    let cu = stream.cu_stream();
+    let norm_call = |slot: Slot| FusedCall {
+        dtype,
+        tokens: tokens as usize,
+        hidden: model.hidden as usize,
+        x: data.slot(slot),
+        residual: data.slot(Slot::Stream),
+        residual_out: None,
+        weight: data.norm_weight.ptr(),
+        y: data.slot(slot),
+        eps: EPS,
+    };
+    for (layer, layer_ops) in ops.iter().enumerate() {
+        let kind = layer_kind(model, layer as u64).min(data.weights.len() - 1);
+        for (j, op) in layer_ops.iter().enumerate() {
+            match *op {
+                StepOp::Gemm {
+                    rows,
+                    k,
+                    n,
+                    input,
+                    input_row,
+                    output,
+                    accumulate,
+                    ..
+                } => {
+                    let w = data.weights[kind][j].as_ref().expect("a GEMM has a weight");
+                    // SAFETY: the weight holds k*n elements and the slots were sized by
+                    // slot_elements for every op of the pass; all live until the caller has
+                    // synchronised and dropped its graphs.
+                    unsafe {
+                        data.blas.gemm_bf16(
+                            rows,
+                            k,
+                            n,
+                            w.ptr(),
+                            data.slot(input),
+                            input_row,
+                            data.slot(output),
+                            accumulate,
+                        )?
+                    };
+                }
+                StepOp::AllReduce { slot } => match reduce {
+                    Reduce::Nothing => {}
+                    // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
+                    Reduce::With(route, Norms::Separate) => unsafe {
+                        queue(route, comm, dtype, None, data.slot(slot), count, stream)?
+                    },
+                    // The allreduce and the norm that follows it (planner::step keeps them
+                    // adjacent) in one call; the AddRmsNorm op is then skipped.
+                    // SAFETY: x = y = the slot, residual = the stream slot, weight = hidden
+                    // elements: all on this rank's GPU, alive until the graphs are dropped.
+                    Reduce::With(route, Norms::Fused) => unsafe {
+                        let call = norm_call(slot);
+                        match route {
+                            Selection::Auto => {
+                                comm.fused_add_rms_norm_raw(
+                                    &call,
+                                    cu,
+                                    stream_is_capturing(stream),
+                                )?;
+                            }
+                            Selection::Forced(choice) => {
+                                comm.fused_add_rms_norm_with(choice, &call, cu)?;
+                            }
+                        }
+                    },
+                },
+                StepOp::AddRmsNorm { slot } => {
+                    if matches!(reduce, Reduce::With(_, Norms::Fused)) {
+                        continue;
+                    }
+                    // No programmatic dependent launch (`None`): the kernel before it is a
+                    // GEMM or an allreduce whose grid this pass does not know, as in an engine.
+                    // SAFETY: as for the fused call above.
+                    unsafe {
+                        comm.cuda().launch_add_rms_norm(
+                            &norm_call(slot),
+                            data.slot(slot),
+                            None,
+                            cu,
+                        )?
+                    };
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! The CPU backend's benchmark on one rank of a job: each algorithm over a sweep of sizes,
+//! timed by the wall clock per call after a warm-up, every timed call checked against the
+//! exact sum (and the check tallied across ranks).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::known::{total_across_ranks, KnownData};
+use super::ranks::Rank;
+use super::stats::{bus_bandwidth_gbps, percentile};
+use super::Result;
+use crate::{Algorithm, CommConfig, CpuCommunicator, DType};
+
+/// What the sweep times.
+pub struct CpuBenchPlan {
+    /// (bytes, elements) per size.
+    pub sizes: Vec<(u64, usize)>,
+    pub algorithms: Vec<Algorithm>,
+    pub iters: usize,
+    pub warmup: usize,
+    pub dtype: DType,
+    pub timeout: Duration,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct CpuRow {
+    pub bytes: u64,
+    pub algo: String,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub busbw_gbps: f64,
+    pub correct: bool,
+}
+
+/// The rows of a run and the shared memory each rank's communicator took.
+pub struct CpuBench {
+    pub rows: Vec<CpuRow>,
+    pub memory_per_rank_bytes: u64,
+}
+
+/// Times every (size, algorithm) of `plan` on this rank. `on_step` hears each one before it
+/// starts; `on_row` sees the rows so far after each.
+pub fn run(
+    rank: &Rank,
+    plan: &CpuBenchPlan,
+    mut on_step: impl FnMut(u64, Algorithm),
+    mut on_row: impl FnMut(&[CpuRow]),
+) -> Result<CpuBench> {
+    let world_size = rank.world_size();
+    let config = CommConfig {
+        timeout: plan.timeout,
+        ..CommConfig::default()
+    };
+    let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
+    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
+    let known = KnownData::new(plan.dtype, rank.rank(), world_size, max_count, [11, 12]);
+    let mut output = vec![0u8; max_count * plan.dtype.size()];
+    let mut rows = Vec::with_capacity(plan.sizes.len() * plan.algorithms.len());
+    for &(bytes, count) in &plan.sizes {
+        for &algo in &plan.algorithms {
+            on_step(bytes, algo);
+            let out = &mut output[..count * plan.dtype.size()];
+            total_across_ranks(&mut comm, 0)?; // start together
+            for i in 0..plan.warmup {
+                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+            }
+            let mut samples = Vec::with_capacity(plan.iters);
+            let mut wrong = 0u64;
+            for i in 0..plan.iters {
+                let start = Instant::now();
+                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+                samples.push(start.elapsed());
+                wrong += u64::from(*out != *known.expected(i, count));
+            }
+            let wrong = total_across_ranks(&mut comm, wrong)?;
+            let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+            us.sort_by(f64::total_cmp);
+            let p50 = percentile(&us, 50.0);
+            rows.push(CpuRow {
+                bytes,
+                algo: algo.name().to_owned(),
+                p50_us: p50,
+                p99_us: percentile(&us, 99.0),
+                busbw_gbps: bus_bandwidth_gbps(bytes, p50, world_size),
+                correct: wrong == 0,
+            });
+            on_row(&rows);
+        }
+    }
+    Ok(CpuBench {
+        rows,
+        memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
+    })
+}

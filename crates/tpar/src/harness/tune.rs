@@ -1,0 +1,173 @@
+//! Tuning: from measured rows (the graph-replay timing of [`super::cuda_bench`], tpar's
+//! algorithms and NCCL alike) to the [`TuningTable`] the dispatcher reads, keeping the fastest
+//! correct choice per size.
+
+use std::path::PathBuf;
+
+use super::bail;
+use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
+use super::cuda_ranks::CudaRanks;
+use super::Result;
+use crate::algorithm::Selection;
+use crate::dispatch::{Choice, TuningEntry, TuningTable};
+use crate::topology::Topology;
+use crate::DType;
+
+/// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
+/// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
+pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchPlan {
+    CudaBenchPlan {
+        sizes,
+        choices: Choice::ALL.map(Selection::Forced).to_vec(),
+        dtype,
+        replays,
+        warmup: 5,
+        chain: 50,
+    }
+}
+
+/// A tuning run's outcome: the table, where rank 0 wrote it (other ranks write nothing), and
+/// the measurements it was made from.
+pub struct Tuned {
+    pub table: TuningTable,
+    pub written_to: Option<PathBuf>,
+    pub rows: Vec<CudaRow>,
+}
+
+/// Measures `plan` on `group` (every rank of the job calls this together), makes the table
+/// and, on the rank holding rank 0, saves it where the dispatcher of this machine looks.
+/// `progress` hears each (size, choice) before it is timed.
+pub fn run(
+    group: &mut CudaRanks,
+    plan: &CudaBenchPlan,
+    topology: &Topology,
+    progress: impl FnMut(u64, Selection),
+) -> Result<Tuned> {
+    let floors = cuda_bench::measure_floors(group, plan)?;
+    let rows = cuda_bench::run(group, plan, &floors, progress)?;
+    let table = table_from(&rows, topology.fingerprint(), group.world_size, plan.dtype)?;
+    let written_to = if group.is_leader() {
+        Some(table.save()?)
+    } else {
+        None
+    };
+    Ok(Tuned {
+        table,
+        written_to,
+        rows,
+    })
+}
+
+/// The fastest correct choice at each measured size, runs of one choice merged; the last
+/// entry covers every larger size.
+pub fn table_from(
+    rows: &[CudaRow],
+    fingerprint: String,
+    world_size: usize,
+    dtype: DType,
+) -> Result<TuningTable> {
+    let mut sizes: Vec<u64> = rows.iter().map(|r| r.bytes).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let mut entries: Vec<TuningEntry> = Vec::new();
+    for bytes in sizes {
+        let best = rows
+            .iter()
+            .filter(|r| r.bytes == bytes && r.correct && r.skipped.is_none() && r.p50_us > 0.0)
+            .min_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
+        let Some(best) = best else { continue };
+        let choice: Choice = best.algo.parse()?;
+        match entries.last_mut() {
+            Some(last) if last.choice == choice => {
+                last.max_bytes = bytes;
+                last.p50_us = best.p50_us;
+            }
+            _ => entries.push(TuningEntry {
+                max_bytes: bytes,
+                choice,
+                p50_us: best.p50_us,
+            }),
+        }
+    }
+    let Some(last) = entries.last_mut() else {
+        bail!("no size had a correct measurement; nothing to tune");
+    };
+    last.max_bytes = u64::MAX;
+    Ok(TuningTable {
+        fingerprint,
+        world_size,
+        dtype,
+        entries,
+    })
+}
+
+/// "one-shot up to 4 KiB, two-shot up to 64 KiB, nccl above": where the table switches.
+pub fn crossovers(table: &TuningTable) -> String {
+    crate::dispatch::describe_ranges(table.entries.iter().map(|e| (e.max_bytes, e.choice)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(bytes: u64, algo: &str, p50_us: f64) -> CudaRow {
+        CudaRow {
+            bytes,
+            algo: algo.into(),
+            p50_us,
+            p99_us: p50_us,
+            busbw_gbps: 0.0,
+            correct: true,
+            graph_single_us: 0.0,
+            wire_floor_us: 0.0,
+            chain: 50,
+            replays: 50,
+            runs: None,
+            skipped: None,
+        }
+    }
+
+    #[test]
+    fn the_table_keeps_the_fastest_per_size_and_merges_runs() {
+        let rows = vec![
+            row(4096, "one-shot", 4.0),
+            row(4096, "two-shot", 5.0),
+            row(65536, "one-shot", 6.0),
+            row(65536, "two-shot", 5.5),
+            row(1 << 20, "two-shot", 30.0),
+            row(1 << 20, "nccl", 25.0),
+            row(4 << 20, "nccl", 60.0),
+        ];
+        let t = table_from(&rows, "fp".into(), 8, DType::Bf16).unwrap();
+        let got: Vec<(u64, Choice)> = t.entries.iter().map(|e| (e.max_bytes, e.choice)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (4096, Choice::Tpar(crate::Algorithm::OneShot)),
+                (65536, Choice::Tpar(crate::Algorithm::TwoShot)),
+                (u64::MAX, Choice::Nccl)
+            ]
+        );
+        assert_eq!(
+            crossovers(&t),
+            "one-shot up to 4 KiB, two-shot up to 64 KiB, nccl above"
+        );
+    }
+
+    #[test]
+    fn wrong_or_skipped_rows_never_win() {
+        let mut wrong = row(4096, "one-shot", 1.0);
+        wrong.correct = false;
+        let mut skipped = row(4096, "nccl", 0.5);
+        skipped.skipped = Some("no NCCL".into());
+        let t = table_from(
+            &[wrong, skipped, row(4096, "two-shot", 9.0)],
+            "fp".into(),
+            2,
+            DType::F32,
+        )
+        .unwrap();
+        assert_eq!(t.entries[0].choice, Choice::Tpar(crate::Algorithm::TwoShot));
+        assert!(table_from(&[], "fp".into(), 2, DType::F32).is_err());
+    }
+}
