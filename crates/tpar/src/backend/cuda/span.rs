@@ -11,7 +11,10 @@
 //! A span made from a cudarc buffer for a stream also carries cudarc's event guard: the call's
 //! stream waits for the buffer's earlier writes, and the guard records the call's work when the
 //! span is dropped (after the call has queued it), so that cudarc frees or reuses the buffer
-//! only after tpar's kernels are done with it.
+//! only after tpar's kernels are done with it. Those are cudarc's rules for its own calls too,
+//! and the same care applies in graph capture: a wait on an event recorded before the capture
+//! began does not belong in it (the driver may refuse it), so capture with cudarc's event
+//! tracking off (`CudaContext::disable_event_tracking`), as for any cudarc work in a graph.
 //!
 //! Streams are cudarc's [`CudaStream`]: a stream owned by another library is wrapped with
 //! [`borrowed_stream`] (unsafe: its owner keeps it alive).
