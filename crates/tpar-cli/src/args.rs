@@ -251,15 +251,25 @@ pub fn check_writable(flag: &str, path: &str) -> Result<()> {
             parent.display()
         )));
     }
-    let c_parent = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
-        .map_err(|_| Usage(format!("--{flag} {path}: the path holds a NUL byte")))?;
-    // SAFETY: access only reads the NUL-terminated path.
-    let writable = unsafe { libc::access(c_parent.as_ptr(), libc::W_OK) } == 0;
+    if parent.as_os_str().as_encoded_bytes().contains(&0) {
+        bail!(Usage(format!("--{flag} {path}: the path holds a NUL byte")));
+    }
+    let writable = tpar::harness::limits::can_write_in(parent);
     let file_ok = !p.exists() || std::fs::OpenOptions::new().append(true).open(p).is_ok();
     if !writable || !file_ok {
         bail!(Usage(format!(
             "--{flag} {path}: cannot write there (permission denied); pick another path"
         )));
+    }
+    Ok(())
+}
+
+/// Checks a CPU job against this host before any rank starts, printing its warnings; a job
+/// that cannot fit is a usage error (see [`tpar::harness::limits::CpuJobNeeds::check`]).
+pub fn check_cpu_job(needs: tpar::harness::limits::CpuJobNeeds) -> Result<()> {
+    let room = tpar::harness::limits::HostRoom::here();
+    for warning in needs.check(&room).map_err(|e| usage(e.into()))? {
+        eprintln!("{warning}");
     }
     Ok(())
 }

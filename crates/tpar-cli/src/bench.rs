@@ -165,7 +165,9 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     }
     let max_bytes = bytes.iter().copied().max().unwrap_or(0);
     // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
-    crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
+    crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
+        world_size, max_bytes, 5,
+    ))?;
     let plan = BenchPlan {
         backend,
         note: setup.note.clone(),

@@ -13,7 +13,6 @@ mod bench;
 mod cuda_commands;
 mod debug_rank;
 mod doctor;
-mod limits;
 mod plan;
 mod plot;
 mod progress;

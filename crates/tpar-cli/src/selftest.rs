@@ -80,7 +80,9 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             .iter()
             .max()
             .map_or(0, |&c| (c as u64).saturating_mul(widest));
-        crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
+        crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
+            world_size, max_bytes, 5,
+        ))?;
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::selftest(

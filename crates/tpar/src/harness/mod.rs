@@ -18,6 +18,7 @@
 //!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
 //! - [`fused_bench`]: the fused allreduce + residual add + RMSNorm's self-test rows and bench.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
+//! - [`limits`]: what this host can hold (RAM, /dev/shm, cores) against a job's needs.
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
@@ -32,6 +33,7 @@ pub mod cuda_ranks;
 pub mod cuda_selftest;
 pub mod fused_bench;
 pub mod known;
+pub mod limits;
 pub mod ranks;
 pub mod stats;
 pub mod tune;
