@@ -1,79 +1,81 @@
-//! `tpar doctor`: what tpar sees on this machine (or on a machine described in a topology
-//! file) and what it will do there: GPUs and versions, a link matrix in the spirit of
-//! `nvidia-smi topo -m` with P2P read/write capability, the result of a quick numerical check
-//! of every path on the real GPUs, the memory tpar reserves per rank, and for each message size
-//! which algorithm runs and why. Exits non-zero when tpar cannot work, with the reason and fix.
+//! What `tpar doctor` examines: what tpar sees on this machine (or on a machine described in
+//! a topology file) and what it will do there: GPUs and versions, links with P2P read/write
+//! capability, the result of a quick numerical check of every path on the real GPUs, the link
+//! probe, the memory tpar reserves per rank, and for each message size which algorithm runs
+//! and why. [`examine`] returns that as a [`Report`] (serialisable: `tpar doctor --json`);
+//! printing it is the caller's.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use clap::Args;
 use serde::Serialize;
-use tpar::algorithm::Selection;
-use tpar::backend::cuda::link_probe::LinkProbe;
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
-use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
-use tpar::memory::{human_bytes, MemoryFootprint};
-use tpar::topology::Topology;
-use tpar::DType;
 
-use crate::report::{emit, Table};
+use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
+use crate::harness::{Context, Result};
+use crate::memory::MemoryFootprint;
+use crate::topology::Topology;
+use crate::DType;
 
-#[derive(Args, Debug)]
-#[command(allow_negative_numbers = true)]
-pub struct DoctorArgs {
-    /// Explain a machine described in this JSON file instead of this one (touches no GPU).
-    /// Fixtures: crates/tpar/fixtures/topologies/*.json.
-    #[arg(long, value_name = "FILE")]
-    topology: Option<PathBuf>,
-    /// Ranks to plan for [default: one per GPU].
-    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
-    world_size: Option<usize>,
-    /// Element type to plan for: f32, f16 or bf16.
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
-    #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar::route_names!()
-    ))]
-    algo: Option<String>,
-    /// Print the report as JSON on stdout (the text goes to stderr).
-    #[arg(long)]
-    json: bool,
+/// What to examine and plan for.
+#[derive(Clone, Debug)]
+pub struct DoctorOptions {
+    /// A machine described in this JSON file instead of this one (touches no GPU).
+    pub topology: Option<PathBuf>,
+    /// Ranks to plan for (default: one per GPU).
+    pub world_size: Option<usize>,
+    pub dtype: DType,
+    /// Plan as if this route were forced (from `--algo` or TPAR_ALGO).
+    pub forced: Option<Choice>,
 }
 
-#[derive(Serialize)]
-struct Check {
-    name: String,
-    ok: bool,
-    detail: String,
+/// Why there is no report: the request is wrong, or there is nothing to examine.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    /// The topology file cannot be read or parsed (the caller's input: a usage error).
+    #[error(transparent)]
+    Topology(crate::Error),
+    /// No GPU on this machine to examine; the message says what can run instead.
+    #[error("{0}")]
+    NoGpu(String),
 }
 
-#[derive(Serialize)]
-struct SizePlan {
-    bytes: u64,
-    choice: Option<Choice>,
-    reason: String,
+/// One check made on this machine, and what it found (the reason and the fix when it failed).
+#[derive(Serialize, Debug)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What runs at one message size, and why.
+#[derive(Serialize, Debug)]
+pub struct SizePlan {
+    pub bytes: u64,
+    pub choice: Option<Choice>,
+    pub reason: String,
     /// The latency tpar's model predicts for this size on this class of machine
     /// (`planner::latency_model`), when it has one; a measurement (`tpar bench`) beats it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    model_us: Option<f64>,
+    pub model_us: Option<f64>,
 }
 
-#[derive(Serialize)]
-struct Report {
-    topology: Topology,
-    source: String,
-    world_size: usize,
-    dtype: DType,
-    class: Class,
-    memory_per_rank: MemoryFootprint,
-    tuning_table: Option<String>,
-    checks: Vec<Check>,
+/// Everything `tpar doctor` found; `ok` is false when tpar cannot work as asked (a failed
+/// check, or a size with no algorithm).
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub topology: Topology,
+    pub source: String,
+    pub world_size: usize,
+    pub dtype: DType,
+    pub class: Class,
+    pub memory_per_rank: MemoryFootprint,
+    pub tuning_table: Option<String>,
+    pub checks: Vec<Check>,
     /// The init probe of the links between this machine's GPUs (two or more GPUs).
-    links: Option<LinkProbe>,
-    plans: Vec<SizePlan>,
-    ok: bool,
+    pub links: Option<LinkProbe>,
+    pub plans: Vec<SizePlan>,
+    pub ok: bool,
 }
 
 /// 4 KiB to 256 MiB in steps of 4.
@@ -81,40 +83,34 @@ fn size_buckets() -> Vec<u64> {
     (0..=8).map(|k| 4096u64 << (2 * k)).collect()
 }
 
-pub fn run(args: DoctorArgs) -> Result<ExitCode> {
-    // The library's one parse of a forced choice, naming where the name came from.
-    let forced = match &args.algo {
-        Some(name) => Selection::parse_from("--algo", Some(name)),
-        None => Selection::from_env(),
-    }
-    .map(Selection::forced)
-    .map_err(|e| crate::args::usage(e.into()))?;
+/// Examines the machine (or the described one): on a real machine this loads CUDA and NCCL,
+/// runs a quick self-test of every path and probes the links, which takes seconds.
+pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorError> {
+    let forced = options.forced;
     let mut checks = Vec::new();
-    let (topology, source) = match &args.topology {
+    let (topology, source) = match &options.topology {
         Some(path) => (
-            Topology::load(path).map_err(|e| crate::args::usage(e.into()))?,
+            Topology::load(path).map_err(DoctorError::Topology)?,
             format!("file {}", path.display()),
         ),
         None => match Topology::detect() {
             Ok(t) => (t, "this machine (NVML)".to_owned()),
             Err(e) => {
-                let text = format!(
+                return Err(DoctorError::NoGpu(format!(
                     "tpar doctor: no GPU to examine here ({e}).\n\
                      tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
                      To plan for another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
-                );
-                eprintln!("{text}");
-                return Ok(ExitCode::FAILURE);
+                )));
             }
         },
     };
-    let world_size = args.world_size.unwrap_or(topology.gpus.len()).max(1);
+    let world_size = options.world_size.unwrap_or(topology.gpus.len()).max(1);
     let config = CudaConfig::default();
     let memory = CudaCommunicator::planned_footprint(world_size, &config);
 
-    let mut probe = Probe::default();
+    let mut probe = Findings::default();
     let mut links = None;
-    if args.topology.is_none() {
+    if options.topology.is_none() {
         checks.extend(gpu_checks(&topology, world_size, &mut probe));
         if checks.first().is_some_and(|c| c.ok) {
             let (check, measured) = link_probe(&topology, &mut probe);
@@ -122,12 +118,13 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
             links = measured;
         }
     }
-    let tuning = TuningTable::load_for(&topology, world_size, args.dtype);
+    let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
     // The model follows the built-in rules; with a forced path or a tuning table it would
     // describe another plan than the one shown, so it is left out then.
     let model = (forced.is_none() && tuning.is_none())
         .then(|| {
-            tpar::planner::latency_model::modelled_latency(&topology, world_size, args.dtype).ok()
+            crate::planner::latency_model::modelled_latency(&topology, world_size, options.dtype)
+                .ok()
         })
         .flatten()
         .map(|(latency, _)| latency);
@@ -138,12 +135,12 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
             probe: Some(&probe),
             tuning: tuning.as_ref(),
             world_size,
-            dtype: args.dtype,
+            dtype: options.dtype,
             bytes,
             capturing: true,
             forced,
         };
-        plans.push(match plan(&req) {
+        plans.push(match decide(&req) {
             Ok(p) => SizePlan {
                 bytes,
                 choice: Some(p.choice),
@@ -164,10 +161,10 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         topology,
         source,
         world_size,
-        dtype: args.dtype,
+        dtype: options.dtype,
         memory_per_rank: memory,
         tuning_table: tuning.map(|t| {
-            TuningTable::path(&t.fingerprint, world_size, args.dtype)
+            TuningTable::path(&t.fingerprint, world_size, options.dtype)
                 .display()
                 .to_string()
         }),
@@ -176,22 +173,17 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         plans,
         ok,
     };
-    emit(&render(&report), args.json.then_some("-"), &report)?;
-    Ok(if report.ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    Ok(report)
 }
 
 /// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
 /// on a few ranks; NCCL loads. A path that fails goes into the probe and is never planned.
-fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<Check> {
+fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut add = |name: &str, result: Result<String>| {
         let (ok, detail) = match result {
             Ok(d) => (true, d),
-            Err(e) => (false, format!("{e:#}")),
+            Err(e) => (false, e.chain()),
         };
         checks.push(Check {
             name: name.to_owned(),
@@ -202,11 +194,11 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
     };
     let cuda = add(
         "CUDA driver and NVRTC",
-        tpar::backend::cuda::probe()
+        crate::backend::cuda::probe()
             .map(|n| format!("{n} GPU(s) usable"))
             .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
     );
-    match tpar::backend::nccl::Nccl::load() {
+    match crate::backend::nccl::Nccl::load() {
         Ok(n) => add(
             "NCCL",
             Ok(format!(
@@ -225,10 +217,10 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
     if !cuda {
         return checks;
     }
-    let ranks = world_size.clamp(2, tpar::backend::cuda::kernels::MAX_RANKS);
-    for algo in tpar::Algorithm::ALL {
+    let ranks = world_size.clamp(2, crate::backend::cuda::kernels::MAX_RANKS);
+    for algo in crate::Algorithm::ALL {
         let choice = Choice::Tpar(algo);
-        let request_ok = tpar::dispatch::eligibility(
+        let request_ok = crate::dispatch::eligibility(
             &Request {
                 topology,
                 probe: None,
@@ -248,12 +240,11 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
             );
             continue;
         }
-        let result =
-            tpar::harness::cuda_ranks::quick_check(ranks, algo).map_err(anyhow::Error::from);
+        let result = crate::harness::cuda_ranks::quick_check(ranks, algo);
         if let Err(e) = &result {
             probe
                 .failed
-                .push((choice, format!("its self-test failed: {e:#}")));
+                .push((choice, format!("its self-test failed: {}", e.chain())));
         }
         add(&format!("self-test {algo}"), result);
     }
@@ -262,15 +253,15 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once), keeps the result where communicators find it, and feeds it to the plans.
-fn link_probe(topology: &Topology, probe: &mut Probe) -> (Option<Check>, Option<LinkProbe>) {
-    let Ok(gpus) = tpar::backend::cuda::probe() else {
+fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Option<LinkProbe>) {
+    let Ok(gpus) = crate::backend::cuda::probe() else {
         return (None, None);
     };
     if gpus < 2 {
         return (None, None);
     }
     let devices: Vec<usize> = (0..gpus).collect();
-    let measured = tpar::backend::cuda::link_probe::probe_links(
+    let measured = crate::backend::cuda::link_probe::probe_links(
         &devices,
         64 << 20,
         std::time::Duration::from_secs(10),
@@ -298,7 +289,7 @@ fn link_probe(topology: &Topology, probe: &mut Probe) -> (Option<Check>, Option<
             (Some(check), Some(links))
         }
         // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
-        Err(e @ tpar::Error::Unsupported(_)) => (
+        Err(e @ crate::Error::Unsupported(_)) => (
             Some(Check {
                 name: "link probe".into(),
                 ok: true,
@@ -314,152 +305,5 @@ fn link_probe(topology: &Topology, probe: &mut Probe) -> (Option<Check>, Option<
             }),
             None,
         ),
-    }
-}
-
-fn render(r: &Report) -> String {
-    let t = &r.topology;
-    let mut out = format!(
-        "tpar doctor: {} ({})\ndriver {}, CUDA {}, NCCL {}\n\n",
-        t.description,
-        r.source,
-        t.driver_version.as_deref().unwrap_or("?"),
-        t.cuda_version.as_deref().unwrap_or("?"),
-        t.nccl_version.as_deref().unwrap_or("not found"),
-    );
-    let mut gpus = Table::new(&["GPU", "name", "CC", "memory", "PCIe", "NUMA"], 2);
-    for g in &t.gpus {
-        gpus.push(vec![
-            g.index.to_string(),
-            g.name.clone(),
-            g.compute_capability.clone().unwrap_or_default(),
-            human_bytes(g.memory_bytes),
-            match (g.pcie_gen, g.pcie_width) {
-                (Some(gen), Some(w)) => format!("Gen{gen} x{w}"),
-                _ => "?".into(),
-            },
-            g.numa_node.map_or("?".into(), |n| n.to_string()),
-        ]);
-    }
-    out.push_str(&gpus.render());
-    out.push_str("\n\nLinks (path; P2P r = reads, w = writes):\n");
-    let header: Vec<String> = std::iter::once(String::new())
-        .chain(t.gpus.iter().map(|g| format!("GPU{}", g.index)))
-        .collect();
-    let header_refs: Vec<&str> = header.iter().map(String::as_str).collect();
-    let mut matrix = Table::new(&header_refs, 1);
-    for a in &t.gpus {
-        let mut row = vec![format!("GPU{}", a.index)];
-        for b in &t.gpus {
-            row.push(match t.link(a.index, b.index) {
-                _ if a.index == b.index => "X".into(),
-                Some(l) => format!(
-                    "{} {}{}",
-                    l.path.label(),
-                    if l.p2p_read { "r" } else { "-" },
-                    if l.p2p_write { "w" } else { "-" }
-                ),
-                None => "?".into(),
-            });
-        }
-        matrix.push(row);
-    }
-    out.push_str(&matrix.render());
-    if !r.checks.is_empty() {
-        out.push_str("\n\nChecks on this machine:\n");
-        let mut c = Table::new(&["check", "result"], 2);
-        for check in &r.checks {
-            c.push(vec![
-                check.name.clone(),
-                format!(
-                    "{}: {}",
-                    if check.ok { "ok" } else { "FAILED" },
-                    check.detail
-                ),
-            ]);
-        }
-        out.push_str(&c.render());
-    }
-    if let Some(links) = &r.links {
-        out.push_str(&format!(
-            "\n\nLinks measured, each alone ({} per copy):\n",
-            human_bytes(links.bytes_per_copy as u64)
-        ));
-        let mut t = Table::new(&["from", "to", "push GB/s", "pull GB/s", "latency us"], 2);
-        for l in &links.links {
-            t.push(vec![
-                format!("GPU{}", l.a),
-                format!("GPU{}", l.b),
-                format!("{:.1}", l.push_gbps),
-                format!("{:.1}", l.pull_gbps),
-                format!("{:.2}", l.latency_us),
-            ]);
-        }
-        out.push_str(&t.render());
-        out.push_str(&format!(
-            "\nall links at once, per GPU: push {:.1} GB/s, pull {:.1} GB/s{}",
-            links.all_push_gbps,
-            links.all_pull_gbps,
-            if links.all_push_gbps < 0.5 * links.all_pull_gbps {
-                " (writes collapse while reads hold: tpar reads its peers)"
-            } else {
-                ""
-            }
-        ));
-    }
-    let m = &r.memory_per_rank;
-    let ranks = crate::report::ranks(r.world_size);
-    out.push_str(&format!(
-        "\n\nMemory tpar reserves per rank with {ranks}: {} device (buffers {} + kernels {}; with an NCCL of its own, `nccl=own`, about {} more, an estimate), {} pinned host, {} shared host (host-staged inboxes); {} in all.\n",
-        human_bytes(m.device_bytes),
-        human_bytes(m.device_buffer_bytes),
-        human_bytes(m.module_bytes),
-        human_bytes(tpar::backend::nccl::estimated_footprint(r.world_size, |k| std::env::var(k).ok())),
-        human_bytes(m.pinned_host_bytes),
-        human_bytes(m.shared_host_bytes),
-        human_bytes(m.allocated_bytes()),
-    ));
-    out.push_str(&format!(
-        "\nWhat runs, {ranks}, {} ({}{}):\n",
-        r.dtype,
-        classify_text(r.class),
-        r.tuning_table
-            .as_ref()
-            .map_or(String::new(), |p| format!("; tuning table {p}"))
-    ));
-    let modelled = r.plans.iter().any(|s| s.model_us.is_some());
-    let header: &[&str] = if modelled {
-        &["size", "algorithm", "model us", "why"]
-    } else {
-        &["size", "algorithm", "why"]
-    };
-    let mut p = Table::new(header, header.len());
-    for s in &r.plans {
-        let mut row = vec![
-            crate::report::size(s.bytes),
-            s.choice.map_or("NONE".into(), |c| c.to_string()),
-        ];
-        if modelled {
-            row.push(s.model_us.map_or("-".into(), |us| format!("{us:.1}")));
-        }
-        row.push(s.reason.clone());
-        p.push(row);
-    }
-    out.push_str(&p.render());
-    if modelled {
-        out.push_str("\n(model us: tpar's latency model for this class of machine, not a measurement; `tpar bench` and `tpar tune` measure)");
-    }
-    if !r.ok {
-        out.push_str("\n\ntpar cannot work as asked here: see the FAILED checks or the sizes with no algorithm above.");
-    }
-    out
-}
-
-fn classify_text(class: Class) -> &'static str {
-    match class {
-        Class::OneGpu => "all ranks on one GPU",
-        Class::Nvlink => "NVLink between every pair",
-        Class::PcieP2p => "PCIe with P2P between every pair",
-        Class::NoP2p => "no P2P between some pair: host-staged or NCCL",
     }
 }

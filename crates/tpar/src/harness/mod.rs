@@ -11,6 +11,7 @@
 //! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
 //!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
+//! - [`doctor`]: what `tpar doctor` examines and finds, as a report.
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
 //! - [`tune`]: the tuning table from measured rows.
@@ -31,6 +32,7 @@ pub mod cpu_selftest;
 pub mod cuda_bench;
 pub mod cuda_ranks;
 pub mod cuda_selftest;
+pub mod doctor;
 pub mod fused_bench;
 pub mod known;
 pub mod limits;
