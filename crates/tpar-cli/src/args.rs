@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use tpar::harness::backend_choice::{BackendRequest, Setup, SetupError};
+use tpar::harness::cuda_ranks::parse_selection;
+
 use anyhow::{bail, Context, Result};
 use tpar::DType;
 
@@ -262,6 +265,39 @@ pub fn check_writable(flag: &str, path: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `--backend auto|cpu|cuda`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// CUDA where a usable GPU exists, otherwise CPU (with a note saying why).
+    Auto,
+    /// POSIX shared memory between processes on this host.
+    Cpu,
+    /// NVIDIA GPUs (driver and NVRTC loaded at run time).
+    Cuda,
+}
+
+/// Settles the backend, world size and algorithms of a job from its flags (see
+/// [`Setup::resolve`]); a wrong request is a usage error.
+pub fn setup(backend: BackendArg, world_size: Option<usize>, algos: Option<&str>) -> Result<Setup> {
+    let backend = match backend {
+        BackendArg::Auto => BackendRequest::Auto,
+        BackendArg::Cpu => BackendRequest::Cpu,
+        BackendArg::Cuda => BackendRequest::Cuda,
+    };
+    let algos = algos.map(|list| {
+        parse_list(list, "algos", |s| Ok(parse_selection(s)?)).map_err(|e| format!("{e:#}"))
+    });
+    Setup::resolve(backend, world_size, algos).map_err(setup_error)
+}
+
+/// A usage error for a request the library refused as such; any other failure as it is.
+pub fn setup_error(e: SetupError) -> anyhow::Error {
+    match e {
+        SetupError::Usage(message) => anyhow::Error::new(Usage(message)),
+        SetupError::Failed(e) => e.into(),
+    }
 }
 
 /// Checks a CPU job against this host before any rank starts, printing its warnings; a job

@@ -8,7 +8,6 @@
 //! measures or checks is `tpar::harness` (and `tpar::verify`), which Python calls too.
 
 mod args;
-mod backend_choice;
 mod bench;
 mod cuda_commands;
 mod debug_rank;

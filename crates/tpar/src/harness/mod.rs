@@ -11,6 +11,7 @@
 //! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
 //!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
+//! - [`backend_choice`]: which backend a job runs on, its world size and algorithms.
 //! - [`doctor`]: what `tpar doctor` examines and finds, as a report.
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
@@ -25,6 +26,7 @@
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
 
 pub mod anatomy;
+pub mod backend_choice;
 pub mod bench_step;
 pub mod blas;
 pub mod cpu_bench;
