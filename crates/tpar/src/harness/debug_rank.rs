@@ -1,44 +1,40 @@
-//! `tpar debug-rank` (hidden): scripted allreduce calls with injected faults, for the
+//! The hidden `tpar debug-rank`'s rank: scripted allreduce calls with injected faults (a
+//! rank that passes another count or dtype, dies or stalls at a given call), for the
 //! cross-process tests and for reproducing a failure by hand. Every call is verified.
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use clap::Args;
-use tpar::{Algorithm, CommConfig, CpuCommunicator, DType};
+use crate::harness::known::KnownData;
+use crate::harness::ranks::{say, Rank};
+use crate::harness::{bail, Context, HarnessError, Result};
+use crate::{Algorithm, CommConfig, CpuCommunicator, DType};
 
-use crate::ranks::{run_ranks, say, world_size_or, Rank};
-use tpar::harness::known::KnownData;
-
-#[derive(Args, Debug)]
-#[command(allow_negative_numbers = true)]
-pub struct DebugRankArgs {
-    #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
-    world_size: Option<usize>,
+/// The calls every rank makes, and the faults: each fault names its rank, as `RANK=VALUE`
+/// (count, dtype) or `RANK@CALL` (die, stall; calls count from 0).
+#[derive(Clone, Debug)]
+pub struct DebugScript {
     /// Elements per call.
-    #[arg(long, default_value_t = 1024)]
-    count: usize,
-    #[arg(long, default_value = "f32")]
-    dtype: DType,
-    #[arg(long, default_value = "one-shot")]
-    algo: Algorithm,
+    pub count: usize,
+    pub dtype: DType,
+    pub algo: Algorithm,
     /// Calls to make.
-    #[arg(long, default_value_t = 1)]
-    calls: u64,
+    pub calls: u64,
     /// RANK=N: that rank passes N elements instead.
-    #[arg(long, value_name = "RANK=N")]
-    count_on: Option<String>,
+    pub count_on: Option<String>,
     /// RANK=DTYPE: that rank passes another dtype.
-    #[arg(long, value_name = "RANK=DTYPE")]
-    dtype_on: Option<String>,
-    /// RANK@CALL: that rank SIGKILLs itself before that call (counting from 0).
-    #[arg(long, value_name = "RANK@CALL")]
-    die_on: Option<String>,
+    pub dtype_on: Option<String>,
+    /// RANK@CALL: that rank SIGKILLs itself before that call.
+    pub die_on: Option<String>,
     /// RANK@CALL: that rank stops calling (sleeps) before that call.
-    #[arg(long, value_name = "RANK@CALL")]
-    stall_on: Option<String>,
-    #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
-    timeout: std::time::Duration,
+    pub stall_on: Option<String>,
+}
+
+fn parsed<T: std::str::FromStr>(text: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse()
+        .map_err(|e: T::Err| HarnessError::Failed(e.to_string()))
 }
 
 fn split_pair(text: &Option<String>, sep: char) -> Result<Option<(usize, String)>> {
@@ -47,30 +43,26 @@ fn split_pair(text: &Option<String>, sep: char) -> Result<Option<(usize, String)
             let (rank, value) = t
                 .split_once(sep)
                 .with_context(|| format!("'{t}' should look like RANK{sep}VALUE"))?;
-            Ok((rank.trim().parse()?, value.trim().to_owned()))
+            Ok((parsed(rank.trim())?, value.trim().to_owned()))
         })
         .transpose()
 }
 
-pub fn run(args: DebugRankArgs) -> Result<std::process::ExitCode> {
-    let world_size = world_size_or(args.world_size, 2)?;
-    let timeout = args.timeout;
-    run_ranks(world_size, timeout, |rank| debug_rank(rank, &args, timeout))
-}
-
-fn debug_rank(rank: Rank, args: &DebugRankArgs, timeout: Duration) -> Result<()> {
+/// Runs the script as `rank`, with `timeout` for every call; an error names the call that
+/// gave a wrong sum (or the library's error).
+pub fn run_rank(rank: &Rank, args: &DebugScript, timeout: Duration) -> Result<()> {
     let me = rank.rank();
     let mine = |pair: Option<(usize, String)>| pair.filter(|(r, _)| *r == me).map(|(_, v)| v);
     let count = match mine(split_pair(&args.count_on, '=')?) {
-        Some(n) => n.parse()?,
+        Some(n) => parsed(&n)?,
         None => args.count,
     };
     let dtype = match mine(split_pair(&args.dtype_on, '=')?) {
-        Some(d) => d.parse()?,
+        Some(d) => parsed(&d)?,
         None => args.dtype,
     };
     let call_of = |pair: Option<(usize, String)>| -> Result<Option<u64>> {
-        mine(pair).map(|c| Ok(c.parse()?)).transpose()
+        mine(pair).map(|c| parsed(&c)).transpose()
     };
     let die_at = call_of(split_pair(&args.die_on, '@')?)?;
     let stall_at = call_of(split_pair(&args.stall_on, '@')?)?;
@@ -88,7 +80,7 @@ fn debug_rank(rank: Rank, args: &DebugRankArgs, timeout: Duration) -> Result<()>
                 me,
                 &format!("debug-rank: killing myself (SIGKILL) before call {call}"),
             );
-            tpar::launch::send_sigkill(std::process::id());
+            crate::launch::send_sigkill(std::process::id());
         }
         if stall_at == Some(call) {
             say(me, &format!("debug-rank: stalling before call {call}"));
@@ -106,14 +98,6 @@ fn debug_rank(rank: Rank, args: &DebugRankArgs, timeout: Duration) -> Result<()>
         if output != known.expected(variant, count) {
             bail!("call {call} gave a wrong sum");
         }
-    }
-    if rank.is_leader() {
-        println!(
-            "debug-rank: {} call(s) of {count} {dtype} ({}) correct on {} rank(s)",
-            args.calls,
-            args.algo,
-            rank.world_size()
-        );
     }
     Ok(())
 }

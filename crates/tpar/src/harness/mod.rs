@@ -12,6 +12,7 @@
 //!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
 //! - [`backend_choice`]: which backend a job runs on, its world size and algorithms.
+//! - [`debug_rank`]: scripted calls with injected faults (the hidden `tpar debug-rank`).
 //! - [`doctor`]: what `tpar doctor` examines and finds, as a report.
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
@@ -34,6 +35,7 @@ pub mod cpu_selftest;
 pub mod cuda_bench;
 pub mod cuda_ranks;
 pub mod cuda_selftest;
+pub mod debug_rank;
 pub mod doctor;
 pub mod fused_bench;
 pub mod known;
