@@ -13,8 +13,8 @@ use crate::args::BackendArg;
 use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{cpu_device, emit, Provenance, Table};
-use tpar::harness::backend_choice::Backend;
+use crate::report::{emit, Provenance, Table};
+use tpar::harness::backend_choice::{cpu_device, Backend};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";

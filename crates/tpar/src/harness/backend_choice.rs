@@ -196,6 +196,21 @@ pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
     Ok(n)
 }
 
+/// "cpu: <model> (<n> logical cores)" from /proc/cpuinfo.
+pub fn cpu_device() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("cpu: {model} ({cores} logical cores)")
+}
+
 /// "NVIDIA H200, driver 580.159.04" for the first GPU, from the driver's /proc file.
 pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
     let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_owned());
