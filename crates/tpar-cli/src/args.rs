@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use tpar::harness::backend_choice::{BackendRequest, Setup, SetupError};
+use tpar::harness::cuda_ranks::parse_selection;
+
 use anyhow::{bail, Context, Result};
 use tpar::DType;
 
@@ -251,15 +254,58 @@ pub fn check_writable(flag: &str, path: &str) -> Result<()> {
             parent.display()
         )));
     }
-    let c_parent = std::ffi::CString::new(parent.as_os_str().as_encoded_bytes())
-        .map_err(|_| Usage(format!("--{flag} {path}: the path holds a NUL byte")))?;
-    // SAFETY: access only reads the NUL-terminated path.
-    let writable = unsafe { libc::access(c_parent.as_ptr(), libc::W_OK) } == 0;
+    if parent.as_os_str().as_encoded_bytes().contains(&0) {
+        bail!(Usage(format!("--{flag} {path}: the path holds a NUL byte")));
+    }
+    let writable = tpar::harness::limits::can_write_in(parent);
     let file_ok = !p.exists() || std::fs::OpenOptions::new().append(true).open(p).is_ok();
     if !writable || !file_ok {
         bail!(Usage(format!(
             "--{flag} {path}: cannot write there (permission denied); pick another path"
         )));
+    }
+    Ok(())
+}
+
+/// `--backend auto|cpu|cuda`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// CUDA where a usable GPU exists, otherwise CPU (with a note saying why).
+    Auto,
+    /// POSIX shared memory between processes on this host.
+    Cpu,
+    /// NVIDIA GPUs (driver and NVRTC loaded at run time).
+    Cuda,
+}
+
+/// Settles the backend, world size and algorithms of a job from its flags (see
+/// [`Setup::resolve`]); a wrong request is a usage error.
+pub fn setup(backend: BackendArg, world_size: Option<usize>, algos: Option<&str>) -> Result<Setup> {
+    let backend = match backend {
+        BackendArg::Auto => BackendRequest::Auto,
+        BackendArg::Cpu => BackendRequest::Cpu,
+        BackendArg::Cuda => BackendRequest::Cuda,
+    };
+    let algos = algos.map(|list| {
+        parse_list(list, "algos", |s| Ok(parse_selection(s)?)).map_err(|e| format!("{e:#}"))
+    });
+    Setup::resolve(backend, world_size, algos).map_err(setup_error)
+}
+
+/// A usage error for a request the library refused as such; any other failure as it is.
+pub fn setup_error(e: SetupError) -> anyhow::Error {
+    match e {
+        SetupError::Usage(message) => anyhow::Error::new(Usage(message)),
+        SetupError::Failed(e) => e.into(),
+    }
+}
+
+/// Checks a CPU job against this host before any rank starts, printing its warnings; a job
+/// that cannot fit is a usage error (see [`tpar::harness::limits::CpuJobNeeds::check`]).
+pub fn check_cpu_job(needs: tpar::harness::limits::CpuJobNeeds) -> Result<()> {
+    let room = tpar::harness::limits::HostRoom::here();
+    for warning in needs.check(&room).map_err(|e| usage(e.into()))? {
+        eprintln!("{warning}");
     }
     Ok(())
 }

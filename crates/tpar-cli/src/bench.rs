@@ -9,11 +9,12 @@ use tpar::harness::cpu_bench::{self, CpuBenchPlan, CpuRow};
 use tpar::memory::human_bytes;
 use tpar::DType;
 
+use crate::args::BackendArg;
 use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
-use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{cpu_device, emit, Provenance, Table};
+use crate::report::{emit, Provenance, Table};
+use tpar::harness::backend_choice::{cpu_device, Backend};
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
@@ -121,7 +122,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return Ok(std::process::ExitCode::SUCCESS);
     }
     // Everything is checked before any rank starts.
-    let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
+    let setup = crate::args::setup(args.backend, args.world_size, args.algos.as_deref())?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     let dtype = args.dtype;
     let default_sizes = if backend == Backend::Cuda {
@@ -165,13 +166,17 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     }
     let max_bytes = bytes.iter().copied().max().unwrap_or(0);
     // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
-    crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
+    crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
+        world_size, max_bytes, 5,
+    ))?;
     let plan = BenchPlan {
         backend,
         note: setup.note.clone(),
         sweep: CpuBenchPlan {
             sizes: bytes.into_iter().zip(counts).collect(),
-            algorithms: setup.tpar_algorithms("the CPU bench")?,
+            algorithms: setup
+                .tpar_algorithms("the CPU bench")
+                .map_err(crate::args::setup_error)?,
             iters: args.iters,
             warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
             dtype,

@@ -17,10 +17,10 @@ use tpar::harness::cuda_ranks::CudaRanks;
 use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
 use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
 
-use crate::backend_choice::cuda_device;
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
 use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
+use tpar::harness::backend_choice::cuda_device;
 
 /// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
 /// `--processes`, or under an outside launcher) this process's own, started by the launcher.

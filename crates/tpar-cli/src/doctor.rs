@@ -1,21 +1,18 @@
-//! `tpar doctor`: what tpar sees on this machine (or on a machine described in a topology
-//! file) and what it will do there: GPUs and versions, a link matrix in the spirit of
-//! `nvidia-smi topo -m` with P2P read/write capability, the result of a quick numerical check
-//! of every path on the real GPUs, the memory tpar reserves per rank, and for each message size
-//! which algorithm runs and why. Exits non-zero when tpar cannot work, with the reason and fix.
+//! `tpar doctor`: prints what [`tpar::harness::doctor::examine`] finds on this machine (or on
+//! a machine described in a topology file): GPUs and versions, a link matrix in the spirit of
+//! `nvidia-smi topo -m` with P2P read/write capability, the quick numerical checks, the memory
+//! tpar reserves per rank, and for each message size which algorithm runs and why. Exits
+//! non-zero when tpar cannot work, with the reason and fix.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use serde::Serialize;
 use tpar::algorithm::Selection;
-use tpar::backend::cuda::link_probe::LinkProbe;
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig};
-use tpar::dispatch::{classify, plan, Choice, Class, Probe, Request, TuningTable};
-use tpar::memory::{human_bytes, MemoryFootprint};
-use tpar::topology::Topology;
+use tpar::dispatch::Class;
+use tpar::harness::doctor::{examine, DoctorError, DoctorOptions, Report};
+use tpar::memory::human_bytes;
 use tpar::DType;
 
 use crate::report::{emit, Table};
@@ -42,45 +39,6 @@ pub struct DoctorArgs {
     json: bool,
 }
 
-#[derive(Serialize)]
-struct Check {
-    name: String,
-    ok: bool,
-    detail: String,
-}
-
-#[derive(Serialize)]
-struct SizePlan {
-    bytes: u64,
-    choice: Option<Choice>,
-    reason: String,
-    /// The latency tpar's model predicts for this size on this class of machine
-    /// (`planner::latency_model`), when it has one; a measurement (`tpar bench`) beats it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    model_us: Option<f64>,
-}
-
-#[derive(Serialize)]
-struct Report {
-    topology: Topology,
-    source: String,
-    world_size: usize,
-    dtype: DType,
-    class: Class,
-    memory_per_rank: MemoryFootprint,
-    tuning_table: Option<String>,
-    checks: Vec<Check>,
-    /// The init probe of the links between this machine's GPUs (two or more GPUs).
-    links: Option<LinkProbe>,
-    plans: Vec<SizePlan>,
-    ok: bool,
-}
-
-/// 4 KiB to 256 MiB in steps of 4.
-fn size_buckets() -> Vec<u64> {
-    (0..=8).map(|k| 4096u64 << (2 * k)).collect()
-}
-
 pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     // The library's one parse of a forced choice, naming where the name came from.
     let forced = match &args.algo {
@@ -89,92 +47,19 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     }
     .map(Selection::forced)
     .map_err(|e| crate::args::usage(e.into()))?;
-    let mut checks = Vec::new();
-    let (topology, source) = match &args.topology {
-        Some(path) => (
-            Topology::load(path).map_err(|e| crate::args::usage(e.into()))?,
-            format!("file {}", path.display()),
-        ),
-        None => match Topology::detect() {
-            Ok(t) => (t, "this machine (NVML)".to_owned()),
-            Err(e) => {
-                let text = format!(
-                    "tpar doctor: no GPU to examine here ({e}).\n\
-                     tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
-                     To plan for another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
-                );
-                eprintln!("{text}");
-                return Ok(ExitCode::FAILURE);
-            }
-        },
-    };
-    let world_size = args.world_size.unwrap_or(topology.gpus.len()).max(1);
-    let config = CudaConfig::default();
-    let memory = CudaCommunicator::planned_footprint(world_size, &config);
-
-    let mut probe = Probe::default();
-    let mut links = None;
-    if args.topology.is_none() {
-        checks.extend(gpu_checks(&topology, world_size, &mut probe));
-        if checks.first().is_some_and(|c| c.ok) {
-            let (check, measured) = link_probe(&topology, &mut probe);
-            checks.extend(check);
-            links = measured;
-        }
-    }
-    let tuning = TuningTable::load_for(&topology, world_size, args.dtype);
-    // The model follows the built-in rules; with a forced path or a tuning table it would
-    // describe another plan than the one shown, so it is left out then.
-    let model = (forced.is_none() && tuning.is_none())
-        .then(|| {
-            tpar::planner::latency_model::modelled_latency(&topology, world_size, args.dtype).ok()
-        })
-        .flatten()
-        .map(|(latency, _)| latency);
-    let mut plans = Vec::new();
-    for bytes in size_buckets() {
-        let req = Request {
-            topology: &topology,
-            probe: Some(&probe),
-            tuning: tuning.as_ref(),
-            world_size,
-            dtype: args.dtype,
-            bytes,
-            capturing: true,
-            forced,
-        };
-        plans.push(match plan(&req) {
-            Ok(p) => SizePlan {
-                bytes,
-                choice: Some(p.choice),
-                reason: p.reason,
-                model_us: model.as_ref().map(|m| m.at(bytes)),
-            },
-            Err(e) => SizePlan {
-                bytes,
-                choice: None,
-                reason: e.to_string(),
-                model_us: None,
-            },
-        });
-    }
-    let ok = plans.iter().all(|p| p.choice.is_some()) && checks.iter().all(|c| c.ok);
-    let report = Report {
-        class: classify(&topology, world_size),
-        topology,
-        source,
-        world_size,
+    let options = DoctorOptions {
+        topology: args.topology,
+        world_size: args.world_size,
         dtype: args.dtype,
-        memory_per_rank: memory,
-        tuning_table: tuning.map(|t| {
-            TuningTable::path(&t.fingerprint, world_size, args.dtype)
-                .display()
-                .to_string()
-        }),
-        checks,
-        links,
-        plans,
-        ok,
+        forced,
+    };
+    let report = match examine(&options) {
+        Ok(report) => report,
+        Err(DoctorError::Topology(e)) => return Err(crate::args::usage(e.into())),
+        Err(DoctorError::NoGpu(text)) => {
+            eprintln!("{text}");
+            return Ok(ExitCode::FAILURE);
+        }
     };
     emit(&render(&report), args.json.then_some("-"), &report)?;
     Ok(if report.ok {
@@ -182,139 +67,6 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
-}
-
-/// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
-/// on a few ranks; NCCL loads. A path that fails goes into the probe and is never planned.
-fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Probe) -> Vec<Check> {
-    let mut checks = Vec::new();
-    let mut add = |name: &str, result: Result<String>| {
-        let (ok, detail) = match result {
-            Ok(d) => (true, d),
-            Err(e) => (false, format!("{e:#}")),
-        };
-        checks.push(Check {
-            name: name.to_owned(),
-            ok,
-            detail,
-        });
-        ok
-    };
-    let cuda = add(
-        "CUDA driver and NVRTC",
-        tpar::backend::cuda::probe()
-            .map(|n| format!("{n} GPU(s) usable"))
-            .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
-    );
-    match tpar::backend::nccl::Nccl::load() {
-        Ok(n) => add(
-            "NCCL",
-            Ok(format!(
-                "{} from {}",
-                n.version_string(),
-                n.path().display()
-            )),
-        ),
-        Err(e) => add(
-            "NCCL",
-            Ok(format!(
-                "not found ({e}); large messages stay on tpar's paths"
-            )),
-        ),
-    };
-    if !cuda {
-        return checks;
-    }
-    let ranks = world_size.clamp(2, tpar::backend::cuda::kernels::MAX_RANKS);
-    for algo in tpar::Algorithm::ALL {
-        let choice = Choice::Tpar(algo);
-        let request_ok = tpar::dispatch::eligibility(
-            &Request {
-                topology,
-                probe: None,
-                tuning: None,
-                world_size: ranks,
-                dtype: DType::Bf16,
-                bytes: 0,
-                capturing: false,
-                forced: None,
-            },
-            choice,
-        );
-        if let Err(why) = request_ok {
-            add(
-                &format!("self-test {algo}"),
-                Ok(format!("not applicable: {why}")),
-            );
-            continue;
-        }
-        let result =
-            tpar::harness::cuda_ranks::quick_check(ranks, algo).map_err(anyhow::Error::from);
-        if let Err(e) = &result {
-            probe
-                .failed
-                .push((choice, format!("its self-test failed: {e:#}")));
-        }
-        add(&format!("self-test {algo}"), result);
-    }
-    checks
-}
-
-/// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
-/// links at once), keeps the result where communicators find it, and feeds it to the plans.
-fn link_probe(topology: &Topology, probe: &mut Probe) -> (Option<Check>, Option<LinkProbe>) {
-    let Ok(gpus) = tpar::backend::cuda::probe() else {
-        return (None, None);
-    };
-    if gpus < 2 {
-        return (None, None);
-    }
-    let devices: Vec<usize> = (0..gpus).collect();
-    let measured = tpar::backend::cuda::link_probe::probe_links(
-        &devices,
-        64 << 20,
-        std::time::Duration::from_secs(10),
-    );
-    match measured {
-        Ok(links) => {
-            let saved = links.save(&LinkProbe::path(topology));
-            let p = links.to_probe();
-            probe.push_gbps = p.push_gbps;
-            probe.pull_gbps = p.pull_gbps;
-            let detail = format!(
-                "every GPU to every peer at once: push {:.1} GB/s, pull {:.1} GB/s per GPU; {}",
-                links.all_push_gbps,
-                links.all_pull_gbps,
-                match saved {
-                    Ok(()) => format!("kept in {}", LinkProbe::path(topology).display()),
-                    Err(e) => format!("not kept: {e}"),
-                }
-            );
-            let check = Check {
-                name: "link probe".into(),
-                ok: true,
-                detail,
-            };
-            (Some(check), Some(links))
-        }
-        // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
-        Err(e @ tpar::Error::Unsupported(_)) => (
-            Some(Check {
-                name: "link probe".into(),
-                ok: true,
-                detail: format!("not measured: {e}; the device-memory paths need P2P between every pair, host-staged does not"),
-            }),
-            None,
-        ),
-        Err(e) => (
-            Some(Check {
-                name: "link probe".into(),
-                ok: false,
-                detail: e.to_string(),
-            }),
-            None,
-        ),
-    }
 }
 
 fn render(r: &Report) -> String {

@@ -8,12 +8,10 @@
 //! measures or checks is `tpar::harness` (and `tpar::verify`), which Python calls too.
 
 mod args;
-mod backend_choice;
 mod bench;
 mod cuda_commands;
 mod debug_rank;
 mod doctor;
-mod limits;
 mod plan;
 mod plot;
 mod progress;

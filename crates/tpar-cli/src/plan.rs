@@ -2,18 +2,16 @@
 //! before anyone launches a server. Memory: the KV cache an engine will get, every term shown,
 //! and the setting that fixes a budget that does not fit. Speculation: communication per
 //! verify pass and per accepted token, tokens/s with and without it, and the allreduce latency
-//! at which it breaks even.
+//! at which it breaks even. The plans are `tpar::planner::capacity`'s; this file is their
+//! arguments and their text.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use serde::Serialize;
-use tpar::backend::cuda::CudaConfig;
-use tpar::planner::memory::{plan_memory, EngineRule, MemoryInputs, MemoryPlan};
-use tpar::planner::model::ModelShape;
-use tpar::planner::spec::{plan_spec, roofline_ms, Latency, SpecInputs, SpecPlan};
+use tpar::planner::capacity::{memory_report, spec_report, MemoryRequest, SpecRequest};
+use tpar::planner::memory::EngineRule;
 use tpar::planner::{gib, GIB};
 
 use crate::args::usage;
@@ -163,15 +161,6 @@ pub struct SpecArgs {
     json: bool,
 }
 
-fn load_model(path: &PathBuf) -> Result<ModelShape> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let name = path
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-    Ok(ModelShape::from_config_json(&text, &name)?)
-}
-
 pub fn run(command: PlanCommand) -> Result<ExitCode> {
     // The planner does no work that can fail at run time: every error is about its inputs.
     match command {
@@ -181,43 +170,13 @@ pub fn run(command: PlanCommand) -> Result<ExitCode> {
     .map_err(usage)
 }
 
-#[derive(Serialize)]
-struct MemoryReport {
-    model: String,
-    tp: u64,
-    kv_bytes_per_token: f64,
-    inputs: MemoryInputs,
-    plan: MemoryPlan,
-}
-
 fn memory(a: MemoryArgs) -> Result<ExitCode> {
-    if a.tp == 0 {
-        bail!("-n/--world-size must be at least 1");
-    }
-    let model = load_model(&a.config)?;
-    model.check_tp(a.tp).map_err(anyhow::Error::from)?;
-    let gpu_bytes = match a.gpu_gb {
-        Some(g) => g * GIB,
-        None => tpar::topology::Topology::detect()
-            .ok()
-            .and_then(|t| t.gpus.first().map(|g| g.memory_bytes as f64))
-            .context("no GPU to read its memory from: give --gpu-gb")?,
-    };
-    let draft = match &a.draft_config {
-        Some(path) => load_model(path)?.weight_bytes_per_rank(a.tp),
-        None => a.draft_gb * GIB,
-    };
-    let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
-    let footprint =
-        tpar::communicator::planned_footprint(a.tp as usize, &CudaConfig::default(), a.nccl.mode());
-    let tpar = footprint.device_bytes as f64;
-    let inputs = MemoryInputs {
-        gpu_total_bytes: gpu_bytes,
-        free_after_load_bytes: a.free_after_load_gb.map(|g| g * GIB),
-        weights_bytes: a
-            .weights_gb
-            .map_or_else(|| model.weight_bytes_per_rank(a.tp), |g| g * GIB),
-        runtime_overhead_bytes: a.runtime_gb * GIB,
+    let request = MemoryRequest {
+        config: a.config,
+        tp: a.tp,
+        gpu_gb: a.gpu_gb,
+        free_after_load_gb: a.free_after_load_gb,
+        weights_gb: a.weights_gb,
         rule: match a.engine {
             Engine::Sglang => EngineRule::Sglang {
                 mem_fraction_static: a.mem_fraction_static,
@@ -226,31 +185,17 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
                 gpu_memory_utilization: a.gpu_memory_utilization,
             },
         },
-        tpar_bytes: tpar,
-        cuda_graph_bytes: a.cuda_graph_gb * GIB,
-        draft_bytes: draft,
-        activation_peak_bytes: a.activation_gb * GIB,
-        kv_bytes_per_token: model.kv_bytes_per_token(a.tp, kv_bytes) as f64,
-        min_tokens: a.context,
+        nccl: a.nccl.mode(),
+        kv_bytes: a.kv_bytes,
+        cuda_graph_gb: a.cuda_graph_gb,
+        draft_gb: a.draft_gb,
+        draft_config: a.draft_config,
+        runtime_gb: a.runtime_gb,
+        activation_gb: a.activation_gb,
+        context: a.context,
     };
-    inputs.check().map_err(anyhow::Error::from)?;
-    let mut plan = plan_memory(&inputs);
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    for term in plan.terms.iter_mut().filter(|t| t.name == "tpar buffers") {
-        term.note = format!(
-            "tpar's footprint per rank: buffers {:.1} MiB + kernels {:.1} MiB{}",
-            mib(footprint.device_buffer_bytes),
-            mib(footprint.module_bytes),
-            if footprint.nccl_bytes > 0 {
-                format!(
-                    " + its own NCCL {:.1} MiB (estimate)",
-                    mib(footprint.nccl_bytes)
-                )
-            } else {
-                " (no NCCL of its own: --nccl none)".into()
-            }
-        );
-    }
+    let report = memory_report(&request)?;
+    let (inputs, plan) = (&report.inputs, &report.plan);
     let mut t = Table::new(&["term", "GiB", "what"], 1);
     for term in &plan.terms {
         t.push(vec![
@@ -259,106 +204,48 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
             term.note.clone(),
         ]);
     }
-    let attention = if model.mla.is_some() {
-        "MLA latent"
-    } else {
-        "K and V"
-    };
+    let attention = if report.mla { "MLA latent" } else { "K and V" };
     let text = format!(
         "tpar plan memory: {} ({:.1}B parameters, {:.1} GiB of weights per rank at TP {}), {} GPU of {}\n{}\n\nKV budget {} = {} tokens of {} bytes each ({attention}, {} bytes per element){}",
-        model.name,
-        model.parameters() as f64 / 1e9,
+        report.model,
+        report.parameters as f64 / 1e9,
         inputs.weights_bytes / GIB,
-        a.tp,
+        report.tp,
         match a.engine { Engine::Sglang => "SGLang", Engine::Vllm => "vLLM" },
-        gib(gpu_bytes),
+        gib(inputs.gpu_total_bytes),
         t.render(),
         gib(plan.kv_budget_bytes),
         plan.kv_tokens,
         inputs.kv_bytes_per_token,
-        kv_bytes,
+        report.kv_bytes,
         plan.problem.as_ref().map_or(String::new(), |p| format!("\n\nDOES NOT FIT: {p}"))
     );
-    let failed = plan.problem.is_some();
-    let report = MemoryReport {
-        model: model.name.clone(),
-        tp: a.tp,
-        kv_bytes_per_token: inputs.kv_bytes_per_token,
-        inputs,
-        plan,
-    };
     emit(&text, a.json.then_some("-"), &report)?;
-    Ok(if failed {
+    Ok(if plan.problem.is_some() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
 }
 
-#[derive(Serialize)]
-struct SpecReport {
-    model: String,
-    tp: u64,
-    inputs: SpecInputs,
-    assumptions: Vec<String>,
-    plan: SpecPlan,
-}
-
 fn spec(a: SpecArgs) -> Result<ExitCode> {
-    if a.tp == 0 || a.tokens == 0 || a.acceptance <= 0.0 {
-        bail!("-n/--world-size and --tokens must be at least 1 and --acceptance above 0");
-    }
-    if a.acceptance > a.tokens as f64 {
-        bail!(
-            "--acceptance {} exceeds --tokens {}: a pass cannot accept more tokens than it scores",
-            a.acceptance,
-            a.tokens
-        );
-    }
-    let model = load_model(&a.config)?;
-    model.check_tp(a.tp).map_err(anyhow::Error::from)?;
-    let mut assumptions = Vec::new();
-    let latency = match (a.latency_us, &a.latency_json, &a.latency_topology) {
-        (Some(us), None, None) => Latency::Flat(us),
-        (None, Some(path), None) => Latency::from_bench_json(&std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?)?,
-        (None, None, Some(path)) => {
-            let topology = tpar::topology::Topology::load(path)?;
-            let (latency, why) = tpar::planner::latency_model::modelled_latency(&topology, a.tp as usize, tpar::DType::Bf16)?;
-            assumptions.push(format!("allreduce latency {why}"));
-            latency
-        }
-        _ => bail!("give the allreduce latency one way: --latency-us US, --latency-json FILE from `tpar bench --json`, or --latency-topology FILE"),
-    };
-    let mut roofline = |what: &str, tokens: u64| {
-        let ms = roofline_ms(&model, a.tp, tokens, a.tflops, a.hbm_gbps);
-        assumptions.push(format!(
-            "{what} compute {ms:.2} ms: roofline at {} TFLOP/s and {} GB/s per GPU",
-            a.tflops, a.hbm_gbps
-        ));
-        ms
-    };
-    let plain = a.plain_ms.unwrap_or_else(|| roofline("plain step", 1));
-    let verify = a
-        .verify_ms
-        .unwrap_or_else(|| roofline("verify pass", a.tokens));
-    let draft = a.draft_ms.unwrap_or_else(|| {
-        let ms = (a.tokens - 1) as f64 * plain * 2.0 / model.layers as f64;
-        assumptions.push(format!(
-            "draft {ms:.2} ms: {} draft steps of a one-layer head",
-            a.tokens - 1
-        ));
-        ms
-    });
-    let inputs = SpecInputs {
-        tokens_per_pass: a.tokens,
+    let request = SpecRequest {
+        config: a.config,
+        tp: a.tp,
+        tokens: a.tokens,
         acceptance: a.acceptance,
-        latency,
-        plain_latency: a.plain_latency_us.map(Latency::Flat),
-        plain_compute_ms: plain,
-        verify_compute_ms: verify,
-        draft_ms: draft,
+        latency_us: a.latency_us,
+        latency_json: a.latency_json,
+        latency_topology: a.latency_topology,
+        plain_latency_us: a.plain_latency_us,
+        plain_ms: a.plain_ms,
+        verify_ms: a.verify_ms,
+        draft_ms: a.draft_ms,
+        tflops: a.tflops,
+        hbm_gbps: a.hbm_gbps,
     };
-    let p = plan_spec(&model, &inputs);
+    let report = spec_report(&request)?;
+    let p = &report.plan;
     let verdict = if p.spec_tokens_per_s > p.plain_tokens_per_s {
         "speculation wins"
     } else {
@@ -371,10 +258,10 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
          communication: {:.2} ms per verify pass, {:.2} ms per accepted token, {:.2} ms per plain step\n\
          tokens/s: {:.1} with speculation, {:.1} without: {verdict}\n\
          break-even: {}\n{}",
-        model.name,
-        a.tp,
-        a.tokens,
-        a.acceptance,
+        report.model,
+        report.tp,
+        report.inputs.tokens_per_pass,
+        report.inputs.acceptance,
         p.allreduces_per_pass,
         p.verify_allreduce_bytes,
         p.plain_allreduce_bytes,
@@ -389,15 +276,8 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
             "speculation pays while the {} B allreduce takes under {us:.1} us",
             p.verify_allreduce_bytes
         )),
-        if assumptions.is_empty() { String::new() } else { format!("assumed: {}", assumptions.join("; ")) }
+        if report.assumptions.is_empty() { String::new() } else { format!("assumed: {}", report.assumptions.join("; ")) }
     );
-    let report = SpecReport {
-        model: model.name.clone(),
-        tp: a.tp,
-        inputs,
-        assumptions,
-        plan: p,
-    };
     emit(&text, a.json.then_some("-"), &report)?;
     Ok(ExitCode::SUCCESS)
 }

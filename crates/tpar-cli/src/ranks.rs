@@ -94,12 +94,5 @@ fn signal_name(sig: i32) -> String {
 /// The world size to use: the environment's when this process is a rank, else the flag's,
 /// else `default`.
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
-    let from_env = RankEnv::from_env()
-        .map_err(|e| crate::args::usage(e.into()))?
-        .map(|e| e.world_size);
-    let n = flag.or(from_env).unwrap_or(default);
-    if n == 0 {
-        bail!("--world-size must be at least 1");
-    }
-    Ok(n)
+    tpar::harness::backend_choice::world_size_or(flag, default).map_err(crate::args::setup_error)
 }

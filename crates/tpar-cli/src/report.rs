@@ -30,21 +30,6 @@ impl Provenance {
     }
 }
 
-/// "cpu: <model> (<n> logical cores)" from /proc/cpuinfo.
-pub fn cpu_device() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = info
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("model name")
-                .and_then(|r| r.split_once(':'))
-                .map(|(_, m)| m.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    format!("cpu: {model} ({cores} logical cores)")
-}
-
 /// Writes `value` as pretty JSON to `target`: `-` is stdout; a path is written to a temporary
 /// file beside it and renamed, so a reader never sees half a file.
 pub fn write_json<T: Serialize>(target: &str, value: &T) -> Result<()> {

@@ -9,10 +9,11 @@ use clap::Args;
 use tpar::harness::cpu_selftest::{self, CpuPlan};
 use tpar::harness::cuda_selftest::SelftestRow;
 
+use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
-use crate::backend_choice::{Backend, BackendArg, Setup};
 use crate::ranks::{run_ranks, Rank};
 use crate::report::Table;
+use tpar::harness::backend_choice::{Backend, Setup};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -54,8 +55,10 @@ struct Plan {
 }
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
-    let setup = Setup::resolve(args.backend, args.world_size, args.algos.as_deref())?;
-    let algorithms = setup.tpar_algorithms("tpar selftest")?;
+    let setup = crate::args::setup(args.backend, args.world_size, args.algos.as_deref())?;
+    let algorithms = setup
+        .tpar_algorithms("tpar selftest")
+        .map_err(crate::args::setup_error)?;
     let Setup {
         backend,
         note,
@@ -80,7 +83,9 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             .iter()
             .max()
             .map_or(0, |&c| (c as u64).saturating_mul(widest));
-        crate::limits::check_cpu_job(crate::limits::CpuJobNeeds::cpu(world_size, max_bytes, 5))?;
+        crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
+            world_size, max_bytes, 5,
+        ))?;
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::selftest(

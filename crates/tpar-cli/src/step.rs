@@ -15,9 +15,9 @@ use tpar::planner::model::ModelShape;
 use tpar::DType;
 
 use crate::args::parse_list;
-use crate::backend_choice::cuda_device;
 use crate::cuda_commands::{config, on_ranks};
 use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
+use tpar::harness::backend_choice::cuda_device;
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]

@@ -323,6 +323,29 @@ pub(crate) fn write_file_atomically(
     std::fs::rename(&tmp, path).map_err(io)
 }
 
+/// Free bytes for an unprivileged user on the file system holding `path` (statvfs), or
+/// `None` where it cannot be read.
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let c_path = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
+    if rc != 0 {
+        return None;
+    }
+    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
+}
+
+/// Whether this process may create files in folder `dir` (access(2) with W_OK); a path with a
+/// NUL byte is not writable.
+pub fn dir_writable(dir: &std::path::Path) -> bool {
+    let Ok(c_dir) = CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: access only reads the NUL-terminated path.
+    unsafe { libc::access(c_dir.as_ptr(), libc::W_OK) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,9 @@
 //! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
 //!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
+//! - [`backend_choice`]: which backend a job runs on, its world size and algorithms.
+//! - [`debug_rank`]: scripted calls with injected faults (the hidden `tpar debug-rank`).
+//! - [`doctor`]: what `tpar doctor` examines and finds, as a report.
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
 //! - [`tune`]: the tuning table from measured rows.
@@ -18,11 +21,13 @@
 //!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
 //! - [`fused_bench`]: the fused allreduce + residual add + RMSNorm's self-test rows and bench.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
+//! - [`limits`]: what this host can hold (RAM, /dev/shm, cores) against a job's needs.
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
 
 pub mod anatomy;
+pub mod backend_choice;
 pub mod bench_step;
 pub mod blas;
 pub mod cpu_bench;
@@ -30,8 +35,11 @@ pub mod cpu_selftest;
 pub mod cuda_bench;
 pub mod cuda_ranks;
 pub mod cuda_selftest;
+pub mod debug_rank;
+pub mod doctor;
 pub mod fused_bench;
 pub mod known;
+pub mod limits;
 pub mod ranks;
 pub mod stats;
 pub mod tune;

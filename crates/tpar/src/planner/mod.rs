@@ -3,6 +3,7 @@
 //! and whether speculative decoding pays with a given allreduce latency ([`spec`]). Both
 //! start from a model's shape as its Hugging Face `config.json` gives it ([`model`]).
 
+pub mod capacity;
 pub mod latency_model;
 pub mod memory;
 pub mod model;

@@ -1,12 +1,10 @@
-//! What this host can hold, checked before any rank starts: ranks against cores (a warning:
+//! What this host can hold, checked before any rank starts (by the CLI and by Python): ranks against cores (a warning:
 //! waits yield, so it runs, slowly), and shared memory and buffers against free /dev/shm and
 //! available RAM (an error naming both numbers). Without this, `-n 1000` or `--sizes 16G`
 //! forked ranks until the machine stopped answering.
 
-use anyhow::{bail, Result};
-use tpar::memory::human_bytes;
-
-use crate::args::Usage;
+use crate::harness::{bail, Result};
+use crate::memory::human_bytes;
 
 /// Free bytes of the host, as far as they can be read.
 #[derive(Clone, Copy, Debug)]
@@ -22,7 +20,7 @@ impl HostRoom {
     pub fn here() -> HostRoom {
         HostRoom {
             ram_available: ram_available(),
-            shm_free: free_bytes("/dev/shm"),
+            shm_free: crate::sys::free_bytes(std::path::Path::new("/dev/shm")),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
@@ -35,15 +33,10 @@ fn ram_available() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-fn free_bytes(path: &str) -> Option<u64> {
-    let c_path = std::ffi::CString::new(path).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
-    if rc != 0 {
-        return None;
-    }
-    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
+/// Whether this process may create files in folder `dir` (checked before a run that writes
+/// its results there, so a bad path fails at once rather than after the run).
+pub fn can_write_in(dir: &std::path::Path) -> bool {
+    crate::sys::dir_writable(dir)
 }
 
 /// What a CPU-backend job of `world_size` ranks needs: each rank's inbox segment in /dev/shm,
@@ -59,9 +52,9 @@ impl CpuJobNeeds {
     /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
     /// the largest message (bench and selftest keep two inputs, two expected sums and an output).
     pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
-        let layout = tpar::protocol::layout::InboxLayout::new(
+        let layout = crate::protocol::layout::InboxLayout::new(
             world_size,
-            tpar::CommConfig::default().chunk_bytes,
+            crate::CommConfig::default().chunk_bytes,
         );
         CpuJobNeeds {
             world_size,
@@ -70,7 +63,8 @@ impl CpuJobNeeds {
         }
     }
 
-    /// Refuses a job that cannot fit (a usage error naming what is needed and what is free);
+    /// Refuses a job that cannot fit (an error naming what is needed and what is free: the
+    /// caller's arguments asked too much, so the CLI reports it as a usage error);
     /// returns the warnings to print for one that fits but will be slow.
     pub fn check(&self, room: &HostRoom) -> Result<Vec<String>> {
         let n = self.world_size as u64;
@@ -78,19 +72,19 @@ impl CpuJobNeeds {
         let buffers_total = self.buffers_per_rank.saturating_mul(n);
         if let Some(free) = room.shm_free {
             if shm_total > free {
-                bail!(Usage(format!(
+                bail!(
                     "{} ranks need {} of shared memory ({} each) but /dev/shm has {} free; use fewer ranks (-n)",
                     self.world_size,
                     human_bytes(shm_total),
                     human_bytes(self.shm_per_rank),
                     human_bytes(free)
-                )));
+                );
             }
         }
         if let Some(ram) = room.ram_available {
             let total = shm_total.saturating_add(buffers_total);
             if total > ram {
-                bail!(Usage(format!(
+                bail!(
                     "{} ranks need {} of memory ({} of shared memory and {} of message buffers, {} per rank) but {} is available; use smaller --sizes or fewer ranks (-n)",
                     self.world_size,
                     human_bytes(total),
@@ -98,7 +92,7 @@ impl CpuJobNeeds {
                     human_bytes(buffers_total),
                     human_bytes(self.buffers_per_rank),
                     human_bytes(ram)
-                )));
+                );
             }
         }
         let mut warnings = Vec::new();
@@ -110,14 +104,6 @@ impl CpuJobNeeds {
         }
         Ok(warnings)
     }
-}
-
-/// Checks a CPU job against this host, printing its warnings; see [`CpuJobNeeds::check`].
-pub fn check_cpu_job(needs: CpuJobNeeds) -> Result<()> {
-    for warning in needs.check(&HostRoom::here())? {
-        eprintln!("{warning}");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -157,7 +143,6 @@ mod tests {
     fn huge_messages_are_refused_without_overflow() {
         let needs = CpuJobNeeds::cpu(2, u64::MAX - 1, 5);
         let err = needs.check(&room(64 * GIB, 64 * GIB, 2)).unwrap_err();
-        assert!(crate::args::is_usage(&err));
         assert!(err.to_string().contains("64 GiB is available"), "{err}");
     }
 }

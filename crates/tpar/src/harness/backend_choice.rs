@@ -1,14 +1,45 @@
-//! `--backend auto|cpu|cuda`: which transport a command runs on, and the one-line reason when
-//! `auto` cannot use a GPU.
+//! Which transport a job runs on (`--backend auto|cpu|cuda` of the CLI), with the one-line
+//! reason when `auto` cannot use a GPU, and what a job settles before it starts any rank: the
+//! world size and the algorithms, refused early where the backend cannot run them.
 
-use anyhow::{bail, Result};
-use tpar::dispatch::Choice;
+use crate::algorithm::Selection;
+use crate::dispatch::Choice;
+use crate::harness::HarnessError;
+use crate::RankEnv;
 
-use tpar::algorithm::Selection;
-use tpar::harness::cuda_ranks::parse_selection;
+/// Why a job cannot be set up: the request is wrong (`Usage`: the message names the fix), or
+/// this machine cannot run it.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Failed(#[from] HarnessError),
+}
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendArg {
+impl From<crate::Error> for SetupError {
+    fn from(e: crate::Error) -> SetupError {
+        SetupError::Failed(e.into())
+    }
+}
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+macro_rules! fail {
+    ($($message:tt)*) => {
+        return Err(SetupError::Failed(HarnessError::Failed(format!($($message)*))))
+    };
+}
+
+macro_rules! usage {
+    ($($message:tt)*) => {
+        return Err(SetupError::Usage(format!($($message)*)))
+    };
+}
+
+/// The backend asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendRequest {
     /// CUDA where a usable GPU exists, otherwise CPU (with a note saying why).
     Auto,
     /// POSIX shared memory between processes on this host.
@@ -33,14 +64,14 @@ impl Backend {
 }
 
 /// The backend to run and, for `auto` falling back to the CPU, the note to show the user.
-pub fn resolve(requested: BackendArg) -> Result<(Backend, Option<String>)> {
+pub fn resolve(requested: BackendRequest) -> Result<(Backend, Option<String>)> {
     match requested {
-        BackendArg::Cpu => Ok((Backend::Cpu, None)),
-        BackendArg::Cuda => match tpar::backend::cuda::probe() {
+        BackendRequest::Cpu => Ok((Backend::Cpu, None)),
+        BackendRequest::Cuda => match crate::backend::cuda::probe() {
             Ok(_) => Ok((Backend::Cuda, None)),
-            Err(why) => bail!("--backend cuda: {why}; run with --backend cpu (or auto)"),
+            Err(why) => fail!("--backend cuda: {why}; run with --backend cpu (or auto)"),
         },
-        BackendArg::Auto => match tpar::backend::cuda::probe() {
+        BackendRequest::Auto => match crate::backend::cuda::probe() {
             Ok(_) => Ok((Backend::Cuda, None)),
             Err(why) => Ok((
                 Backend::Cpu,
@@ -66,23 +97,24 @@ pub struct Setup {
 
 impl Setup {
     /// Defaults: as many ranks as GPUs (CUDA) or cores (CPU, 2 to 8); every algorithm the
-    /// backend has.
+    /// backend has. `algos` is the caller's parse of the list it was given (an error there is
+    /// the message of a usage error, reported after the backend's own problems).
     pub fn resolve(
-        backend: BackendArg,
+        backend: BackendRequest,
         world_size: Option<usize>,
-        algos: Option<&str>,
+        algos: Option<std::result::Result<Vec<Selection>, String>>,
     ) -> Result<Setup> {
         // A misspelt TPAR_ALGO would otherwise be read only where a communicator is built
         // (never, on the CPU backend): refuse it before anything starts.
         let forced = Selection::from_env()
             .map(Selection::forced)
-            .map_err(|e| crate::args::usage(e.into()))?;
+            .map_err(|e| SetupError::Usage(crate::harness::HarnessError::from(e).chain()))?;
         let (backend, mut note) = resolve(backend)?;
         if let Some(choice) = forced {
             if backend == Backend::Cpu {
-                bail!(crate::args::Usage(format!(
+                usage!(
                     "TPAR_ALGO={choice} steers the CUDA dispatcher; the CPU backend runs the algorithms of --algos: unset TPAR_ALGO and pass --algos {choice}"
-                )));
+                );
             }
             let line = format!(
                 "note: TPAR_ALGO={choice} forces the `auto` route; the other routes run as named"
@@ -96,24 +128,25 @@ impl Setup {
             Backend::Cpu => std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(2, 8),
-            Backend::Cuda => tpar::backend::cuda::probe()?,
+            Backend::Cuda => crate::backend::cuda::probe()?,
         };
-        let world_size = crate::ranks::world_size_or(world_size, default_world)?;
+        let world_size = world_size_or(world_size, default_world)?;
+        let explicit = algos.is_some();
         let choices = match algos {
-            Some(list) => crate::args::parse_list(list, "algos", |s| Ok(parse_selection(s)?))?,
+            Some(parsed) => parsed.map_err(SetupError::Usage)?,
             None if backend == Backend::Cuda => Choice::ALL
                 .map(Selection::Forced)
                 .into_iter()
                 .chain([Selection::Auto])
                 .collect(),
-            None => tpar::CpuCommunicator::ALGORITHMS
+            None => crate::CpuCommunicator::ALGORITHMS
                 .map(|a| Selection::Forced(Choice::Tpar(a)))
                 .to_vec(),
         };
         if backend == Backend::Cpu {
-            let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
+            let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if crate::CpuCommunicator::ALGORITHMS.contains(a));
             if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
-                bail!(crate::args::Usage(format!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)")));
+                usage!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
             }
         }
         Ok(Setup {
@@ -121,24 +154,24 @@ impl Setup {
             note,
             world_size,
             choices,
-            explicit: algos.is_some(),
+            explicit,
         })
     }
 
     /// tpar's own algorithms among the choices, for commands that check exact sums (NCCL's own
     /// summation order does not give them): NCCL is left out of the default list, and refused
     /// when asked for by name.
-    pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<tpar::Algorithm>> {
+    pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<crate::Algorithm>> {
         if let Some(other) = self
             .choices
             .iter()
             .find(|c| !matches!(c, Selection::Forced(Choice::Tpar(_))))
             .filter(|_| self.explicit)
         {
-            bail!(crate::args::Usage(format!(
+            usage!(
                 "{command} checks tpar's algorithms one by one; {} is compared by `tpar bench`",
                 other.name()
-            )));
+            );
         }
         Ok(self
             .choices
@@ -149,6 +182,33 @@ impl Setup {
             })
             .collect())
     }
+}
+
+/// The world size of a job: the flag, else the launcher's WORLD_SIZE, else `default`.
+pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
+    let from_env = RankEnv::from_env()
+        .map_err(|e| SetupError::Usage(HarnessError::from(e).chain()))?
+        .map(|e| e.world_size);
+    let n = flag.or(from_env).unwrap_or(default);
+    if n == 0 {
+        fail!("--world-size must be at least 1");
+    }
+    Ok(n)
+}
+
+/// "cpu: <model> (<n> logical cores)" from /proc/cpuinfo.
+pub fn cpu_device() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("cpu: {model} ({cores} logical cores)")
 }
 
 /// "NVIDIA H200, driver 580.159.04" for the first GPU, from the driver's /proc file.
@@ -165,8 +225,32 @@ pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "unknown".to_owned());
-    let cuda = tpar::backend::cuda::driver::driver_version()
+    let cuda = crate::backend::cuda::driver::driver_version()
         .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
         .unwrap_or_default();
     format!("cuda: {gpus} x {name}, driver {driver} (CUDA {cuda})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cpu_backend_refuses_what_it_cannot_run_as_a_usage_error() {
+        let nccl = vec![Selection::Forced(Choice::Nccl)];
+        match Setup::resolve(BackendRequest::Cpu, Some(2), Some(Ok(nccl))) {
+            Err(SetupError::Usage(m)) => assert!(m.contains("needs --backend cuda"), "{m}"),
+            other => panic!("{:?}", other.map(|s| s.world_size)),
+        }
+        match Setup::resolve(BackendRequest::Cpu, Some(2), Some(Err("bad list".into()))) {
+            Err(SetupError::Usage(m)) => assert_eq!(m, "bad list"),
+            other => panic!("{:?}", other.map(|s| s.world_size)),
+        }
+        let setup = Setup::resolve(BackendRequest::Cpu, Some(3), None).unwrap();
+        assert_eq!((setup.backend, setup.world_size), (Backend::Cpu, 3));
+        assert_eq!(
+            setup.tpar_algorithms("x").unwrap(),
+            crate::CpuCommunicator::ALGORITHMS.to_vec()
+        );
+    }
 }

@@ -1,0 +1,309 @@
+//! What `tpar doctor` examines: what tpar sees on this machine (or on a machine described in
+//! a topology file) and what it will do there: GPUs and versions, links with P2P read/write
+//! capability, the result of a quick numerical check of every path on the real GPUs, the link
+//! probe, the memory tpar reserves per rank, and for each message size which algorithm runs
+//! and why. [`examine`] returns that as a [`Report`] (serialisable: `tpar doctor --json`);
+//! printing it is the caller's.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
+use crate::harness::{Context, Result};
+use crate::memory::MemoryFootprint;
+use crate::topology::Topology;
+use crate::DType;
+
+/// What to examine and plan for.
+#[derive(Clone, Debug)]
+pub struct DoctorOptions {
+    /// A machine described in this JSON file instead of this one (touches no GPU).
+    pub topology: Option<PathBuf>,
+    /// Ranks to plan for (default: one per GPU).
+    pub world_size: Option<usize>,
+    pub dtype: DType,
+    /// Plan as if this route were forced (from `--algo` or TPAR_ALGO).
+    pub forced: Option<Choice>,
+}
+
+/// Why there is no report: the request is wrong, or there is nothing to examine.
+#[derive(Debug, thiserror::Error)]
+pub enum DoctorError {
+    /// The topology file cannot be read or parsed (the caller's input: a usage error).
+    #[error(transparent)]
+    Topology(crate::Error),
+    /// No GPU on this machine to examine; the message says what can run instead.
+    #[error("{0}")]
+    NoGpu(String),
+}
+
+/// One check made on this machine, and what it found (the reason and the fix when it failed).
+#[derive(Serialize, Debug)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What runs at one message size, and why.
+#[derive(Serialize, Debug)]
+pub struct SizePlan {
+    pub bytes: u64,
+    pub choice: Option<Choice>,
+    pub reason: String,
+    /// The latency tpar's model predicts for this size on this class of machine
+    /// (`planner::latency_model`), when it has one; a measurement (`tpar bench`) beats it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_us: Option<f64>,
+}
+
+/// Everything `tpar doctor` found; `ok` is false when tpar cannot work as asked (a failed
+/// check, or a size with no algorithm).
+#[derive(Serialize, Debug)]
+pub struct Report {
+    pub topology: Topology,
+    pub source: String,
+    pub world_size: usize,
+    pub dtype: DType,
+    pub class: Class,
+    pub memory_per_rank: MemoryFootprint,
+    pub tuning_table: Option<String>,
+    pub checks: Vec<Check>,
+    /// The init probe of the links between this machine's GPUs (two or more GPUs).
+    pub links: Option<LinkProbe>,
+    pub plans: Vec<SizePlan>,
+    pub ok: bool,
+}
+
+/// 4 KiB to 256 MiB in steps of 4.
+fn size_buckets() -> Vec<u64> {
+    (0..=8).map(|k| 4096u64 << (2 * k)).collect()
+}
+
+/// Examines the machine (or the described one): on a real machine this loads CUDA and NCCL,
+/// runs a quick self-test of every path and probes the links, which takes seconds.
+pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorError> {
+    let forced = options.forced;
+    let mut checks = Vec::new();
+    let (topology, source) = match &options.topology {
+        Some(path) => (
+            Topology::load(path).map_err(DoctorError::Topology)?,
+            format!("file {}", path.display()),
+        ),
+        None => match Topology::detect() {
+            Ok(t) => (t, "this machine (NVML)".to_owned()),
+            Err(e) => {
+                return Err(DoctorError::NoGpu(format!(
+                    "tpar doctor: no GPU to examine here ({e}).\n\
+                     tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
+                     To plan for another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
+                )));
+            }
+        },
+    };
+    let world_size = options.world_size.unwrap_or(topology.gpus.len()).max(1);
+    let config = CudaConfig::default();
+    let memory = CudaCommunicator::planned_footprint(world_size, &config);
+
+    let mut probe = Findings::default();
+    let mut links = None;
+    if options.topology.is_none() {
+        checks.extend(gpu_checks(&topology, world_size, &mut probe));
+        if checks.first().is_some_and(|c| c.ok) {
+            let (check, measured) = link_probe(&topology, &mut probe);
+            checks.extend(check);
+            links = measured;
+        }
+    }
+    let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
+    // The model follows the built-in rules; with a forced path or a tuning table it would
+    // describe another plan than the one shown, so it is left out then.
+    let model = (forced.is_none() && tuning.is_none())
+        .then(|| {
+            crate::planner::latency_model::modelled_latency(&topology, world_size, options.dtype)
+                .ok()
+        })
+        .flatten()
+        .map(|(latency, _)| latency);
+    let mut plans = Vec::new();
+    for bytes in size_buckets() {
+        let req = Request {
+            topology: &topology,
+            probe: Some(&probe),
+            tuning: tuning.as_ref(),
+            world_size,
+            dtype: options.dtype,
+            bytes,
+            capturing: true,
+            forced,
+        };
+        plans.push(match decide(&req) {
+            Ok(p) => SizePlan {
+                bytes,
+                choice: Some(p.choice),
+                reason: p.reason,
+                model_us: model.as_ref().map(|m| m.at(bytes)),
+            },
+            Err(e) => SizePlan {
+                bytes,
+                choice: None,
+                reason: e.to_string(),
+                model_us: None,
+            },
+        });
+    }
+    let ok = plans.iter().all(|p| p.choice.is_some()) && checks.iter().all(|c| c.ok);
+    let report = Report {
+        class: classify(&topology, world_size),
+        topology,
+        source,
+        world_size,
+        dtype: options.dtype,
+        memory_per_rank: memory,
+        tuning_table: tuning.map(|t| {
+            TuningTable::path(&t.fingerprint, world_size, options.dtype)
+                .display()
+                .to_string()
+        }),
+        checks,
+        links,
+        plans,
+        ok,
+    };
+    Ok(report)
+}
+
+/// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
+/// on a few ranks; NCCL loads. A path that fails goes into the probe and is never planned.
+fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let mut add = |name: &str, result: Result<String>| {
+        let (ok, detail) = match result {
+            Ok(d) => (true, d),
+            Err(e) => (false, e.chain()),
+        };
+        checks.push(Check {
+            name: name.to_owned(),
+            ok,
+            detail,
+        });
+        ok
+    };
+    let cuda = add(
+        "CUDA driver and NVRTC",
+        crate::backend::cuda::probe()
+            .map(|n| format!("{n} GPU(s) usable"))
+            .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
+    );
+    match crate::backend::nccl::Nccl::load() {
+        Ok(n) => add(
+            "NCCL",
+            Ok(format!(
+                "{} from {}",
+                n.version_string(),
+                n.path().display()
+            )),
+        ),
+        Err(e) => add(
+            "NCCL",
+            Ok(format!(
+                "not found ({e}); large messages stay on tpar's paths"
+            )),
+        ),
+    };
+    if !cuda {
+        return checks;
+    }
+    let ranks = world_size.clamp(2, crate::backend::cuda::kernels::MAX_RANKS);
+    for algo in crate::Algorithm::ALL {
+        let choice = Choice::Tpar(algo);
+        let request_ok = crate::dispatch::eligibility(
+            &Request {
+                topology,
+                probe: None,
+                tuning: None,
+                world_size: ranks,
+                dtype: DType::Bf16,
+                bytes: 0,
+                capturing: false,
+                forced: None,
+            },
+            choice,
+        );
+        if let Err(why) = request_ok {
+            add(
+                &format!("self-test {algo}"),
+                Ok(format!("not applicable: {why}")),
+            );
+            continue;
+        }
+        let result = crate::harness::cuda_ranks::quick_check(ranks, algo);
+        if let Err(e) = &result {
+            probe
+                .failed
+                .push((choice, format!("its self-test failed: {}", e.chain())));
+        }
+        add(&format!("self-test {algo}"), result);
+    }
+    checks
+}
+
+/// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
+/// links at once), keeps the result where communicators find it, and feeds it to the plans.
+fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Option<LinkProbe>) {
+    let Ok(gpus) = crate::backend::cuda::probe() else {
+        return (None, None);
+    };
+    if gpus < 2 {
+        return (None, None);
+    }
+    let devices: Vec<usize> = (0..gpus).collect();
+    let measured = crate::backend::cuda::link_probe::probe_links(
+        &devices,
+        64 << 20,
+        std::time::Duration::from_secs(10),
+    );
+    match measured {
+        Ok(links) => {
+            let saved = links.save(&LinkProbe::path(topology));
+            let p = links.to_probe();
+            probe.push_gbps = p.push_gbps;
+            probe.pull_gbps = p.pull_gbps;
+            let detail = format!(
+                "every GPU to every peer at once: push {:.1} GB/s, pull {:.1} GB/s per GPU; {}",
+                links.all_push_gbps,
+                links.all_pull_gbps,
+                match saved {
+                    Ok(()) => format!("kept in {}", LinkProbe::path(topology).display()),
+                    Err(e) => format!("not kept: {e}"),
+                }
+            );
+            let check = Check {
+                name: "link probe".into(),
+                ok: true,
+                detail,
+            };
+            (Some(check), Some(links))
+        }
+        // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
+        Err(e @ crate::Error::Unsupported(_)) => (
+            Some(Check {
+                name: "link probe".into(),
+                ok: true,
+                detail: format!("not measured: {e}; the device-memory paths need P2P between every pair, host-staged does not"),
+            }),
+            None,
+        ),
+        Err(e) => (
+            Some(Check {
+                name: "link probe".into(),
+                ok: false,
+                detail: e.to_string(),
+            }),
+            None,
+        ),
+    }
+}
