@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::blas::Blas;
 use super::cuda_bench::time_replays;
-use super::cuda_ranks::{queue, stream_is_capturing, CudaRanks};
+use super::cuda_ranks::{stream_is_capturing, CudaRanks};
 use super::stats::percentile;
 use super::Result;
 use crate::algorithm::Selection;
@@ -446,7 +446,26 @@ fn queue_pass(
                     Reduce::Nothing => {}
                     // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
                     Reduce::With(route, Norms::Separate) => unsafe {
-                        queue(route, comm, dtype, None, data.slot(slot), count, stream)?
+                        match route {
+                            Selection::Forced(choice) => comm.all_reduce_raw_as(
+                                choice,
+                                dtype,
+                                None,
+                                data.slot(slot),
+                                count,
+                                cu,
+                            )?,
+                            Selection::Auto => {
+                                comm.all_reduce_raw(
+                                    dtype,
+                                    None,
+                                    data.slot(slot),
+                                    count,
+                                    cu,
+                                    stream_is_capturing(stream),
+                                )?;
+                            }
+                        }
                     },
                     // The allreduce and the norm that follows it (planner::step keeps them
                     // adjacent) in one call; the AddRmsNorm op is then skipped.
