@@ -28,7 +28,7 @@ pub mod kernels;
 pub mod link_probe;
 mod loader;
 pub mod nvrtc;
-mod raw;
+mod separate;
 pub mod span;
 pub mod stream_order;
 
