@@ -30,6 +30,7 @@ mod loader;
 pub mod nvrtc;
 mod separate;
 pub mod span;
+pub mod standalone;
 pub mod stream_order;
 
 pub use communicator::CudaCommunicator;
