@@ -1,7 +1,8 @@
 //! cuBLAS for `tpar bench step`, through cudarc and loaded at run time like the rest of CUDA:
 //! one handle per rank bound to the rank's stream, and the one GEMM the step needs (bf16 in
 //! and out, fp32 accumulation). The driver level of the harness's cuBLAS use: every cuBLAS
-//! call and its `unsafe` is here, each with its `# Safety` or `SAFETY` note.
+//! call and its `unsafe` is here, each with its `# Safety` or `SAFETY` note, under the safe
+//! [`Blas::gemm`] (which checks its buffers' sizes and GPU) that the step bench calls.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -51,12 +52,12 @@ impl Blas {
         load()?;
         stream.context().bind_to_thread()?;
         let handle = result::create_handle().context("cublasCreate failed")?;
-        // SAFETY: a handle just created and a live stream of the current context.
         let blas = Blas {
             handle,
             _stream: stream.clone(),
             _workspace: DeviceMemory::zeroed(stream.context(), WORKSPACE_BYTES)?,
         };
+        // SAFETY: a handle just created and a live stream of the current context.
         unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
             .context("cublasSetStream failed")?;
         // SAFETY: the workspace lives as long as the handle (both in `blas`).
