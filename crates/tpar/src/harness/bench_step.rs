@@ -340,7 +340,7 @@ fn time_pass(
     let captured = match reduce {
         Reduce::With(Selection::Auto, _) => Some(
             group.comms[0]
-                .plan(dtype, (count * dtype.size()) as u64, true)?
+                .decision(dtype, (count * dtype.size()) as u64, true)?
                 .choice,
         ),
         Reduce::With(Selection::Forced(choice), _) => Some(choice),

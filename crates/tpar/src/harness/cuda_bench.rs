@@ -257,7 +257,7 @@ pub fn run(
             let planned = match algo {
                 Selection::Forced(c) => group.supports(algo).map(|_| c),
                 Selection::Auto => group.comms[0]
-                    .plan(dtype, bytes, true)
+                    .decision(dtype, bytes, true)
                     .map(|p| p.choice)
                     .map_err(|e| e.to_string()),
             };
