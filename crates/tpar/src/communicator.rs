@@ -5,16 +5,13 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
 use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
-use crate::backend::cuda::{
-    borrowed_stream, CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut,
-};
+use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
 use crate::dtype::DType;
@@ -619,74 +616,6 @@ impl Communicator {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
         self.enqueue(choice, &operands, stream, capture)
-    }
-
-    /// [`Communicator::all_reduce`] on raw addresses, for callers not yet moved to spans (the
-    /// CLI's rank harness); `capturing` is what the caller read of `stream`.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::all_reduce_raw`].
-    pub unsafe fn all_reduce_raw(
-        &self,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: CUstream,
-        capturing: bool,
-    ) -> Result<Decision> {
-        let plan = self.decide(
-            Selection::Auto,
-            dtype,
-            (count * dtype.size()) as u64,
-            capturing,
-        )?;
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.all_reduce_raw_as(plan.choice, dtype, input, output, count, stream)? };
-        Ok(plan)
-    }
-
-    /// The old name of [`Communicator::all_reduce_raw_as`], kept until its last users (the
-    /// CLI's rank harness) move.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::all_reduce_raw`].
-    pub unsafe fn all_reduce_with(
-        &self,
-        choice: Choice,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: CUstream,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.all_reduce_raw_as(choice, dtype, input, output, count, stream) }
-    }
-
-    /// [`Communicator::all_reduce_as`] on raw addresses, for callers not yet moved to spans
-    /// (the CLI's rank harness).
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::all_reduce_raw`].
-    pub unsafe fn all_reduce_raw_as(
-        &self,
-        choice: Choice,
-        dtype: DType,
-        input: Option<u64>,
-        output: u64,
-        count: usize,
-        stream: CUstream,
-    ) -> Result<()> {
-        // SAFETY: the caller's promise covers the stream and both buffers.
-        let (stream, operands) = unsafe {
-            (
-                borrowed_stream(self.cuda.context(), stream),
-                Operands::from_raw(dtype, input.unwrap_or(output), output, count),
-            )
-        };
-        let capture = self.capture(&stream)?;
-        self.enqueue(choice, &operands, &stream, capture)
     }
 
     /// The GPU of this rank.

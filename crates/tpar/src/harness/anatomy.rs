@@ -15,10 +15,9 @@ use serde::Serialize;
 
 use super::stats::percentile;
 use super::{bail, Context, Result};
-use crate::backend::cuda::driver::{self, DeviceMemory, Function, MappedHostMemory, Module};
-use crate::backend::cuda::kernels::{self, KernelArgs, MAX_BLOCKS, MAX_RANKS, THREADS};
-use crate::backend::cuda::nvrtc;
-use crate::protocol::layout::InboxLayout;
+use crate::backend::cuda::driver;
+use crate::backend::cuda::kernels::{self, MAX_BLOCKS, MAX_RANKS, THREADS};
+use crate::backend::cuda::standalone::{StandaloneKernel, StandaloneKernels, StandaloneRanks};
 
 /// Kernels per rank in one timed graph.
 pub const CHAIN: usize = 100;
@@ -64,15 +63,6 @@ pub struct Anatomy {
     pub rows: Vec<AnatomyRow>,
 }
 
-/// One rank's buffers on the shared GPU.
-struct RankMemory {
-    inbox: DeviceMemory,
-    state: DeviceMemory,
-    error: MappedHostMemory,
-    input: DeviceMemory,
-    output: DeviceMemory,
-}
-
 /// The bf16 input element `i` of rank `r`: small integers, so every sum is exact and the
 /// expected result is known without rounding questions; never all zeros.
 fn input_value(rank: usize, i: usize) -> f32 {
@@ -82,37 +72,20 @@ fn input_value(rank: usize, i: usize) -> f32 {
 struct Bench {
     ctx: Arc<CudaContext>,
     streams: Vec<Arc<CudaStream>>,
-    ranks: Vec<RankMemory>,
-    layout: InboxLayout,
-    ladder: Vec<Function>,
-    production: Function,
+    ranks: StandaloneRanks,
+    world_size: usize,
+    ladder: Vec<StandaloneKernel>,
+    production: StandaloneKernel,
     /// Co-resident blocks per rank without PDL (the communicators' rule).
     max_blocks: u32,
     replays: usize,
-    _modules: Vec<Module>,
+    _kernels: StandaloneKernels,
 }
 
 impl Bench {
     fn new(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<Bench> {
-        let (major, minor) = ctx.compute_capability()?;
-        let arch = (major * 10 + minor) as u32;
-        let headers = kernels::HEADERS;
-        let load = |(file, source): (&str, &str)| -> Result<Module> {
-            let cubin = nvrtc::cached_cubin(file, source, &headers, arch)?;
-            Ok(Module::load(ctx, &cubin)?)
-        };
-        let ladder_module = load(kernels::ANATOMY_SOURCE)?;
-        let (push_file, push_name) =
-            kernels::kernel_for(crate::Algorithm::OneShot, crate::DType::Bf16);
-        let push_source = kernels::SOURCES
-            .iter()
-            .find(|(f, _)| *f == push_file)
-            .context("the one-shot source")?;
-        let push_module = load(*push_source)?;
-        let ladder = (0..kernels::ANATOMY_RUNGS)
-            .map(|r| Ok(ladder_module.function(&format!("tpar_anatomy_{r}"))?))
-            .collect::<Result<Vec<_>>>()?;
-        let production = push_module.function(&push_name)?;
+        let kernels = StandaloneKernels::load(ctx)?;
+        let (ladder, production) = (kernels.ladder.clone(), kernels.production);
         let per_sm = ladder
             .iter()
             .chain([&production])
@@ -127,9 +100,8 @@ impl Bench {
         )? as u32;
         let max_blocks = (sms * per_sm / world_size as u32).clamp(1, MAX_BLOCKS);
 
-        let layout = InboxLayout::new(world_size, MAX_BYTES);
         let count = MAX_BYTES / 2;
-        let mut ranks = Vec::new();
+        let ranks = StandaloneRanks::new(ctx, world_size, MAX_BYTES)?;
         for r in 0..world_size {
             let input: Vec<u8> = (0..count)
                 .flat_map(|i| {
@@ -138,15 +110,7 @@ impl Bench {
                         .to_le_bytes()
                 })
                 .collect();
-            let memory = RankMemory {
-                inbox: DeviceMemory::zeroed(ctx, layout.total_bytes())?,
-                state: DeviceMemory::zeroed(ctx, 16)?,
-                error: MappedHostMemory::zeroed(ctx, 8)?,
-                input: DeviceMemory::zeroed(ctx, MAX_BYTES)?,
-                output: DeviceMemory::zeroed(ctx, MAX_BYTES)?,
-            };
-            memory.input.upload(&input)?;
-            ranks.push(memory);
+            ranks.input(r).upload(&input)?;
         }
         let streams = (0..world_size)
             .map(|_| ctx.new_stream().context("cannot create a stream"))
@@ -155,36 +119,13 @@ impl Bench {
             ctx: ctx.clone(),
             streams,
             ranks,
-            layout,
+            world_size,
             ladder,
             production,
             max_blocks,
             replays,
-            _modules: vec![ladder_module, push_module],
+            _kernels: kernels,
         })
-    }
-
-    fn args(&self, rank: usize, bytes: usize) -> KernelArgs {
-        let mut inboxes = [0u64; MAX_RANKS];
-        for (slot, r) in inboxes.iter_mut().zip(&self.ranks) {
-            *slot = r.inbox.ptr();
-        }
-        let m = &self.ranks[rank];
-        KernelArgs {
-            input: m.input.ptr(),
-            output: m.output.ptr(),
-            count: (bytes / 2) as u64,
-            total_count: (bytes / 2) as u64,
-            payload_lines: self.layout.payload_lines as u64,
-            timeout_ns: 5_000_000_000,
-            state: m.state.ptr(),
-            error: m.error.device_ptr(),
-            inboxes,
-            rank: rank as u32,
-            world_size: self.ranks.len() as u32,
-            chunk: 0,
-            algo: u32::from(crate::Algorithm::OneShot.code()),
-        }
     }
 
     /// Blocks for `threads_needed` threads, halved under PDL (the communicators' rule).
@@ -197,26 +138,16 @@ impl Bench {
         (threads_needed.div_ceil(THREADS as usize) as u32).clamp(1, cap)
     }
 
-    fn launch_all(&self, f: Function, bytes: usize, grid: u32, pdl: bool) -> Result<()> {
+    fn launch_all(&self, f: StandaloneKernel, bytes: usize, grid: u32, pdl: bool) -> Result<()> {
         for (rank, stream) in self.streams.iter().enumerate() {
-            // SAFETY: the arguments mirror TparArgs and point into this bench's buffers,
-            // which outlive every launch and graph.
-            unsafe {
-                f.launch_ex(
-                    grid,
-                    THREADS,
-                    stream.cu_stream(),
-                    &self.args(rank, bytes),
-                    pdl,
-                )?
-            };
+            self.ranks.launch(f, rank, bytes, grid, pdl, stream)?;
         }
         Ok(())
     }
 
     fn errors(&self) -> Result<()> {
-        for (rank, m) in self.ranks.iter().enumerate() {
-            let word = m.error.read_u64(0);
+        for rank in 0..self.world_size {
+            let word = self.ranks.error_word(rank);
             if word != 0 {
                 bail!("rank {rank}'s kernel reported error word {word:#x}");
             }
@@ -233,10 +164,10 @@ impl Bench {
 
     /// Every rank's output equals the exact sum over ranks of the inputs.
     fn check_outputs(&self, bytes: usize) -> Result<()> {
-        let n = self.ranks.len();
-        for (rank, m) in self.ranks.iter().enumerate() {
+        let n = self.world_size;
+        for rank in 0..n {
             let mut out = vec![0u8; bytes];
-            m.output.download(&mut out)?;
+            self.ranks.output(rank).download(&mut out)?;
             for (i, pair) in out.chunks_exact(2).enumerate() {
                 let got = half::bf16::from_bits(u16::from_le_bytes([pair[0], pair[1]])).to_f32();
                 let want: f32 = (0..n).map(|r| input_value(r, i)).sum();
@@ -244,13 +175,13 @@ impl Bench {
                     bail!("rank {rank}, {bytes} B: element {i} is {got}, expected {want}");
                 }
             }
-            m.output.fill(0xff)?;
+            self.ranks.output(rank).fill(0xff)?;
         }
         Ok(())
     }
 
     /// Median and p99 per call of a chain of `CHAIN` launches of `f` per rank, replayed.
-    fn time(&self, f: Function, bytes: usize, grid: u32, pdl: bool) -> Result<(f64, f64)> {
+    fn time(&self, f: StandaloneKernel, bytes: usize, grid: u32, pdl: bool) -> Result<(f64, f64)> {
         // Eagerly once first: a broken kernel fails here, not inside a capture.
         self.launch_all(f, bytes, grid, pdl)?;
         self.synchronize()?;
@@ -261,11 +192,8 @@ impl Bench {
             .enumerate()
             .map(|(rank, s)| -> Result<CudaGraph> {
                 s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
-                let args = self.args(rank, bytes);
-                let captured = (0..CHAIN).try_for_each(|_| {
-                    // SAFETY: as in launch_all.
-                    unsafe { f.launch_ex(grid, THREADS, s.cu_stream(), &args, pdl) }
-                });
+                let captured =
+                    (0..CHAIN).try_for_each(|_| self.ranks.launch(f, rank, bytes, grid, pdl, s));
                 let graph = s.end_capture(CUgraphInstantiate_flags(0));
                 captured?;
                 graph?.context("stream capture produced no graph")
@@ -314,14 +242,14 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
     for pdl in [false, true] {
         let mut empty = 0.0;
         // (rung, function, bytes, threads needed, whether the output is checked)
-        let mut plan: Vec<(usize, Function, usize, usize, bool)> =
+        let mut plan: Vec<(usize, StandaloneKernel, usize, usize, bool)> =
             (0..4).map(|r| (r, bench.ladder[r], 0, 1, false)).collect();
         for rung in [4, 5] {
             for bytes in PAYLOADS {
                 plan.push((rung, bench.ladder[rung], bytes, bytes / 4, true));
             }
         }
-        let wide = bench.layout.payload_lines % 2 == 0;
+        let wide = bench.ranks.layout().payload_lines % 2 == 0;
         for bytes in PRODUCTION_PAYLOADS {
             let lines = bytes.div_ceil(4);
             let threads = if wide { lines.div_ceil(2) } else { lines };

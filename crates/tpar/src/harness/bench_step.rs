@@ -14,12 +14,12 @@ use serde::Serialize;
 
 use super::blas::Blas;
 use super::cuda_bench::time_replays;
-use super::cuda_ranks::{queue, stream_is_capturing, CudaRanks};
+use super::cuda_ranks::{queue, CudaRanks};
 use super::stats::percentile;
-use super::Result;
+use super::{bail, Result};
 use crate::algorithm::Selection;
 use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::fused::FusedCall;
+use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use crate::dispatch::Choice;
 use crate::planner::model::ModelShape;
 use crate::planner::step::{pass_ops, slot_elements, Slot, StepOp};
@@ -101,9 +101,54 @@ struct RankData {
     norm_weight: DeviceMemory,
 }
 
+/// Two different slots of `slots`, borrowed together (a GEMM's input and output, a norm's
+/// slot and the residual stream).
+fn two_slots(
+    slots: &mut [(Slot, DeviceMemory)],
+    first: Slot,
+    second: Slot,
+) -> Result<(&mut DeviceMemory, &mut DeviceMemory)> {
+    if first == second {
+        bail!("slot {first:?} is both operands of one op; the step's plan gives them two slots");
+    }
+    let (mut a, mut b) = (None, None);
+    for (slot, memory) in slots.iter_mut() {
+        if *slot == first {
+            a = Some(memory);
+        } else if *slot == second {
+            b = Some(memory);
+        }
+    }
+    match (a, b) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => bail!("no buffer for slot {first:?} or {second:?}"),
+    }
+}
+
 impl RankData {
-    fn slot(&self, slot: Slot) -> u64 {
-        self.slots.iter().find(|(s, _)| *s == slot).unwrap().1.ptr()
+    fn slot_mut(&mut self, slot: Slot) -> &mut DeviceMemory {
+        &mut self.slots.iter_mut().find(|(s, _)| *s == slot).unwrap().1
+    }
+
+    /// The fused op's operands for the norm after the allreduce of `slot`: y written over x
+    /// (both `slot`), the residual stream updated in place, the shared norm weight.
+    fn norm_spans(
+        &mut self,
+        slot: Slot,
+        dtype: DType,
+        tokens: usize,
+        hidden: usize,
+    ) -> Result<FusedSpans<'_>> {
+        let elements = tokens * hidden;
+        let (x, residual) = two_slots(&mut self.slots, slot, Slot::Stream)?;
+        Ok(FusedSpans {
+            input: FusedInput::YIntoX(x.span_mut(dtype, elements)?),
+            residual: FusedResidual::InPlace(residual.span_mut(dtype, elements)?),
+            weight: self.norm_weight.span(dtype, hidden)?,
+            tokens,
+            hidden,
+            eps: EPS,
+        })
     }
 }
 
@@ -213,7 +258,7 @@ pub fn run(
     let dtype = DType::Bf16;
     let (model, layers, tokens) = (&plan.model, plan.layers, plan.tokens);
     let count = plan.count();
-    let data = prepare(group, &plan.ops, &plan.sizes, &plan.kinds, model.hidden)?;
+    let mut data = prepare(group, &plan.ops, &plan.sizes, &plan.kinds, model.hidden)?;
     let mut rows = Vec::new();
     let mut compute_us = 0.0;
     for &reduce in &plan.reduces {
@@ -237,9 +282,17 @@ pub fn run(
         // Collective calls: every rank replays the same number of times.
         let replays = group.agreed_mean(plan.replays as u64)? as usize;
         let group = &*group;
-        let queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
+        let mut queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
             queue_pass(
-                group, &data[i], i, stream, &plan.ops, model, reduce, tokens, dtype,
+                group,
+                &mut data[i],
+                i,
+                stream,
+                &plan.ops,
+                model,
+                reduce,
+                tokens,
+                dtype,
             )
         };
         // Once eagerly: cuBLAS picks its kernels and every path runs before capture.
@@ -248,9 +301,9 @@ pub fn run(
         }
         group.synchronize()?;
         let graphs: Vec<CudaGraph> = if plan.graph_per_rank || group.comms.len() == 1 {
-            group.capture_each(queue)?
+            group.capture_each(&mut queue)?
         } else {
-            vec![group.capture(queue)?]
+            vec![group.capture(&mut queue)?]
         };
         rows.push(time_pass(
             group,
@@ -287,7 +340,7 @@ fn time_pass(
     let captured = match reduce {
         Reduce::With(Selection::Auto, _) => Some(
             group.comms[0]
-                .plan(dtype, (count * dtype.size()) as u64, true)?
+                .decision(dtype, (count * dtype.size()) as u64, true)?
                 .choice,
         ),
         Reduce::With(Selection::Forced(choice), _) => Some(choice),
@@ -388,7 +441,7 @@ fn prepare(
 #[allow(clippy::too_many_arguments)]
 fn queue_pass(
     group: &CudaRanks,
-    data: &RankData,
+    data: &mut RankData,
     i: usize,
     stream: &Arc<cudarc::driver::CudaStream>,
     ops: &[Vec<StepOp>],
@@ -399,18 +452,7 @@ fn queue_pass(
 ) -> Result<()> {
     let comm = &group.comms[i];
     let count = (tokens * model.hidden) as usize;
-    let cu = stream.cu_stream();
-    let norm_call = |slot: Slot| FusedCall {
-        dtype,
-        tokens: tokens as usize,
-        hidden: model.hidden as usize,
-        x: data.slot(slot),
-        residual: data.slot(Slot::Stream),
-        residual_out: None,
-        weight: data.norm_weight.ptr(),
-        y: data.slot(slot),
-        eps: EPS,
-    };
+    let (tokens, hidden) = (tokens as usize, model.hidden as usize);
     for (layer, layer_ops) in ops.iter().enumerate() {
         let kind = layer_kind(model, layer as u64).min(data.weights.len() - 1);
         for (j, op) in layer_ops.iter().enumerate() {
@@ -426,47 +468,28 @@ fn queue_pass(
                     ..
                 } => {
                     let w = data.weights[kind][j].as_ref().expect("a GEMM has a weight");
-                    // SAFETY: the weight holds k*n elements and the slots were sized by
-                    // slot_elements for every op of the pass; all live until the caller has
-                    // synchronised and dropped its graphs.
-                    unsafe {
-                        data.blas.gemm_bf16(
-                            rows,
-                            k,
-                            n,
-                            w.ptr(),
-                            data.slot(input),
-                            input_row,
-                            data.slot(output),
-                            accumulate,
-                        )?
-                    };
+                    let (a, c) = two_slots(&mut data.slots, input, output)?;
+                    data.blas.gemm(rows, k, n, w, a, input_row, c, accumulate)?;
                 }
                 StepOp::AllReduce { slot } => match reduce {
                     Reduce::Nothing => {}
-                    // SAFETY: the slot holds tokens x hidden bf16 elements on this rank's GPU.
-                    Reduce::With(route, Norms::Separate) => unsafe {
-                        queue(route, comm, dtype, None, data.slot(slot), count, stream)?
-                    },
+                    Reduce::With(route, Norms::Separate) => {
+                        let output = data.slot_mut(slot).span_mut(dtype, count)?;
+                        queue(route, comm, None, output, stream)?
+                    }
                     // The allreduce and the norm that follows it (planner::step keeps them
                     // adjacent) in one call; the AddRmsNorm op is then skipped.
-                    // SAFETY: x = y = the slot, residual = the stream slot, weight = hidden
-                    // elements: all on this rank's GPU, alive until the graphs are dropped.
-                    Reduce::With(route, Norms::Fused) => unsafe {
-                        let call = norm_call(slot);
+                    Reduce::With(route, Norms::Fused) => {
+                        let spans = data.norm_spans(slot, dtype, tokens, hidden)?;
                         match route {
                             Selection::Auto => {
-                                comm.fused_add_rms_norm_raw(
-                                    &call,
-                                    cu,
-                                    stream_is_capturing(stream),
-                                )?;
+                                comm.fused_add_rms_norm(spans, stream)?;
                             }
                             Selection::Forced(choice) => {
-                                comm.fused_add_rms_norm_with(choice, &call, cu)?;
+                                comm.fused_add_rms_norm_as(choice, spans, stream)?;
                             }
                         }
-                    },
+                    }
                 },
                 StepOp::AddRmsNorm { slot } => {
                     if matches!(reduce, Reduce::With(_, Norms::Fused)) {
@@ -474,18 +497,58 @@ fn queue_pass(
                     }
                     // No programmatic dependent launch (`None`): the kernel before it is a
                     // GEMM or an allreduce whose grid this pass does not know, as in an engine.
-                    // SAFETY: as for the fused call above.
-                    unsafe {
-                        comm.cuda().launch_add_rms_norm(
-                            &norm_call(slot),
-                            data.slot(slot),
-                            None,
-                            cu,
-                        )?
-                    };
+                    let spans = data.norm_spans(slot, dtype, tokens, hidden)?;
+                    comm.cuda().add_rms_norm(spans, None, stream)?;
                 }
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::blas::gemm_footprint;
+    use crate::planner::MODEL_FIXTURES;
+
+    /// `Blas::gemm` refuses buffers smaller than what cuBLAS touches: every GEMM of a pass
+    /// must fit the slots the plan sized, or `bench step` would stop on a GPU.
+    #[test]
+    fn every_gemm_of_a_pass_fits_the_slots_it_reads_and_writes() {
+        let mut gemms = 0;
+        for (name, json) in MODEL_FIXTURES {
+            let model = ModelShape::from_config_json(json, name).unwrap();
+            for (tp, tokens) in [(1, 1), (2, 8), (8, 1), (8, 64), (4, 300)] {
+                let ops = pass_ops(&model, 4, tp, tokens);
+                let sizes = slot_elements(&ops, tokens, model.hidden);
+                let size = |slot: Slot| sizes.iter().find(|(s, _)| *s == slot).unwrap().1;
+                for op in ops.iter().flatten() {
+                    if let StepOp::Gemm {
+                        rows,
+                        k,
+                        n,
+                        input,
+                        input_row,
+                        output,
+                        ..
+                    } = *op
+                    {
+                        let [_, a, c] = gemm_footprint(rows, k, n, input_row);
+                        assert_ne!(input, output, "{name} tp {tp}: {op:?}");
+                        assert!(
+                            a <= size(input),
+                            "{name} tp {tp} x {tokens}: {op:?} reads {a}"
+                        );
+                        assert!(
+                            c <= size(output),
+                            "{name} tp {tp} x {tokens}: {op:?} writes {c}"
+                        );
+                        gemms += 1;
+                    }
+                }
+            }
+        }
+        assert!(gemms > 0);
+    }
 }

@@ -1,7 +1,8 @@
 //! cuBLAS for `tpar bench step`, through cudarc and loaded at run time like the rest of CUDA:
 //! one handle per rank bound to the rank's stream, and the one GEMM the step needs (bf16 in
 //! and out, fp32 accumulation). The driver level of the harness's cuBLAS use: every cuBLAS
-//! call and its `unsafe` is here, each with its `# Safety` or `SAFETY` note.
+//! call and its `unsafe` is here, each with its `# Safety` or `SAFETY` note, under the safe
+//! [`Blas::gemm`] (which checks its buffers' sizes and GPU) that the step bench calls.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -51,12 +52,12 @@ impl Blas {
         load()?;
         stream.context().bind_to_thread()?;
         let handle = result::create_handle().context("cublasCreate failed")?;
-        // SAFETY: a handle just created and a live stream of the current context.
         let blas = Blas {
             handle,
             _stream: stream.clone(),
             _workspace: DeviceMemory::zeroed(stream.context(), WORKSPACE_BYTES)?,
         };
+        // SAFETY: a handle just created and a live stream of the current context.
         unsafe { result::set_stream(handle, stream.cu_stream() as sys::cudaStream_t) }
             .context("cublasSetStream failed")?;
         // SAFETY: the workspace lives as long as the handle (both in `blas`).
@@ -73,14 +74,58 @@ impl Blas {
         Ok(blas)
     }
 
-    /// Queues `C[n_rows, m] (+)= A[n_rows, k] x W[k, m]` for row-major bf16 matrices with row
-    /// lengths `a_row` (>= k) and m: in cuBLAS's column-major terms `C^T = W^T A^T`.
+    /// Queues `C[rows, m] (+)= A[rows, k] x W[k, m]` for row-major bf16 matrices with row
+    /// lengths `a_row` (>= k) and m, on this handle's stream: the buffers' sizes are checked
+    /// against what cuBLAS reads and writes, and the borrows keep `c` from being `a` or `w`.
+    /// As with any queued work, the caller synchronises before it drops the buffers (and drops
+    /// a graph captured from this before them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm(
+        &self,
+        rows: u64,
+        k: u64,
+        m: u64,
+        w: &DeviceMemory,
+        a: &DeviceMemory,
+        a_row: u64,
+        c: &mut DeviceMemory,
+        accumulate: bool,
+    ) -> Result<()> {
+        let [w_elements, a_elements, c_elements] = gemm_footprint(rows, k, m, a_row);
+        let device = self._stream.context().ordinal();
+        for (name, memory, elements) in [
+            ("W", w, w_elements),
+            ("A", a, a_elements),
+            ("C", &*c, c_elements),
+        ] {
+            if memory.device() != device {
+                bail!(
+                    "GEMM operand {name} is on GPU {} but the cuBLAS handle on GPU {device}",
+                    memory.device()
+                );
+            }
+            if elements * 2 > memory.bytes() as u64 {
+                bail!(
+                    "GEMM operand {name} needs {elements} bf16 elements but holds {} bytes",
+                    memory.bytes()
+                );
+            }
+        }
+        if a_row < k {
+            bail!("GEMM input row of {a_row} elements is shorter than k = {k}");
+        }
+        // SAFETY: the sizes and the GPU are checked above; the borrows keep the buffers
+        // allocated while this queues, and the caller's synchronisation covers the rest.
+        unsafe { self.gemm_bf16(rows, k, m, w.ptr(), a.ptr(), a_row, c.ptr(), accumulate) }
+    }
+
+    /// [`Blas::gemm`] on raw addresses.
     ///
     /// # Safety
     /// `w`, `a` and `c` must be device addresses of this handle's context holding at least
     /// k*m, rows*a_row and rows*m bf16 elements, alive until the queued work has run.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_bf16(
+    unsafe fn gemm_bf16(
         &self,
         rows: u64,
         k: u64,
@@ -124,6 +169,17 @@ impl Blas {
         }
         .context("cublasGemmEx failed")
     }
+}
+
+/// The bf16 elements [`Blas::gemm`] reads of W and A and writes of C: the last row of the
+/// strided A needs only its own k columns.
+pub fn gemm_footprint(rows: u64, k: u64, m: u64, a_row: u64) -> [u64; 3] {
+    let a = if rows == 0 || k == 0 {
+        0
+    } else {
+        (rows - 1) * a_row + k
+    };
+    [k * m, a, rows * m]
 }
 
 impl Drop for Blas {

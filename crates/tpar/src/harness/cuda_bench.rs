@@ -17,7 +17,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
 
-use super::cuda_ranks::CudaRanks;
+use super::cuda_ranks::{CudaRanks, RankBuffers};
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
 use crate::algorithm::Selection;
@@ -233,7 +233,7 @@ pub fn run(
     let n = group.world_size as f64;
     let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
     let known = group.known(dtype, max_count, [41, 42]);
-    let buffers = group.buffers(max_count * dtype.size())?;
+    let mut buffers = group.buffers(max_count * dtype.size())?;
     group.upload_inputs(&buffers, &known, max_count)?;
     let mut rows = Vec::new();
     for &(bytes, count) in &plan.sizes {
@@ -257,7 +257,7 @@ pub fn run(
             let planned = match algo {
                 Selection::Forced(c) => group.supports(algo).map(|_| c),
                 Selection::Auto => group.comms[0]
-                    .plan(dtype, bytes, true)
+                    .decision(dtype, bytes, true)
                     .map(|p| p.choice)
                     .map_err(|e| e.to_string()),
             };
@@ -281,17 +281,17 @@ pub fn run(
             } else {
                 0.0
             };
-            let check = |group: &CudaRanks, variant: usize| {
-                group.wrong_outputs_within(&buffers, &known, count, variant, dtype, tolerance)
+            let check = |group: &CudaRanks, buffers: &[RankBuffers], variant: usize| {
+                group.wrong_outputs_within(buffers, &known, count, variant, dtype, tolerance)
             };
             let mut wrong = 0;
             let mut eager = Duration::ZERO;
             for variant in 0..2 {
                 let start = Instant::now();
-                group.launch(&buffers, dtype, count, algo, variant, false)?;
+                group.launch(&mut buffers, dtype, count, algo, variant, false)?;
                 group.synchronize()?;
                 eager = start.elapsed();
-                wrong += check(group, variant)?;
+                wrong += check(group, &buffers, variant)?;
             }
             // About 20 ms per replay and one second per row at most: large host-staged calls
             // take milliseconds each. Every rank must pick the same counts (they are collective
@@ -306,18 +306,16 @@ pub fn run(
 
             let chain = group.capture_each(|i, s| -> Result<()> {
                 for k in 0..chain_len {
-                    // SAFETY: the buffers outlive the graph, which is dropped in this scope.
-                    unsafe { group.queue(i, s, &buffers, Some(k % 2), dtype, count, algo)? };
+                    group.queue(i, s, &mut buffers, Some(k % 2), dtype, count, algo)?;
                 }
                 Ok(())
             })?;
             let chain_us = time_replays(group, &chain, plan.warmup.min(replays), replays)?;
-            wrong += check(group, (chain_len - 1) % 2)?;
+            wrong += check(group, &buffers, (chain_len - 1) % 2)?;
             drop(chain);
 
             let single = group.capture(|i, s| -> Result<()> {
-                // SAFETY: as above.
-                unsafe { group.queue(i, s, &buffers, Some(0), dtype, count, algo) }
+                group.queue(i, s, &mut buffers, Some(0), dtype, count, algo)
             })?;
             let single_us = time_replays(
                 group,
@@ -325,7 +323,7 @@ pub fn run(
                 plan.warmup.min(replays),
                 replays,
             )?;
-            wrong += check(group, 0)?;
+            wrong += check(group, &buffers, 0)?;
             drop(single);
 
             let wrong = group.total(wrong)?;

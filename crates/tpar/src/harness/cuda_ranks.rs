@@ -21,30 +21,20 @@ use super::ranks::Rank;
 use super::{bail, Context, HarnessError, Result};
 use crate::verify::{self, CheckRanks, Finding};
 
-/// Queues one allreduce on `stream` through `comm`: the forced choice, or the dispatcher's
-/// (the library's one parse of a choice is [`Selection`]'s).
-///
-/// # Safety
-/// As for [`Communicator::all_reduce_raw`].
-pub unsafe fn queue(
+/// Queues one allreduce on `stream` through `comm`: the forced choice (queued as forced,
+/// without the dispatcher's check that it runs here, as the benchmarks measure it), or the
+/// dispatcher's (the library's one parse of a choice is [`Selection`]'s).
+pub fn queue(
     selection: Selection,
     comm: &Communicator,
-    dtype: DType,
-    input: Option<u64>,
-    output: u64,
-    count: usize,
+    input: Option<DeviceSpan<'_>>,
+    output: DeviceSpanMut<'_>,
     stream: &CudaStream,
 ) -> Result<()> {
-    let cu = stream.cu_stream();
-    // SAFETY: the caller's promise, passed on.
-    unsafe {
-        match selection {
-            Selection::Forced(choice) => {
-                comm.all_reduce_with(choice, dtype, input, output, count, cu)?
-            }
-            Selection::Auto => {
-                comm.all_reduce_raw(dtype, input, output, count, cu, stream_is_capturing(stream))?;
-            }
+    match selection {
+        Selection::Forced(choice) => comm.all_reduce_as(choice, input, output, stream)?,
+        Selection::Auto => {
+            comm.all_reduce(input, output, stream)?;
         }
     }
     Ok(())
@@ -276,37 +266,26 @@ impl CudaRanks {
     }
 
     /// Queues one allreduce of local rank `i` on `stream`: from input `variant` into the
-    /// output, or in place on the output when `variant` is `None`.
-    ///
-    /// # Safety
-    /// `buffers` must stay allocated until the queued work, and every replay of a graph
-    /// captured from it, has completed.
+    /// output, or in place on the output when `variant` is `None`. The buffers are borrowed
+    /// for the queueing only: the caller synchronises before it touches or drops them, and
+    /// drops a graph captured from them first.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn queue(
+    pub fn queue(
         &self,
         i: usize,
         stream: &CudaStream,
-        buffers: &[RankBuffers],
+        buffers: &mut [RankBuffers],
         variant: Option<usize>,
         dtype: DType,
         count: usize,
         route: Selection,
     ) -> Result<()> {
-        let b = &buffers[i];
-        let input = variant.map(|v| b.inputs[v % 2].ptr());
-        // SAFETY: the buffers belong to rank i's GPU and hold at least `count` elements (they
-        // were sized for the largest count); the caller keeps them alive.
-        unsafe {
-            queue(
-                route,
-                &self.comms[i],
-                dtype,
-                input,
-                b.output.ptr(),
-                count,
-                stream,
-            )
-        }
+        let RankBuffers { inputs, output } = &mut buffers[i];
+        let input = variant
+            .map(|v| inputs[v % 2].span(dtype, count))
+            .transpose()?;
+        let output = output.span_mut(dtype, count)?;
+        queue(route, &self.comms[i], input, output, stream)
     }
 
     /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the
@@ -323,7 +302,7 @@ impl CudaRanks {
     /// returns; the caller synchronises before touching or dropping the buffers.
     pub fn launch(
         &self,
-        buffers: &[RankBuffers],
+        buffers: &mut [RankBuffers],
         dtype: DType,
         count: usize,
         route: Selection,
@@ -331,18 +310,15 @@ impl CudaRanks {
         in_place: bool,
     ) -> Result<()> {
         for i in 0..self.comms.len() {
-            // SAFETY: every caller synchronises (CudaRanks::synchronize) before the buffers go.
-            unsafe {
-                self.queue(
-                    i,
-                    &self.streams[i],
-                    buffers,
-                    (!in_place).then_some(variant),
-                    dtype,
-                    count,
-                    route,
-                )?
-            };
+            self.queue(
+                i,
+                &self.streams[i],
+                buffers,
+                (!in_place).then_some(variant),
+                dtype,
+                count,
+                route,
+            )?;
         }
         Ok(())
     }
@@ -404,7 +380,7 @@ impl CudaRanks {
     /// would capture its own decode graph. `body` may fail with the caller's own error type.
     pub fn capture_each<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+        mut body: impl FnMut(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
     ) -> std::result::Result<Vec<CudaGraph>, E> {
         self.streams
             .iter()
@@ -425,7 +401,7 @@ impl CudaRanks {
     /// the other streams fork from and join back into the first.
     pub fn capture<E: From<HarnessError>>(
         &self,
-        body: impl Fn(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
+        mut body: impl FnMut(usize, &Arc<CudaStream>) -> std::result::Result<(), E>,
     ) -> std::result::Result<CudaGraph, E> {
         let main = &self.streams[0];
         main.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)

@@ -81,22 +81,19 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
             ..CudaConfig::default()
         })?;
         let silent = group.world_size - 1;
-        let buffers = group.buffers(4096)?;
+        let mut buffers = group.buffers(4096)?;
         let start = Instant::now();
         for i in 0..group.comms.len() {
             if group.ranks[i] != silent {
-                // SAFETY: the buffers outlive the synchronisation below.
-                unsafe {
-                    group.queue(
-                        i,
-                        &group.streams[i],
-                        &buffers,
-                        Some(0),
-                        DType::F32,
-                        1024,
-                        Selection::Forced(Choice::Tpar(Algorithm::OneShot)),
-                    )?
-                };
+                group.queue(
+                    i,
+                    &group.streams[i],
+                    &mut buffers,
+                    Some(0),
+                    DType::F32,
+                    1024,
+                    Selection::Forced(Choice::Tpar(Algorithm::OneShot)),
+                )?;
             }
         }
         let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
@@ -125,7 +122,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     let max_count = plan.counts.iter().copied().max().unwrap_or(0);
     for &dtype in &plan.dtypes {
         let known = group.known(dtype, max_count, SEEDS);
-        let buffers = group.buffers(max_count * dtype.size())?;
+        let mut buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
         for &algo in &plan.algorithms {
             if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
@@ -167,18 +164,15 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
 
                     // Graph: captured once, replayed with new data in the same buffers.
                     let graph = group.capture(|i, stream| -> Result<()> {
-                        // SAFETY: the graph is dropped before the buffers.
-                        unsafe {
-                            group.queue(
-                                i,
-                                stream,
-                                &buffers,
-                                (!in_place).then_some(0),
-                                dtype,
-                                count,
-                                Selection::Forced(Choice::Tpar(algo)),
-                            )
-                        }
+                        group.queue(
+                            i,
+                            stream,
+                            &mut buffers,
+                            (!in_place).then_some(0),
+                            dtype,
+                            count,
+                            Selection::Forced(Choice::Tpar(algo)),
+                        )
                     })?;
                     let mut wrong = 0;
                     for variant in 0..2 {
@@ -213,7 +207,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     // One graph per algorithm replayed many times, new inputs before every replay.
     let count = 4099;
     let dtype = DType::Bf16;
-    let buffers = group.buffers(count * dtype.size())?;
+    let mut buffers = group.buffers(count * dtype.size())?;
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
     for &algo in &plan.algorithms {
@@ -225,18 +219,15 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
             continue;
         }
         let graph = group.capture(|i, stream| -> Result<()> {
-            // SAFETY: the graph is dropped before the buffers.
-            unsafe {
-                group.queue(
-                    i,
-                    stream,
-                    &buffers,
-                    Some(0),
-                    dtype,
-                    count,
-                    Selection::Forced(Choice::Tpar(algo)),
-                )
-            }
+            group.queue(
+                i,
+                stream,
+                &mut buffers,
+                Some(0),
+                dtype,
+                count,
+                Selection::Forced(Choice::Tpar(algo)),
+            )
         })?;
         let mut wrong = 0;
         for replay in 0..plan.replays {

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::backend::cuda::driver::{self, DeviceMemory};
-use crate::backend::cuda::fused::FusedCall;
+use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use crate::backend::cuda::CudaConfig;
 use crate::check::fill_input;
 use crate::dispatch::Choice;
@@ -105,19 +105,42 @@ fn upload(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase) -> Result<(
     Ok(())
 }
 
-/// In place: residual_out is residual and y is x (vLLM's convention); else separate buffers.
-fn call(b: &FusedBuffers, case: &HostCase, in_place: bool) -> FusedCall {
-    FusedCall {
-        dtype: case.dtype,
+/// The case's operands in `b`. In place: residual_out is residual and y is x (vLLM's
+/// convention); else separate buffers. The spans borrow `b` only while a call is queued.
+fn spans<'a>(b: &'a mut FusedBuffers, case: &HostCase, in_place: bool) -> Result<FusedSpans<'a>> {
+    let (dtype, elements) = (case.dtype, case.tokens * case.hidden);
+    let FusedBuffers {
+        x,
+        residual,
+        residual_out,
+        y,
+        weight,
+    } = b;
+    let (input, residual) = if in_place {
+        (
+            FusedInput::YIntoX(x.span_mut(dtype, elements)?),
+            FusedResidual::InPlace(residual.span_mut(dtype, elements)?),
+        )
+    } else {
+        (
+            FusedInput::Separate {
+                x: x.span(dtype, elements)?,
+                y: y.span_mut(dtype, elements)?,
+            },
+            FusedResidual::Separate {
+                residual: residual.span(dtype, elements)?,
+                out: residual_out.span_mut(dtype, elements)?,
+            },
+        )
+    };
+    Ok(FusedSpans {
+        input,
+        residual,
+        weight: weight.span(dtype, case.hidden)?,
         tokens: case.tokens,
         hidden: case.hidden,
-        x: b.x.ptr(),
-        residual: b.residual.ptr(),
-        residual_out: (!in_place).then(|| b.residual_out.ptr()),
-        weight: b.weight.ptr(),
-        y: if in_place { b.x.ptr() } else { b.y.ptr() },
         eps: case.eps,
-    }
+    })
 }
 
 /// Local ranks whose residual_out or y differs bitwise from the reference (each described).
@@ -203,7 +226,7 @@ pub fn selftest(
     for &dtype in dtypes {
         for (s, &(tokens, hidden)) in SHAPES.iter().enumerate() {
             let case = HostCase::new(dtype, tokens, hidden, group.world_size, 60 + s as u64);
-            let bufs = buffers(&group, &case)?;
+            let mut bufs = buffers(&group, &case)?;
             for algorithm in algorithms {
                 let name = format!("fused {}", algorithm.name());
                 if let Err(why) = group.comms[0].cuda().supports(algorithm) {
@@ -227,19 +250,15 @@ pub fn selftest(
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
                     let queue = |group: &CudaRanks,
+                                 b: &mut FusedBuffers,
                                  i: usize,
                                  stream: &cudarc::driver::CudaStream|
                      -> Result<()> {
-                        let c = call(&bufs[i], &case, in_place);
-                        // SAFETY: the buffers hold tokens x hidden elements on rank i's GPU
-                        // and outlive every launch and graph of this case.
-                        unsafe {
-                            group.comms[i].fused_add_rms_norm_with(
-                                Choice::Tpar(algorithm),
-                                &c,
-                                stream.cu_stream(),
-                            )?
-                        };
+                        group.comms[i].fused_add_rms_norm_as(
+                            Choice::Tpar(algorithm),
+                            spans(b, &case, in_place)?,
+                            stream,
+                        )?;
                         Ok(())
                     };
                     // A failure names the case: a hang at 8 ranks (1 H200, 2026-12-01) was
@@ -251,7 +270,7 @@ pub fn selftest(
                     for _ in 0..2 {
                         upload(&group, &bufs, &case)?;
                         for (i, s) in group.streams.iter().enumerate() {
-                            queue(&group, i, s)?;
+                            queue(&group, &mut bufs[i], i, s)?;
                         }
                         group
                             .synchronize()
@@ -271,7 +290,7 @@ pub fn selftest(
                         detail: format!(" ({route})"),
                     });
                     // Captured once, replayed twice with fresh inputs.
-                    let graph = group.capture(|i, s| queue(&group, i, s))?;
+                    let graph = group.capture(|i, s| queue(&group, &mut bufs[i], i, s))?;
                     let mut bad = 0;
                     for _ in 0..2 {
                         upload(&group, &bufs, &case)?;
@@ -317,20 +336,16 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
     })?;
     let silent = group.world_size - 1;
     let case = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 7);
-    let bufs = buffers(&group, &case)?;
+    let mut bufs = buffers(&group, &case)?;
     upload(&group, &bufs, &case)?;
     let start = Instant::now();
-    for (i, b) in bufs.iter().enumerate() {
+    for (i, b) in bufs.iter_mut().enumerate() {
         if group.ranks[i] != silent {
-            let c = call(b, &case, false);
-            // SAFETY: the buffers outlive the synchronisation below.
-            unsafe {
-                group.comms[i].fused_add_rms_norm_with(
-                    Choice::Tpar(Algorithm::OneShot),
-                    &c,
-                    group.streams[i].cu_stream(),
-                )?
-            };
+            group.comms[i].fused_add_rms_norm_as(
+                Choice::Tpar(Algorithm::OneShot),
+                spans(b, &case, false)?,
+                &group.streams[i],
+            )?;
         }
     }
     let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
@@ -357,18 +372,15 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
     })?;
     let wide = HostCase::new(DType::Bf16, 1, 8192, group.world_size, 8);
     let narrow = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 8);
-    let bufs = buffers(&group, &wide)?;
-    for (i, b) in bufs.iter().enumerate() {
+    let mut bufs = buffers(&group, &wide)?;
+    for (i, b) in bufs.iter_mut().enumerate() {
+        // Both shapes are the same bytes: the buffers fit either.
         let case = if group.ranks[i] == 0 { &wide } else { &narrow };
-        let c = call(b, case, false);
-        // SAFETY: both shapes fit the buffers, which outlive the synchronisation below.
-        unsafe {
-            group.comms[i].fused_add_rms_norm_with(
-                Choice::Tpar(Algorithm::OneShot),
-                &c,
-                group.streams[i].cu_stream(),
-            )?
-        };
+        group.comms[i].fused_add_rms_norm_as(
+            Choice::Tpar(Algorithm::OneShot),
+            spans(b, case, false)?,
+            &group.streams[i],
+        )?;
     }
     let (mut bad, mut detail) = (0, String::new());
     for (i, comm) in group.comms.iter().enumerate() {
@@ -454,44 +466,45 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
             }
             for tokens in [1, 8] {
                 let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
-                let bufs = buffers(&group, &case)?;
+                let mut bufs = buffers(&group, &case)?;
                 upload(&group, &bufs, &case)?;
                 let count = tokens * hidden;
                 for variant in VARIANTS {
                     let one = |group: &CudaRanks,
+                               b: &mut FusedBuffers,
                                i: usize,
                                s: &cudarc::driver::CudaStream|
                      -> Result<()> {
                         let cuda = group.comms[i].cuda();
-                        let c = call(&bufs[i], &case, false);
-                        let cu = s.cu_stream();
-                        // SAFETY: the buffers hold the case's elements on rank i's GPU and outlive
-                        // the graphs, which are dropped before them.
-                        unsafe {
-                            match variant {
-                                "empty kernel" => cuda.launch_empty(s)?,
-                                "allreduce" => cuda.all_reduce_raw(
-                                    dtype,
-                                    Some(c.x),
-                                    c.y,
-                                    count,
+                        match variant {
+                            "empty kernel" => cuda.launch_empty(s)?,
+                            "allreduce" => cuda.all_reduce(
+                                Some(b.x.span(dtype, count)?),
+                                b.y.span_mut(dtype, count)?,
+                                Algorithm::OneShot,
+                                s,
+                            )?,
+                            "norm kernel" => {
+                                cuda.add_rms_norm(spans(b, &case, false)?, Some(0), s)?
+                            }
+                            "allreduce + norm" => cuda.unfused_add_rms_norm(
+                                spans(b, &case, false)?,
+                                Algorithm::OneShot,
+                                s,
+                            )?,
+                            _ => {
+                                cuda.fused_add_rms_norm(
+                                    spans(b, &case, false)?,
                                     Algorithm::OneShot,
-                                    cu,
-                                )?,
-                                "norm kernel" => cuda.launch_add_rms_norm(&c, c.x, Some(0), cu)?,
-                                "allreduce + norm" => {
-                                    cuda.unfused_add_rms_norm_raw(&c, Algorithm::OneShot, cu)?;
-                                }
-                                _ => {
-                                    cuda.fused_add_rms_norm_raw(&c, Algorithm::OneShot, cu)?;
-                                }
+                                    s,
+                                )?;
                             }
                         }
                         Ok(())
                     };
                     let graphs = group.capture_each(|i, s| -> Result<()> {
                         for _ in 0..chain {
-                            one(&group, i, s)?;
+                            one(&group, &mut bufs[i], i, s)?;
                         }
                         Ok(())
                     })?;

@@ -430,7 +430,7 @@ impl Function {
     /// # Safety
     /// `T` must be the `#[repr(C)]` mirror of the kernel's argument struct, and every device
     /// pointer in it valid for what the kernel does with it until the kernel completes.
-    pub unsafe fn launch<T: Copy>(
+    pub(crate) unsafe fn launch<T: Copy>(
         &self,
         grid: u32,
         threads: u32,
@@ -467,7 +467,7 @@ impl Function {
     /// # Safety
     /// As for [`Function::launch`]; with `pdl` the kernel must also execute
     /// `griddepcontrol.wait` before it touches memory the previous kernel may write.
-    pub unsafe fn launch_ex<T: Copy>(
+    pub(crate) unsafe fn launch_ex<T: Copy>(
         &self,
         grid: u32,
         threads: u32,

@@ -3,9 +3,9 @@
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]. [`Communicator::fused_add_rms_norm`] is the entry an engine calls (its
-//! operands as checked spans; `_raw`/`_with` take raw addresses for the Python binding and the
-//! CLI until they move to spans); it plans the allreduce with the dispatcher, then picks the
-//! path with [`crate::norm::plan`].
+//! operands as checked spans; `_with` takes raw addresses for the Python binding, the one FFI
+//! edge); it plans the allreduce with the dispatcher, then picks the path with
+//! [`crate::norm::plan`].
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
@@ -406,28 +406,15 @@ impl Communicator {
         self.fused_enqueue(choice, &operands, stream, capture)
     }
 
-    /// [`Communicator::fused_add_rms_norm`] on raw addresses (the Python binding's fused op,
-    /// the CLI's benchmarks); `capturing` is what the caller read of `stream`.
+    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses, for the one FFI edge that
+    /// holds them (the Python binding's fused op, torch's tensors and stream); not checked
+    /// like spans.
     ///
     /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
-    pub unsafe fn fused_add_rms_norm_raw(
-        &self,
-        call: &FusedCall,
-        stream: CUstream,
-        capturing: bool,
-    ) -> Result<FusedRun> {
-        let bytes = (call.elements() * call.dtype.size()) as u64;
-        let allreduce = self.plan(call.dtype, bytes, capturing)?;
-        // SAFETY: the caller's promise, passed on.
-        let path = unsafe { self.fused_add_rms_norm_with(allreduce.choice, call, stream)? };
-        Ok(FusedRun { allreduce, path })
-    }
-
-    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses.
-    ///
-    /// # Safety
-    /// As for [`CudaCommunicator::fused_add_rms_norm_raw`].
+    /// Every pointer of `call` must be device memory on this rank's GPU holding
+    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
+    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
+    /// capturing).
     pub unsafe fn fused_add_rms_norm_with(
         &self,
         choice: Choice,

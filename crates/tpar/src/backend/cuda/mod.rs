@@ -28,8 +28,9 @@ pub mod kernels;
 pub mod link_probe;
 mod loader;
 pub mod nvrtc;
-mod raw;
+mod separate;
 pub mod span;
+pub mod standalone;
 pub mod stream_order;
 
 pub use communicator::CudaCommunicator;

@@ -257,8 +257,8 @@ pub unsafe fn borrowed_stream(ctx: &Arc<CudaContext>, stream: CUstream) -> Arc<C
 
 /// The operands of one allreduce once checked: `count` elements of `dtype` read at `input`
 /// and written at `output` (the same address in place), on the communicator's GPU and valid
-/// for the call's stream. Made only by [`Operands::check`] (from spans) or, at an FFI edge
-/// inside the crate, by the unsafe [`Operands::from_raw`].
+/// for the call's stream. Made only by [`Operands::check`] (from spans) or from checked
+/// [`FusedOperands`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Operands {
     dtype: DType,
@@ -286,18 +286,6 @@ impl Operands {
             device,
             call_stream,
         )
-    }
-
-    /// # Safety
-    /// `input` and `output` are device memory of the communicator's GPU holding `count`
-    /// elements of `dtype` (readable and writable respectively) until the call's work is done.
-    pub(crate) unsafe fn from_raw(dtype: DType, input: u64, output: u64, count: usize) -> Operands {
-        Operands {
-            dtype,
-            input,
-            output,
-            count,
-        }
     }
 
     pub(crate) fn dtype(&self) -> DType {
