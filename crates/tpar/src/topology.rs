@@ -293,9 +293,6 @@ pub struct Findings {
     pub pull_gbps: Option<f64>,
 }
 
-/// The old name of [`Findings`], kept until its last users (the CLI, `link_probe.rs`) move.
-pub type Probe = Findings;
-
 /// The fixtures shipped with tpar: (file stem, JSON).
 pub const FIXTURES: [(&str, &str); 5] = [
     (

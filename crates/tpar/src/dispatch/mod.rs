@@ -24,8 +24,8 @@ pub use crate::algorithm::Choice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::human_bytes;
+pub use crate::topology::Findings;
 use crate::topology::Topology;
-pub use crate::topology::{Findings, Probe};
 pub use explain::describe_ranges;
 use explain::{describe_machine, rung_text};
 pub use refusal::{eligibility, Reason, Refusal};
@@ -52,14 +52,6 @@ pub struct Request<'a> {
 pub struct Decision {
     pub choice: Choice,
     pub reason: String,
-}
-
-/// The old name of [`Decision`], kept until its last users (the CLI, `fused.rs`) move.
-pub type Plan = Decision;
-
-/// The old name of [`decide`], kept until its last users (the CLI) move.
-pub fn plan(req: &Request) -> Result<Decision> {
-    decide(req)
 }
 
 /// Decides one allreduce. Never returns a choice that cannot run; every error says why.

@@ -213,7 +213,7 @@ mod tests {
         );
         let r = eligibility(&request(&h200, 17, 4096), one_shot).unwrap_err();
         assert_eq!(r.reason, Reason::TooManyRanks { ranks: 17 });
-        let probe = crate::topology::Probe {
+        let probe = crate::topology::Findings {
             failed: vec![(one_shot, "element 7 was 1".into())],
             ..Default::default()
         };

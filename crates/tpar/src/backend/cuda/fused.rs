@@ -2,21 +2,16 @@
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
-//! in [`crate::norm`]. [`Communicator::fused_add_rms_norm`] is the entry an engine calls (its
-//! operands as checked spans; `_with` takes raw addresses for the Python binding, the one FFI
-//! edge); it plans the allreduce with the dispatcher, then picks the path with
-//! [`crate::norm::plan`].
+//! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
+//! with the dispatcher's decision for the allreduce, is on the call path:
+//! `Communicator::fused_add_rms_norm` (crate::communicator's `fused` module).
 
-use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use super::kernels::{KernelArgs, KernelId, THREADS};
 use super::span::{DeviceSpan, DeviceSpanMut, FusedOperands};
-use super::stream_order::Capture;
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
-use crate::communicator::Communicator;
-use crate::dispatch::{Choice, Plan};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::norm::{self, FusedPlan};
@@ -74,12 +69,12 @@ pub struct FusedCall {
 }
 
 impl FusedCall {
-    fn elements(&self) -> usize {
+    pub(crate) fn elements(&self) -> usize {
         self.tokens * self.hidden
     }
 
     /// Shape, eps and aliasing; `Ok(false)` when there is nothing to do.
-    fn validate(&self) -> Result<bool> {
+    pub(crate) fn validate(&self) -> Result<bool> {
         if !norm::validate(self.tokens, self.hidden, self.eps)? {
             return Ok(false);
         }
@@ -364,100 +359,6 @@ fn fused_shape(
     let per_row = blocks_per_row(segments, spread, max_blocks, true);
     let pdl = pdl_supported && half >= 1 && per_row * rows.max(1) <= 2 * half;
     (grid(pdl), pdl)
-}
-
-/// What a fused call ran: the dispatcher's plan for its allreduce and the fused path.
-#[derive(Clone, Debug)]
-pub struct FusedRun {
-    pub allreduce: Plan,
-    pub path: FusedPlan,
-}
-
-impl Communicator {
-    /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
-    /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
-    /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
-    /// pull) it runs followed by tpar's separate norm kernel, with the same results. The spans
-    /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
-    pub fn fused_add_rms_norm(
-        &self,
-        spans: FusedSpans<'_>,
-        stream: &CudaStream,
-    ) -> Result<FusedRun> {
-        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
-        let capture = self.capture(stream)?;
-        let call = operands.call();
-        let bytes = (call.elements() * call.dtype.size()) as u64;
-        let allreduce = self.plan(call.dtype, bytes, capture.is_capturing())?;
-        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
-        Ok(FusedRun { allreduce, path })
-    }
-
-    /// [`Communicator::fused_add_rms_norm`] with its allreduce on `choice`, without asking
-    /// the dispatcher.
-    pub fn fused_add_rms_norm_as(
-        &self,
-        choice: Choice,
-        spans: FusedSpans<'_>,
-        stream: &CudaStream,
-    ) -> Result<FusedPlan> {
-        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
-        let capture = self.capture(stream)?;
-        self.fused_enqueue(choice, &operands, stream, capture)
-    }
-
-    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses, for the one FFI edge that
-    /// holds them (the Python binding's fused op, torch's tensors and stream); not checked
-    /// like spans.
-    ///
-    /// # Safety
-    /// Every pointer of `call` must be device memory on this rank's GPU holding
-    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
-    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
-    /// capturing).
-    pub unsafe fn fused_add_rms_norm_with(
-        &self,
-        choice: Choice,
-        call: &FusedCall,
-        stream: CUstream,
-    ) -> Result<FusedPlan> {
-        // SAFETY: the caller's promise covers the stream and every address of `call`.
-        let (stream, operands) = unsafe {
-            (
-                super::borrowed_stream(self.cuda().context(), stream),
-                FusedOperands::assume(*call),
-            )
-        };
-        let capture = self.capture(&stream)?;
-        self.fused_enqueue(choice, &operands, &stream, capture)
-    }
-
-    /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused
-    /// call takes the same epochs); `capture` is `stream`'s, read once.
-    fn fused_enqueue(
-        &self,
-        choice: Choice,
-        operands: &FusedOperands,
-        stream: &CudaStream,
-        capture: Capture,
-    ) -> Result<FusedPlan> {
-        let cuda = self.cuda();
-        let call = operands.call();
-        match choice {
-            Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
-                cuda.fused_enqueue(operands, algorithm, stream)
-            }),
-            Choice::Nccl => {
-                let plan = cuda.fused_plan(None, call.dtype, call.hidden);
-                if !call.validate()? {
-                    return Ok(plan);
-                }
-                self.enqueue(choice, &operands.allreduce(), stream, capture)?;
-                cuda.norm_enqueue(operands, NormInput::Y, None, stream)?;
-                Ok(plan)
-            }
-        }
-    }
 }
 
 #[cfg(test)]

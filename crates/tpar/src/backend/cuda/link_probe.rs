@@ -18,7 +18,7 @@ use super::driver::DeviceMemory;
 use super::kernels::{KernelId, MAX_RANKS, THREADS};
 use super::{context, enable_peer_access, kernel_set, KernelSet};
 use crate::error::{Error, Result};
-use crate::topology::Probe;
+use crate::topology::Findings;
 use crate::topology::Topology;
 
 /// One link, measured alone.
@@ -297,8 +297,8 @@ fn pingpong(a: &Gpu, b: &Gpu, timeout: Duration) -> Result<f64> {
 
 impl LinkProbe {
     /// What the dispatcher needs of it: the push and pull bandwidth with every link busy.
-    pub fn to_probe(&self) -> Probe {
-        Probe {
+    pub fn to_probe(&self) -> Findings {
+        Findings {
             failed: Vec::new(),
             push_gbps: Some(self.all_push_gbps),
             pull_gbps: Some(self.all_pull_gbps),

@@ -2,6 +2,9 @@
 //! each call (forced by `TPAR_ALGO`, else the tuning table measured on this machine, else the
 //! built-in rules) and the call goes there. This is what an engine holds per rank.
 
+mod fused;
+pub use fused::FusedRun;
+
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -468,12 +471,6 @@ impl Communicator {
     /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
     pub fn decision(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
         self.decision_for(Selection::Auto, dtype, bytes, capturing)
-    }
-
-    /// The old name of [`Communicator::decision`], kept until its last users (the CLI,
-    /// `fused.rs`) move.
-    pub fn plan(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
-        self.decision(dtype, bytes, capturing)
     }
 
     /// What a call of `bytes` of `dtype` will run for `selection`, and why: with

@@ -1,0 +1,111 @@
+//! The fused allreduce + residual add + RMSNorm on the call path: the dispatcher decides the
+//! allreduce as for a plain call of the same bytes, then the CUDA backend runs it fused
+//! (one-shot, host-staged) or as the allreduce followed by tpar's separate norm kernel
+//! (anything else, NCCL included), ordered across streams like a plain call. The kernels and
+//! their launch shapes are in `backend::cuda::fused`; the semantics in `crate::norm`.
+
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::CudaStream;
+
+use super::Communicator;
+use crate::algorithm::Choice;
+use crate::backend::cuda::fused::{FusedCall, FusedSpans, NormInput};
+use crate::backend::cuda::span::FusedOperands;
+use crate::backend::cuda::stream_order::Capture;
+use crate::dispatch::Decision;
+use crate::error::Result;
+use crate::norm::FusedPlan;
+
+/// What a fused call ran: the dispatcher's plan for its allreduce and the fused path.
+#[derive(Clone, Debug)]
+pub struct FusedRun {
+    pub allreduce: Decision,
+    pub path: FusedPlan,
+}
+
+impl Communicator {
+    /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
+    /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
+    /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
+    /// pull) it runs followed by tpar's separate norm kernel, with the same results. The spans
+    /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
+    pub fn fused_add_rms_norm(
+        &self,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedRun> {
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        let call = operands.call();
+        let bytes = (call.elements() * call.dtype.size()) as u64;
+        let allreduce = self.decision(call.dtype, bytes, capture.is_capturing())?;
+        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
+        Ok(FusedRun { allreduce, path })
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] with its allreduce on `choice`, without asking
+    /// the dispatcher.
+    pub fn fused_add_rms_norm_as(
+        &self,
+        choice: Choice,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedPlan> {
+        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
+        let capture = self.capture(stream)?;
+        self.fused_enqueue(choice, &operands, stream, capture)
+    }
+
+    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses, for the one FFI edge that
+    /// holds them (the Python binding's fused op, torch's tensors and stream); not checked
+    /// like spans.
+    ///
+    /// # Safety
+    /// Every pointer of `call` must be device memory on this rank's GPU holding
+    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
+    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
+    /// capturing).
+    pub unsafe fn fused_add_rms_norm_with(
+        &self,
+        choice: Choice,
+        call: &FusedCall,
+        stream: CUstream,
+    ) -> Result<FusedPlan> {
+        // SAFETY: the caller's promise covers the stream and every address of `call`.
+        let (stream, operands) = unsafe {
+            (
+                crate::backend::cuda::borrowed_stream(self.cuda().context(), stream),
+                FusedOperands::assume(*call),
+            )
+        };
+        let capture = self.capture(&stream)?;
+        self.fused_enqueue(choice, &operands, &stream, capture)
+    }
+
+    /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused
+    /// call takes the same epochs); `capture` is `stream`'s, read once.
+    fn fused_enqueue(
+        &self,
+        choice: Choice,
+        operands: &FusedOperands,
+        stream: &CudaStream,
+        capture: Capture,
+    ) -> Result<FusedPlan> {
+        let cuda = self.cuda();
+        let call = operands.call();
+        match choice {
+            Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
+                cuda.fused_enqueue(operands, algorithm, stream)
+            }),
+            Choice::Nccl => {
+                let plan = cuda.fused_plan(None, call.dtype, call.hidden);
+                if !call.validate()? {
+                    return Ok(plan);
+                }
+                self.enqueue(choice, &operands.allreduce(), stream, capture)?;
+                cuda.norm_enqueue(operands, NormInput::Y, None, stream)?;
+                Ok(plan)
+            }
+        }
+    }
+}
