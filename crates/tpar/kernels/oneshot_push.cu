@@ -25,6 +25,7 @@ __device__ __forceinline__ bool oneshot_wide(const TparArgs& a, u64 epoch, u32 t
             if (p != a.rank) st_wide(a.inboxes[p] + my_slot + 2 * q, tag, w0, w1);
         }
     }
+    const u64* inbox = a.inboxes[a.rank];
     // Block 0's thread `peer` checks that peer's call header against ours (off the critical
     // path: see header loads below); with no payload line of its own it checks it at once.
     const bool checks_header = blockIdx.x == 0 && threadIdx.x < a.world_size && threadIdx.x != a.rank;
@@ -39,10 +40,42 @@ __device__ __forceinline__ bool oneshot_wide(const TparArgs& a, u64 epoch, u32 t
             load_pair<DT>(a.input, q, a.count, words, &own0, &own1);
         }
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        // Peers in groups of TPAR_RANK_GROUP: every line of a group is loaded before any is
+        // checked, so their latencies overlap; the groups bound the registers.
+        // The header words are loaded with the first line's data, and again with every poll
+        // of it: when the data is seen, the header (pushed before it) has been read with it,
+        // and the check after the store costs no round trip of its own.
         u64* const header_polls = (q == tid && checks_header) ? header : nullptr;
-        if (!reduce_wide<DT>(a, epoch, tag, q, TPAR_PHASE_ONE_SHOT, start, DT, own0, own1, acc,
-                             header_polls)) {
-            return false;
+        for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
+            Wide v[TPAR_RANK_GROUP];
+            if (g == 0 && header_polls) load_header_words(a, epoch, threadIdx.x, header);
+#pragma unroll
+            for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+                const u32 r = g + k;
+                if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + 2 * q);
+            }
+#pragma unroll
+            for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+                const u32 r = g + k;
+                if (r >= a.world_size) break;
+                u32 w0 = own0, w1 = own1;
+                if (r != a.rank) {
+                    if (!wide_has(v[k], tag)) {
+                        Wide got;  // the slow path, out of line
+                        if (!wait_wide(a, inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + 2 * q, tag, r,
+                                       TPAR_PHASE_ONE_SHOT, start, epoch, DT, &got, header_polls)) {
+                            return false;
+                        }
+                        v[k] = got;
+                    }
+                    w0 = v[k].w0;
+                    w1 = v[k].w1;
+                }
+                float x[4];
+                Lanes<DT>::unpack(w0, x);
+                Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
+                for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? x[e] : acc[e] + x[e];
+            }
         }
         store_pair<DT>(a.output, q, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
     }

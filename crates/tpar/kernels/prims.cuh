@@ -1,7 +1,8 @@
 // prims.cuh: the steps every tpar algorithm is a sequence of. A call takes the next epoch
 // and pushes its call header to its peers (begin_call), pushes its data, waits for its peers'
 // lines (every wait takes the one deadline step, keep_waiting: on time, or the error word
-// names the peer and the phase), reduces them in rank order (reduce_line, reduce_wide), checks
+// names the peer and the phase), reduces them in rank order (reduce_line; oneshot_push.cu keeps its wide-line reduce inline, as
+// its PTX must stay as measured), checks
 // the peers' headers (check_header) and publishes the epoch (end_call). The algorithms in the
 // .cu files choose which lines go where; how a step is done is written here once.
 #pragma once
@@ -330,49 +331,3 @@ __device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { 
 
 // ---- reduction in rank order ----
 
-// Wide line `pair` (payload words 2 * pair and 2 * pair + 1) of every rank's stage-one slot, summed
-// in rank order into acc[0 .. 2 * Lanes<DT>::PER_WORD); this rank's own term is own0/own1 (read
-// from its input, not through its inbox). Peers in groups of TPAR_RANK_GROUP: every line of a
-// group is loaded before any is checked, so their latencies overlap; the groups bound the
-// registers. A line not there yet is waited for with wait_wide (`header_code` is what the
-// peer's header must match meanwhile). `header_polls`, when given, receives block 0's thread
-// `peer`'s words of that peer's header, loaded with the first group and with every poll of a
-// slow wait: when the data is seen, the header (pushed before it) has been read with it. False
-// when a wait failed (the error word is then set).
-template <int DT>
-__device__ __forceinline__ bool reduce_wide(const TparArgs& a, u64 epoch, u32 tag, u64 pair, u32 phase, u64 start,
-                                            int header_code, u32 own0, u32 own1, float* acc, u64* header_polls) {
-    const u64* inbox = a.inboxes[a.rank];
-    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
-        Wide v[TPAR_RANK_GROUP];
-        if (g == 0 && header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
-#pragma unroll
-        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-            const u32 r = g + k;
-            if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + 2 * pair);
-        }
-#pragma unroll
-        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-            const u32 r = g + k;
-            if (r >= a.world_size) break;
-            u32 w0 = own0, w1 = own1;
-            if (r != a.rank) {
-                if (!wide_has(v[k], tag)) {
-                    Wide got;  // the slow path, out of line
-                    if (!wait_wide(a, inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + 2 * pair, tag, r, phase, start, epoch,
-                                   header_code, &got, header_polls)) {
-                        return false;
-                    }
-                    v[k] = got;
-                }
-                w0 = v[k].w0;
-                w1 = v[k].w1;
-            }
-            float x[4];
-            Lanes<DT>::unpack(w0, x);
-            Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
-            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? x[e] : acc[e] + x[e];
-        }
-    }
-    return true;
-}
