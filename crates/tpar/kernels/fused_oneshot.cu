@@ -28,11 +28,7 @@ __device__ __forceinline__ bool reduce_quad(const TparArgs& a, u64 epoch, u32 ta
     const u64* inbox = a.inboxes[a.rank];
     for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
         Wide v[TPAR_RANK_GROUP];
-#pragma unroll
-        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-            const u32 r = g + k;
-            if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + line);
-        }
+        load_wide_group(a, inbox, epoch, g, line, v);
 #pragma unroll
         for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
             const u32 r = g + k;

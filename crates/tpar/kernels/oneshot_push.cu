@@ -49,11 +49,7 @@ __device__ __forceinline__ bool oneshot_wide(const TparArgs& a, u64 epoch, u32 t
         for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
             Wide v[TPAR_RANK_GROUP];
             if (g == 0 && header_polls) load_header_words(a, epoch, threadIdx.x, header);
-#pragma unroll
-            for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-                const u32 r = g + k;
-                if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + 2 * q);
-            }
+            load_wide_group(a, inbox, epoch, g, TPAR_HEADER_LINES + 2 * q, v);
 #pragma unroll
             for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
                 const u32 r = g + k;

@@ -331,3 +331,15 @@ __device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { 
 
 // ---- reduction in rank order ----
 
+// Wide line `line` (counted from the slot's start) of the stage-one slot of every peer of the
+// group g .. g + TPAR_RANK_GROUP - 1 (this rank's own left out) into v: every load is issued
+// before any is checked, so their latencies overlap; the groups bound the registers.
+__device__ __forceinline__ void load_wide_group(const TparArgs& a, const u64* inbox, u64 epoch, u32 g, u64 line,
+                                                Wide* v) {
+#pragma unroll
+    for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+        const u32 r = g + k;
+        if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + line);
+    }
+}
+
