@@ -12,6 +12,7 @@ use crate::backend::cuda::driver::{
     copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
 };
 use crate::dispatch::Choice;
+use crate::planner::latency_model::{bottleneck_bytes, Placement};
 use crate::{Algorithm, DType};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
@@ -152,28 +153,6 @@ pub fn time_replays(
         .collect::<std::result::Result<_, _>>()?;
     us.sort_by(f64::total_cmp);
     Ok(us)
-}
-
-/// Bytes through the one shared bottleneck per allreduce of `bytes` on `n` ranks sharing one
-/// GPU (its device memory; for host-staged, its one PCIe link), every rank's reads and writes
-/// together: LL lines carry 4 bytes in 8, so pushed data counts double. Not the planner's
-/// `latency_model` figure, which is one rank's bytes on its own link of a machine with a GPU
-/// per rank: this one is what the bench's wire floor on the measuring machine divides.
-fn shared_gpu_bytes(choice: Choice, n: f64, bytes: f64) -> f64 {
-    let Choice::Tpar(algorithm) = choice else {
-        // NCCL's ring moves 2 (n-1)/n of the message per rank.
-        return 2.0 * n * bytes;
-    };
-    match algorithm {
-        // n ranks each write 2B into n inboxes and read n slots of 2B.
-        Algorithm::OneShot => 4.0 * n * n * bytes,
-        // Reduce-scatter and all-gather each write and read about 2B per rank, twice.
-        Algorithm::TwoShot => 8.0 * n * bytes,
-        // Each rank writes B once; every rank reads every rank's B.
-        Algorithm::OneShotPull => n * bytes + n * n * bytes,
-        // Over PCIe, per direction: n x n x 2B written to host memory (and as much read back).
-        Algorithm::HostStaged => 2.0 * n * n * bytes,
-    }
 }
 
 pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
@@ -336,7 +315,8 @@ pub fn run(
             } else {
                 floors.device_copy_gbps
             };
-            row.wire_floor_us = shared_gpu_bytes(planned, n, bytes as f64) / (bandwidth * 1e3);
+            row.wire_floor_us = bottleneck_bytes(planned, n, bytes as f64, Placement::SharedGpu)
+                / (bandwidth * 1e3);
             row.correct = wrong == 0;
             rows.push(row);
         }
@@ -352,11 +332,25 @@ mod tests {
     fn one_shot_moves_the_most_bytes_at_many_ranks() {
         let n = 8.0;
         assert!(
-            shared_gpu_bytes(Choice::Tpar(Algorithm::OneShot), n, 1.0)
-                > shared_gpu_bytes(Choice::Tpar(Algorithm::TwoShot), n, 1.0)
+            bottleneck_bytes(
+                Choice::Tpar(Algorithm::OneShot),
+                n,
+                1.0,
+                Placement::SharedGpu
+            ) > bottleneck_bytes(
+                Choice::Tpar(Algorithm::TwoShot),
+                n,
+                1.0,
+                Placement::SharedGpu
+            )
         );
         assert_eq!(
-            shared_gpu_bytes(Choice::Tpar(Algorithm::HostStaged), 2.0, 1.0),
+            bottleneck_bytes(
+                Choice::Tpar(Algorithm::HostStaged),
+                2.0,
+                1.0,
+                Placement::SharedGpu
+            ),
             8.0
         );
     }
