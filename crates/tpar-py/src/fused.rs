@@ -4,27 +4,25 @@
 //! bit), so that a machine with no GPU runs the op with the same semantics end to end.
 
 use tpar::norm;
-use tpar::{Algorithm, CpuCommunicator, DType};
+use tpar::{Algorithm, CpuCommunicator};
 
-/// One call's operands as the Python package passes them: addresses of contiguous buffers of
-/// `dtype` (`weight`: `hidden` elements; the others `tokens x hidden`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Operands {
-    pub dtype: DType,
-    pub tokens: usize,
-    pub hidden: usize,
-    pub x: u64,
-    pub residual: u64,
-    /// `None`: in place on `residual`.
-    pub residual_out: Option<u64>,
-    pub weight: u64,
-    pub y: u64,
-    pub eps: f32,
+/// One call's operands as the Python package passes them (the library's [`FusedCall`]):
+/// addresses of contiguous buffers of `dtype` (`weight`: `hidden` elements; the others
+/// `tokens x hidden`; `residual_out: None` is in place on `residual`).
+pub(crate) use tpar::backend::cuda::fused::FusedCall as Operands;
+
+/// The checks the Python edge makes before either path runs (the CUDA path gets raw
+/// addresses from torch, so they are checked here, not by spans).
+pub(crate) trait OperandChecks {
+    /// Bytes of one `tokens x hidden` operand.
+    fn bytes(&self) -> Result<usize, String>;
+    /// Shape, eps, null addresses and the aliasing rules (y may be x; residual_out may be
+    /// residual; no output overlaps another operand otherwise). `Ok(false)`: nothing to do.
+    fn check(&self) -> Result<bool, String>;
 }
 
-impl Operands {
-    /// Bytes of one `tokens x hidden` operand.
-    pub fn bytes(&self) -> Result<usize, String> {
+impl OperandChecks for Operands {
+    fn bytes(&self) -> Result<usize, String> {
         self.tokens
             .checked_mul(self.hidden)
             .and_then(|e| e.checked_mul(self.dtype.size()))
@@ -37,9 +35,7 @@ impl Operands {
             })
     }
 
-    /// Shape, eps, null addresses and the aliasing rules (y may be x; residual_out may be
-    /// residual; no output overlaps another operand otherwise). `Ok(false)`: nothing to do.
-    pub fn check(&self) -> Result<bool, String> {
+    fn check(&self) -> Result<bool, String> {
         let bytes = self.bytes()? as u64;
         if !norm::validate(self.tokens, self.hidden, self.eps).map_err(|e| e.to_string())? {
             return Ok(false);

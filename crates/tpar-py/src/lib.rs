@@ -12,6 +12,7 @@ use pyo3::types::PyDict;
 use std::sync::{Arc, Mutex};
 
 mod fused;
+use fused::OperandChecks;
 
 use tpar::backend::cuda::{borrowed_stream, CudaConfig, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
@@ -117,6 +118,28 @@ fn nccl_mode(nccl: &Bound<'_, PyAny>) -> PyResult<NcclMode> {
 /// One rank's communicators: the CPU backend (POSIX shared memory between the processes of
 /// one host) always, and tpar's CUDA communicator (with NCCL behind the same call) when the
 /// rank was given a GPU.
+/// A fused call's operands from the package's arguments (`[x, residual, weight, y]` addresses).
+fn fused_operands(
+    dtype: &str,
+    tokens: usize,
+    hidden: usize,
+    [x, residual, weight, y]: [u64; 4],
+    residual_out: Option<u64>,
+    eps: f32,
+) -> PyResult<fused::Operands> {
+    Ok(fused::Operands {
+        dtype: dtype.parse().map_err(err)?,
+        tokens,
+        hidden,
+        x,
+        residual,
+        residual_out,
+        weight,
+        y,
+        eps,
+    })
+}
+
 #[pyclass(module = "tpar._tpar", unsendable)]
 struct Comm {
     cpu: Option<CpuCommunicator>,
@@ -537,17 +560,14 @@ impl Comm {
         capturing: bool,
         algorithm: Option<&str>,
     ) -> PyResult<(String, bool, String)> {
-        let op = fused::Operands {
-            dtype: dtype.parse().map_err(err)?,
+        let op = fused_operands(
+            dtype,
             tokens,
             hidden,
-            x,
-            residual,
+            [x, residual, weight, y],
             residual_out,
-            weight,
-            y,
             eps,
-        };
+        )?;
         op.check().map_err(TparError::new_err)?;
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
@@ -560,17 +580,6 @@ impl Comm {
                 "this call's allreduce is planned for {why}"
             )));
         }
-        let call = tpar::backend::cuda::fused::FusedCall {
-            dtype: op.dtype,
-            tokens,
-            hidden,
-            x,
-            residual,
-            residual_out,
-            weight,
-            y,
-            eps,
-        };
         // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on this
         // communicator's device (checked above for aliasing) and the stream torch orders them
         // on; torch's caching allocator keeps their memory until work queued there has run.
@@ -578,7 +587,7 @@ impl Comm {
             unsafe {
                 comm.fused_add_rms_norm_with(
                     plan.choice,
-                    &call,
+                    &op,
                     stream as tpar::backend::cuda::CuStream,
                 )
             }
@@ -610,17 +619,14 @@ impl Comm {
         eps: f32,
         algorithm: &str,
     ) -> PyResult<()> {
-        let op = fused::Operands {
-            dtype: dtype.parse().map_err(err)?,
+        let op = fused_operands(
+            dtype,
             tokens,
             hidden,
-            x,
-            residual,
+            [x, residual, weight, y],
             residual_out,
-            weight,
-            y,
             eps,
-        };
+        )?;
         let algorithm: Algorithm = algorithm.parse().map_err(err)?;
         if !op.check().map_err(TparError::new_err)? {
             return Ok(());
