@@ -186,9 +186,14 @@ impl Selection {
     pub fn parse_from(source: &str, value: Option<&str>) -> Result<Selection> {
         match value {
             None => Ok(Selection::Auto),
-            Some(v) => v
-                .parse()
-                .map_err(|e| Error::InvalidArgument(format!("{source}={v}: {e}"))),
+            Some(v) => v.parse().map_err(|e| {
+                // The parse error is itself an InvalidArgument: name it once.
+                let why = match e {
+                    Error::InvalidArgument(why) => why,
+                    other => other.to_string(),
+                };
+                Error::InvalidArgument(format!("{source}={v}: {why}"))
+            }),
         }
     }
 

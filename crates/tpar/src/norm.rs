@@ -13,8 +13,9 @@
 //! 3. Per row, from the ROUNDED `residual_out` values `v`: `ss = sum(v * v)` in fp32 in a
 //!    fixed tree (below), `inv = 1 / sqrt(ss / hidden + eps)` with an IEEE (correctly
 //!    rounded) square root and division.
-//! 4. `y = round(f32(round(v * inv)) * f32(weight))`: as vLLM's `((scalar_t)(x * s_variance))
-//!    * weight[idx]`, two products each rounded to the dtype (for f32 the roundings are exact).
+//! 4. `y = round(f32(round(v * inv)) * f32(weight))`: as vLLM's
+//!    `((scalar_t)(x * s_variance)) * weight[idx]`, two products each rounded to the dtype (for
+//!    f32 the roundings are exact).
 //!
 //! Differences from vLLM's kernel, on purpose: vLLM takes `rsqrtf` (an approximation, within
 //! 2 ulp) and lets `cub::BlockReduce` pick the order of the row's sum of squares; tpar uses a

@@ -48,7 +48,7 @@ pub enum NcclMode {
     /// (logged; every rank reaches it at the same call), and counts it in the footprint.
     Own,
     /// tpar's kernels only: a call the dispatcher would give to NCCL is refused with an error,
-    /// and [`Communicator::plan`] says so beforehand.
+    /// and [`Communicator::decision`] says so beforehand.
     None,
     /// An existing `ncclComm_t` of the same ranks (see [`NcclCommunicator::borrow`]): the
     /// fallback costs no memory. tpar never destroys it.

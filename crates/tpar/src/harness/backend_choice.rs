@@ -196,7 +196,7 @@ pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
     Ok(n)
 }
 
-/// "cpu: <model> (<n> logical cores)" from /proc/cpuinfo.
+/// `"cpu: <model> (<n> logical cores)"` from /proc/cpuinfo.
 pub fn cpu_device() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = info

@@ -3,7 +3,7 @@
 //! IPC handles, peer access, capture state, modules and kernel launches. With `nvrtc.rs`, the
 //! CUDA FFI of the backend; `unsafe` elsewhere in it is only the unsafe constructors of
 //! `span.rs` (raw addresses from other libraries), the raw-address entry points of `raw.rs`
-//! built on them, and the kernel launch sites ([`Function::launch`]: the argument block must
+//! built on them, and the kernel launch sites (`Function::launch`: the argument block must
 //! mirror the kernel's). Contexts, streams, events and graphs come from cudarc's safe API.
 //!
 //! cudarc panics when a library is missing, so [`driver_present`] must be asked first; every
