@@ -42,6 +42,28 @@ struct Extent {
 }
 
 impl Extent {
+    /// A cudarc buffer's extent, its events taken for `stream`.
+    fn of_cudarc(device: usize, ptr: u64, count: usize, dtype: DType, stream: &CudaStream) -> Self {
+        Extent {
+            device,
+            ptr,
+            count,
+            dtype,
+            stream: Some(stream.cu_stream() as usize),
+        }
+    }
+
+    /// Memory another library allocated: no events to keep.
+    fn raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
+        Extent {
+            device,
+            ptr,
+            count,
+            dtype,
+            stream: None,
+        }
+    }
+
     fn bytes(&self) -> usize {
         self.count * self.dtype.size()
     }
@@ -105,13 +127,7 @@ impl<'a> DeviceSpan<'a> {
         let device = memory.stream().context().ordinal();
         let (ptr, events) = memory.device_ptr(stream);
         DeviceSpan {
-            extent: Extent {
-                device,
-                ptr,
-                count,
-                dtype: T::DTYPE,
-                stream: Some(stream.cu_stream() as usize),
-            },
+            extent: Extent::of_cudarc(device, ptr, count, T::DTYPE, stream),
             _events: Some(events),
             _memory: PhantomData,
         }
@@ -124,13 +140,7 @@ impl<'a> DeviceSpan<'a> {
     /// until the work of every call given this span has completed on its stream.
     pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
         DeviceSpan {
-            extent: Extent {
-                device,
-                ptr,
-                count,
-                dtype,
-                stream: None,
-            },
+            extent: Extent::raw(device, ptr, count, dtype),
             _events: None,
             _memory: PhantomData,
         }
@@ -157,13 +167,7 @@ impl<'a> DeviceSpanMut<'a> {
         let device = memory.stream().context().ordinal();
         let (ptr, events) = memory.device_ptr_mut(stream);
         DeviceSpanMut {
-            extent: Extent {
-                device,
-                ptr,
-                count,
-                dtype: T::DTYPE,
-                stream: Some(stream.cu_stream() as usize),
-            },
+            extent: Extent::of_cudarc(device, ptr, count, T::DTYPE, stream),
             _events: Some(events),
             _memory: PhantomData,
         }
@@ -177,13 +181,7 @@ impl<'a> DeviceSpanMut<'a> {
     /// on its stream.
     pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
         DeviceSpanMut {
-            extent: Extent {
-                device,
-                ptr,
-                count,
-                dtype,
-                stream: None,
-            },
+            extent: Extent::raw(device, ptr, count, dtype),
             _events: None,
             _memory: PhantomData,
         }
@@ -234,13 +232,7 @@ impl DeviceMemory {
                 self.bytes()
             )));
         }
-        Ok(Extent {
-            device: self.device(),
-            ptr: self.ptr(),
-            count,
-            dtype,
-            stream: None,
-        })
+        Ok(Extent::raw(self.device(), self.ptr(), count, dtype))
     }
 }
 
@@ -488,13 +480,7 @@ mod tests {
     use super::*;
 
     fn extent(device: usize, ptr: u64, count: usize, dtype: DType) -> Extent {
-        Extent {
-            device,
-            ptr,
-            count,
-            dtype,
-            stream: None,
-        }
+        Extent::raw(device, ptr, count, dtype)
     }
 
     const STREAM: CallStream = CallStream {
