@@ -24,7 +24,8 @@
 // Blocks of a norm kernel must have this many threads (the sum-of-squares tree assumes it);
 // it is also the quads of one segment.
 #define TPAR_NORM_THREADS 512
-// Segments of the longest row (16384 f32 elements: 8192 quads).
+// Segments the shared per-segment arrays hold: the fused kernel's longest row (16384 f32
+// elements: 8192 quads); the separate norm kernel folds longer rows in groups of this many.
 #define TPAR_NORM_MAX_SEGMENTS 16
 
 // The epilogue's operands, for one launch (pointers already offset to its first row).
@@ -115,10 +116,14 @@ __device__ __forceinline__ float norm_segment_fold(u32 j) {
 }
 // Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
+// 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
+__device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
+    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+}
 __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps) {
     float ss = __shfl_sync(0xffffffffu, segment_sum, 0);
     for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k));
-    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+    return norm_inv_of_sum(ss, hidden, eps);
 }
 
 // Segment sums that blocks sharing a row exchange: LL lines (the sum's bits beside the

@@ -31,6 +31,8 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
         char* y = (char*)n.y + row * row_bytes;
         float v[TPAR_NORM_BATCH][4];
         u32 wt[TPAR_NORM_BATCH][2];
+        // The row's sum of squares, the segment sums added in order (thread 0's running total).
+        float ss = 0.f;
         for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
             u32 s[TPAR_NORM_BATCH][2], r[TPAR_NORM_BATCH][2];
 #pragma unroll
@@ -54,19 +56,29 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
                     partial = residual_quad<DT>(v[b], r[b][0], r[b][1], &o0, &o1);
                     store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
                 }
-                norm_warp_fold(base + b, partial);
+                norm_warp_fold((base + b) % TPAR_NORM_MAX_SEGMENTS, partial);
+            }
+            // A row of any length: its segments are folded in groups of TPAR_NORM_MAX_SEGMENTS
+            // (the shared arrays' size; f32 rows above 16384 and f16/bf16 rows above 32768
+            // have more), each group's sums added to the total in segment order.
+            const u32 done = min(base + TPAR_NORM_BATCH, segments);
+            if (done % TPAR_NORM_MAX_SEGMENTS == 0 || done == segments) {
+                const u32 first = (done - 1) / TPAR_NORM_MAX_SEGMENTS * TPAR_NORM_MAX_SEGMENTS;
+                __syncthreads();
+                if (warp < done - first) {
+                    const float sum_of_segment = norm_segment_fold(warp);
+                    if (lane == 0) tpar_norm_segment_sums[warp] = sum_of_segment;
+                }
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    for (u32 k = first; k < done; ++k) {
+                        const float segment_sum = tpar_norm_segment_sums[k - first];
+                        ss = k == 0 ? segment_sum : __fadd_rn(ss, segment_sum);
+                    }
+                }
             }
         }
-        __syncthreads();
-        if (warp < segments) {
-            const float sum_of_segment = norm_segment_fold(warp);
-            if (lane == 0) tpar_norm_segment_sums[warp] = sum_of_segment;
-        }
-        __syncthreads();
-        if (warp == 0) {
-            const float i = norm_inv(lane < segments ? tpar_norm_segment_sums[lane] : 0.f, segments, n.hidden, n.eps);
-            if (lane == 0) tpar_norm_inv = i;
-        }
+        if (threadIdx.x == 0) tpar_norm_inv = norm_inv_of_sum(ss, n.hidden, n.eps);
         __syncthreads();
         const float inv = tpar_norm_inv;
         for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {

@@ -194,14 +194,19 @@ impl FusedRow {
 }
 
 /// (tokens, hidden): 1 and many tokens, odd hidden sizes, several launches (512 x 2048 bf16
-/// is 8 chunks), the largest hidden size.
-const SHAPES: [(usize, usize); 6] = [
+/// is 8 chunks), the fused kernel's largest hidden size, and rows above it that only the
+/// separate norm kernel takes: 20000 and 40000 are 20 and 40 segments in f32 (10 and 20 in
+/// f16/bf16), more than its shared arrays hold at once (a row of 20000 f32 overran them and
+/// faulted before 2026-12-01's fix).
+const SHAPES: [(usize, usize); 8] = [
     (1, 8192),
     (8, 4099),
     (3, 7),
     (512, 2048),
     (2, 16383),
     (1, 16384),
+    (2, 20000),
+    (1, 40000),
 ];
 
 /// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot
