@@ -67,6 +67,23 @@ fn other_processes_on_my_gpu(rank: usize, ranks: &[(u32, &str)]) -> Vec<usize> {
         .collect()
 }
 
+/// Refuses a rendezvous group in which two ranks are threads of one process on one GPU. They
+/// share one CUDA context, where allocating, zeroing, uploading and freeing synchronise the
+/// whole context: a rank doing so waits for its peer's kernel, which spins waiting for that
+/// rank (on one H200, 2026-12-01, two Python threads timed out in the init self-test after the
+/// deadline, and a buffer freed under the peer's kernel faulted the context). Every rank sees
+/// the same records, so every rank refuses alike.
+fn refuse_threads_sharing_a_gpu(ranks: &[(u32, &str)]) -> Result<()> {
+    for (a, &(pid, gpu)) in ranks.iter().enumerate() {
+        if let Some(b) = (a + 1..ranks.len()).find(|&b| ranks[b] == (pid, gpu)) {
+            return Err(Error::Unsupported(format!(
+                "ranks {a} and {b} are threads of one process (pid {pid}) on one GPU: they would share a CUDA context, whose synchronising calls deadlock against a peer's waiting kernel; run one process per rank (torchrun, multiprocessing), give each thread its own GPU, or, in Rust, build the ranks of one process with CudaCommunicator::new_local_group"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Blocks per rank such that every spinning block of every rank on the busiest GPU is
 /// resident at once (`capacity` = SMs x blocks per SM on each GPU).
 fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>) -> Result<u32> {
@@ -376,6 +393,12 @@ impl CudaCommunicator {
         rendezvous.publish(&format!("{key}-buffers"), &member.record(&layout, true)?)?;
         let records: Vec<CudaRecord> =
             rendezvous.gather(&format!("{key}-buffers"), config.timeout)?;
+        refuse_threads_sharing_a_gpu(
+            &records
+                .iter()
+                .map(|r| (r.pid, r.device_uuid.as_str()))
+                .collect::<Vec<_>>(),
+        )?;
         let mut comm = member.join(rank, &records, &config, group_key("", &records, &config))?;
         // GPUs without peer access cannot map each other's memory: then only host-staged (and
         // NCCL) can run, which every rank must know alike. Also the barrier after which the
@@ -472,6 +495,20 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_of_one_process_on_one_gpu_are_refused_and_every_other_placement_is_not() {
+        // Processes sharing a GPU, and threads on different GPUs, have contexts of their own.
+        assert!(refuse_threads_sharing_a_gpu(&[(1, "GPU-a"), (2, "GPU-a"), (1, "GPU-b")]).is_ok());
+        let err = refuse_threads_sharing_a_gpu(&[(1, "GPU-a"), (2, "GPU-a"), (2, "GPU-a")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ranks 1 and 2 are threads of one process (pid 2) on one GPU"),
+            "{err}"
+        );
+        assert!(err.contains("one process per rank"), "{err}");
+    }
 
     #[test]
     fn the_planned_footprint_grows_with_the_world_size() {
