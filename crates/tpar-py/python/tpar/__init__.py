@@ -312,8 +312,9 @@ class Communicator:
         self._comm.all_reduce_ptr(dtype, address, out_address, count, algorithm)
         return out
 
-    def _cuda_refusal(self, tensor, max_bytes=None):
-        """Why this communicator cannot reduce the CUDA ``tensor``, or None when it can."""
+    def _cuda_refusal(self, tensor, max_bytes=None, algorithm=None):
+        """Why this communicator cannot reduce the CUDA ``tensor``, or None when it can. A forced
+        ``algorithm`` is checked by the call itself (with its own reason), not by the plan."""
         if self._device is None:
             return (f"tensor on {tensor.device} but this communicator has no GPU: "
                     f"create it with device={tensor.device.index} (or device='cuda:{tensor.device.index}')")
@@ -331,13 +332,15 @@ class Communicator:
                     "when creating the Communicator, or reduce larger tensors with torch.distributed")
         import torch
 
+        if algorithm is not None:
+            return None
         capturing = self._capturing or torch.cuda.is_current_stream_capturing()
         return self._comm.refusal(dtype[0], size, capturing)
 
     def _all_reduce_cuda(self, tensor, out, algorithm):
         import torch
 
-        why = self._cuda_refusal(tensor)
+        why = self._cuda_refusal(tensor, algorithm=algorithm)
         if why:
             raise TparError(why)
         dtype = _TORCH_DTYPES[str(tensor.dtype)][0]
@@ -467,7 +470,7 @@ class Communicator:
                 raise TparError(f"{name} is not contiguous; call .contiguous() first")
         if out is not None and tuple(out.shape) != tuple(x.shape):
             raise TparError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; they must match")
-        why = self._cuda_refusal(x)
+        why = self._cuda_refusal(x, algorithm=algorithm)
         if why:
             raise TparError(why.replace("tensor ", "x ", 1))
         dtype = _TORCH_DTYPES[str(x.dtype)][0]
