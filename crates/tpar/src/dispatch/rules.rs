@@ -104,12 +104,16 @@ pub(super) fn ladder(class: Class, world_size: usize, probe: Option<&Findings>) 
             Choice::Tpar(OneShot),
             "with 2 ranks on one GPU one-shot was fastest at every size measured (H200)",
         )],
+        // `tpar bench -n 8 --sizes 32K..256K` on one H200 (2026-12-01, 5260727,
+        // bench/results/2026-12-01-h200x2-crossover): one-shot 7.53 vs two-shot 8.74 us at
+        // 64 KiB, 9.60 vs 8.36 at 80 KiB. (The rung at 32 KiB, from older kernels, sent 40-64
+        // KiB to two-shot, 1.2-2.2 us slower.)
         Class::OneGpu => vec![
-            rung(32 * KIB, Choice::Tpar(OneShot), ONE_SHOT_WHY),
+            rung(64 * KIB, Choice::Tpar(OneShot), ONE_SHOT_WHY),
             rung(
                 u64::MAX,
                 Choice::Tpar(TwoShot),
-                "with 8 ranks on one GPU two-shot overtook one-shot from 42 KiB (H200)",
+                "with 8 ranks on one GPU two-shot overtook one-shot from 80 KiB (H200)",
             ),
         ],
         // Measured on 2 and 4 H200s, one process per GPU (bench/README.md): one-shot led up to
