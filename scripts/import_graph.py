@@ -28,7 +28,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", 
 # isolated layer, is a violation. Components are module-path prefixes.
 LAYERS = [
     # Vocabulary and the pure protocol: no I/O beyond the OS wrappers in sys.
-    ("base", ["error", "hash", "cache", "dtype", "algorithm", "memory", "sys", "wait", "protocol"], False),
+    ("base", ["error", "hash", "cache", "config", "dtype", "algorithm", "memory", "sys", "wait", "protocol"], False),
     # Data about the machine, known inputs, pure numerics: no backend calls.
     ("data", ["topology", "check", "norm"], False),
     # How the ranks of one job meet and are started on this host.

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use tpar::backend::cuda::driver::DeviceMemory;
 use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use tpar::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
+use tpar::Config;
 use tpar::{Algorithm, DType};
 
 fn group() -> Option<(Vec<CudaCommunicator>, Vec<Arc<CudaStream>>)> {
@@ -18,7 +19,7 @@ fn group() -> Option<(Vec<CudaCommunicator>, Vec<Arc<CudaStream>>)> {
         eprintln!("SKIPPED: the CUDA span tests need a GPU: {why}");
         return None;
     }
-    let comms = CudaCommunicator::new_local_group(&[0, 0], CudaConfig::default()).unwrap();
+    let comms = CudaCommunicator::new_local_group(&[0, 0], Config::default()).unwrap();
     let streams = comms
         .iter()
         .map(|c| c.context().new_stream().unwrap())

@@ -14,8 +14,9 @@ use crate::algorithm::Algorithm;
 use crate::backend::cuda::link_probe::LinkProbe;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
-use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
+use crate::config::Config;
 use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -191,11 +192,7 @@ impl Communicator {
     /// This process's rank of the job behind `rendezvous`, on GPU `device`, with its own NCCL
     /// communicator created when a call first needs it ([`NcclMode::Own`]; see
     /// [`Communicator::join_with`]). Every rank of the job must call this together.
-    pub fn join(
-        rendezvous: &Rendezvous,
-        device: usize,
-        config: CudaConfig,
-    ) -> Result<Communicator> {
+    pub fn join(rendezvous: &Rendezvous, device: usize, config: Config) -> Result<Communicator> {
         // SAFETY: no borrowed communicator.
         unsafe { Self::join_with(rendezvous, device, config, NcclMode::Own) }
     }
@@ -210,7 +207,7 @@ impl Communicator {
     pub unsafe fn join_with(
         rendezvous: &Rendezvous,
         device: usize,
-        config: CudaConfig,
+        config: Config,
         nccl: NcclMode,
     ) -> Result<Communicator> {
         // Names for the parts that meet through the rendezvous, taken before anything can fail
@@ -710,11 +707,7 @@ fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
 /// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
 /// settings (`nccl_estimated` is then true). The kernels' modules are planned at what loading
 /// them took where it was measured ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
-pub fn planned_footprint(
-    world_size: usize,
-    config: &CudaConfig,
-    nccl: NcclMode,
-) -> MemoryFootprint {
+pub fn planned_footprint(world_size: usize, config: &Config, nccl: NcclMode) -> MemoryFootprint {
     let mut m = CudaCommunicator::planned_footprint(world_size, config);
     if nccl == NcclMode::Own {
         m.nccl_bytes =
@@ -786,7 +779,7 @@ mod tests {
 
     #[test]
     fn the_planned_footprint_shows_its_nccl_part_as_an_estimate() {
-        let config = CudaConfig::default();
+        let config = Config::default();
         let none = planned_footprint(8, &config, NcclMode::None);
         let own = planned_footprint(8, &config, NcclMode::Own);
         assert_eq!((none.nccl_bytes, none.nccl_estimated), (0, false));

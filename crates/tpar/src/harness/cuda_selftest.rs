@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cuda::CudaConfig;
 use crate::check::{fill_expected, fill_input};
 use crate::dispatch::Choice;
+use crate::Config;
 use crate::{Algorithm, DType};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
@@ -34,7 +34,7 @@ const SEEDS: [u64; 2] = [31, 32];
 
 /// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
 /// process's rank of a job).
-pub type MakeGroup<'a> = &'a dyn Fn(CudaConfig) -> Result<CudaRanks>;
+pub type MakeGroup<'a> = &'a dyn Fn(Config) -> Result<CudaRanks>;
 
 /// One row of a self-test: what was checked (case, dtype, elements, placement and, on CUDA,
 /// mode), on how many ranks it failed (0: passed everywhere), and the result column.
@@ -75,10 +75,10 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     };
 
     if plan.timeout_case {
-        let mut group = make(CudaConfig {
+        let mut group = make(Config {
             timeout: CASE_DEADLINE,
             host_staged: false,
-            ..CudaConfig::default()
+            ..Config::default()
         })?;
         let silent = group.world_size - 1;
         let mut buffers = group.buffers(4096)?;
@@ -114,9 +114,9 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     }
 
     // A fresh group: the GPU and the process must be fine after the timeout.
-    let mut group = make(CudaConfig {
+    let mut group = make(Config {
         timeout: plan.timeout,
-        ..CudaConfig::default()
+        ..Config::default()
     })?;
     leader |= group.is_leader();
     let max_count = plan.counts.iter().copied().max().unwrap_or(0);

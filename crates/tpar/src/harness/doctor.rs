@@ -10,11 +10,12 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::backend::cuda::link_probe::LinkProbe;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::cuda::CudaCommunicator;
 use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
 use crate::harness::{Context, Result};
 use crate::memory::MemoryFootprint;
 use crate::topology::Topology;
+use crate::Config;
 use crate::DType;
 
 /// What to examine and plan for.
@@ -105,7 +106,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         },
     };
     let world_size = options.world_size.unwrap_or(topology.gpus.len()).max(1);
-    let config = CudaConfig::default();
+    let config = Config::default();
     let memory = CudaCommunicator::planned_footprint(world_size, &config);
 
     let mut probe = Findings::default();

@@ -41,8 +41,6 @@ pub(crate) use communicator::launch_shape;
 pub(crate) use group::{context, enable_peer_access};
 pub(crate) use loader::{free_memory_taken_by, kernel_set, KernelSet};
 
-use std::time::Duration;
-
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaContext;
 
@@ -50,27 +48,6 @@ use crate::error::{Error, Result};
 
 /// A CUDA stream handle as the driver API takes it (`cudaStream_t` in the runtime API).
 pub type CuStream = CUstream;
-
-/// Settings every rank of a CUDA communicator must agree on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CudaConfig {
-    /// Longest a kernel waits for a peer before it reports a timeout and exits.
-    pub timeout: Duration,
-    /// Payload bytes of one chunk (one kernel launch); larger calls launch several.
-    pub chunk_bytes: usize,
-    /// Also build pinned host-memory inboxes for the host-staged algorithm.
-    pub host_staged: bool,
-}
-
-impl Default for CudaConfig {
-    fn default() -> Self {
-        CudaConfig {
-            timeout: Duration::from_secs(30),
-            chunk_bytes: 256 << 10,
-            host_staged: true,
-        }
-    }
-}
 
 /// Whether the CUDA backend can run here: `Ok(device count)` or an error saying why not
 /// (no driver, no GPU, no NVRTC), never a panic.
