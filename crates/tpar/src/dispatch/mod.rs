@@ -185,11 +185,16 @@ mod tests {
     use super::*;
     use crate::topology::FIXTURES;
 
-    fn fixture(name: &str) -> Topology {
+    // The fixtures of every test in dispatch/ (refusal.rs's too).
+
+    /// The topology fixture called `name`.
+    pub(super) fn fixture(name: &str) -> Topology {
         Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
     }
 
-    fn request<'a>(t: &'a Topology, world_size: usize, bytes: u64) -> Request<'a> {
+    /// A plain bf16 request of `bytes` by `world_size` ranks on `t`: nothing forced, measured
+    /// or captured.
+    pub(super) fn request(t: &Topology, world_size: usize, bytes: u64) -> Request<'_> {
         Request {
             topology: t,
             probe: None,

@@ -151,26 +151,10 @@ pub fn eligibility(req: &Request, choice: Choice) -> Result<(), Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{Topology, FIXTURES};
-
-    fn request(t: &Topology, world_size: usize, bytes: u64) -> Request<'_> {
-        Request {
-            topology: t,
-            probe: None,
-            tuning: None,
-            world_size,
-            dtype: DType::Bf16,
-            bytes,
-            capturing: false,
-            forced: None,
-        }
-    }
+    use crate::dispatch::tests::{fixture, request};
 
     #[test]
     fn refusals_carry_the_choice_and_a_typed_reason_and_read_as_before() {
-        let fixture = |name: &str| {
-            Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
-        };
         let rtx = fixture("4x-rtx-4090-no-p2p");
         let one_shot = Choice::Tpar(Algorithm::OneShot);
         let r = eligibility(&request(&rtx, 4, 4096), one_shot).unwrap_err();
