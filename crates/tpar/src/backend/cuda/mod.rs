@@ -35,7 +35,7 @@ pub mod stream_order;
 
 pub use communicator::CudaCommunicator;
 pub use group::PLANNED_MODULE_BYTES;
-pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut};
+pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Span};
 
 pub(crate) use communicator::launch_shape;
 pub(crate) use group::{context, enable_peer_access};
