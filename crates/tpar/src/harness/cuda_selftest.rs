@@ -56,6 +56,24 @@ impl SelftestRow {
     }
 }
 
+/// Adds the row of one case of the sweep (algorithm, dtype, count, placement) run in `mode`
+/// ("eager" or "graph"), from this rank's count of wrong outputs tallied across the ranks.
+fn record_case(
+    rows: &mut Vec<SelftestRow>,
+    group: &mut CudaRanks,
+    case: [&str; 4],
+    mode: &str,
+    wrong: u64,
+) -> Result<()> {
+    let bad = group.total(wrong)?;
+    let [algo, dtype, count, placement] = case;
+    let cells = [algo, dtype, count, placement, mode]
+        .map(String::from)
+        .to_vec();
+    rows.push(SelftestRow::tallied(cells, bad, String::new()));
+    Ok(())
+}
+
 /// The rows of a sweep, and whether this process holds rank 0 (which prints them).
 pub struct Sweep {
     pub rows: Vec<SelftestRow>,
@@ -135,8 +153,10 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                 continue;
             }
             for &count in &plan.counts {
+                let count_text = count.to_string();
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
+                    let case = [algo.name(), dtype.name(), &count_text, placement];
                     // Eager: the one numerical check, two calls with different inputs.
                     let spec = CheckSpec {
                         dtype,
@@ -147,20 +167,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                     };
                     let findings = verify::check(&group, algo, &spec)?;
                     say_findings(&findings, dtype);
-                    let wrong = findings.len() as u64;
-                    let bad = group.total(wrong)?;
-                    record(
-                        &mut rows,
-                        [
-                            algo.name(),
-                            dtype.name(),
-                            &count.to_string(),
-                            placement,
-                            "eager",
-                        ],
-                        bad,
-                        String::new(),
-                    );
+                    record_case(&mut rows, &mut group, case, "eager", findings.len() as u64)?;
 
                     // Graph: captured once, replayed with new data in the same buffers.
                     let graph = group.capture(|i, stream| -> Result<()> {
@@ -186,19 +193,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                     }
                     drop(graph);
                     group.upload_inputs(&buffers, &known, max_count)?;
-                    let bad = group.total(wrong)?;
-                    record(
-                        &mut rows,
-                        [
-                            algo.name(),
-                            dtype.name(),
-                            &count.to_string(),
-                            placement,
-                            "graph",
-                        ],
-                        bad,
-                        String::new(),
-                    );
+                    record_case(&mut rows, &mut group, case, "graph", wrong)?;
                 }
             }
         }
