@@ -866,7 +866,7 @@ fn tune<'py>(
         }
         pairs.push((bytes, (bytes / dtype.size() as u64) as usize));
     }
-    tpar::backend::cuda::probe().map_err(|e| {
+    tpar::backend::cuda::check_available().map_err(|e| {
         TparError::new_err(format!("tune measures GPUs, and none is usable here: {e}"))
     })?;
     let topology = tpar::topology::Topology::detect().map_err(err)?;

@@ -15,7 +15,7 @@ use tpar::Config;
 use tpar::{Algorithm, DType};
 
 fn group() -> Option<(Vec<CudaCommunicator>, Vec<Arc<CudaStream>>)> {
-    if let Err(why) = tpar::backend::cuda::probe() {
+    if let Err(why) = tpar::backend::cuda::check_available() {
         eprintln!("SKIPPED: the CUDA span tests need a GPU: {why}");
         return None;
     }

@@ -214,7 +214,7 @@ impl Communicator {
         // on one rank alone (every rank's count of communicators must stay in step).
         let nccl_instance = rendezvous.next_instance();
         let selftest_instance = rendezvous.next_instance();
-        let gpus = crate::backend::cuda::probe()?;
+        let gpus = crate::backend::cuda::check_available()?;
         let cuda = CudaCommunicator::new(rendezvous, device, config)?;
         let ready = OnceLock::new();
         // Every rank decides the same way (same machine, same library, same mode), so either

@@ -90,7 +90,7 @@ pub struct RankBuffers {
 }
 
 pub fn device_count() -> Result<usize> {
-    Ok(crate::backend::cuda::probe()?)
+    Ok(crate::backend::cuda::check_available()?)
 }
 
 impl CudaRanks {

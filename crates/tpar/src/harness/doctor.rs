@@ -195,7 +195,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
     };
     let cuda = add(
         "CUDA driver and NVRTC",
-        crate::backend::cuda::probe()
+        crate::backend::cuda::check_available()
             .map(|n| format!("{n} GPU(s) usable"))
             .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
     );
@@ -255,7 +255,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once), keeps the result where communicators find it, and feeds it to the plans.
 fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Option<LinkProbe>) {
-    let Ok(gpus) = crate::backend::cuda::probe() else {
+    let Ok(gpus) = crate::backend::cuda::check_available() else {
         return (None, None);
     };
     if gpus < 2 {

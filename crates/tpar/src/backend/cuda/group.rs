@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 
+use super::check_available;
 use super::communicator::CudaCommunicator;
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS};
 use super::loader::{kernel_set, KernelSet};
-use super::probe;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
@@ -24,7 +24,7 @@ use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 
 pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>> {
-    probe()?;
+    check_available()?;
     CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
 }
 

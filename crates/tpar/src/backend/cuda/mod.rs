@@ -51,7 +51,7 @@ pub type CuStream = CUstream;
 
 /// Whether the CUDA backend can run here: `Ok(device count)` or an error saying why not
 /// (no driver, no GPU, no NVRTC), never a panic.
-pub fn probe() -> Result<usize> {
+pub fn check_available() -> Result<usize> {
     if !driver::driver_present() {
         return Err(Error::Cuda(
             "no NVIDIA driver: libcuda.so.1 cannot be loaded".to_owned(),
@@ -74,9 +74,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probe_explains_instead_of_panicking() {
+    fn the_availability_check_explains_instead_of_panicking() {
         // On a machine without a driver this must be an error with a reason, not a panic.
-        match probe() {
+        match check_available() {
             Ok(n) => assert!(n > 0),
             Err(e) => assert!(!e.to_string().is_empty()),
         }
