@@ -511,7 +511,7 @@ impl Communicator {
         };
         decide(&Request {
             topology: &self.topology,
-            probe: Some(&self.findings),
+            findings: Some(&self.findings),
             tuning: self.tuning.get(&dtype),
             world_size: self.cuda.world_size(),
             dtype,

@@ -107,8 +107,8 @@ pub fn eligibility(req: &Request, choice: Choice) -> Result<(), Refusal> {
         });
     }
     if let Some((_, why)) = req
-        .probe
-        .and_then(|p| p.failed.iter().find(|(c, _)| *c == choice))
+        .findings
+        .and_then(|f| f.failed.iter().find(|(c, _)| *c == choice))
     {
         return refuse(Reason::FailedCheck(why.clone()));
     }
@@ -197,12 +197,12 @@ mod tests {
         );
         let r = eligibility(&request(&h200, 17, 4096), one_shot).unwrap_err();
         assert_eq!(r.reason, Reason::TooManyRanks { ranks: 17 });
-        let probe = crate::topology::Findings {
+        let findings = crate::topology::Findings {
             failed: vec![(one_shot, "element 7 was 1".into())],
             ..Default::default()
         };
         let req = Request {
-            probe: Some(&probe),
+            findings: Some(&findings),
             ..request(&h200, 8, 4096)
         };
         let r = eligibility(&req, one_shot).unwrap_err();

@@ -133,7 +133,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     for bytes in size_buckets() {
         let req = Request {
             topology: &topology,
-            probe: Some(&probe),
+            findings: Some(&probe),
             tuning: tuning.as_ref(),
             world_size,
             dtype: options.dtype,
@@ -224,7 +224,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
         let request_ok = crate::dispatch::eligibility(
             &Request {
                 topology,
-                probe: None,
+                findings: None,
                 tuning: None,
                 world_size: ranks,
                 dtype: DType::Bf16,
