@@ -10,7 +10,7 @@ forbidden edge, so CI or the coordinator can rerun it after each merge:
     python3 scripts/import_graph.py --quiet    # cycles and violations only
     python3 scripts/import_graph.py --dot      # Graphviz of the components
 
-A module is named by its path (`backend::cuda::link_probe`); an edge is recorded to the
+A module is named by its path (`backend::cuda::link_measurement`); an edge is recorded to the
 deepest module a path names (`crate::backend::cuda::driver::bind` -> `backend::cuda::driver`).
 Layers are judged per component: the layer list below maps each module to the first
 component whose prefix matches it.

@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::link_measurement::LinkProbe;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
 use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};

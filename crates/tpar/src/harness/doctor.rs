@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::link_measurement::LinkProbe;
 use crate::backend::cuda::CudaCommunicator;
 use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
 use crate::harness::{Context, Result};
@@ -262,7 +262,7 @@ fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Opti
         return (None, None);
     }
     let devices: Vec<usize> = (0..gpus).collect();
-    let measured = crate::backend::cuda::link_probe::probe_links(
+    let measured = crate::backend::cuda::link_measurement::probe_links(
         &devices,
         64 << 20,
         std::time::Duration::from_secs(10),

@@ -17,7 +17,7 @@
 //! co-residency), `communicator` (the calls), `errors` (the kernels' error word), `span` (the
 //! checked operands of the public API, and the one unsafe door for raw addresses), `raw` (the
 //! raw-address entry point the CLI still uses), `stream_order` (calls ordered across streams),
-//! `fused` (allreduce + residual add + RMSNorm), `link_probe` (link measurements).
+//! `fused` (allreduce + residual add + RMSNorm), `link_measurement` (link measurements).
 
 pub mod communicator;
 pub mod driver;
@@ -25,7 +25,7 @@ pub mod errors;
 pub mod fused;
 mod group;
 pub mod kernels;
-pub mod link_probe;
+pub mod link_measurement;
 mod loader;
 pub mod nvrtc;
 mod separate;
