@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::link_measurement::LinkProbe;
+use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
 use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
@@ -113,8 +113,8 @@ pub struct Communicator {
     /// What `TPAR_ALGO` selects for every call that does not force its own choice.
     selection: Selection,
     tuning: HashMap<DType, TuningTable>,
-    /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
-    /// that failed the self-test of `join`): failed paths are never planned.
+    /// What checks and measurements found on this machine (link bandwidths kept by `tpar
+    /// doctor`, paths that failed the self-test of `join`): failed paths are never planned.
     findings: Findings,
     /// Orders calls issued from several streams as they were issued on the host.
     order: StreamOrder,
@@ -159,14 +159,14 @@ impl Communicator {
         if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
-        let mut probe = LinkProbe::load(&LinkProbe::path(&topology))
-            .map(|p| p.to_probe())
+        let mut findings = LinkMeasurements::load(&LinkMeasurements::path(&topology))
+            .map(|m| m.to_findings())
             .unwrap_or_default();
         // What this group cannot run (no peer access between its GPUs, no host inboxes) is
         // never planned: the dispatcher falls back and says why, and refuses it when forced.
         for algorithm in Algorithm::ALL {
             if let Err(why) = cuda.supports(algorithm) {
-                probe.failed.push((Choice::Tpar(algorithm), why));
+                findings.failed.push((Choice::Tpar(algorithm), why));
             }
         }
         let tuning = DType::ALL
@@ -183,7 +183,7 @@ impl Communicator {
             topology,
             selection,
             tuning,
-            findings: probe,
+            findings,
             decisions: Mutex::default(),
             warnings: Vec::new(),
         })

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::backend::cuda::link_measurement::LinkProbe;
+use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::CudaCommunicator;
 use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
 use crate::harness::{Context, Result};
@@ -74,7 +74,7 @@ pub struct Report {
     pub tuning_table: Option<String>,
     pub checks: Vec<Check>,
     /// The init probe of the links between this machine's GPUs (two or more GPUs).
-    pub links: Option<LinkProbe>,
+    pub links: Option<LinkMeasurements>,
     pub plans: Vec<SizePlan>,
     pub ok: bool,
 }
@@ -254,7 +254,10 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once), keeps the result where communicators find it, and feeds it to the plans.
-fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Option<LinkProbe>) {
+fn link_probe(
+    topology: &Topology,
+    probe: &mut Findings,
+) -> (Option<Check>, Option<LinkMeasurements>) {
     let Ok(gpus) = crate::backend::cuda::check_available() else {
         return (None, None);
     };
@@ -262,15 +265,15 @@ fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Opti
         return (None, None);
     }
     let devices: Vec<usize> = (0..gpus).collect();
-    let measured = crate::backend::cuda::link_measurement::probe_links(
+    let measured = crate::backend::cuda::link_measurement::measure_links(
         &devices,
         64 << 20,
         std::time::Duration::from_secs(10),
     );
     match measured {
         Ok(links) => {
-            let saved = links.save(&LinkProbe::path(topology));
-            let p = links.to_probe();
+            let saved = links.save(&LinkMeasurements::path(topology));
+            let p = links.to_findings();
             probe.push_gbps = p.push_gbps;
             probe.pull_gbps = p.pull_gbps;
             let detail = format!(
@@ -278,7 +281,7 @@ fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Opti
                 links.all_push_gbps,
                 links.all_pull_gbps,
                 match saved {
-                    Ok(()) => format!("kept in {}", LinkProbe::path(topology).display()),
+                    Ok(()) => format!("kept in {}", LinkMeasurements::path(topology).display()),
                     Err(e) => format!("not kept: {e}"),
                 }
             );
