@@ -47,7 +47,8 @@ impl Config {
     /// inboxes per rank at 8 ranks.
     pub const CUDA_CHUNK_BYTES: usize = 256 << 10;
 
-    /// The smallest chunk a backend accepts: one line of every rank's slot must carry data.
+    /// The smallest chunk the CPU backend and Python's `chunk_bytes=` accept (smaller chunks
+    /// only multiply the exchanges).
     pub const MIN_CHUNK_BYTES: usize = 64;
 
     /// The chunk the CPU backend uses with these settings.
