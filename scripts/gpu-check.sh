@@ -15,6 +15,7 @@
 #            -n 8 (the sweep, its fused rows, the one check), doctor (its quick check), bench,
 #            --anatomy, --fused, bench step, tune, then tpar.verify/tpar.tune from Python (needs
 #            the wheel in .ci/wheels); compare the logs with the same mode on the parent commit
+#   config : the config branch (one Config, one Span type, selftest rows, cuda_rank.py), < 5 min
 #   fused-py : the fused allreduce + residual + RMSNorm from Python (issue 15): CUDA tests at 2
 #            ranks sharing GPU 0 and a timing of the op eager/graph (scripts/gpu_fused_py.py)
 #   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
@@ -165,6 +166,19 @@ elif [ "$mode" = harness ]; then
   step tune-1 40 env TPAR_CACHE_DIR=/tmp/tpar-harness-tune $tpar tune -n 1 --sizes 4K,64K,1M --iters 10 --json "$out/tune-1.json"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
   PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=0 TPAR_CACHE_DIR=/tmp/tpar-harness-tune step pytest-harness 60 python3 -m pytest -rs -v tests/python/test_harness.py
+elif [ "$mode" = config ]; then
+  # The config branch on one GPU, under 5 minutes (needs the wheel in .ci/wheels): one
+  # tpar::Config through threads and processes (CUDA chunk default 256 KiB: 1048579 elements
+  # are several chunks), span.rs's one Span type and cuda_selftest's record_case (the eager
+  # and graph rows), check_available and the link measurement's names (doctor), and the CUDA
+  # workers' shared setup (tests/python/cuda_rank.py) with the binding's one Config.
+  step selftest-threads-2 60 $tpar selftest --backend cuda -n 2 --counts 0,7,4099,1048579 --replays 50
+  step selftest-processes-2 50 $tpar selftest --backend cuda -n 2 --processes --counts 0,7,4099 --replays 20
+  step doctor 20 $tpar doctor
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
+  export PYTHONPATH=/tmp/site TPAR_TEST_LOGS=$out/ranks
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-worker 110 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "exact_sums and 2 or errors_name"
+  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused-errors 50 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k errors
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

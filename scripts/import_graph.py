@@ -10,7 +10,7 @@ forbidden edge, so CI or the coordinator can rerun it after each merge:
     python3 scripts/import_graph.py --quiet    # cycles and violations only
     python3 scripts/import_graph.py --dot      # Graphviz of the components
 
-A module is named by its path (`backend::cuda::link_probe`); an edge is recorded to the
+A module is named by its path (`backend::cuda::link_measurement`); an edge is recorded to the
 deepest module a path names (`crate::backend::cuda::driver::bind` -> `backend::cuda::driver`).
 Layers are judged per component: the layer list below maps each module to the first
 component whose prefix matches it.
@@ -28,7 +28,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", 
 # isolated layer, is a violation. Components are module-path prefixes.
 LAYERS = [
     # Vocabulary and the pure protocol: no I/O beyond the OS wrappers in sys.
-    ("base", ["error", "hash", "cache", "dtype", "algorithm", "memory", "sys", "wait", "protocol"], False),
+    ("base", ["error", "hash", "cache", "config", "dtype", "algorithm", "memory", "sys", "wait", "protocol"], False),
     # Data about the machine, known inputs, pure numerics: no backend calls.
     ("data", ["topology", "check", "norm"], False),
     # How the ranks of one job meet and are started on this host.

@@ -10,27 +10,15 @@ from a graph or compiled, must equal it bit for bit.
 """
 
 import hashlib
-import json
-import os
-import sys
 
 import torch
 
 import tpar
 import tpar.ops
+from cuda_rank import device, fail, n, rank, refused, task
 
-rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-task = json.loads(sys.argv[1])
-device = rank % torch.cuda.device_count()
-torch.cuda.set_device(device)
-torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
 digest = hashlib.sha256()
 EPS = 1e-6
-
-
-def fail(what):
-    print(f"FAIL rank {rank}: {what}", flush=True)
-    sys.exit(1)
 
 
 def operands(tokens, hidden, dtype, seed):
@@ -151,15 +139,6 @@ def compiled(comm, backend):
 
 
 def errors(comm):
-    def refused(call, match):
-        try:
-            call()
-        except tpar.TparError as e:
-            if match not in str(e):
-                fail(f"error {e!r} does not say {match!r}")
-            return
-        fail(f"no error where one says {match!r}")
-
     x = torch.ones(2, 64, dtype=torch.bfloat16, device="cuda")
     r = torch.ones(2, 64, dtype=torch.bfloat16, device="cuda")
     w = torch.ones(64, dtype=torch.bfloat16, device="cuda")

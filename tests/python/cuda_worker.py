@@ -9,22 +9,13 @@ of tpar::check::unordered_sum_error_bound: n roundings of half an ulp of a sum a
 """
 
 import functools
-import json
-import os
-import sys
 import time
 
 import torch
 
 import tpar
+from cuda_rank import device, fail, n, rank, refused, task
 
-rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-task = json.loads(sys.argv[1])
-device = rank % torch.cuda.device_count()
-torch.cuda.set_device(device)
-# Every rank builds the expected sums on the CPU; with torch's default of one thread per core
-# in each of n processes, 8 ranks on one host spent minutes fighting over the cores.
-torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -39,11 +30,6 @@ def expected(count, dtype, seed=0):
     for r in range(n):
         total += values(r, count, dtype, seed).float()
     return total.to(dtype)
-
-
-def fail(what):
-    print(f"FAIL rank {rank}: {what}", flush=True)
-    sys.exit(1)
 
 
 def check(got, dtype, count, seed, algorithm, what):
@@ -147,15 +133,6 @@ def adapter(comm):
 
 
 def errors(comm):
-    def refused(call, match):
-        try:
-            call()
-        except tpar.TparError as e:
-            if match not in str(e):
-                fail(f"error {e!r} does not say {match!r}")
-            return
-        fail(f"no error where one says {match!r}")
-
     refused(lambda: comm.all_reduce(torch.ones(8, dtype=torch.int32, device="cuda")), "float32, float16 or bfloat16")
     refused(lambda: comm.all_reduce(torch.ones(8, 8, device="cuda")[:, ::2]), "contiguous")
     refused(lambda: comm.all_reduce(torch.ones(comm.max_bytes // 4 + 1, device="cuda")), "max_bytes")

@@ -335,4 +335,4 @@ def test_a_peer_timeout_names_the_python_argument():
                            text=True) for r in range(2)]
     out = [(p.wait(timeout=30), p.stdout.read()) for p in ps]
     assert "timeout= when creating the tpar.Communicator" in out[0][1], out
-    assert "CommConfig" not in out[0][1], out
+    assert "Config::" not in out[0][1], out

@@ -10,12 +10,12 @@ use serde::Serialize;
 use tpar::memory::human_bytes;
 use tpar::{DType, RankEnv};
 
-use tpar::backend::cuda::CudaConfig;
 use tpar::harness::anatomy::{AnatomyRow, CHAIN};
 use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
 use tpar::harness::cuda_ranks::CudaRanks;
 use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
 use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
+use tpar::Config;
 
 use crate::progress::Progress;
 use crate::ranks::run_ranks;
@@ -41,8 +41,8 @@ pub fn on_ranks(
     }
 }
 
-pub fn config(timeout: Duration) -> CudaConfig {
-    CudaConfig {
+pub fn config(timeout: Duration) -> Config {
+    Config {
         timeout,
         ..Default::default()
     }

@@ -61,8 +61,8 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
     if let Some(path) = &args.json {
         crate::args::check_writable("json", path)?;
     }
-    let gpus =
-        tpar::backend::cuda::probe().context("tpar tune measures GPUs, and none is usable here")?;
+    let gpus = tpar::backend::cuda::check_available()
+        .context("tpar tune measures GPUs, and none is usable here")?;
     let topology =
         Topology::detect().context("tpar tune keys its table by the machine's topology")?;
     let world_size = args.world_size.unwrap_or(gpus).max(1);

@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 mod fused;
 use fused::OperandChecks;
 
-use tpar::backend::cuda::{borrowed_stream, CudaConfig, DeviceSpan, DeviceSpanMut};
+use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
 use tpar::{
-    Algorithm, CommConfig, Communicator, CpuCommunicator, DType, MemoryFootprint, RankEnv,
-    Rendezvous, Selection,
+    Algorithm, Communicator, Config, CpuCommunicator, DType, MemoryFootprint, RankEnv, Rendezvous,
+    Selection,
 };
 
 create_exception!(
@@ -34,11 +34,11 @@ fn err(e: tpar::Error) -> PyErr {
     TparError::new_err(
         e.to_string()
             .replace(
-                "--timeout / CommConfig::timeout",
+                "--timeout / Config::timeout",
                 "timeout= when creating the tpar.Communicator",
             )
             .replace(
-                "every rank must use the same CommConfig",
+                "every rank must use the same Config::chunk_bytes",
                 "every rank must pass the same chunk_bytes=",
             ),
     )
@@ -89,11 +89,14 @@ fn check_args(
             world_size - 1
         )));
     }
-    if let Some(chunk_bytes) = chunk_bytes.filter(|c| !(64..=(1 << 30)).contains(c)) {
+    if let Some(chunk_bytes) =
+        chunk_bytes.filter(|c| !(Config::MIN_CHUNK_BYTES..=(1 << 30)).contains(c))
+    {
         return Err(TparError::new_err(format!(
-            "chunk_bytes={chunk_bytes}: use 64 bytes to 1 GiB (the default is {} on the CPU, {} on a GPU)",
-            CommConfig::default().chunk_bytes,
-            CudaConfig::default().chunk_bytes
+            "chunk_bytes={chunk_bytes}: use {} bytes to 1 GiB (the default is {} on the CPU, {} on a GPU)",
+            Config::MIN_CHUNK_BYTES,
+            Config::CPU_CHUNK_BYTES,
+            Config::CUDA_CHUNK_BYTES
         )));
     }
     Ok(())
@@ -220,17 +223,13 @@ impl Comm {
                 env.rank, env.world_size
             )));
         }
-        // `chunk_bytes=` reaches both backends (the CPU inbox and the CUDA buffers alike);
-        // left out, each takes its own default (CommConfig's and CudaConfig's docs say why).
-        let timeout = Duration::from_secs_f64(timeout);
-        let config = CommConfig {
-            timeout,
-            chunk_bytes: chunk_bytes.unwrap_or(CommConfig::default().chunk_bytes),
-        };
-        let cuda_config = CudaConfig {
-            timeout,
-            chunk_bytes: chunk_bytes.unwrap_or(CudaConfig::default().chunk_bytes),
-            ..CudaConfig::default()
+        // One Config for both backends: `chunk_bytes=` reaches the CPU inbox and the CUDA
+        // buffers alike; left out, each backend takes its own default (`Config::chunk_bytes`
+        // says why they differ).
+        let config = Config {
+            timeout: Duration::from_secs_f64(timeout),
+            chunk_bytes,
+            ..Config::default()
         };
         let interrupted: Arc<Mutex<Option<PyErr>>> = Arc::default();
         let seen = interrupted.clone();
@@ -257,7 +256,7 @@ impl Comm {
             let cuda = device
                 // SAFETY: a borrowed communicator's address comes from the Python caller,
                 // who promises (documented on `nccl=`) it is live and outlives this one.
-                .map(|d| unsafe { Communicator::join_with(&rdv, d, cuda_config, nccl) })
+                .map(|d| unsafe { Communicator::join_with(&rdv, d, config, nccl) })
                 .transpose()?;
             Ok((cpu, cuda))
         });
@@ -867,7 +866,7 @@ fn tune<'py>(
         }
         pairs.push((bytes, (bytes / dtype.size() as u64) as usize));
     }
-    tpar::backend::cuda::probe().map_err(|e| {
+    tpar::backend::cuda::check_available().map_err(|e| {
         TparError::new_err(format!("tune measures GPUs, and none is usable here: {e}"))
     })?;
     let topology = tpar::topology::Topology::detect().map_err(err)?;
@@ -875,9 +874,9 @@ fn tune<'py>(
     let plan = tune::plan(pairs, dtype, iters);
     let tuned = py
         .detach(|| {
-            let config = CudaConfig {
+            let config = Config {
                 timeout,
-                ..CudaConfig::default()
+                ..Config::default()
             };
             let mut group = CudaRanks::process(&me, config)?;
             tune::run(&mut group, &plan, &topology, |_, _| {})

@@ -11,7 +11,7 @@ pub enum Error {
     /// A peer did not produce what this rank waited for before the deadline.
     #[error(
         "timed out after {waited:.1?} waiting for rank {peer} ({phase}); \
-         rank {peer} stopped calling or is stuck (raise the deadline with --timeout / CommConfig::timeout if it is only slow)"
+         rank {peer} stopped calling or is stuck (raise the deadline with --timeout / Config::timeout if it is only slow)"
     )]
     PeerTimeout {
         peer: usize,

@@ -17,8 +17,8 @@
 //! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
 //! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
 //!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
-//! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`]: the small vocabulary types
-//!   and the cache root.
+//! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`], [`config`]: the small
+//!   vocabulary types, the settings every rank of a communicator agrees on, and the cache root.
 //!
 //! Layers point down only: `python3 scripts/import_graph.py` checks it (ARCHITECTURE.md).
 
@@ -27,6 +27,7 @@ pub mod backend;
 pub mod cache;
 pub mod check;
 pub mod communicator;
+pub mod config;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
@@ -44,8 +45,9 @@ pub mod verify;
 mod wait;
 
 pub use algorithm::{Algorithm, Selection};
-pub use backend::cpu::{CommConfig, CpuCommunicator};
+pub use backend::cpu::CpuCommunicator;
 pub use communicator::Communicator;
+pub use config::Config;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use memory::MemoryFootprint;

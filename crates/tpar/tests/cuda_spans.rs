@@ -10,15 +10,16 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use tpar::backend::cuda::driver::DeviceMemory;
 use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
-use tpar::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use tpar::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
+use tpar::Config;
 use tpar::{Algorithm, DType};
 
 fn group() -> Option<(Vec<CudaCommunicator>, Vec<Arc<CudaStream>>)> {
-    if let Err(why) = tpar::backend::cuda::probe() {
+    if let Err(why) = tpar::backend::cuda::check_available() {
         eprintln!("SKIPPED: the CUDA span tests need a GPU: {why}");
         return None;
     }
-    let comms = CudaCommunicator::new_local_group(&[0, 0], CudaConfig::default()).unwrap();
+    let comms = CudaCommunicator::new_local_group(&[0, 0], Config::default()).unwrap();
     let streams = comms
         .iter()
         .map(|c| c.context().new_stream().unwrap())

@@ -11,11 +11,12 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::link_probe::LinkProbe;
+use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
-use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 use crate::backend::nccl::{Nccl, NcclCommunicator};
+use crate::config::Config;
 use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -112,8 +113,8 @@ pub struct Communicator {
     /// What `TPAR_ALGO` selects for every call that does not force its own choice.
     selection: Selection,
     tuning: HashMap<DType, TuningTable>,
-    /// What the init probe found on this machine (link bandwidths kept by `tpar doctor`, paths
-    /// that failed the self-test of `join`): failed paths are never planned.
+    /// What checks and measurements found on this machine (link bandwidths kept by `tpar
+    /// doctor`, paths that failed the self-test of `join`): failed paths are never planned.
     findings: Findings,
     /// Orders calls issued from several streams as they were issued on the host.
     order: StreamOrder,
@@ -158,14 +159,14 @@ impl Communicator {
         if matches!(slot, NcclSlot::Unavailable(_)) {
             topology.nccl_version = None;
         }
-        let mut probe = LinkProbe::load(&LinkProbe::path(&topology))
-            .map(|p| p.to_probe())
+        let mut findings = LinkMeasurements::load(&LinkMeasurements::path(&topology))
+            .map(|m| m.to_findings())
             .unwrap_or_default();
         // What this group cannot run (no peer access between its GPUs, no host inboxes) is
         // never planned: the dispatcher falls back and says why, and refuses it when forced.
         for algorithm in Algorithm::ALL {
             if let Err(why) = cuda.supports(algorithm) {
-                probe.failed.push((Choice::Tpar(algorithm), why));
+                findings.failed.push((Choice::Tpar(algorithm), why));
             }
         }
         let tuning = DType::ALL
@@ -182,7 +183,7 @@ impl Communicator {
             topology,
             selection,
             tuning,
-            findings: probe,
+            findings,
             decisions: Mutex::default(),
             warnings: Vec::new(),
         })
@@ -191,11 +192,7 @@ impl Communicator {
     /// This process's rank of the job behind `rendezvous`, on GPU `device`, with its own NCCL
     /// communicator created when a call first needs it ([`NcclMode::Own`]; see
     /// [`Communicator::join_with`]). Every rank of the job must call this together.
-    pub fn join(
-        rendezvous: &Rendezvous,
-        device: usize,
-        config: CudaConfig,
-    ) -> Result<Communicator> {
+    pub fn join(rendezvous: &Rendezvous, device: usize, config: Config) -> Result<Communicator> {
         // SAFETY: no borrowed communicator.
         unsafe { Self::join_with(rendezvous, device, config, NcclMode::Own) }
     }
@@ -210,14 +207,14 @@ impl Communicator {
     pub unsafe fn join_with(
         rendezvous: &Rendezvous,
         device: usize,
-        config: CudaConfig,
+        config: Config,
         nccl: NcclMode,
     ) -> Result<Communicator> {
         // Names for the parts that meet through the rendezvous, taken before anything can fail
         // on one rank alone (every rank's count of communicators must stay in step).
         let nccl_instance = rendezvous.next_instance();
         let selftest_instance = rendezvous.next_instance();
-        let gpus = crate::backend::cuda::probe()?;
+        let gpus = crate::backend::cuda::check_available()?;
         let cuda = CudaCommunicator::new(rendezvous, device, config)?;
         let ready = OnceLock::new();
         // Every rank decides the same way (same machine, same library, same mode), so either
@@ -514,7 +511,7 @@ impl Communicator {
         };
         decide(&Request {
             topology: &self.topology,
-            probe: Some(&self.findings),
+            findings: Some(&self.findings),
             tuning: self.tuning.get(&dtype),
             world_size: self.cuda.world_size(),
             dtype,
@@ -710,11 +707,7 @@ fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
 /// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
 /// settings (`nccl_estimated` is then true). The kernels' modules are planned at what loading
 /// them took where it was measured ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
-pub fn planned_footprint(
-    world_size: usize,
-    config: &CudaConfig,
-    nccl: NcclMode,
-) -> MemoryFootprint {
+pub fn planned_footprint(world_size: usize, config: &Config, nccl: NcclMode) -> MemoryFootprint {
     let mut m = CudaCommunicator::planned_footprint(world_size, config);
     if nccl == NcclMode::Own {
         m.nccl_bytes =
@@ -786,7 +779,7 @@ mod tests {
 
     #[test]
     fn the_planned_footprint_shows_its_nccl_part_as_an_estimate() {
-        let config = CudaConfig::default();
+        let config = Config::default();
         let none = planned_footprint(8, &config, NcclMode::None);
         let own = planned_footprint(8, &config, NcclMode::Own);
         assert_eq!((none.nccl_bytes, none.nccl_estimated), (0, false));

@@ -4,7 +4,7 @@
 //!
 //! Order of authority: a forced choice (`TPAR_ALGO`, `--algo`; one that cannot run is an error,
 //! never a substitute), then the tuning table measured on this machine by `tpar tune`, then
-//! built-in rules per topology class. The init probe can veto a path that failed its check.
+//! built-in rules per topology class. The findings (`Findings`) can veto a path that failed a check.
 //! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
 //!
 //! Pure policy: no backend, no NCCL, no files except the tuning table's. One concern per file:
@@ -37,7 +37,9 @@ pub use tuning::{TuningEntry, TuningTable};
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     pub topology: &'a Topology,
-    pub probe: Option<&'a Findings>,
+    /// What checks and measurements found on this machine (paths that failed a check, link
+    /// bandwidths), if anything was looked for.
+    pub findings: Option<&'a Findings>,
     pub tuning: Option<&'a TuningTable>,
     pub world_size: usize,
     pub dtype: DType,
@@ -124,7 +126,7 @@ fn decide_inner(req: &Request) -> Result<Decision> {
         }
     }
     let class = classify(req.topology, req.world_size);
-    let rungs = ladder(class, req.world_size, req.probe);
+    let rungs = ladder(class, req.world_size, req.findings);
     let first = rungs
         .iter()
         .position(|r| req.bytes <= r.max_bytes)
@@ -185,14 +187,19 @@ mod tests {
     use super::*;
     use crate::topology::FIXTURES;
 
-    fn fixture(name: &str) -> Topology {
+    // The fixtures of every test in dispatch/ (refusal.rs's too).
+
+    /// The topology fixture called `name`.
+    pub(super) fn fixture(name: &str) -> Topology {
         Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
     }
 
-    fn request<'a>(t: &'a Topology, world_size: usize, bytes: u64) -> Request<'a> {
+    /// A plain bf16 request of `bytes` by `world_size` ranks on `t`: nothing forced, measured
+    /// or captured.
+    pub(super) fn request(t: &Topology, world_size: usize, bytes: u64) -> Request<'_> {
         Request {
             topology: t,
-            probe: None,
+            findings: None,
             tuning: None,
             world_size,
             dtype: DType::Bf16,
@@ -237,7 +244,7 @@ mod tests {
         ];
         let forced: Vec<Option<Choice>> =
             std::iter::once(None).chain(Choice::ALL.map(Some)).collect();
-        let probe = Findings {
+        let findings = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::TwoShot),
                 "numerical self-test failed".into(),
@@ -252,10 +259,10 @@ mod tests {
                     for &bytes in &sizes {
                         for &force in &forced {
                             for capturing in [false, true] {
-                                for p in [None, Some(&probe)] {
+                                for f in [None, Some(&findings)] {
                                     let req = Request {
                                         topology: t,
-                                        probe: p,
+                                        findings: f,
                                         tuning: None,
                                         world_size,
                                         dtype,
@@ -283,7 +290,7 @@ mod tests {
                                                 && bytes % dtype.size() as u64 == 0
                                                 && world_size <= 16
                                             {
-                                                // Host-staged runs everywhere up to 16 ranks unless the probe vetoed it.
+                                                // Host-staged runs everywhere up to 16 ranks unless the findings veto it.
                                                 panic!("no plan although host-staged can always run: {req:?}: {e}");
                                             }
                                         }
@@ -361,7 +368,7 @@ mod tests {
     #[test]
     fn a_path_that_failed_its_check_is_never_planned_and_the_plan_says_so() {
         let h200 = fixture("8x-h200-nvswitch");
-        let probe = Findings {
+        let findings = Findings {
             failed: vec![(
                 Choice::Tpar(Algorithm::OneShot),
                 "the init self-test on rank 3, 4099 bf16 elements: element 7 was 1, expected 2"
@@ -370,7 +377,7 @@ mod tests {
             ..Findings::default()
         };
         let req = Request {
-            probe: Some(&probe),
+            findings: Some(&findings),
             ..request(&h200, 8, 4 * KIB)
         };
         let p = decide(&req).unwrap();
@@ -393,13 +400,13 @@ mod tests {
     #[test]
     fn a_probe_that_saw_writes_collapse_turns_push_into_pull() {
         let pro = fixture("8x-rtx-pro-6000-pcie-2switch");
-        let probe = Findings {
+        let findings = Findings {
             push_gbps: Some(4.0),
             pull_gbps: Some(50.0),
             ..Findings::default()
         };
         let req = Request {
-            probe: Some(&probe),
+            findings: Some(&findings),
             ..request(&pro, 8, 16 * KIB)
         };
         assert_eq!(

@@ -107,8 +107,8 @@ pub fn eligibility(req: &Request, choice: Choice) -> Result<(), Refusal> {
         });
     }
     if let Some((_, why)) = req
-        .probe
-        .and_then(|p| p.failed.iter().find(|(c, _)| *c == choice))
+        .findings
+        .and_then(|f| f.failed.iter().find(|(c, _)| *c == choice))
     {
         return refuse(Reason::FailedCheck(why.clone()));
     }
@@ -151,26 +151,10 @@ pub fn eligibility(req: &Request, choice: Choice) -> Result<(), Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{Topology, FIXTURES};
-
-    fn request(t: &Topology, world_size: usize, bytes: u64) -> Request<'_> {
-        Request {
-            topology: t,
-            probe: None,
-            tuning: None,
-            world_size,
-            dtype: DType::Bf16,
-            bytes,
-            capturing: false,
-            forced: None,
-        }
-    }
+    use crate::dispatch::tests::{fixture, request};
 
     #[test]
     fn refusals_carry_the_choice_and_a_typed_reason_and_read_as_before() {
-        let fixture = |name: &str| {
-            Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
-        };
         let rtx = fixture("4x-rtx-4090-no-p2p");
         let one_shot = Choice::Tpar(Algorithm::OneShot);
         let r = eligibility(&request(&rtx, 4, 4096), one_shot).unwrap_err();
@@ -213,12 +197,12 @@ mod tests {
         );
         let r = eligibility(&request(&h200, 17, 4096), one_shot).unwrap_err();
         assert_eq!(r.reason, Reason::TooManyRanks { ranks: 17 });
-        let probe = crate::topology::Findings {
+        let findings = crate::topology::Findings {
             failed: vec![(one_shot, "element 7 was 1".into())],
             ..Default::default()
         };
         let req = Request {
-            probe: Some(&probe),
+            findings: Some(&findings),
             ..request(&h200, 8, 4096)
         };
         let r = eligibility(&req, one_shot).unwrap_err();

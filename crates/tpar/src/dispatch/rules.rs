@@ -79,11 +79,11 @@ const NVLINK_NCCL_WHY: &str =
 /// The built-in rules for a class. Thresholds come from the measurements in bench/README.md
 /// and the published figures in the design brief; `tpar tune` replaces them with this
 /// machine's own.
-pub(super) fn ladder(class: Class, world_size: usize, probe: Option<&Findings>) -> Vec<Rung> {
+pub(super) fn ladder(class: Class, world_size: usize, findings: Option<&Findings>) -> Vec<Rung> {
     use Algorithm::*;
     let many = world_size > 4;
-    let push_collapses = probe
-        .and_then(|p| Some(p.push_gbps? < 0.5 * p.pull_gbps?))
+    let push_collapses = findings
+        .and_then(|f| Some(f.push_gbps? < 0.5 * f.pull_gbps?))
         .unwrap_or(false);
     let (one_shot, one_shot_why) = if push_collapses {
         (

@@ -67,11 +67,11 @@ impl Backend {
 pub fn resolve(requested: BackendRequest) -> Result<(Backend, Option<String>)> {
     match requested {
         BackendRequest::Cpu => Ok((Backend::Cpu, None)),
-        BackendRequest::Cuda => match crate::backend::cuda::probe() {
+        BackendRequest::Cuda => match crate::backend::cuda::check_available() {
             Ok(_) => Ok((Backend::Cuda, None)),
             Err(why) => fail!("--backend cuda: {why}; run with --backend cpu (or auto)"),
         },
-        BackendRequest::Auto => match crate::backend::cuda::probe() {
+        BackendRequest::Auto => match crate::backend::cuda::check_available() {
             Ok(_) => Ok((Backend::Cuda, None)),
             Err(why) => Ok((
                 Backend::Cpu,
@@ -128,7 +128,7 @@ impl Setup {
             Backend::Cpu => std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(2, 8),
-            Backend::Cuda => crate::backend::cuda::probe()?,
+            Backend::Cuda => crate::backend::cuda::check_available()?,
         };
         let world_size = world_size_or(world_size, default_world)?;
         let explicit = algos.is_some();

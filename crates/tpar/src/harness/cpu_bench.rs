@@ -10,7 +10,7 @@ use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
-use crate::{Algorithm, CommConfig, CpuCommunicator, DType};
+use crate::{Algorithm, Config, CpuCommunicator, DType};
 
 /// What the sweep times.
 pub struct CpuBenchPlan {
@@ -48,9 +48,9 @@ pub fn run(
     mut on_row: impl FnMut(&[CpuRow]),
 ) -> Result<CpuBench> {
     let world_size = rank.world_size();
-    let config = CommConfig {
+    let config = Config {
         timeout: plan.timeout,
-        ..CommConfig::default()
+        ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
     let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);

@@ -9,7 +9,7 @@ use super::cuda_selftest::SelftestRow;
 use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::Result;
-use crate::{Algorithm, CommConfig, CpuCommunicator, DType, Error};
+use crate::{Algorithm, Config, CpuCommunicator, DType, Error};
 
 /// What the sweep covers.
 pub struct CpuPlan {
@@ -35,9 +35,9 @@ pub fn run(
     let timeout_case = plan.timeout_case.then(|| timeout_case(rank)).transpose()?;
 
     // A fresh communicator: the one the timeout case broke is gone.
-    let config = CommConfig {
+    let config = Config {
         timeout: plan.timeout,
-        ..CommConfig::default()
+        ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
     let mut rows = Vec::new();
@@ -99,9 +99,9 @@ pub fn run(
 /// The last rank skips a call; every other rank must fail with a timeout that names it,
 /// within the deadline plus one second. Returns how long this rank took to fail.
 fn timeout_case(rank: &Rank) -> Result<std::result::Result<Duration, String>> {
-    let config = CommConfig {
+    let config = Config {
         timeout: CASE_DEADLINE,
-        ..CommConfig::default()
+        ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
     let mut data = vec![1f32; 1024];

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use crate::algorithm::Selection;
 use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig, DeviceSpan, DeviceSpanMut};
+use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 use crate::backend::nccl::NcclCommunicator;
 use crate::dispatch::Choice;
 use crate::topology::Topology;
-use crate::{Algorithm, CommConfig, Communicator, CpuCommunicator, DType};
+use crate::{Algorithm, Communicator, Config, CpuCommunicator, DType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
 
@@ -90,12 +90,12 @@ pub struct RankBuffers {
 }
 
 pub fn device_count() -> Result<usize> {
-    Ok(crate::backend::cuda::probe()?)
+    Ok(crate::backend::cuda::check_available()?)
 }
 
 impl CudaRanks {
     /// Every rank in this process.
-    pub fn threads(world_size: usize, config: CudaConfig) -> Result<CudaRanks> {
+    pub fn threads(world_size: usize, config: Config) -> Result<CudaRanks> {
         let gpus = device_count()?;
         let devices: Vec<usize> = (0..world_size).map(|r| r % gpus).collect();
         let cuda = CudaCommunicator::new_local_group(&devices, config)?;
@@ -135,14 +135,14 @@ impl CudaRanks {
     }
 
     /// This process's rank of a job started by a launcher.
-    pub fn process(rank: &Rank, config: CudaConfig) -> Result<CudaRanks> {
+    pub fn process(rank: &Rank, config: Config) -> Result<CudaRanks> {
         let gpus = device_count()?;
         let device = rank.rendezvous.env().local_rank % gpus;
         let control = CpuCommunicator::new(
             &rank.rendezvous,
-            CommConfig {
+            Config {
                 timeout: config.timeout.max(Duration::from_secs(30)),
-                ..CommConfig::default()
+                ..Config::default()
             },
         )?;
         let comm = Communicator::join(&rank.rendezvous, device, config)?;
@@ -482,9 +482,9 @@ pub fn say_findings(findings: &[Finding], dtype: DType) {
 pub fn quick_check(world_size: usize, algorithm: Algorithm) -> Result<String> {
     let group = CudaRanks::threads(
         world_size,
-        CudaConfig {
+        Config {
             timeout: Duration::from_secs(10),
-            ..CudaConfig::default()
+            ..Config::default()
         },
     )?;
     let spec = verify::QUICK_CHECK;

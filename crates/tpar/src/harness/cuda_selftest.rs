@@ -7,9 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cuda::CudaConfig;
 use crate::check::{fill_expected, fill_input};
 use crate::dispatch::Choice;
+use crate::Config;
 use crate::{Algorithm, DType};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
@@ -34,7 +34,7 @@ const SEEDS: [u64; 2] = [31, 32];
 
 /// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
 /// process's rank of a job).
-pub type MakeGroup<'a> = &'a dyn Fn(CudaConfig) -> Result<CudaRanks>;
+pub type MakeGroup<'a> = &'a dyn Fn(Config) -> Result<CudaRanks>;
 
 /// One row of a self-test: what was checked (case, dtype, elements, placement and, on CUDA,
 /// mode), on how many ranks it failed (0: passed everywhere), and the result column.
@@ -56,6 +56,24 @@ impl SelftestRow {
     }
 }
 
+/// Adds the row of one case of the sweep (algorithm, dtype, count, placement) run in `mode`
+/// ("eager" or "graph"), from this rank's count of wrong outputs tallied across the ranks.
+fn record_case(
+    rows: &mut Vec<SelftestRow>,
+    group: &mut CudaRanks,
+    case: [&str; 4],
+    mode: &str,
+    wrong: u64,
+) -> Result<()> {
+    let bad = group.total(wrong)?;
+    let [algo, dtype, count, placement] = case;
+    let cells = [algo, dtype, count, placement, mode]
+        .map(String::from)
+        .to_vec();
+    rows.push(SelftestRow::tallied(cells, bad, String::new()));
+    Ok(())
+}
+
 /// The rows of a sweep, and whether this process holds rank 0 (which prints them).
 pub struct Sweep {
     pub rows: Vec<SelftestRow>,
@@ -75,10 +93,10 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     };
 
     if plan.timeout_case {
-        let mut group = make(CudaConfig {
+        let mut group = make(Config {
             timeout: CASE_DEADLINE,
             host_staged: false,
-            ..CudaConfig::default()
+            ..Config::default()
         })?;
         let silent = group.world_size - 1;
         let mut buffers = group.buffers(4096)?;
@@ -114,9 +132,9 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
     }
 
     // A fresh group: the GPU and the process must be fine after the timeout.
-    let mut group = make(CudaConfig {
+    let mut group = make(Config {
         timeout: plan.timeout,
-        ..CudaConfig::default()
+        ..Config::default()
     })?;
     leader |= group.is_leader();
     let max_count = plan.counts.iter().copied().max().unwrap_or(0);
@@ -135,8 +153,10 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                 continue;
             }
             for &count in &plan.counts {
+                let count_text = count.to_string();
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
+                    let case = [algo.name(), dtype.name(), &count_text, placement];
                     // Eager: the one numerical check, two calls with different inputs.
                     let spec = CheckSpec {
                         dtype,
@@ -147,20 +167,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                     };
                     let findings = verify::check(&group, algo, &spec)?;
                     say_findings(&findings, dtype);
-                    let wrong = findings.len() as u64;
-                    let bad = group.total(wrong)?;
-                    record(
-                        &mut rows,
-                        [
-                            algo.name(),
-                            dtype.name(),
-                            &count.to_string(),
-                            placement,
-                            "eager",
-                        ],
-                        bad,
-                        String::new(),
-                    );
+                    record_case(&mut rows, &mut group, case, "eager", findings.len() as u64)?;
 
                     // Graph: captured once, replayed with new data in the same buffers.
                     let graph = group.capture(|i, stream| -> Result<()> {
@@ -186,19 +193,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
                     }
                     drop(graph);
                     group.upload_inputs(&buffers, &known, max_count)?;
-                    let bad = group.total(wrong)?;
-                    record(
-                        &mut rows,
-                        [
-                            algo.name(),
-                            dtype.name(),
-                            &count.to_string(),
-                            placement,
-                            "graph",
-                        ],
-                        bad,
-                        String::new(),
-                    );
+                    record_case(&mut rows, &mut group, case, "graph", wrong)?;
                 }
             }
         }

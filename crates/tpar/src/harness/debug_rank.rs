@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::harness::known::KnownData;
 use crate::harness::ranks::{say, Rank};
 use crate::harness::{bail, Context, HarnessError, Result};
-use crate::{Algorithm, CommConfig, CpuCommunicator, DType};
+use crate::{Algorithm, Config, CpuCommunicator, DType};
 
 /// The calls every rank makes, and the faults: each fault names its rank, as `RANK=VALUE`
 /// (count, dtype) or `RANK@CALL` (die, stall; calls count from 0).
@@ -67,9 +67,9 @@ pub fn run_rank(rank: &Rank, args: &DebugScript, timeout: Duration) -> Result<()
     let die_at = call_of(split_pair(&args.die_on, '@')?)?;
     let stall_at = call_of(split_pair(&args.stall_on, '@')?)?;
 
-    let config = CommConfig {
+    let config = Config {
         timeout,
-        ..CommConfig::default()
+        ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
     let known = KnownData::new(dtype, me, rank.world_size(), count, [1, 2]);

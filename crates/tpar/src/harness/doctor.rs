@@ -9,12 +9,13 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::backend::cuda::link_probe::LinkProbe;
-use crate::backend::cuda::{CudaCommunicator, CudaConfig};
+use crate::backend::cuda::link_measurement::LinkMeasurements;
+use crate::backend::cuda::CudaCommunicator;
 use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
 use crate::harness::{Context, Result};
 use crate::memory::MemoryFootprint;
 use crate::topology::Topology;
+use crate::Config;
 use crate::DType;
 
 /// What to examine and plan for.
@@ -73,7 +74,7 @@ pub struct Report {
     pub tuning_table: Option<String>,
     pub checks: Vec<Check>,
     /// The init probe of the links between this machine's GPUs (two or more GPUs).
-    pub links: Option<LinkProbe>,
+    pub links: Option<LinkMeasurements>,
     pub plans: Vec<SizePlan>,
     pub ok: bool,
 }
@@ -105,7 +106,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         },
     };
     let world_size = options.world_size.unwrap_or(topology.gpus.len()).max(1);
-    let config = CudaConfig::default();
+    let config = Config::default();
     let memory = CudaCommunicator::planned_footprint(world_size, &config);
 
     let mut probe = Findings::default();
@@ -132,7 +133,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     for bytes in size_buckets() {
         let req = Request {
             topology: &topology,
-            probe: Some(&probe),
+            findings: Some(&probe),
             tuning: tuning.as_ref(),
             world_size,
             dtype: options.dtype,
@@ -194,7 +195,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
     };
     let cuda = add(
         "CUDA driver and NVRTC",
-        crate::backend::cuda::probe()
+        crate::backend::cuda::check_available()
             .map(|n| format!("{n} GPU(s) usable"))
             .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
     );
@@ -223,7 +224,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
         let request_ok = crate::dispatch::eligibility(
             &Request {
                 topology,
-                probe: None,
+                findings: None,
                 tuning: None,
                 world_size: ranks,
                 dtype: DType::Bf16,
@@ -253,23 +254,26 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once), keeps the result where communicators find it, and feeds it to the plans.
-fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Option<LinkProbe>) {
-    let Ok(gpus) = crate::backend::cuda::probe() else {
+fn link_probe(
+    topology: &Topology,
+    probe: &mut Findings,
+) -> (Option<Check>, Option<LinkMeasurements>) {
+    let Ok(gpus) = crate::backend::cuda::check_available() else {
         return (None, None);
     };
     if gpus < 2 {
         return (None, None);
     }
     let devices: Vec<usize> = (0..gpus).collect();
-    let measured = crate::backend::cuda::link_probe::probe_links(
+    let measured = crate::backend::cuda::link_measurement::measure_links(
         &devices,
         64 << 20,
         std::time::Duration::from_secs(10),
     );
     match measured {
         Ok(links) => {
-            let saved = links.save(&LinkProbe::path(topology));
-            let p = links.to_probe();
+            let saved = links.save(&LinkMeasurements::path(topology));
+            let p = links.to_findings();
             probe.push_gbps = p.push_gbps;
             probe.pull_gbps = p.pull_gbps;
             let detail = format!(
@@ -277,7 +281,7 @@ fn link_probe(topology: &Topology, probe: &mut Findings) -> (Option<Check>, Opti
                 links.all_push_gbps,
                 links.all_pull_gbps,
                 match saved {
-                    Ok(()) => format!("kept in {}", LinkProbe::path(topology).display()),
+                    Ok(()) => format!("kept in {}", LinkMeasurements::path(topology).display()),
                     Err(e) => format!("not kept: {e}"),
                 }
             );

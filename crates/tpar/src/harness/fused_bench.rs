@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use crate::backend::cuda::driver::{self, DeviceMemory};
 use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
-use crate::backend::cuda::CudaConfig;
 use crate::check::fill_input;
 use crate::dispatch::Choice;
+use crate::Config;
 use crate::{Algorithm, DType, Error};
 use serde::Serialize;
 
@@ -219,9 +219,9 @@ pub fn selftest(
     failure_cases: bool,
 ) -> Result<Vec<SelftestRow>> {
     let mut rows = Vec::new();
-    let mut group = make(CudaConfig {
+    let mut group = make(Config {
         timeout,
-        ..CudaConfig::default()
+        ..Config::default()
     })?;
     let algorithms = [
         Algorithm::OneShot,
@@ -334,10 +334,10 @@ const CASE_DEADLINE: Duration = Duration::from_secs(1);
 /// The last rank never calls: every other rank's fused kernel must give up at its deadline,
 /// naming that rank.
 fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
-    let mut group = make(CudaConfig {
+    let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
-        ..CudaConfig::default()
+        ..Config::default()
     })?;
     let silent = group.world_size - 1;
     let case = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 7);
@@ -370,10 +370,10 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
 /// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
 /// every rank must report a mismatched call, none a result.
 fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
-    let mut group = make(CudaConfig {
+    let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
-        ..CudaConfig::default()
+        ..Config::default()
     })?;
     let wide = HostCase::new(DType::Bf16, 1, 8192, group.world_size, 8);
     let narrow = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 8);
@@ -464,7 +464,7 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
     for &n in &sizes {
         // A failing world size is reported beside the others' figures, not instead of them.
         let mut measure = || -> Result<()> {
-            let mut group = CudaRanks::threads(n, CudaConfig::default())?;
+            let mut group = CudaRanks::threads(n, Config::default())?;
             if device.is_empty() {
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;

@@ -54,7 +54,7 @@ impl CpuJobNeeds {
     pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
         let layout = crate::protocol::layout::InboxLayout::new(
             world_size,
-            crate::CommConfig::default().chunk_bytes,
+            crate::Config::default().cpu_chunk_bytes(),
         );
         CpuJobNeeds {
             world_size,

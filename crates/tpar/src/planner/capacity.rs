@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::backend::cuda::CudaConfig;
 use crate::communicator::NcclMode;
 use crate::memory::MemoryFootprint;
 use crate::planner::memory::{plan_memory, EngineRule, MemoryInputs, MemoryPlan};
 use crate::planner::model::ModelShape;
 use crate::planner::spec::{plan_spec, roofline_ms, Latency, SpecInputs, SpecPlan};
 use crate::planner::GIB;
+use crate::Config;
 
 /// A request that cannot be planned: every error is about the inputs (the message names the
 /// input and the fix).
@@ -117,7 +117,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
     };
     let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
     let footprint =
-        crate::communicator::planned_footprint(a.tp as usize, &CudaConfig::default(), a.nccl);
+        crate::communicator::planned_footprint(a.tp as usize, &Config::default(), a.nccl);
     let inputs = MemoryInputs {
         gpu_total_bytes: gpu_bytes,
         free_after_load_bytes: a.free_after_load_gb.map(|g| g * GIB),

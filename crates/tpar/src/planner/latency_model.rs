@@ -191,7 +191,7 @@ pub fn modelled_latency(
         let bytes = bytes - bytes % dtype.size() as u64;
         let p = decide(&Request {
             topology,
-            probe: None,
+            findings: None,
             tuning: None,
             world_size,
             dtype,

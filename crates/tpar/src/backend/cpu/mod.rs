@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Algorithm;
+use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
@@ -24,29 +25,6 @@ use crate::rendezvous::Rendezvous;
 use crate::sys::{liveness, Liveness, SharedSegment};
 pub use crate::wait::InterruptCheck;
 use crate::wait::{Phase, Watch};
-
-/// Settings every rank of a CPU communicator must agree on. Its default chunk (128 KiB) is
-/// half the CUDA backend's ([`crate::backend::cuda::CudaConfig`]): the inbox costs about
-/// 6 x (world size + 1) chunks of /dev/shm per rank. Python's `chunk_bytes=` sets both. (At
-/// 256 KiB the 7-rank CLI selftest failed under load, 2 runs of 2: a rank waiting on a live
-/// peer reports another peer that exited after its last call; see `wait::Watch::gone_peers`.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CommConfig {
-    /// Longest wait for a peer before a call fails with [`Error::PeerTimeout`].
-    pub timeout: Duration,
-    /// Payload bytes of one chunk; larger calls are cut into chunks of this size. The inbox
-    /// takes about 3 x (world size + 1) x 2 x this much shared memory per rank.
-    pub chunk_bytes: usize,
-}
-
-impl Default for CommConfig {
-    fn default() -> Self {
-        CommConfig {
-            timeout: Duration::from_secs(30),
-            chunk_bytes: 128 << 10,
-        }
-    }
-}
 
 /// Lines of a reduction block: large enough to stream, small enough to stay in L1/L2.
 const BLOCK_LINES: usize = 1024;
@@ -93,19 +71,20 @@ impl CpuCommunicator {
 
     /// Joins the ranks of `rendezvous` in a new communicator. Every rank must call this, in
     /// the same order relative to its other communicators, with the same `config`.
-    pub fn new(rendezvous: &Rendezvous, config: CommConfig) -> Result<CpuCommunicator> {
+    pub fn new(rendezvous: &Rendezvous, config: Config) -> Result<CpuCommunicator> {
         // Taken before anything can fail on one rank alone, so that every rank's count of
         // communicators stays the same after a failed creation.
         let instance = rendezvous.next_instance();
-        if config.chunk_bytes < 64 {
+        let chunk_bytes = config.cpu_chunk_bytes();
+        if chunk_bytes < Config::MIN_CHUNK_BYTES {
             return Err(Error::InvalidArgument(format!(
-                "chunk size {} B is too small; use at least 64 B",
-                config.chunk_bytes
+                "chunk size {chunk_bytes} B is too small; use at least {} B",
+                Config::MIN_CHUNK_BYTES
             )));
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let layout = InboxLayout::new(world_size, chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 
         let name = rendezvous.shm_name(&format!("{instance}-r{rank}"));
@@ -139,7 +118,7 @@ impl CpuCommunicator {
         for (peer, record) in records.iter().enumerate() {
             if record.payload_lines != layout.payload_lines {
                 return Err(Error::InvalidArgument(format!(
-                    "rank {peer} uses chunks of {} B, this rank (rank {rank}) {} B; every rank must use the same CommConfig",
+                    "rank {peer} uses chunks of {} B, this rank (rank {rank}) {} B; every rank must use the same Config::chunk_bytes",
                     record.payload_lines * 4,
                     layout.payload_lines * 4
                 )));

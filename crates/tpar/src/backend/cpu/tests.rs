@@ -26,7 +26,7 @@ impl Job {
     fn run<R: Send + 'static>(
         &self,
         n: usize,
-        config: CommConfig,
+        config: Config,
         body: impl Fn(CpuCommunicator) -> R + Send + Sync + Clone + 'static,
     ) -> Vec<R> {
         let handles: Vec<_> = (0..n)
@@ -96,9 +96,10 @@ fn checked_call(
     })
 }
 
-const SMALL_CHUNKS: CommConfig = CommConfig {
+const SMALL_CHUNKS: Config = Config {
     timeout: Duration::from_secs(20),
-    chunk_bytes: 256,
+    chunk_bytes: Some(256),
+    host_staged: false,
 };
 
 #[test]
@@ -130,7 +131,7 @@ fn every_algorithm_dtype_and_placement_gives_the_exact_sum() {
 #[test]
 fn results_are_bitwise_identical_across_ranks_and_algorithms() {
     let job = Job::new();
-    let outputs = job.run(4, CommConfig::default(), |mut comm| {
+    let outputs = job.run(4, Config::default(), |mut comm| {
         let input: Vec<f32> = (0..999)
             .map(|i| (i as f32 * 0.37 + comm.rank() as f32).sin() * 1e3)
             .collect();
@@ -199,7 +200,7 @@ fn a_size_mismatch_fails_on_every_rank_naming_both_sizes() {
 #[test]
 fn a_dtype_or_algorithm_mismatch_fails_on_every_rank() {
     let job = Job::new();
-    let errors = job.run(2, CommConfig::default(), |mut comm| {
+    let errors = job.run(2, Config::default(), |mut comm| {
         let result = if comm.rank() == 0 {
             comm.all_reduce_in_place(&mut [1f32; 16], Algorithm::OneShot)
         } else {
@@ -218,9 +219,9 @@ fn a_dtype_or_algorithm_mismatch_fails_on_every_rank() {
 #[test]
 fn a_rank_that_stops_calling_times_out_naming_it() {
     let job = Job::new();
-    let config = CommConfig {
+    let config = Config {
         timeout: Duration::from_millis(500),
-        ..CommConfig::default()
+        ..Config::default()
     };
     let results = job.run(3, config, |mut comm| {
         let mut data = vec![1f32; 100];
@@ -245,9 +246,9 @@ fn a_rank_that_stops_calling_times_out_naming_it() {
 #[test]
 fn footprint_counts_the_inbox_and_peer_mappings() {
     let job = Job::new();
-    let config = CommConfig::default();
+    let config = Config::default();
     let footprints = job.run(4, config, |comm| comm.memory_footprint());
-    let inbox = InboxLayout::new(4, config.chunk_bytes).total_bytes() as u64;
+    let inbox = InboxLayout::new(4, config.cpu_chunk_bytes()).total_bytes() as u64;
     for f in footprints {
         assert_eq!(f.shared_host_bytes, inbox);
         assert_eq!(f.peer_mapped_bytes, 3 * inbox);
@@ -258,7 +259,7 @@ fn footprint_counts_the_inbox_and_peer_mappings() {
 #[test]
 fn mismatched_lengths_are_refused_before_any_communication() {
     let job = Job::new();
-    let errors = job.run(1, CommConfig::default(), |mut comm| {
+    let errors = job.run(1, Config::default(), |mut comm| {
         let err = comm
             .all_reduce(&[1f32; 4], &mut [0f32; 5], Algorithm::OneShot)
             .unwrap_err();
@@ -279,7 +280,7 @@ fn mismatched_lengths_are_refused_before_any_communication() {
 #[test]
 fn gpu_algorithms_are_refused_by_name() {
     let job = Job::new();
-    let errors = job.run(1, CommConfig::default(), |mut comm| {
+    let errors = job.run(1, Config::default(), |mut comm| {
         let err = comm
             .all_reduce_in_place(&mut [1f32; 4], Algorithm::HostStaged)
             .unwrap_err();
@@ -344,7 +345,7 @@ fn two_communicators_from_one_rank_environment_are_open_at_once() {
     // read the first one's records and opened unlinked or foreign segments.
     let job = Job::new();
     let results = each_rank(&job, 3, |_, env| -> Result<()> {
-        let config = CommConfig::default();
+        let config = Config::default();
         let mut a = CpuCommunicator::new(&Rendezvous::join(env.clone())?, config)?;
         let mut b = CpuCommunicator::new(&Rendezvous::join(env.clone())?, config)?;
         // Interleaved calls on the two must each give their own sums.
@@ -375,9 +376,9 @@ fn two_communicators_from_one_rank_environment_are_open_at_once() {
 fn a_communicator_is_recreated_after_an_error() {
     let job = Job::new();
     let results = each_rank(&job, 2, |rank, env| -> Result<String> {
-        let config = CommConfig {
+        let config = Config {
             timeout: Duration::from_millis(300),
-            ..CommConfig::default()
+            ..Config::default()
         };
         let mut a = CpuCommunicator::new(&Rendezvous::join(env.clone())?, config)?;
         // Mismatched sizes poison the communicator on both ranks.
@@ -405,7 +406,7 @@ fn subgroups_of_one_job_reduce_among_their_members_only() {
     // A world of 4 with groups {0,1}, {2,3} and {0,1,2,3}, all open at once, interleaved.
     let job = Job::new();
     let results = each_rank(&job, 4, |rank, env| -> Result<()> {
-        let config = CommConfig::default();
+        let config = Config::default();
         let world = Rendezvous::join(env)?;
         let pair: Vec<usize> = if rank < 2 { vec![0, 1] } else { vec![2, 3] };
         let mut sub = CpuCommunicator::new(&world.subgroup(&pair)?, config)?;
@@ -475,9 +476,9 @@ fn a_thousand_create_use_close_cycles_leak_nothing() {
         dir: job.dir.clone(),
         token: job.token.clone(),
     };
-    let config = CommConfig {
-        chunk_bytes: 4096,
-        ..CommConfig::default()
+    let config = Config {
+        chunk_bytes: Some(4096),
+        ..Config::default()
     };
     let mut at = Vec::new();
     for cycle in 1..=1000u64 {
@@ -520,7 +521,7 @@ fn eight_groups_of_eight_ranks_cost_little_more_than_one() {
         let mut comms = Vec::new();
         for _ in 0..8 {
             let start = Instant::now();
-            comms.push(CpuCommunicator::new(&rdv, CommConfig::default())?);
+            comms.push(CpuCommunicator::new(&rdv, Config::default())?);
             times.push(start.elapsed());
         }
         for (seed, comm) in comms.iter_mut().enumerate() {

@@ -89,7 +89,7 @@ impl CudaCommunicator {
     pub fn supports(&self, algorithm: Algorithm) -> std::result::Result<(), String> {
         match algorithm {
             Algorithm::HostStaged if self.host_inboxes.is_none() => {
-                Err("host-staged inboxes were not built (CudaConfig::host_staged is off)".into())
+                Err("host-staged inboxes were not built (Config::host_staged is off)".into())
             }
             Algorithm::HostStaged => Ok(()),
             _ => self.peer_access.clone(),

@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 
+use super::check_available;
 use super::communicator::CudaCommunicator;
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS};
 use super::loader::{kernel_set, KernelSet};
-use super::{probe, CudaConfig};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
 use crate::protocol::layout::{InboxLayout, BUFFERS};
@@ -23,7 +24,7 @@ use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 
 pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>> {
-    probe()?;
+    check_available()?;
     CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
 }
 
@@ -228,11 +229,11 @@ impl Member {
         self,
         rank: usize,
         records: &[CudaRecord],
-        config: &CudaConfig,
+        config: &Config,
         group_key: String,
     ) -> Result<CudaCommunicator> {
         let Member { ctx, kernels, own } = self;
-        let layout = InboxLayout::new(records.len(), config.chunk_bytes);
+        let layout = InboxLayout::new(records.len(), config.cuda_chunk_bytes());
         let mut sharers: HashMap<&str, u32> = HashMap::new();
         for r in records {
             *sharers.entry(r.device_uuid.as_str()).or_default() += 1;
@@ -240,7 +241,7 @@ impl Member {
                 || r.host_segment.is_some() != config.host_staged
             {
                 return Err(Error::InvalidArgument(
-                    "ranks were created with different CudaConfig (chunk size or host-staged); every rank must pass the same".into(),
+                    "ranks were created with different Config (chunk_bytes or host_staged); every rank must pass the same".into(),
                 ));
             }
         }
@@ -326,20 +327,25 @@ impl Member {
     }
 }
 
-/// The group's GPUs in rank order and its buffer settings: groups with the same key run the
-/// same kernels over the same links (`prefix` tells the transports apart).
-fn group_key(prefix: &str, records: &[CudaRecord], config: &CudaConfig) -> String {
+/// The group's GPUs in rank order and its settings: groups with the same key run the same
+/// kernels over the same links (`prefix` tells the transports apart). The chunk is the one in
+/// use, so a default and the same size given explicitly make one key.
+fn group_key(prefix: &str, records: &[CudaRecord], config: &Config) -> String {
     let gpus: Vec<&str> = records.iter().map(|r| r.device_uuid.as_str()).collect();
-    format!("{prefix}{gpus:?} {config:?}")
+    let settings = Config {
+        chunk_bytes: Some(config.cuda_chunk_bytes()),
+        ..*config
+    };
+    format!("{prefix}{gpus:?} {settings:?}")
 }
 
 impl CudaCommunicator {
     /// All `devices.len()` ranks of a group in this process (rank r on GPU `devices[r]`),
     /// sharing buffers by pointer. Several ranks may share a GPU.
-    pub fn new_local_group(devices: &[usize], config: CudaConfig) -> Result<Vec<CudaCommunicator>> {
+    pub fn new_local_group(devices: &[usize], config: Config) -> Result<Vec<CudaCommunicator>> {
         let world_size = devices.len();
         check_world(world_size)?;
-        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+        let layout = InboxLayout::new(world_size, config.cuda_chunk_bytes());
         let token = crate::rendezvous::random_token()?;
         let mut members = Vec::with_capacity(world_size);
         for (rank, device) in devices.iter().enumerate() {
@@ -374,17 +380,13 @@ impl CudaCommunicator {
 
     /// This process's rank of the job behind `rendezvous`, on GPU `device`; peers in other
     /// processes are reached through CUDA IPC (device memory) and shared memory (host-staged).
-    pub fn new(
-        rendezvous: &Rendezvous,
-        device: usize,
-        config: CudaConfig,
-    ) -> Result<CudaCommunicator> {
+    pub fn new(rendezvous: &Rendezvous, device: usize, config: Config) -> Result<CudaCommunicator> {
         // Taken before anything can fail on one rank alone, so that every rank's count of
         // communicators stays the same after a failed creation.
         let instance = rendezvous.next_instance();
         let rank = rendezvous.rank();
         check_world(rendezvous.world_size())?;
-        let layout = InboxLayout::new(rendezvous.world_size(), config.chunk_bytes);
+        let layout = InboxLayout::new(rendezvous.world_size(), config.cuda_chunk_bytes());
         let host = config
             .host_staged
             .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
@@ -417,8 +419,8 @@ impl CudaCommunicator {
 
     /// What a rank of a `world_size` group with `config` will allocate, before creating it
     /// (so that an engine can subtract it from its KV-cache budget first).
-    pub fn planned_footprint(world_size: usize, config: &CudaConfig) -> MemoryFootprint {
-        let layout = InboxLayout::new(world_size, config.chunk_bytes);
+    pub fn planned_footprint(world_size: usize, config: &Config) -> MemoryFootprint {
+        let layout = InboxLayout::new(world_size, config.cuda_chunk_bytes());
         let host = if config.host_staged {
             layout.total_bytes() as u64
         } else {
@@ -512,7 +514,7 @@ mod tests {
 
     #[test]
     fn the_planned_footprint_grows_with_the_world_size() {
-        let config = CudaConfig::default();
+        let config = Config::default();
         let two = CudaCommunicator::planned_footprint(2, &config);
         let eight = CudaCommunicator::planned_footprint(8, &config);
         assert!(eight.device_bytes > two.device_bytes);
@@ -520,7 +522,7 @@ mod tests {
         assert!(eight.device_bytes > 3 * 9 * (256 << 10) * 2);
         let off = CudaCommunicator::planned_footprint(
             8,
-            &CudaConfig {
+            &Config {
                 host_staged: false,
                 ..config
             },

@@ -17,7 +17,7 @@
 //! co-residency), `communicator` (the calls), `errors` (the kernels' error word), `span` (the
 //! checked operands of the public API, and the one unsafe door for raw addresses), `raw` (the
 //! raw-address entry point the CLI still uses), `stream_order` (calls ordered across streams),
-//! `fused` (allreduce + residual add + RMSNorm), `link_probe` (link measurements).
+//! `fused` (allreduce + residual add + RMSNorm), `link_measurement` (link measurements).
 
 pub mod communicator;
 pub mod driver;
@@ -25,7 +25,7 @@ pub mod errors;
 pub mod fused;
 mod group;
 pub mod kernels;
-pub mod link_probe;
+pub mod link_measurement;
 mod loader;
 pub mod nvrtc;
 mod separate;
@@ -35,13 +35,11 @@ pub mod stream_order;
 
 pub use communicator::CudaCommunicator;
 pub use group::PLANNED_MODULE_BYTES;
-pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut};
+pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Span};
 
 pub(crate) use communicator::launch_shape;
 pub(crate) use group::{context, enable_peer_access};
 pub(crate) use loader::{free_memory_taken_by, kernel_set, KernelSet};
-
-use std::time::Duration;
 
 use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaContext;
@@ -51,30 +49,9 @@ use crate::error::{Error, Result};
 /// A CUDA stream handle as the driver API takes it (`cudaStream_t` in the runtime API).
 pub type CuStream = CUstream;
 
-/// Settings every rank of a CUDA communicator must agree on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CudaConfig {
-    /// Longest a kernel waits for a peer before it reports a timeout and exits.
-    pub timeout: Duration,
-    /// Payload bytes of one chunk (one kernel launch); larger calls launch several.
-    pub chunk_bytes: usize,
-    /// Also build pinned host-memory inboxes for the host-staged algorithm.
-    pub host_staged: bool,
-}
-
-impl Default for CudaConfig {
-    fn default() -> Self {
-        CudaConfig {
-            timeout: Duration::from_secs(30),
-            chunk_bytes: 256 << 10,
-            host_staged: true,
-        }
-    }
-}
-
 /// Whether the CUDA backend can run here: `Ok(device count)` or an error saying why not
 /// (no driver, no GPU, no NVRTC), never a panic.
-pub fn probe() -> Result<usize> {
+pub fn check_available() -> Result<usize> {
     if !driver::driver_present() {
         return Err(Error::Cuda(
             "no NVIDIA driver: libcuda.so.1 cannot be loaded".to_owned(),
@@ -97,9 +74,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probe_explains_instead_of_panicking() {
+    fn the_availability_check_explains_instead_of_panicking() {
         // On a machine without a driver this must be an error with a reason, not a panic.
-        match probe() {
+        match check_available() {
             Ok(n) => assert!(n > 0),
             Err(e) => assert!(!e.to_string().is_empty()),
         }

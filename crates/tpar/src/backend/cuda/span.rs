@@ -106,44 +106,69 @@ impl Extent {
 }
 
 /// `count` elements of `dtype` on GPU `device`, read by a call (an allreduce's input).
-pub struct DeviceSpan<'a> {
-    extent: Extent,
-    _events: Option<SyncOnDrop<'a>>,
-    _memory: PhantomData<&'a ()>,
-}
+pub type DeviceSpan<'a> = Span<'a, Reads>;
 
 /// `count` elements of `dtype` on GPU `device`, written by a call (an allreduce's output).
-pub struct DeviceSpanMut<'a> {
+pub type DeviceSpanMut<'a> = Span<'a, Writes>;
+
+/// A span of device memory that calls read ([`DeviceSpan`]) or write ([`DeviceSpanMut`]):
+/// one type for both, so that what they share (the extent, cudarc's events, the accessors,
+/// the raw constructor) is written once; only the cudarc constructors differ (a shared or an
+/// exclusive borrow of the buffer).
+pub struct Span<'a, A: Access> {
     extent: Extent,
     _events: Option<SyncOnDrop<'a>>,
-    _memory: PhantomData<&'a mut ()>,
+    _memory: PhantomData<(&'a (), A)>,
 }
 
-impl<'a> DeviceSpan<'a> {
-    /// A cudarc buffer or view, read by work queued on `stream` (which first waits for the
-    /// buffer's earlier writes).
-    pub fn of<T: Element, S: DevicePtr<T>>(memory: &'a S, stream: &'a CudaStream) -> Self {
-        let count = memory.len();
-        let device = memory.stream().context().ordinal();
-        let (ptr, events) = memory.device_ptr(stream);
-        DeviceSpan {
-            extent: Extent::of_cudarc(device, ptr, count, T::DTYPE, stream),
-            _events: Some(events),
+/// What a call does with a span's memory: [`Reads`] or [`Writes`].
+pub trait Access: sealed::Sealed {}
+
+/// The access of a [`DeviceSpan`]: calls read its memory.
+pub enum Reads {}
+
+/// The access of a [`DeviceSpanMut`]: calls write its memory.
+pub enum Writes {}
+
+impl Access for Reads {}
+impl Access for Writes {}
+
+mod sealed {
+    /// Only [`super::Reads`] and [`super::Writes`] are accesses.
+    pub trait Sealed {}
+    impl Sealed for super::Reads {}
+    impl Sealed for super::Writes {}
+}
+
+impl<'a, A: Access> Span<'a, A> {
+    fn new(extent: Extent, events: Option<SyncOnDrop<'a>>) -> Self {
+        Span {
+            extent,
+            _events: events,
             _memory: PhantomData,
         }
+    }
+
+    /// A cudarc buffer's span: `count` elements on GPU `device`, its pointer and event guard
+    /// as cudarc gave them for `stream`.
+    fn of_cudarc<T: Element>(
+        device: usize,
+        count: usize,
+        (ptr, events): (u64, SyncOnDrop<'a>),
+        stream: &CudaStream,
+    ) -> Self {
+        let extent = Extent::of_cudarc(device, ptr, count, T::DTYPE, stream);
+        Self::new(extent, Some(events))
     }
 
     /// A span of memory another library allocated.
     ///
     /// # Safety
     /// `ptr` is device memory on GPU `device` holding `count` elements of `dtype`, readable
-    /// until the work of every call given this span has completed on its stream.
+    /// (for a [`DeviceSpanMut`] also writable, and used by nothing else) until the work of
+    /// every call given this span has completed on its stream.
     pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
-        DeviceSpan {
-            extent: Extent::raw(device, ptr, count, dtype),
-            _events: None,
-            _memory: PhantomData,
-        }
+        Self::new(Extent::raw(device, ptr, count, dtype), None)
     }
 
     pub fn device(&self) -> usize {
@@ -156,6 +181,15 @@ impl<'a> DeviceSpan<'a> {
 
     pub fn dtype(&self) -> DType {
         self.extent.dtype
+    }
+}
+
+impl<'a> DeviceSpan<'a> {
+    /// A cudarc buffer or view, read by work queued on `stream` (which first waits for the
+    /// buffer's earlier writes).
+    pub fn of<T: Element, S: DevicePtr<T>>(memory: &'a S, stream: &'a CudaStream) -> Self {
+        let (device, count) = (memory.stream().context().ordinal(), memory.len());
+        Self::of_cudarc::<T>(device, count, memory.device_ptr(stream), stream)
     }
 }
 
@@ -163,62 +197,20 @@ impl<'a> DeviceSpanMut<'a> {
     /// A cudarc buffer or view, written by work queued on `stream` (which first waits for the
     /// buffer's earlier reads and writes).
     pub fn of<T: Element, S: DevicePtrMut<T>>(memory: &'a mut S, stream: &'a CudaStream) -> Self {
-        let count = memory.len();
-        let device = memory.stream().context().ordinal();
-        let (ptr, events) = memory.device_ptr_mut(stream);
-        DeviceSpanMut {
-            extent: Extent::of_cudarc(device, ptr, count, T::DTYPE, stream),
-            _events: Some(events),
-            _memory: PhantomData,
-        }
-    }
-
-    /// A writable span of memory another library allocated.
-    ///
-    /// # Safety
-    /// `ptr` is device memory on GPU `device` holding `count` elements of `dtype`, writable
-    /// and used by nothing else until the work of every call given this span has completed
-    /// on its stream.
-    pub unsafe fn from_raw(device: usize, ptr: u64, count: usize, dtype: DType) -> Self {
-        DeviceSpanMut {
-            extent: Extent::raw(device, ptr, count, dtype),
-            _events: None,
-            _memory: PhantomData,
-        }
-    }
-
-    pub fn device(&self) -> usize {
-        self.extent.device
-    }
-
-    pub fn count(&self) -> usize {
-        self.extent.count
-    }
-
-    pub fn dtype(&self) -> DType {
-        self.extent.dtype
+        let (device, count) = (memory.stream().context().ordinal(), memory.len());
+        Self::of_cudarc::<T>(device, count, memory.device_ptr_mut(stream), stream)
     }
 }
 
 impl DeviceMemory {
     /// The first `count` elements of `dtype` of this allocation, to be read by a call.
     pub fn span(&self, dtype: DType, count: usize) -> Result<DeviceSpan<'_>> {
-        let extent = self.extent(dtype, count)?;
-        Ok(DeviceSpan {
-            extent,
-            _events: None,
-            _memory: PhantomData,
-        })
+        Ok(Span::new(self.extent(dtype, count)?, None))
     }
 
     /// The first `count` elements of `dtype` of this allocation, to be written by a call.
     pub fn span_mut(&mut self, dtype: DType, count: usize) -> Result<DeviceSpanMut<'_>> {
-        let extent = self.extent(dtype, count)?;
-        Ok(DeviceSpanMut {
-            extent,
-            _events: None,
-            _memory: PhantomData,
-        })
+        Ok(Span::new(self.extent(dtype, count)?, None))
     }
 
     fn extent(&self, dtype: DType, count: usize) -> Result<Extent> {

@@ -1,11 +1,11 @@
-//! The init probe of the links between this process's GPUs: for every pair, the bandwidth of
+//! The measurement of the links between this process's GPUs (`tpar doctor`): for every pair, the bandwidth of
 //! peer writes (push) and of peer reads (pull) on that link alone and the one-way latency of a
 //! flag; then every GPU pushing to (and pulling from) every peer at once. On some PCIe switch
 //! and root-complex layouts posted writes collapse to a fraction of the link while reads hold,
 //! so whether tpar pushes or pulls is decided from this, not assumed (see `dispatch`).
 //!
 //! The result is kept in tpar's cache under the machine's fingerprint, where every communicator
-//! of a later job finds it (`LinkProbe::load_for`).
+//! of a later job finds it ([`LinkMeasurements::load`] at [`LinkMeasurements::path`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +34,9 @@ pub struct LinkMeasurement {
     pub latency_us: f64,
 }
 
+/// Every link of a group of GPUs, measured alone and all at once.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LinkProbe {
+pub struct LinkMeasurements {
     pub devices: Vec<usize>,
     pub bytes_per_copy: usize,
     pub links: Vec<LinkMeasurement>,
@@ -119,7 +120,7 @@ impl Gpu {
 }
 
 fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
-    move |e| Error::Cuda(format!("probe: {what}: {e}"))
+    move |e| Error::Cuda(format!("link measurement: {what}: {e}"))
 }
 
 /// Times `launch` on every GPU of `gpus` at once (each on its own stream), and returns the
@@ -160,10 +161,14 @@ fn time_each(gpus: &[&Gpu], reps: usize, launch: impl Fn(usize) -> Result<()>) -
 /// Measures every link between `devices` (CUDA ordinals, at least two, all in this process)
 /// with copies of `bytes` (a multiple of 16). Errors say why (no P2P between some pair: then
 /// the device-memory algorithms cannot run there at all, and host-staged is what remains).
-pub fn probe_links(devices: &[usize], bytes: usize, timeout: Duration) -> Result<LinkProbe> {
+pub fn measure_links(
+    devices: &[usize],
+    bytes: usize,
+    timeout: Duration,
+) -> Result<LinkMeasurements> {
     if devices.len() < 2 || devices.len() > MAX_RANKS {
         return Err(Error::InvalidArgument(format!(
-            "the link probe needs 2 to {MAX_RANKS} GPUs, not {}",
+            "the link measurement needs 2 to {MAX_RANKS} GPUs, not {}",
             devices.len()
         )));
     }
@@ -242,7 +247,7 @@ pub fn probe_links(devices: &[usize], bytes: usize, timeout: Duration) -> Result
     let push_all = time_each(&all, 3, |a| gpus[a].launch_copies(&push_pairs(a), slice))?;
     let pull_all = time_each(&all, 3, |a| gpus[a].launch_copies(&pull_pairs(a), slice))?;
     let mean = |t: &[f64]| t.iter().map(|s| gbps(sent, *s)).sum::<f64>() / t.len() as f64;
-    Ok(LinkProbe {
+    Ok(LinkMeasurements {
         devices: devices.to_vec(),
         bytes_per_copy: bytes,
         links,
@@ -287,7 +292,7 @@ fn pingpong(a: &Gpu, b: &Gpu, timeout: Duration) -> Result<f64> {
     let ns = u64::from_le_bytes(word[8..16].try_into().expect("8 bytes"));
     if ns == u64::MAX {
         return Err(Error::Cuda(format!(
-            "probe: a flag between GPU {} and GPU {} was not seen within {timeout:?}",
+            "link measurement: a flag between GPU {} and GPU {} was not seen within {timeout:?}",
             a.ctx.ordinal(),
             b.ctx.ordinal()
         )));
@@ -295,9 +300,9 @@ fn pingpong(a: &Gpu, b: &Gpu, timeout: Duration) -> Result<f64> {
     Ok(ns as f64 / 1e3 / PINGPONG_ROUNDS as f64 / 2.0)
 }
 
-impl LinkProbe {
+impl LinkMeasurements {
     /// What the dispatcher needs of it: the push and pull bandwidth with every link busy.
-    pub fn to_probe(&self) -> Findings {
+    pub fn to_findings(&self) -> Findings {
         Findings {
             failed: Vec::new(),
             push_gbps: Some(self.all_push_gbps),
@@ -305,27 +310,28 @@ impl LinkProbe {
         }
     }
 
-    /// Where the probe of this machine is kept: `probe/` in tpar's cache.
+    /// Where the measurements of this machine are kept: `probe/` in tpar's cache (the folder
+    /// keeps its name so that measurements saved before the rename are still found).
     pub fn path(topology: &Topology) -> std::path::PathBuf {
         super::nvrtc::cache_root()
             .join("probe")
             .join(format!("{}.json", topology.fingerprint()))
     }
 
-    /// Writes it to `path` (atomically), normally [`LinkProbe::path`].
+    /// Writes it to `path` (atomically), normally [`LinkMeasurements::path`].
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
         let text = serde_json::to_vec_pretty(self).expect("serialisable");
-        crate::sys::write_file_atomically(path, &text, "cannot write the link probe")
+        crate::sys::write_file_atomically(path, &text, "cannot write the link measurements")
     }
 
-    /// The probe saved at `path`, if any (a file that does not parse is ignored with a
+    /// The measurements saved at `path`, if any (a file that does not parse is ignored with a
     /// warning: it is a cache).
-    pub fn load(path: &std::path::Path) -> Option<LinkProbe> {
+    pub fn load(path: &std::path::Path) -> Option<LinkMeasurements> {
         let text = std::fs::read_to_string(path).ok()?;
         match serde_json::from_str(&text) {
             Ok(p) => Some(p),
             Err(e) => {
-                log::warn!("ignoring the link probe in {}: {e}", path.display());
+                log::warn!("ignoring the link measurements in {}: {e}", path.display());
                 None
             }
         }
@@ -367,28 +373,31 @@ mod tests {
     }
 
     #[test]
-    fn a_saved_probe_is_kept_per_machine_and_read_back() {
+    fn saved_measurements_are_kept_per_machine_and_read_back() {
         let h200 = Topology::from_json(crate::topology::FIXTURES[0].1).unwrap();
         let other = Topology::from_json(crate::topology::FIXTURES[1].1).unwrap();
-        assert_ne!(LinkProbe::path(&h200), LinkProbe::path(&other));
+        assert_ne!(
+            LinkMeasurements::path(&h200),
+            LinkMeasurements::path(&other)
+        );
         let dir = std::env::temp_dir().join(format!("tpar-probe-test-{}", std::process::id()));
         let path = dir.join("probe").join("x.json");
-        let probe = LinkProbe {
+        let measured = LinkMeasurements {
             devices: vec![0, 1],
             bytes_per_copy: 1 << 20,
             links: vec![],
             all_push_gbps: 3.0,
             all_pull_gbps: 50.0,
         };
-        probe.save(&path).unwrap();
-        assert_eq!(LinkProbe::load(&path), Some(probe.clone()));
+        measured.save(&path).unwrap();
+        assert_eq!(LinkMeasurements::load(&path), Some(measured.clone()));
         std::fs::write(&path, "{").unwrap();
         assert_eq!(
-            LinkProbe::load(&path),
+            LinkMeasurements::load(&path),
             None,
             "a broken cache file is ignored"
         );
-        let p = probe.to_probe();
+        let p = measured.to_findings();
         assert_eq!((p.push_gbps, p.pull_gbps), (Some(3.0), Some(50.0)));
         std::fs::remove_dir_all(&dir).ok();
     }
