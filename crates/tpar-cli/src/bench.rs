@@ -13,8 +13,9 @@ use crate::args::BackendArg;
 use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{emit, Provenance, Table};
+use crate::report::{emit, Table};
 use tpar::harness::backend_choice::{cpu_device, Backend};
+use tpar::harness::provenance::Provenance;
 
 pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
 pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
@@ -222,7 +223,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         backend: plan.backend.name().to_owned(),
         world_size,
         dtype: plan.sweep.dtype,
-        provenance: Provenance::collect(cpu_device()),
+        provenance: crate::report::provenance(cpu_device()),
         iters: plan.sweep.iters,
         warmup: plan.sweep.warmup,
         timing: "wall clock per call on rank 0; p50/p99 over the timed calls",

@@ -8,48 +8,23 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use serde::Serialize;
 use tpar::memory::human_bytes;
-use tpar::{DType, RankEnv};
+use tpar::DType;
 
-use tpar::backend::cuda::CudaConfig;
 use tpar::harness::anatomy::{AnatomyRow, CHAIN};
 use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
 use tpar::harness::cuda_ranks::CudaRanks;
-use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
+use tpar::harness::cuda_selftest::{self, CudaPlan};
 use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
+use tpar::harness::job::cuda_config;
 
 use crate::progress::Progress;
-use crate::ranks::run_ranks;
-use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
+use crate::ranks::on_cuda_ranks;
+use crate::report::{emit, name_with_runs, skipped_row, Table};
 use tpar::harness::backend_choice::cuda_device;
-
-/// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
-/// `--processes`, or under an outside launcher) this process's own, started by the launcher.
-/// `body` gets a factory for groups (it may build several) and the mode's name.
-pub fn on_ranks(
-    processes: bool,
-    world_size: usize,
-    timeout: Duration,
-    body: impl Fn(MakeGroup<'_>, &'static str) -> Result<()>,
-) -> Result<ExitCode> {
-    if processes || RankEnv::from_env()?.is_some() {
-        run_ranks(world_size, timeout, |rank| {
-            body(&|c| CudaRanks::process(&rank, c), "processes")
-        })
-    } else {
-        body(&|c| CudaRanks::threads(world_size, c), "threads")?;
-        Ok(ExitCode::SUCCESS)
-    }
-}
-
-pub fn config(timeout: Duration) -> CudaConfig {
-    CudaConfig {
-        timeout,
-        ..Default::default()
-    }
-}
+use tpar::harness::provenance::Provenance;
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
-    on_ranks(processes, world_size, plan.timeout, |make, mode| {
+    on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
         let sweep = cuda_selftest::run(make, &plan)?;
         let rows = sweep.rows;
         let failed = rows.iter().filter(|r| r.bad > 0).count();
@@ -121,7 +96,7 @@ pub fn bench(
             world_size,
             mode,
             dtype: plan.dtype,
-            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
+            provenance: crate::report::provenance(cuda_device(group.comms[0].cuda().context(), gpus)),
             replays: plan.replays,
             warmup: plan.warmup,
             chain: plan.chain,
@@ -150,8 +125,8 @@ pub fn bench(
         }
         Ok(())
     };
-    on_ranks(processes, world_size, timeout, |make, mode| {
-        body(make(config(timeout))?, mode)
+    on_cuda_ranks(processes, world_size, timeout, |make, mode| {
+        body(make(cuda_config(timeout))?, mode)
     })
 }
 
@@ -261,7 +236,7 @@ pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) ->
         table.render()
     );
     let report = AnatomyReport {
-        provenance: Provenance::collect(device),
+        provenance: crate::report::provenance(device),
         driver_version: anatomy.driver_version,
         chain: CHAIN,
         replays,
@@ -352,7 +327,7 @@ pub fn fused(
         format!("{text}\nFAILED: {}", errors.join("; "))
     };
     let report = FusedReport {
-        provenance: Provenance::collect(device),
+        provenance: crate::report::provenance(device),
         driver_version,
         dtype: "bf16",
         chain,

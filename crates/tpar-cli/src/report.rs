@@ -1,33 +1,16 @@
-//! What every result says about where it came from (host, device, commit, date, command), the
-//! text table, and writing JSON without leaving a half-written file.
+//! The text table, writing JSON without leaving a half-written file, and this build's
+//! provenance record (`tpar::harness::provenance`) for every result.
 
 use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use tpar::harness::provenance::Provenance;
 
-#[derive(Clone, Debug, Serialize)]
-pub struct Provenance {
-    pub host: String,
-    pub device: String,
-    pub commit: String,
-    pub date: String,
-    pub command: String,
-    pub tpar_version: String,
-}
-
-impl Provenance {
-    pub fn collect(device: String) -> Provenance {
-        Provenance {
-            host: tpar::host_name(),
-            device,
-            commit: env!("TPAR_GIT_COMMIT").to_owned(),
-            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-            tpar_version: env!("CARGO_PKG_VERSION").to_owned(),
-        }
-    }
+/// The provenance record of a result measured now on `device` by this build of `tpar`.
+pub fn provenance(device: String) -> Provenance {
+    Provenance::collect(device, env!("TPAR_GIT_COMMIT"))
 }
 
 /// Writes `value` as pretty JSON to `target`: `-` is stdout; a path is written to a temporary

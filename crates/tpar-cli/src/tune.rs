@@ -14,9 +14,10 @@ use tpar::topology::Topology;
 use tpar::DType;
 
 use crate::args::{parse_list, parse_size, sizes_to_counts};
-use crate::cuda_commands::{config, on_ranks};
+use crate::ranks::on_cuda_ranks;
 use crate::report::{emit, Table};
 use tpar::harness::cuda_bench::CudaRow;
+use tpar::harness::job::cuda_config;
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -72,8 +73,8 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
         args.dtype,
         args.iters,
     );
-    on_ranks(args.processes, world_size, timeout, |make, _mode| {
-        let mut group = make(config(timeout))?;
+    on_cuda_ranks(args.processes, world_size, timeout, |make, _mode| {
+        let mut group = make(cuda_config(timeout))?;
         let mut progress = crate::progress::Progress::new(
             group.is_leader(),
             plan.sizes.len() * plan.choices.len(),
