@@ -4,21 +4,17 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use serde::Serialize;
 use tpar::harness::cpu_bench::{self, CpuBenchPlan, CpuRow};
 use tpar::memory::human_bytes;
 use tpar::DType;
 
 use crate::args::BackendArg;
-use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
+use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
 use crate::report::{emit, Table};
 use tpar::harness::backend_choice::{cpu_device, Backend};
-use tpar::harness::provenance::Provenance;
-
-pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
-pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
+use tpar::harness::reports::CpuBenchReport;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
@@ -84,25 +80,10 @@ enum BenchCommand {
 }
 
 struct BenchPlan {
-    backend: Backend,
     note: Option<String>,
     sweep: CpuBenchPlan,
     json: Option<String>,
     plot: Option<String>,
-}
-
-#[derive(Serialize)]
-struct BenchReport {
-    backend: String,
-    world_size: usize,
-    dtype: DType,
-    #[serde(flatten)]
-    provenance: Provenance,
-    iters: usize,
-    warmup: usize,
-    timing: &'static str,
-    memory_per_rank_bytes: u64,
-    results: Vec<CpuRow>,
 }
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
@@ -126,17 +107,13 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let setup = crate::args::setup(args.backend, args.world_size, args.algos.as_deref())?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     let dtype = args.dtype;
-    let default_sizes = if backend == Backend::Cuda {
-        DEFAULT_CUDA_SIZES
-    } else {
-        DEFAULT_SIZES
-    };
+    let default_sizes = tpar::harness::sizes::bench_sizes(backend);
     let bytes = parse_list(
         args.sizes.as_deref().unwrap_or(default_sizes),
         "sizes",
         parse_size,
     )?;
-    let counts = sizes_to_counts(&bytes, dtype)?;
+    let sizes = sizes_with_counts(&bytes, dtype)?;
     let timeout = args.timeout;
     for (flag, path) in [("json", &args.json), ("plot", &args.plot)] {
         if let Some(path) = path {
@@ -148,7 +125,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             args.processes,
             world_size,
             tpar::harness::cuda_bench::CudaBenchPlan {
-                sizes: bytes.into_iter().zip(counts).collect(),
+                sizes,
                 choices: setup.choices,
                 dtype,
                 replays: args.iters,
@@ -171,10 +148,9 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         world_size, max_bytes, 5,
     ))?;
     let plan = BenchPlan {
-        backend,
         note: setup.note.clone(),
         sweep: CpuBenchPlan {
-            sizes: bytes.into_iter().zip(counts).collect(),
+            sizes,
             algorithms: setup
                 .tpar_algorithms("the CPU bench")
                 .map_err(crate::args::setup_error)?,
@@ -219,17 +195,8 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         return Ok(());
     }
 
-    let report = BenchReport {
-        backend: plan.backend.name().to_owned(),
-        world_size,
-        dtype: plan.sweep.dtype,
-        provenance: crate::report::provenance(cpu_device()),
-        iters: plan.sweep.iters,
-        warmup: plan.sweep.warmup,
-        timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
-        memory_per_rank_bytes: run.memory_per_rank_bytes,
-        results: run.rows,
-    };
+    let provenance = crate::report::provenance(cpu_device());
+    let report = CpuBenchReport::new(world_size, &plan.sweep, run, provenance);
     emit(&render(&report), plan.json.as_deref(), &report)?;
     if let Some(path) = &plan.plot {
         let series = crate::plot::series(
@@ -256,7 +223,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     Ok(())
 }
 
-fn render(report: &BenchReport) -> String {
+fn render(report: &CpuBenchReport) -> String {
     format!(
         "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
         report.backend,

@@ -6,22 +6,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use serde::Serialize;
 use tpar::memory::human_bytes;
-use tpar::DType;
 
-use tpar::harness::anatomy::{AnatomyRow, CHAIN};
-use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
+use tpar::harness::anatomy::CHAIN;
+use tpar::harness::cuda_bench::{self, CudaBenchPlan};
 use tpar::harness::cuda_ranks::CudaRanks;
 use tpar::harness::cuda_selftest::{self, CudaPlan};
-use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
+use tpar::harness::fused_bench::{self, FusedBench, VARIANTS};
 use tpar::harness::job::cuda_config;
+use tpar::harness::reports::{AnatomyReport, CudaBenchReport, FusedReport};
 
 use crate::progress::Progress;
 use crate::ranks::on_cuda_ranks;
 use crate::report::{emit, name_with_runs, skipped_row, Table};
-use tpar::harness::backend_choice::cuda_device;
-use tpar::harness::provenance::Provenance;
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
     on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
@@ -53,24 +50,6 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
     })
 }
 
-#[derive(Serialize)]
-struct CudaReport {
-    backend: &'static str,
-    world_size: usize,
-    mode: &'static str,
-    dtype: DType,
-    #[serde(flatten)]
-    provenance: Provenance,
-    replays: usize,
-    warmup: usize,
-    chain: usize,
-    timing: &'static str,
-    memory_per_rank_bytes: u64,
-    max_blocks_per_rank: u32,
-    floors: Floors,
-    results: Vec<CudaRow>,
-}
-
 pub fn bench(
     processes: bool,
     world_size: usize,
@@ -90,22 +69,8 @@ pub fn bench(
         if !leader {
             return Ok(());
         }
-        let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let report = CudaReport {
-            backend: "cuda",
-            world_size,
-            mode,
-            dtype: plan.dtype,
-            provenance: crate::report::provenance(cuda_device(group.comms[0].cuda().context(), gpus)),
-            replays: plan.replays,
-            warmup: plan.warmup,
-            chain: plan.chain,
-            timing: "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
-            memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
-            max_blocks_per_rank: group.comms[0].cuda().max_blocks(),
-            floors,
-            results: rows,
-        };
+        let provenance = crate::report::provenance(group.device()?);
+        let report = CudaBenchReport::new(&group, mode, &plan, floors, rows, provenance);
         emit(&render(&report), json.as_deref(), &report)?;
         if let Some(path) = &plot {
             let rows = report.results.iter().filter(|r| r.skipped.is_none());
@@ -130,7 +95,7 @@ pub fn bench(
     })
 }
 
-fn render(report: &CudaReport) -> String {
+fn render(report: &CudaBenchReport) -> String {
     let mut table = Table::new(
         &[
             "size",
@@ -184,21 +149,10 @@ fn render(report: &CudaReport) -> String {
     )
 }
 
-#[derive(Serialize)]
-struct AnatomyReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    chain: usize,
-    replays: usize,
-    dtype: &'static str,
-    rows: Vec<AnatomyRow>,
-}
-
 /// `tpar bench --anatomy`: the harness's ladder of kernels, as a table (and JSON).
 pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
     let anatomy = tpar::harness::anatomy::run(world_size, replays)?;
-    let rows = anatomy.rows;
+    let rows = &anatomy.rows;
     let mut table = Table::new(
         &[
             "ranks",
@@ -230,34 +184,13 @@ pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) ->
             with.map_or("-".into(), |w| format!("{:.2}", w.ratio_to_empty)),
         ]);
     }
-    let device = anatomy.device;
+    let device = anatomy.device.clone();
     let text = format!(
         "anatomy of one allreduce call: {device}, ranks as streams, bf16, per call in a graph chain of {CHAIN} per rank (median of {replays} replays)\n{}",
         table.render()
     );
-    let report = AnatomyReport {
-        provenance: crate::report::provenance(device),
-        driver_version: anatomy.driver_version,
-        chain: CHAIN,
-        replays,
-        dtype: "bf16",
-        rows,
-    };
+    let report = AnatomyReport::new(anatomy, crate::report::provenance(device));
     emit(&text, json, &report)
-}
-
-#[derive(Serialize)]
-struct FusedReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    dtype: &'static str,
-    chain: usize,
-    replays: usize,
-    timing: &'static str,
-    rows: Vec<FusedBenchRow>,
-    /// World sizes that failed, with the error.
-    errors: Vec<String>,
 }
 
 /// `tpar bench --fused`: the harness's measurement as a table (and JSON).
@@ -267,13 +200,14 @@ pub fn fused(
     chain: usize,
     json: Option<&str>,
 ) -> Result<()> {
+    let bench = fused_bench::measure(world_size, iters, chain);
     let FusedBench {
         device,
-        driver_version,
         hidden,
         rows,
         errors,
-    } = fused_bench::measure(world_size, iters, chain);
+        ..
+    } = &bench;
     let mut table = Table::new(
         &[
             "ranks",
@@ -326,21 +260,13 @@ pub fn fused(
     } else {
         format!("{text}\nFAILED: {}", errors.join("; "))
     };
-    let report = FusedReport {
-        provenance: crate::report::provenance(device),
-        driver_version,
-        dtype: "bf16",
-        chain,
-        replays: iters,
-        timing: "CUDA events around graph replays; per op = replay time / chain",
-        rows,
-        errors: errors.clone(),
-    };
+    let (errors, provenance) = (errors.join("; "), crate::report::provenance(device.clone()));
+    let report = FusedReport::new(bench, chain, iters, provenance);
     emit(&text, json, &report)?;
     anyhow::ensure!(
         ok,
         "a fused or unfused result differed from the CPU reference"
     );
-    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    anyhow::ensure!(errors.is_empty(), "{errors}");
     Ok(())
 }

@@ -7,13 +7,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tpar::harness::bench_step::{self, Norms, StepPlan};
 use tpar::harness::cuda_ranks::parse_selection;
-use tpar::harness::step_request::{self, StepReport, StepRequestError};
+use tpar::harness::reports::StepReport;
+use tpar::harness::step_request::{self, StepRequestError};
 use tpar::memory::human_bytes;
 
 use crate::args::parse_list;
 use crate::ranks::on_cuda_ranks;
 use crate::report::{emit, name_with_runs, skipped_row, Table};
-use tpar::harness::backend_choice::cuda_device;
 use tpar::harness::job::cuda_config;
 
 #[derive(Args, Debug)]
@@ -112,8 +112,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             return Ok(());
         }
         let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let device = cuda_device(group.comms[0].cuda().context(), gpus);
-        let report = StepReport::new(&plan, mode, gpus, crate::report::provenance(device), rows);
+        let provenance = crate::report::provenance(group.device()?);
+        let report = StepReport::new(&plan, mode, gpus, provenance, rows);
         emit(&render(&report), args.json.as_deref(), &report)
     })
 }

@@ -27,6 +27,8 @@
 //! - [`fused_bench`]: the fused allreduce + residual add + RMSNorm's self-test rows and bench.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`limits`]: what this host can hold (RAM, /dev/shm, cores) against a job's needs.
+//! - [`reports`]: each run's report as written out (rows, timing, provenance).
+//! - [`sizes`]: message sizes as written (`4K`), the default sweeps, sizes as element counts.
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
@@ -48,6 +50,8 @@ pub mod known;
 pub mod limits;
 pub mod provenance;
 pub mod ranks;
+pub mod reports;
+pub mod sizes;
 pub mod stats;
 pub mod step_request;
 pub mod tune;

@@ -1,18 +1,13 @@
 //! What a `bench step` request settles before any GPU work: the model (a Hugging Face
 //! `config.json`, named after its folder or file), the layers to time, the passes (the compute
-//! alone, then each allreduce with each norm mode), whether ranks run as processes; and the
-//! report of the timed passes ([`StepReport`], the command's JSON).
+//! alone, then each allreduce with each norm mode), whether ranks run as processes.
 
 use std::path::Path;
 
-use serde::Serialize;
-
-use super::bench_step::{Norms, Reduce, StepPlan, StepRow};
-use super::provenance::Provenance;
+use super::bench_step::{Norms, Reduce};
 use crate::algorithm::Selection;
 use crate::dispatch::Choice;
 use crate::planner::model::ModelShape;
-use crate::DType;
 
 /// Why a request cannot be timed as given.
 #[derive(Debug, thiserror::Error)]
@@ -96,57 +91,6 @@ pub fn reduces(allreduces: &[Selection], norms: &[Norms]) -> Vec<Reduce> {
 /// own (NCCL takes one process per rank).
 pub fn processes(asked: bool, tp: usize, gpus: usize) -> bool {
     asked || (tp > 1 && gpus >= tp)
-}
-
-/// The report of `bench step`: the pass, where it ran and its timed rows.
-#[derive(Serialize)]
-pub struct StepReport {
-    pub model: String,
-    pub tp: usize,
-    pub tokens: usize,
-    pub layers: u64,
-    pub allreduces_per_pass: u64,
-    /// Residual add + RMSNorms per pass: one after each allreduce.
-    pub norms_per_pass: u64,
-    pub allreduce_bytes: u64,
-    pub gemms_per_pass: usize,
-    pub weight_bytes_per_rank_per_layer: u64,
-    pub mode: &'static str,
-    pub gpus: usize,
-    #[serde(flatten)]
-    pub provenance: Provenance,
-    pub replays: usize,
-    pub timing: &'static str,
-    pub results: Vec<StepRow>,
-}
-
-impl StepReport {
-    /// The report of `rows`, timed by `plan` with ranks run as `mode` on `gpus` GPUs.
-    pub fn new(
-        plan: &StepPlan,
-        mode: &'static str,
-        gpus: usize,
-        provenance: Provenance,
-        rows: Vec<StepRow>,
-    ) -> StepReport {
-        StepReport {
-            model: plan.model.name.clone(),
-            tp: plan.tp as usize,
-            tokens: plan.tokens as usize,
-            layers: plan.layers,
-            allreduces_per_pass: 2 * plan.layers,
-            norms_per_pass: 2 * plan.layers,
-            allreduce_bytes: (plan.count() * DType::Bf16.size()) as u64,
-            gemms_per_pass: plan.gemms_per_pass(),
-            weight_bytes_per_rank_per_layer: plan.weight_bytes(false),
-            mode,
-            gpus,
-            provenance,
-            replays: plan.replays,
-            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
-            results: rows,
-        }
-    }
 }
 
 #[cfg(test)]
