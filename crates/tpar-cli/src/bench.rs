@@ -9,7 +9,7 @@ use tpar::memory::human_bytes;
 use tpar::DType;
 
 use crate::args::BackendArg;
-use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts, Usage};
+use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
 use crate::report::{emit, Table};
@@ -137,11 +137,9 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             args.plot,
         );
     }
-    if args.processes {
-        bail!(Usage(
-            "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda".into()
-        ));
-    }
+    setup
+        .check_processes(args.processes)
+        .map_err(crate::args::setup_error)?;
     let max_bytes = bytes.iter().copied().max().unwrap_or(0);
     // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
     crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
