@@ -4,17 +4,17 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::harness::cpu_bench::{self, CpuBenchPlan, CpuRow};
-use tpar::memory::human_bytes;
+use tpar::harness::cpu_bench::{self, CpuBenchPlan};
 use tpar::DType;
 
 use crate::args::BackendArg;
 use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{emit, Table};
 use tpar::harness::backend_choice::{cpu_device, Backend};
 use tpar::harness::reports::CpuBenchReport;
+use tpar_report::plot::plot_latency;
+use tpar_report::{bench, emit, ranks, size};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
@@ -166,24 +166,22 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
 fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let leader = rank.is_leader();
     let world_size = rank.world_size();
-    if leader {
-        if let Some(note) = &plan.note {
-            eprintln!("{note}");
-        }
+    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+        eprintln!("{note}");
     }
     let configs = plan.sweep.sizes.len() * plan.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
     let run = cpu_bench::run(
         &rank,
         &plan.sweep,
-        |bytes, algo| progress.step(format!("{} {algo}", crate::report::size(bytes))),
+        |bytes, algo| progress.step(format!("{} {algo}", size(bytes))),
         |rows| {
             if leader {
                 rank.save_partial(&format!(
                     "tpar bench (partial): cpu backend, {}, {}\n{}",
-                    crate::report::ranks(world_size),
+                    ranks(world_size),
                     plan.sweep.dtype,
-                    table(rows)
+                    bench::cpu_table(rows)
                 ));
             }
         },
@@ -193,23 +191,21 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         return Ok(());
     }
 
-    let provenance = crate::report::provenance(cpu_device());
+    let provenance = crate::provenance(cpu_device());
     let report = CpuBenchReport::new(world_size, &plan.sweep, run, provenance);
-    emit(&render(&report), plan.json.as_deref(), &report)?;
+    emit(&bench::cpu_bench(&report), plan.json.as_deref(), &report)?;
     if let Some(path) = &plan.plot {
-        let series = crate::plot::series(
-            report
-                .results
-                .iter()
-                .map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
-        );
         let title = format!(
             "tpar bench: cpu, {}, {}",
-            crate::report::ranks(world_size),
+            ranks(world_size),
             plan.sweep.dtype
         );
-        crate::plot::latency_svg(path, &title, &series)?;
-        eprintln!("wrote {path}");
+        let rows = report.results.iter();
+        plot_latency(
+            path,
+            &title,
+            rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
+        )?;
     }
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
@@ -219,42 +215,4 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn render(report: &CpuBenchReport) -> String {
-    format!(
-        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
-        report.backend,
-        crate::report::ranks(report.world_size),
-        report.dtype,
-        report.iters,
-        report.warmup,
-        human_bytes(report.memory_per_rank_bytes),
-        table(&report.results)
-    )
-}
-
-fn table(rows: &[CpuRow]) -> String {
-    let mut table = Table::new(
-        &[
-            "size",
-            "algorithm",
-            "p50 us",
-            "p99 us",
-            "busbw GB/s",
-            "correct",
-        ],
-        2,
-    );
-    for r in rows {
-        table.push(vec![
-            crate::report::size(r.bytes),
-            r.algo.clone(),
-            format!("{:.2}", r.p50_us),
-            format!("{:.2}", r.p99_us),
-            format!("{:.2}", r.busbw_gbps),
-            if r.correct { "yes" } else { "NO" }.to_owned(),
-        ]);
-    }
-    table.render()
 }

@@ -7,14 +7,13 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use tpar::harness::cpu_selftest::{self, CpuPlan};
-use tpar::harness::cuda_selftest::SelftestRow;
 
 use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
 use crate::ranks::{run_ranks, Rank};
-use crate::report::Table;
 use tpar::harness::backend_choice::Backend;
 use tpar::harness::limits::CpuJobNeeds;
+use tpar_report::{ranks, selftest};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -103,41 +102,28 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
 
 fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
     let leader = rank.is_leader();
-    if leader {
-        if let Some(note) = &plan.note {
-            eprintln!("{note}");
-        }
+    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+        eprintln!("{note}");
     }
-    let header = ["case", "dtype", "elements", "placement", "result"];
-    let table = |rows: &[SelftestRow]| {
-        let mut table = Table::new(&header, 4);
-        for row in rows {
-            let mut cells = row.cells.clone();
-            cells.push(row.result.clone());
-            table.push(cells);
-        }
-        table.render()
-    };
     let rows = cpu_selftest::run(&rank, &plan.sweep, |rows| {
         if leader {
             rank.save_partial(&format!(
                 "tpar selftest (partial): cpu backend, {}\n{}",
-                crate::report::ranks(rank.world_size()),
-                table(rows)
+                ranks(rank.world_size()),
+                selftest::table(rows, false)
             ));
         }
     })?;
-    let failed = rows.iter().filter(|r| r.bad > 0).count();
     if leader {
         println!(
             "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}",
-            crate::report::ranks(rank.world_size()),
-            table(&rows)
+            ranks(rank.world_size()),
+            selftest::table(&rows, false)
         );
-        println!("selftest: {} passed, {failed} failed", rows.len() - failed);
+        println!("{}", selftest::summary(&rows));
     }
-    if failed > 0 {
-        bail!("{failed} of {} selftest rows failed", rows.len());
+    match selftest::failed(&rows) {
+        0 => Ok(()),
+        failed => bail!("{failed} of {} selftest rows failed", rows.len()),
     }
-    Ok(())
 }

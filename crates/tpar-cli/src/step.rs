@@ -13,8 +13,8 @@ use tpar::memory::human_bytes;
 
 use crate::args::parse_list;
 use crate::ranks::on_cuda_ranks;
-use crate::report::{emit, name_with_runs, skipped_row, Table};
 use tpar::harness::job::cuda_config;
+use tpar_report::{emit, ranks, step};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -98,7 +98,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         if leader {
             eprintln!(
                 "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
-                crate::report::ranks(args.tp),
+                ranks(args.tp),
                 plan.layer_kinds(),
                 human_bytes(plan.weight_bytes(true))
             );
@@ -112,76 +112,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             return Ok(());
         }
         let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let provenance = crate::report::provenance(group.device()?);
+        let provenance = crate::provenance(group.device()?);
         let report = StepReport::new(&plan, mode, gpus, provenance, rows);
-        emit(&render(&report), args.json.as_deref(), &report)
+        Ok(emit(&step::step(&report), args.json.as_deref(), &report)?)
     })
-}
-
-fn render(report: &StepReport) -> String {
-    let mut table = Table::new(
-        &[
-            "allreduce",
-            "norms",
-            "pass p50 us",
-            "pass p99 us",
-            "communication us",
-            "share",
-            "per allreduce us",
-        ],
-        1,
-    );
-    for r in &report.results {
-        if let Some(why) = &r.skipped {
-            table.push(skipped_row(vec![r.reduce.clone()], 7, why));
-            continue;
-        }
-        let name = name_with_runs(&r.reduce, r.runs.as_deref());
-        let compute = r.reduce.starts_with("none");
-        table.push(vec![
-            name,
-            r.norms.clone(),
-            format!("{:.1}", r.pass_p50_us),
-            format!("{:.1}", r.pass_p99_us),
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}", r.communication_us)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}%", 100.0 * r.communication_share)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.2}", r.per_allreduce_us)
-            },
-        ]);
-    }
-    let sharing = if report.gpus < report.tp {
-        format!(
-            "\nnote: {} ranks share {} GPU(s): every rank's GEMMs run on the same GPU, so the pass is not a TP-{} machine's; the real use is one GPU per rank",
-            report.tp, report.gpus, report.tp
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs, {} allreduces of {} bf16 and {} residual add + RMSNorms per pass; {}, {} ({})\n{}{}",
-        report.model,
-        report.tp,
-        report.tokens,
-        report.layers,
-        report.gemms_per_pass,
-        report.allreduces_per_pass,
-        human_bytes(report.allreduce_bytes),
-        report.norms_per_pass,
-        report.provenance.device,
-        crate::report::ranks(report.tp),
-        report.mode,
-        table.render(),
-        sharing
-    )
 }

@@ -8,15 +8,14 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::Args;
 use tpar::harness::reports::TuneReport;
-use tpar::harness::tune::{self, crossovers};
+use tpar::harness::tune;
 use tpar::topology::Topology;
 use tpar::DType;
 
 use crate::args::{parse_list, parse_size, sizes_with_counts};
 use crate::ranks::on_cuda_ranks;
-use crate::report::{emit, Table};
-use tpar::harness::cuda_bench::CudaRow;
 use tpar::harness::job::cuda_config;
+use tpar_report::{emit, ranks, size};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -65,43 +64,19 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             plan.sizes.len() * plan.choices.len(),
         );
         let tuned = tune::run(&mut group, &plan, &topology, |bytes, algo| {
-            progress.step(format!("{} {algo}", crate::report::size(bytes)))
+            progress.step(format!("{} {algo}", size(bytes)))
         })?;
         progress.finish();
         let Some(path) = tuned.written_to else {
             return Ok(());
         };
-        let (table, rows) = (tuned.table, tuned.rows);
-        let mut t = Table::new(&["size", "fastest", "p50 us", "runner-up", "p50 us"], 2);
-        for podium in tune::podiums(&rows, &plan.sizes) {
-            let cell = |r: Option<&CudaRow>| {
-                r.map_or(["-".to_owned(), "-".to_owned()], |r| {
-                    [r.algo.clone(), format!("{:.2}", r.p50_us)]
-                })
-            };
-            let ([a, a_us], [b, b_us]) = (cell(podium.fastest), cell(podium.runner_up));
-            t.push(vec![crate::report::size(podium.bytes), a, a_us, b, b_us]);
-        }
-        let skipped = tune::not_measured(&rows);
-        let text = format!(
-            "tpar tune: {}, {} on {}\n{}\n\ncrossovers: {}\n{}wrote {}",
-            crate::report::ranks(world_size),
-            args.dtype,
-            topology,
-            t.render(),
-            crossovers(&table),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!("not measured: {}\n", skipped.join("; "))
-            },
-            path.display()
-        );
         let report = TuneReport {
-            table,
+            table: tuned.table,
             written_to: path.display().to_string(),
-            measurements: rows,
+            measurements: tuned.rows,
         };
-        emit(&text, args.json.as_deref(), &report)
+        let heading = format!("{}, {} on {topology}", ranks(world_size), args.dtype);
+        let text = tpar_report::tune::tune(&report, &heading, &plan.sizes);
+        Ok(emit(&text, args.json.as_deref(), &report)?)
     })
 }
