@@ -14,7 +14,7 @@ use crate::ranks::{run_ranks, Rank};
 use tpar::harness::backend_choice::{cpu_device, Backend};
 use tpar::harness::reports::CpuBenchReport;
 use tpar_report::plot::plot_latency;
-use tpar_report::{bench, emit, ranks, size};
+use tpar_report::{bench, emit, ranks};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
@@ -174,7 +174,7 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let run = cpu_bench::run(
         &rank,
         &plan.sweep,
-        |bytes, algo| progress.step(format!("{} {algo}", size(bytes))),
+        |bytes, algo| progress.step_at(bytes, algo),
         |rows| {
             if leader {
                 rank.save_partial(&format!(
@@ -194,19 +194,14 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let provenance = crate::provenance(cpu_device());
     let report = CpuBenchReport::new(world_size, &plan.sweep, run, provenance);
     emit(&bench::cpu_bench(&report), plan.json.as_deref(), &report)?;
-    if let Some(path) = &plan.plot {
-        let title = format!(
+    let title = || {
+        format!(
             "tpar bench: cpu, {}, {}",
             ranks(world_size),
             plan.sweep.dtype
-        );
-        let rows = report.results.iter();
-        plot_latency(
-            path,
-            &title,
-            rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
-        )?;
-    }
+        )
+    };
+    plot_latency(plan.plot.as_deref(), title, report.results.iter())?;
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
         bail!(

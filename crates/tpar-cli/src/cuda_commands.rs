@@ -17,7 +17,7 @@ use tpar::harness::reports::{AnatomyReport, CudaBenchReport, FusedReport};
 use crate::progress::Progress;
 use crate::ranks::on_cuda_ranks;
 use tpar_report::plot::plot_latency;
-use tpar_report::{bench, emit, ranks, selftest, size};
+use tpar_report::{bench, emit, ranks, selftest};
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
     on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
@@ -50,7 +50,7 @@ pub fn bench(
         let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
         let floors = cuda_bench::measure_floors(&group, &plan)?;
         let rows = cuda_bench::run(&mut group, &plan, &floors, |bytes, algo| {
-            progress.step(format!("{} {algo}", size(bytes)))
+            progress.step_at(bytes, algo)
         })?;
         progress.finish();
         if !leader {
@@ -59,20 +59,16 @@ pub fn bench(
         let provenance = crate::provenance(group.device()?);
         let report = CudaBenchReport::new(&group, mode, &plan, floors, rows, provenance);
         emit(&bench::cuda_bench(&report), json.as_deref(), &report)?;
-        if let Some(path) = &plot {
-            let device = &report.provenance.device;
-            let title = format!(
+        let device = &report.provenance.device;
+        let title = || {
+            format!(
                 "tpar bench: {device}, {} ({mode}), {}",
                 ranks(world_size),
                 plan.dtype
-            );
-            let rows = report.results.iter().filter(|r| r.skipped.is_none());
-            plot_latency(
-                path,
-                &title,
-                rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
-            )?;
-        }
+            )
+        };
+        let rows = report.results.iter().filter(|r| r.skipped.is_none());
+        plot_latency(plot.as_deref(), title, rows)?;
         let wrong = report.results.iter().filter(|r| !r.correct).count();
         if wrong > 0 {
             bail!("{wrong} configurations gave wrong results (see the table)");

@@ -15,7 +15,7 @@ use tpar::DType;
 use crate::args::{parse_list, parse_size, sizes_with_counts};
 use crate::ranks::on_cuda_ranks;
 use tpar::harness::job::cuda_config;
-use tpar_report::{emit, ranks, size};
+use tpar_report::{emit, ranks};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -64,7 +64,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             plan.sizes.len() * plan.choices.len(),
         );
         let tuned = tune::run(&mut group, &plan, &topology, |bytes, algo| {
-            progress.step(format!("{} {algo}", size(bytes)))
+            progress.step_at(bytes, algo)
         })?;
         progress.finish();
         let Some(path) = tuned.written_to else {

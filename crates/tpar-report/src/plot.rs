@@ -3,6 +3,8 @@
 use std::path::Path;
 
 use plotters::prelude::*;
+use tpar::harness::cpu_bench::CpuRow;
+use tpar::harness::cuda_bench::CudaRow;
 use tpar::memory::human_bytes;
 
 use crate::{ReportError, Result};
@@ -14,13 +16,34 @@ pub struct Series {
     pub points: Vec<(u64, f64)>,
 }
 
-/// Draws `rows` ((algorithm, bytes, p50 us)) to `path` as one line per algorithm, and says so.
-pub fn plot_latency<'a>(
-    path: &str,
-    title: &str,
-    rows: impl Iterator<Item = (&'a str, u64, f64)>,
+/// A timed row that can be drawn: its algorithm, message size and p50 latency.
+pub trait LatencyPoint {
+    fn point(&self) -> (&str, u64, f64);
+}
+
+impl LatencyPoint for CpuRow {
+    fn point(&self) -> (&str, u64, f64) {
+        (&self.algo, self.bytes, self.p50_us)
+    }
+}
+
+impl LatencyPoint for CudaRow {
+    fn point(&self) -> (&str, u64, f64) {
+        (&self.algo, self.bytes, self.p50_us)
+    }
+}
+
+/// Draws `rows` to `path` where `--plot` gave one (a line per algorithm, titled `title()`),
+/// and says so.
+pub fn plot_latency<'a, R: LatencyPoint + 'a>(
+    path: Option<&str>,
+    title: impl FnOnce() -> String,
+    rows: impl Iterator<Item = &'a R>,
 ) -> Result<()> {
-    latency_svg(path, title, &series(rows))?;
+    let Some(path) = path else {
+        return Ok(());
+    };
+    latency_svg(path, &title(), &series(rows.map(R::point)))?;
     eprintln!("wrote {path}");
     Ok(())
 }
