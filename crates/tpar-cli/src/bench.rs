@@ -5,6 +5,8 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use tpar::harness::cpu_bench::{self, CpuBenchPlan};
+use tpar::harness::cuda_bench;
+use tpar::harness::limits::CpuJobNeeds;
 use tpar::DType;
 
 use crate::args::BackendArg;
@@ -124,12 +126,12 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::bench(
             args.processes,
             world_size,
-            tpar::harness::cuda_bench::CudaBenchPlan {
+            cuda_bench::CudaBenchPlan {
                 sizes,
                 choices: setup.choices,
                 dtype,
                 replays: args.iters,
-                warmup: args.warmup.unwrap_or(5),
+                warmup: args.warmup.unwrap_or(cuda_bench::DEFAULT_WARMUP),
                 chain: args.chain,
             },
             timeout,
@@ -140,11 +142,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     setup
         .check_processes(args.processes)
         .map_err(crate::args::setup_error)?;
-    let max_bytes = bytes.iter().copied().max().unwrap_or(0);
-    // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
-    crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
-        world_size, max_bytes, 5,
-    ))?;
+    crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes))?;
     let plan = BenchPlan {
         note: setup.note.clone(),
         sweep: CpuBenchPlan {
@@ -153,7 +151,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 .tpar_algorithms("the CPU bench")
                 .map_err(crate::args::setup_error)?,
             iters: args.iters,
-            warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
+            warmup: args.warmup.unwrap_or(cpu_bench::default_warmup(args.iters)),
             dtype,
             timeout,
         },

@@ -5,11 +5,10 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use tpar::harness::reports::TuneReport;
 use tpar::harness::tune;
-use tpar::topology::Topology;
 use tpar::DType;
 
 use crate::args::{parse_list, parse_size, sizes_with_counts};
@@ -50,11 +49,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
     if let Some(path) = &args.json {
         crate::args::check_writable("json", path)?;
     }
-    let gpus =
-        tpar::backend::cuda::probe().context("tpar tune measures GPUs, and none is usable here")?;
-    let topology =
-        Topology::detect().context("tpar tune keys its table by the machine's topology")?;
-    let world_size = args.world_size.unwrap_or(gpus).max(1);
+    let (world_size, topology) = tune::machine(args.world_size)?;
     let timeout = args.timeout;
     let plan = tune::plan(sizes, args.dtype, args.iters);
     on_cuda_ranks(args.processes, world_size, timeout, |make, _mode| {

@@ -49,6 +49,13 @@ pub struct CpuJobNeeds {
 }
 
 impl CpuJobNeeds {
+    /// A bench's job: the largest of `sizes` ((bytes, elements) pairs), in the buffers `cpu`
+    /// counts.
+    pub fn bench(world_size: usize, sizes: &[(u64, usize)]) -> CpuJobNeeds {
+        let max_bytes = sizes.iter().map(|s| s.0).max().unwrap_or(0);
+        CpuJobNeeds::cpu(world_size, max_bytes, 5)
+    }
+
     /// A self-test's job: the largest count of the widest dtype, in the buffers `cpu` counts.
     pub fn selftest(world_size: usize, counts: &[usize], dtypes: &[crate::DType]) -> CpuJobNeeds {
         let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
@@ -145,6 +152,11 @@ mod tests {
         assert_eq!(
             needs.buffers_per_rank,
             CpuJobNeeds::cpu(2, 4000, 5).buffers_per_rank
+        );
+        let bench = CpuJobNeeds::bench(2, &[(4096, 2048), (65536, 32768)]);
+        assert_eq!(
+            bench.buffers_per_rank,
+            CpuJobNeeds::cpu(2, 65536, 5).buffers_per_rank
         );
         let none = CpuJobNeeds::selftest(2, &[], &[]);
         assert_eq!(

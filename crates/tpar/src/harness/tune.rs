@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::bail;
 use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
 use super::cuda_ranks::CudaRanks;
-use super::Result;
+use super::{Context, Result};
 use crate::algorithm::Selection;
 use crate::dispatch::{Choice, TuningEntry, TuningTable};
 use crate::topology::Topology;
@@ -21,9 +21,19 @@ pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBench
         choices: Choice::ALL.map(Selection::Forced).to_vec(),
         dtype,
         replays,
-        warmup: 5,
+        warmup: cuda_bench::DEFAULT_WARMUP,
         chain: 50,
     }
+}
+
+/// What tuning runs on: this machine's topology (the table's key) and the world size, one
+/// rank per GPU unless `world_size` says otherwise.
+pub fn machine(world_size: Option<usize>) -> Result<(usize, Topology)> {
+    let gpus = crate::backend::cuda::probe()
+        .context("tpar tune measures GPUs, and none is usable here")?;
+    let topology =
+        Topology::detect().context("tpar tune keys its table by the machine's topology")?;
+    Ok((world_size.unwrap_or(gpus).max(1), topology))
 }
 
 /// A tuning run's outcome: the table, where rank 0 wrote it (other ranks write nothing), and
