@@ -1,6 +1,7 @@
 //! The CUDA paths of `tpar bench` and `tpar selftest`: one process driving every rank (the
 //! default), or one process per rank (`--processes`, or when started by an outside launcher),
-//! and the reports they print. The measuring and checking is `tpar::harness`'s.
+//! and the anatomy and fused benches. The measuring and checking is `tpar::harness`'s, the text
+//! `tpar_report`'s.
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 //! before anyone launches a server. Memory: the KV cache an engine will get, every term shown,
 //! and the setting that fixes a budget that does not fit. Speculation: communication per
 //! verify pass and per accepted token, tokens/s with and without it, and the allreduce latency
-//! at which it breaks even. The plans are `tpar::planner::capacity`'s; this file is their
-//! arguments and their text.
+//! at which it breaks even. The plans are `tpar::planner::capacity`'s and their text is
+//! `tpar_report::plan`'s; this file is their arguments.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

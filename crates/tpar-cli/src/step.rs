@@ -1,5 +1,6 @@
-//! `tpar bench step`: the arguments, and the table and JSON of the harness's timed passes
-//! (`tpar::harness::bench_step`, which says what the pass holds).
+//! `tpar bench step`: the arguments, mapped onto the harness's request checks and timed passes
+//! (`tpar::harness::step_request`, `tpar::harness::bench_step`, which says what the pass
+//! holds); the table is `tpar_report::step`'s.
 
 use std::path::PathBuf;
 
