@@ -16,6 +16,10 @@
 #            --anatomy, --fused, bench step, tune, then tpar.verify/tpar.tune from Python (needs
 #            the wheel in .ci/wheels); compare the logs with the same mode on the parent commit
 #   config : the config branch (one Config, one Span type, selftest rows, cuda_rank.py), < 5 min
+#   cli    : issue 17's CLI moves (launcher, reports, printers in the library and tpar-report),
+#            each CUDA path of the binary once, under 4 minutes on one GPU: selftest threads and
+#            --processes, bench threads (JSON, plot) and --processes, --anatomy, --fused, bench
+#            step, tune, doctor; JSON and SVG in $OUT/gpu-cli.tar.gz
 #   fused-py : the fused allreduce + residual + RMSNorm from Python (issue 15): CUDA tests at 2
 #            ranks sharing GPU 0 and a timing of the op eager/graph (scripts/gpu_fused_py.py)
 #   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
@@ -179,6 +183,16 @@ elif [ "$mode" = config ]; then
   export PYTHONPATH=/tmp/site TPAR_TEST_LOGS=$out/ranks
   CUDA_VISIBLE_DEVICES=0 step pytest-cuda-worker 110 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "exact_sums and 2 or errors_name"
   CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused-errors 50 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k errors
+elif [ "$mode" = cli ]; then
+  step selftest-threads-2 45 $tpar selftest --backend cuda -n 2 --counts 0,7,4099 --replays 20
+  step selftest-processes-2 45 $tpar selftest --backend cuda -n 2 --processes --counts 0,7,4099 --replays 20
+  step bench-threads-2 30 $tpar bench --backend cuda -n 2 --sizes 4K,42K --iters 20 --chain 20 --json "$out/bench-2.json" --plot "$out/bench-2.svg"
+  step bench-processes-2 40 $tpar bench --backend cuda -n 2 --processes --sizes 4K --algos one-shot,nccl,auto --iters 20 --chain 20 --json "$out/bench-processes-2.json"
+  step anatomy-2 25 $tpar bench --anatomy -n 2 --iters 10 --json "$out/anatomy-2.json"
+  step fused-2 25 $tpar bench --fused -n 2 --iters 20 --chain 20 --json "$out/fused-2.json"
+  step step-llama-tp2 40 $tpar bench step --config $models/llama-3.1-70b.json -n 2 --layers 2 --replays 3 --json "$out/step-2.json"
+  step tune-1 40 env TPAR_CACHE_DIR=/tmp/tpar-cli-tune $tpar tune -n 1 --sizes 4K,64K --iters 10 --json "$out/tune-1.json"
+  step doctor 30 $tpar doctor --json
 elif [ "$mode" = smoke ]; then
   step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
   step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20

@@ -138,32 +138,15 @@ fn finite_f64(text: &str) -> std::result::Result<f64, String> {
     Ok(v)
 }
 
-/// `"4K"` -> 4096. Suffixes K, M, G (optionally followed by `B` or `iB`) are powers of 1024.
+/// `"4K"` -> 4096 (`tpar::harness::sizes::parse_size`).
 pub fn parse_size(text: &str) -> Result<u64> {
-    let t = text.trim();
-    let upper = t.to_ascii_uppercase();
-    let number_end = upper
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(upper.len());
-    let (digits, suffix) = upper.split_at(number_end);
-    if digits.is_empty() {
-        bail!("size '{text}' does not start with a number; write sizes like 4096, 4K, 1M or 1G");
-    }
-    let shift = match suffix.trim_end_matches("IB").trim_end_matches('B') {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        _ => {
-            bail!("size '{text}' has an unknown suffix '{suffix}'; use K, M or G (powers of 1024)")
-        }
-    };
-    let value: u64 = digits
-        .parse()
-        .with_context(|| format!("size '{text}' is too large"))?;
-    value
-        .checked_mul(1 << shift)
-        .with_context(|| format!("size '{text}' is too large"))
+    Ok(tpar::harness::sizes::parse_size(text)?)
+}
+
+/// Sizes in bytes with their counts of `dtype` elements, refusing sizes that are not whole
+/// elements (a usage error).
+pub fn sizes_with_counts(sizes: &[u64], dtype: DType) -> Result<Vec<(u64, usize)>> {
+    tpar::harness::sizes::with_counts(sizes, dtype).map_err(|e| usage(e.into()))
 }
 
 /// A comma-separated list; an empty item (`4K,,8K`) or a repeated one is refused, as is an
@@ -310,43 +293,9 @@ pub fn check_cpu_job(needs: tpar::harness::limits::CpuJobNeeds) -> Result<()> {
     Ok(())
 }
 
-/// Sizes in bytes as elements of `dtype`, refusing sizes that are not whole elements.
-pub fn sizes_to_counts(sizes: &[u64], dtype: DType) -> Result<Vec<usize>> {
-    sizes_to_counts_inner(sizes, dtype).map_err(usage)
-}
-
-fn sizes_to_counts_inner(sizes: &[u64], dtype: DType) -> Result<Vec<usize>> {
-    sizes
-        .iter()
-        .map(|&bytes| {
-            if bytes % dtype.size() as u64 != 0 {
-                bail!(
-                    "size {bytes} B is not a whole number of {dtype} elements ({} B each); pick a multiple of {}",
-                    dtype.size(),
-                    dtype.size()
-                );
-            }
-            Ok((bytes / dtype.size() as u64) as usize)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_use_binary_suffixes() {
-        assert_eq!(parse_size("0").unwrap(), 0);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("4K").unwrap(), 4096);
-        assert_eq!(parse_size("4k").unwrap(), 4096);
-        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
-        assert_eq!(parse_size("2GB").unwrap(), 2 << 30);
-        assert!(parse_size("K").unwrap_err().to_string().contains("number"));
-        assert!(parse_size("3X").unwrap_err().to_string().contains("suffix"));
-        assert!(parse_size("99999999999999999999").is_err());
-    }
 
     #[test]
     fn lists_name_the_flag_in_errors() {
@@ -384,15 +333,6 @@ mod tests {
             .contains("too large"));
         assert!(positive_f64("nan").is_err() && positive_f64("0").is_err());
         assert!(fraction_arg("1.5").is_err() && fraction_arg("1").is_ok());
-    }
-
-    #[test]
-    fn sizes_must_be_whole_elements() {
-        assert_eq!(sizes_to_counts(&[8, 0], DType::F32).unwrap(), vec![2, 0]);
-        assert!(sizes_to_counts(&[6], DType::F32)
-            .unwrap_err()
-            .to_string()
-            .contains("multiple of 4"));
     }
 
     #[test]

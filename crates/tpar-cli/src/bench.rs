@@ -4,20 +4,19 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use serde::Serialize;
-use tpar::harness::cpu_bench::{self, CpuBenchPlan, CpuRow};
-use tpar::memory::human_bytes;
+use tpar::harness::cpu_bench::{self, CpuBenchPlan};
+use tpar::harness::cuda_bench;
+use tpar::harness::limits::CpuJobNeeds;
 use tpar::DType;
 
 use crate::args::BackendArg;
-use crate::args::{check_writable, parse_list, parse_size, sizes_to_counts, Usage};
+use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use crate::report::{emit, Provenance, Table};
 use tpar::harness::backend_choice::{cpu_device, Backend};
-
-pub const DEFAULT_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";
-pub const DEFAULT_CUDA_SIZES: &str = "4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M";
+use tpar::harness::reports::CpuBenchReport;
+use tpar_report::plot::plot_latency;
+use tpar_report::{bench, emit, ranks};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
@@ -83,25 +82,10 @@ enum BenchCommand {
 }
 
 struct BenchPlan {
-    backend: Backend,
     note: Option<String>,
     sweep: CpuBenchPlan,
     json: Option<String>,
     plot: Option<String>,
-}
-
-#[derive(Serialize)]
-struct BenchReport {
-    backend: String,
-    world_size: usize,
-    dtype: DType,
-    #[serde(flatten)]
-    provenance: Provenance,
-    iters: usize,
-    warmup: usize,
-    timing: &'static str,
-    memory_per_rank_bytes: u64,
-    results: Vec<CpuRow>,
 }
 
 pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
@@ -125,17 +109,13 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let setup = crate::args::setup(args.backend, args.world_size, args.algos.as_deref())?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     let dtype = args.dtype;
-    let default_sizes = if backend == Backend::Cuda {
-        DEFAULT_CUDA_SIZES
-    } else {
-        DEFAULT_SIZES
-    };
+    let default_sizes = tpar::harness::sizes::bench_sizes(backend);
     let bytes = parse_list(
         args.sizes.as_deref().unwrap_or(default_sizes),
         "sizes",
         parse_size,
     )?;
-    let counts = sizes_to_counts(&bytes, dtype)?;
+    let sizes = sizes_with_counts(&bytes, dtype)?;
     let timeout = args.timeout;
     for (flag, path) in [("json", &args.json), ("plot", &args.plot)] {
         if let Some(path) = path {
@@ -146,12 +126,12 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::bench(
             args.processes,
             world_size,
-            tpar::harness::cuda_bench::CudaBenchPlan {
-                sizes: bytes.into_iter().zip(counts).collect(),
+            cuda_bench::CudaBenchPlan {
+                sizes,
                 choices: setup.choices,
                 dtype,
                 replays: args.iters,
-                warmup: args.warmup.unwrap_or(5),
+                warmup: args.warmup.unwrap_or(cuda_bench::DEFAULT_WARMUP),
                 chain: args.chain,
             },
             timeout,
@@ -159,26 +139,19 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             args.plot,
         );
     }
-    if args.processes {
-        bail!(Usage(
-            "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda".into()
-        ));
-    }
-    let max_bytes = bytes.iter().copied().max().unwrap_or(0);
-    // Two inputs, two expected sums and the output per rank (KnownData and bench_rank).
-    crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
-        world_size, max_bytes, 5,
-    ))?;
+    setup
+        .check_processes(args.processes)
+        .map_err(crate::args::setup_error)?;
+    crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes))?;
     let plan = BenchPlan {
-        backend,
         note: setup.note.clone(),
         sweep: CpuBenchPlan {
-            sizes: bytes.into_iter().zip(counts).collect(),
+            sizes,
             algorithms: setup
                 .tpar_algorithms("the CPU bench")
                 .map_err(crate::args::setup_error)?,
             iters: args.iters,
-            warmup: args.warmup.unwrap_or((args.iters / 10).max(5)),
+            warmup: args.warmup.unwrap_or(cpu_bench::default_warmup(args.iters)),
             dtype,
             timeout,
         },
@@ -191,24 +164,22 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
 fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
     let leader = rank.is_leader();
     let world_size = rank.world_size();
-    if leader {
-        if let Some(note) = &plan.note {
-            eprintln!("{note}");
-        }
+    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+        eprintln!("{note}");
     }
     let configs = plan.sweep.sizes.len() * plan.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
     let run = cpu_bench::run(
         &rank,
         &plan.sweep,
-        |bytes, algo| progress.step(format!("{} {algo}", crate::report::size(bytes))),
+        |bytes, algo| progress.step_at(bytes, algo),
         |rows| {
             if leader {
                 rank.save_partial(&format!(
                     "tpar bench (partial): cpu backend, {}, {}\n{}",
-                    crate::report::ranks(world_size),
+                    ranks(world_size),
                     plan.sweep.dtype,
-                    table(rows)
+                    bench::cpu_table(rows)
                 ));
             }
         },
@@ -218,33 +189,17 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         return Ok(());
     }
 
-    let report = BenchReport {
-        backend: plan.backend.name().to_owned(),
-        world_size,
-        dtype: plan.sweep.dtype,
-        provenance: Provenance::collect(cpu_device()),
-        iters: plan.sweep.iters,
-        warmup: plan.sweep.warmup,
-        timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
-        memory_per_rank_bytes: run.memory_per_rank_bytes,
-        results: run.rows,
-    };
-    emit(&render(&report), plan.json.as_deref(), &report)?;
-    if let Some(path) = &plan.plot {
-        let series = crate::plot::series(
-            report
-                .results
-                .iter()
-                .map(|r| (r.algo.as_str(), r.bytes, r.p50_us)),
-        );
-        let title = format!(
+    let provenance = crate::provenance(cpu_device());
+    let report = CpuBenchReport::new(world_size, &plan.sweep, run, provenance);
+    emit(&bench::cpu_bench(&report), plan.json.as_deref(), &report)?;
+    let title = || {
+        format!(
             "tpar bench: cpu, {}, {}",
-            crate::report::ranks(world_size),
+            ranks(world_size),
             plan.sweep.dtype
-        );
-        crate::plot::latency_svg(path, &title, &series)?;
-        eprintln!("wrote {path}");
-    }
+        )
+    };
+    plot_latency(plan.plot.as_deref(), title, report.results.iter())?;
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
         bail!(
@@ -253,42 +208,4 @@ fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn render(report: &BenchReport) -> String {
-    format!(
-        "tpar bench: {} backend, {}, {}, {} timed calls per row after {} warm-up; {} of shared memory per rank\n{}",
-        report.backend,
-        crate::report::ranks(report.world_size),
-        report.dtype,
-        report.iters,
-        report.warmup,
-        human_bytes(report.memory_per_rank_bytes),
-        table(&report.results)
-    )
-}
-
-fn table(rows: &[CpuRow]) -> String {
-    let mut table = Table::new(
-        &[
-            "size",
-            "algorithm",
-            "p50 us",
-            "p99 us",
-            "busbw GB/s",
-            "correct",
-        ],
-        2,
-    );
-    for r in rows {
-        table.push(vec![
-            crate::report::size(r.bytes),
-            r.algo.clone(),
-            format!("{:.2}", r.p50_us),
-            format!("{:.2}", r.p99_us),
-            format!("{:.2}", r.busbw_gbps),
-            if r.correct { "yes" } else { "NO" }.to_owned(),
-        ]);
-    }
-    table.render()
 }

@@ -1,99 +1,41 @@
 //! The CUDA paths of `tpar bench` and `tpar selftest`: one process driving every rank (the
 //! default), or one process per rank (`--processes`, or when started by an outside launcher),
-//! and the reports they print. The measuring and checking is `tpar::harness`'s.
+//! and the anatomy and fused benches. The measuring and checking is `tpar::harness`'s, the text
+//! `tpar_report`'s.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use serde::Serialize;
-use tpar::memory::human_bytes;
-use tpar::{DType, RankEnv};
 
-use tpar::harness::anatomy::{AnatomyRow, CHAIN};
-use tpar::harness::cuda_bench::{self, CudaBenchPlan, CudaRow, Floors};
+use tpar::harness::cuda_bench::{self, CudaBenchPlan};
 use tpar::harness::cuda_ranks::CudaRanks;
-use tpar::harness::cuda_selftest::{self, CudaPlan, MakeGroup};
-use tpar::harness::fused_bench::{self, FusedBench, FusedBenchRow, VARIANTS};
-use tpar::Config;
+use tpar::harness::cuda_selftest::{self, CudaPlan};
+use tpar::harness::fused_bench;
+use tpar::harness::job::cuda_config;
+use tpar::harness::reports::{AnatomyReport, CudaBenchReport, FusedReport};
 
 use crate::progress::Progress;
-use crate::ranks::run_ranks;
-use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
-use tpar::harness::backend_choice::cuda_device;
-
-/// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
-/// `--processes`, or under an outside launcher) this process's own, started by the launcher.
-/// `body` gets a factory for groups (it may build several) and the mode's name.
-pub fn on_ranks(
-    processes: bool,
-    world_size: usize,
-    timeout: Duration,
-    body: impl Fn(MakeGroup<'_>, &'static str) -> Result<()>,
-) -> Result<ExitCode> {
-    if processes || RankEnv::from_env()?.is_some() {
-        run_ranks(world_size, timeout, |rank| {
-            body(&|c| CudaRanks::process(&rank, c), "processes")
-        })
-    } else {
-        body(&|c| CudaRanks::threads(world_size, c), "threads")?;
-        Ok(ExitCode::SUCCESS)
-    }
-}
-
-pub fn config(timeout: Duration) -> Config {
-    Config {
-        timeout,
-        ..Default::default()
-    }
-}
+use crate::ranks::on_cuda_ranks;
+use tpar_report::plot::plot_latency;
+use tpar_report::{bench, emit, ranks, selftest};
 
 pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
-    on_ranks(processes, world_size, plan.timeout, |make, mode| {
+    on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
         let sweep = cuda_selftest::run(make, &plan)?;
-        let rows = sweep.rows;
-        let failed = rows.iter().filter(|r| r.bad > 0).count();
-        let rows_run = rows.len();
         if sweep.leader {
-            let mut table = Table::new(
-                &["case", "dtype", "elements", "placement", "mode", "result"],
-                5,
-            );
-            for row in &rows {
-                let mut cells = row.cells.clone();
-                cells.push(row.result.clone());
-                table.push(cells);
-            }
-            let table = table.render();
             println!(
-                "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{table}",
-                crate::report::ranks(world_size)
+                "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{}",
+                ranks(world_size),
+                selftest::table(&sweep.rows, true)
             );
-            println!("selftest: {} passed, {failed} failed", rows_run - failed);
+            println!("{}", selftest::summary(&sweep.rows));
         }
-        if failed > 0 {
-            bail!("{failed} of {rows_run} selftest rows failed");
+        match selftest::failed(&sweep.rows) {
+            0 => Ok(()),
+            failed => bail!("{failed} of {} selftest rows failed", sweep.rows.len()),
         }
-        Ok(())
     })
-}
-
-#[derive(Serialize)]
-struct CudaReport {
-    backend: &'static str,
-    world_size: usize,
-    mode: &'static str,
-    dtype: DType,
-    #[serde(flatten)]
-    provenance: Provenance,
-    replays: usize,
-    warmup: usize,
-    chain: usize,
-    timing: &'static str,
-    memory_per_rank_bytes: u64,
-    max_blocks_per_rank: u32,
-    floors: Floors,
-    results: Vec<CudaRow>,
 }
 
 pub fn bench(
@@ -109,180 +51,42 @@ pub fn bench(
         let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
         let floors = cuda_bench::measure_floors(&group, &plan)?;
         let rows = cuda_bench::run(&mut group, &plan, &floors, |bytes, algo| {
-            progress.step(format!("{} {algo}", crate::report::size(bytes)))
+            progress.step_at(bytes, algo)
         })?;
         progress.finish();
         if !leader {
             return Ok(());
         }
-        let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let report = CudaReport {
-            backend: "cuda",
-            world_size,
-            mode,
-            dtype: plan.dtype,
-            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
-            replays: plan.replays,
-            warmup: plan.warmup,
-            chain: plan.chain,
-            timing: "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
-            memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
-            max_blocks_per_rank: group.comms[0].cuda().max_blocks(),
-            floors,
-            results: rows,
-        };
-        emit(&render(&report), json.as_deref(), &report)?;
-        if let Some(path) = &plot {
-            let rows = report.results.iter().filter(|r| r.skipped.is_none());
-            let series = crate::plot::series(rows.map(|r| (r.algo.as_str(), r.bytes, r.p50_us)));
-            let title = format!(
-                "tpar bench: {}, {} ({mode}), {}",
-                report.provenance.device,
-                crate::report::ranks(world_size),
+        let provenance = crate::provenance(group.device()?);
+        let report = CudaBenchReport::new(&group, mode, &plan, floors, rows, provenance);
+        emit(&bench::cuda_bench(&report), json.as_deref(), &report)?;
+        let device = &report.provenance.device;
+        let title = || {
+            format!(
+                "tpar bench: {device}, {} ({mode}), {}",
+                ranks(world_size),
                 plan.dtype
-            );
-            crate::plot::latency_svg(path, &title, &series)?;
-            eprintln!("wrote {path}");
-        }
+            )
+        };
+        let rows = report.results.iter().filter(|r| r.skipped.is_none());
+        plot_latency(plot.as_deref(), title, rows)?;
         let wrong = report.results.iter().filter(|r| !r.correct).count();
         if wrong > 0 {
             bail!("{wrong} configurations gave wrong results (see the table)");
         }
         Ok(())
     };
-    on_ranks(processes, world_size, timeout, |make, mode| {
-        body(make(config(timeout))?, mode)
+    on_cuda_ranks(processes, world_size, timeout, |make, mode| {
+        body(make(cuda_config(timeout))?, mode)
     })
-}
-
-fn render(report: &CudaReport) -> String {
-    let mut table = Table::new(
-        &[
-            "size",
-            "algorithm",
-            "p50 us",
-            "p99 us",
-            "1-op graph us",
-            "wire floor us",
-            "busbw GB/s",
-            "correct",
-        ],
-        2,
-    );
-    for r in &report.results {
-        if let Some(why) = &r.skipped {
-            table.push(skipped_row(
-                vec![crate::report::size(r.bytes), r.algo.clone()],
-                8,
-                why,
-            ));
-            continue;
-        }
-        let algo = name_with_runs(&r.algo, r.runs.as_deref());
-        table.push(vec![
-            crate::report::size(r.bytes),
-            algo,
-            format!("{:.2}", r.p50_us),
-            format!("{:.2}", r.p99_us),
-            format!("{:.2}", r.graph_single_us),
-            format!("{:.2}", r.wire_floor_us),
-            format!("{:.1}", r.busbw_gbps),
-            if r.correct { "yes" } else { "NO" }.to_owned(),
-        ]);
-    }
-    let f = &report.floors;
-    format!(
-        "tpar bench: cuda backend ({}), {} ({}), {}; {} replays of a graph with {} allreduces per rank; {} per rank\n\
-         floors in this run: empty kernel {:.2} us per op in the chain, {:.2} us for a 1-op graph; device copy {:.0} GB/s, device->host {:.1} GB/s\n{}",
-        report.provenance.device,
-        crate::report::ranks(report.world_size),
-        report.mode,
-        report.dtype,
-        report.replays,
-        report.chain,
-        human_bytes(report.memory_per_rank_bytes),
-        f.empty_chain_us,
-        f.empty_single_us,
-        f.device_copy_gbps,
-        f.device_to_host_gbps,
-        table.render()
-    )
-}
-
-#[derive(Serialize)]
-struct AnatomyReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    chain: usize,
-    replays: usize,
-    dtype: &'static str,
-    rows: Vec<AnatomyRow>,
 }
 
 /// `tpar bench --anatomy`: the harness's ladder of kernels, as a table (and JSON).
 pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
     let anatomy = tpar::harness::anatomy::run(world_size, replays)?;
-    let rows = anatomy.rows;
-    let mut table = Table::new(
-        &[
-            "ranks",
-            "piece",
-            "bytes",
-            "grid",
-            "us/op",
-            "xempty",
-            "PDL us/op",
-            "xempty",
-        ],
-        2,
-    );
-    for plain in rows.iter().filter(|r| !r.pdl) {
-        let with = rows.iter().find(|r| {
-            r.pdl
-                && r.world_size == plain.world_size
-                && r.rung == plain.rung
-                && r.bytes == plain.bytes
-        });
-        table.push(vec![
-            plain.world_size.to_string(),
-            plain.piece.clone(),
-            human_bytes(plain.bytes as u64),
-            plain.grid.to_string(),
-            format!("{:.2}", plain.p50_us),
-            format!("{:.2}", plain.ratio_to_empty),
-            with.map_or("-".into(), |w| format!("{:.2}", w.p50_us)),
-            with.map_or("-".into(), |w| format!("{:.2}", w.ratio_to_empty)),
-        ]);
-    }
-    let device = anatomy.device;
-    let text = format!(
-        "anatomy of one allreduce call: {device}, ranks as streams, bf16, per call in a graph chain of {CHAIN} per rank (median of {replays} replays)\n{}",
-        table.render()
-    );
-    let report = AnatomyReport {
-        provenance: Provenance::collect(device),
-        driver_version: anatomy.driver_version,
-        chain: CHAIN,
-        replays,
-        dtype: "bf16",
-        rows,
-    };
-    emit(&text, json, &report)
-}
-
-#[derive(Serialize)]
-struct FusedReport {
-    #[serde(flatten)]
-    provenance: Provenance,
-    driver_version: i32,
-    dtype: &'static str,
-    chain: usize,
-    replays: usize,
-    timing: &'static str,
-    rows: Vec<FusedBenchRow>,
-    /// World sizes that failed, with the error.
-    errors: Vec<String>,
+    let text = tpar_report::bench::anatomy(&anatomy);
+    let provenance = crate::provenance(anatomy.device.clone());
+    Ok(emit(&text, json, &AnatomyReport::new(anatomy, provenance))?)
 }
 
 /// `tpar bench --fused`: the harness's measurement as a table (and JSON).
@@ -292,80 +96,20 @@ pub fn fused(
     chain: usize,
     json: Option<&str>,
 ) -> Result<()> {
-    let FusedBench {
-        device,
-        driver_version,
-        hidden,
-        rows,
-        errors,
-    } = fused_bench::measure(world_size, iters, chain);
-    let mut table = Table::new(
-        &[
-            "ranks",
-            "tokens",
-            "bytes",
-            "empty",
-            "allreduce",
-            "norm",
-            "ar + norm",
-            "fused",
-            "fused - ar",
-            "ar+norm - fused",
-            "correct",
-        ],
-        3,
-    );
-    for chunk in rows.chunks(VARIANTS.len()) {
-        let p = |v: &str| {
-            chunk
-                .iter()
-                .find(|r| r.variant == v)
-                .map_or(0.0, |r| r.p50_us)
-        };
-        table.push(vec![
-            chunk[0].world_size.to_string(),
-            chunk[0].tokens.to_string(),
-            human_bytes(chunk[0].bytes as u64),
-            format!("{:.2}", p("empty kernel")),
-            format!("{:.2}", p("allreduce")),
-            format!("{:.2}", p("norm kernel")),
-            format!("{:.2}", p("allreduce + norm")),
-            format!("{:.2}", p("fused")),
-            format!("{:+.2}", p("fused") - p("allreduce")),
-            format!("{:+.2}", p("allreduce + norm") - p("fused")),
-            if chunk.iter().all(|r| r.correct != Some(false)) {
-                "yes"
-            } else {
-                "NO"
-            }
-            .to_owned(),
-        ]);
-    }
-    let text = format!(
-        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {iters} replays)\n{}",
-        table.render()
-    );
-    let ok = rows.iter().all(|r| r.correct != Some(false));
-    let text = if errors.is_empty() {
-        text
-    } else {
-        format!("{text}\nFAILED: {}", errors.join("; "))
-    };
-    let report = FusedReport {
-        provenance: Provenance::collect(device),
-        driver_version,
-        dtype: "bf16",
-        chain,
-        replays: iters,
-        timing: "CUDA events around graph replays; per op = replay time / chain",
-        rows,
-        errors: errors.clone(),
-    };
-    emit(&text, json, &report)?;
+    let bench = fused_bench::measure(world_size, iters, chain);
+    let text = tpar_report::bench::fused(&bench, chain, iters);
+    let ok = bench.rows.iter().all(|r| r.correct != Some(false));
+    let errors = bench.errors.join("; ");
+    let provenance = crate::provenance(bench.device.clone());
+    emit(
+        &text,
+        json,
+        &FusedReport::new(bench, chain, iters, provenance),
+    )?;
     anyhow::ensure!(
         ok,
         "a fused or unfused result differed from the CPU reference"
     );
-    anyhow::ensure!(errors.is_empty(), "{}", errors.join("; "));
+    anyhow::ensure!(errors.is_empty(), "{errors}");
     Ok(())
 }

@@ -4,8 +4,9 @@
 //! host), or run as one rank when an outside launcher set the rank environment (see
 //! `tpar help bench` and the README).
 //!
-//! This crate is argument parsing and output (tables, JSON, plots, progress): what a command
-//! measures or checks is `tpar::harness` (and `tpar::verify`), which Python calls too.
+//! This crate is argument parsing and per-command glue: what a command measures or checks is
+//! `tpar::harness` (and `tpar::verify`), which Python calls too, and its tables, JSON and plots
+//! are printed by `tpar_report`.
 
 mod args;
 mod bench;
@@ -13,10 +14,8 @@ mod cuda_commands;
 mod debug_rank;
 mod doctor;
 mod plan;
-mod plot;
 mod progress;
 mod ranks;
-mod report;
 mod selftest;
 mod step;
 mod tune;
@@ -67,6 +66,11 @@ enum Command {
     /// Scripted calls with injected faults, for tests.
     #[command(hide = true)]
     DebugRank(debug_rank::DebugRankArgs),
+}
+
+/// The provenance record of a result measured now on `device` by this build of `tpar`.
+fn provenance(device: String) -> tpar::harness::provenance::Provenance {
+    tpar::harness::provenance::Provenance::collect(device, env!("TPAR_GIT_COMMIT"))
 }
 
 /// Puts NVRTC on the library path when it is installed but not findable (pip's wheel, a CUDA

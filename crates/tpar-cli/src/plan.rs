@@ -2,8 +2,8 @@
 //! before anyone launches a server. Memory: the KV cache an engine will get, every term shown,
 //! and the setting that fixes a budget that does not fit. Speculation: communication per
 //! verify pass and per accepted token, tokens/s with and without it, and the allreduce latency
-//! at which it breaks even. The plans are `tpar::planner::capacity`'s; this file is their
-//! arguments and their text.
+//! at which it breaks even. The plans are `tpar::planner::capacity`'s and their text is
+//! `tpar_report::plan`'s; this file is their arguments.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,10 +12,9 @@ use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
 use tpar::planner::capacity::{memory_report, spec_report, MemoryRequest, SpecRequest};
 use tpar::planner::memory::EngineRule;
-use tpar::planner::{gib, GIB};
 
 use crate::args::usage;
-use crate::report::{emit, Table};
+use tpar_report::emit;
 
 #[derive(Subcommand, Debug)]
 pub enum PlanCommand {
@@ -195,33 +194,13 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         context: a.context,
     };
     let report = memory_report(&request)?;
-    let (inputs, plan) = (&report.inputs, &report.plan);
-    let mut t = Table::new(&["term", "GiB", "what"], 1);
-    for term in &plan.terms {
-        t.push(vec![
-            term.name.clone(),
-            format!("{:+.2}", term.bytes / GIB),
-            term.note.clone(),
-        ]);
-    }
-    let attention = if report.mla { "MLA latent" } else { "K and V" };
-    let text = format!(
-        "tpar plan memory: {} ({:.1}B parameters, {:.1} GiB of weights per rank at TP {}), {} GPU of {}\n{}\n\nKV budget {} = {} tokens of {} bytes each ({attention}, {} bytes per element){}",
-        report.model,
-        report.parameters as f64 / 1e9,
-        inputs.weights_bytes / GIB,
-        report.tp,
-        match a.engine { Engine::Sglang => "SGLang", Engine::Vllm => "vLLM" },
-        gib(inputs.gpu_total_bytes),
-        t.render(),
-        gib(plan.kv_budget_bytes),
-        plan.kv_tokens,
-        inputs.kv_bytes_per_token,
-        report.kv_bytes,
-        plan.problem.as_ref().map_or(String::new(), |p| format!("\n\nDOES NOT FIT: {p}"))
-    );
+    let engine = match a.engine {
+        Engine::Sglang => "SGLang",
+        Engine::Vllm => "vLLM",
+    };
+    let text = tpar_report::plan::memory(&report, engine);
     emit(&text, a.json.then_some("-"), &report)?;
-    Ok(if plan.problem.is_some() {
+    Ok(if report.plan.problem.is_some() {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
@@ -245,39 +224,7 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
         hbm_gbps: a.hbm_gbps,
     };
     let report = spec_report(&request)?;
-    let p = &report.plan;
-    let verdict = if p.spec_tokens_per_s > p.plain_tokens_per_s {
-        "speculation wins"
-    } else {
-        "speculation LOSES"
-    };
-    let text = format!(
-        "tpar plan spec-decode: {} at TP {}, {} tokens per verify pass, acceptance {}\n\
-         allreduces per pass: {} of {} B (verify) / {} B (plain step)\n\
-         allreduce latency: {:.1} us (verify size), {:.1} us (plain size)\n\
-         communication: {:.2} ms per verify pass, {:.2} ms per accepted token, {:.2} ms per plain step\n\
-         tokens/s: {:.1} with speculation, {:.1} without: {verdict}\n\
-         break-even: {}\n{}",
-        report.model,
-        report.tp,
-        report.inputs.tokens_per_pass,
-        report.inputs.acceptance,
-        p.allreduces_per_pass,
-        p.verify_allreduce_bytes,
-        p.plain_allreduce_bytes,
-        p.verify_latency_us,
-        p.plain_latency_us,
-        p.comm_per_pass_ms,
-        p.comm_per_accepted_token_ms,
-        p.comm_per_plain_step_ms,
-        p.spec_tokens_per_s,
-        p.plain_tokens_per_s,
-        p.breakeven_latency_us.map_or("speculation loses even with free allreduces (compute alone)".to_owned(), |us| format!(
-            "speculation pays while the {} B allreduce takes under {us:.1} us",
-            p.verify_allreduce_bytes
-        )),
-        if report.assumptions.is_empty() { String::new() } else { format!("assumed: {}", report.assumptions.join("; ")) }
-    );
+    let text = tpar_report::plan::spec(&report);
     emit(&text, a.json.then_some("-"), &report)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -33,7 +33,7 @@ impl Progress {
     }
 
     /// Starts the step named `what` (the previous one is done).
-    pub fn step(&mut self, what: String) {
+    fn step(&mut self, what: String) {
         if let Some(bar) = &self.bar {
             bar.set_position(self.done as u64);
             bar.set_message(what);
@@ -41,6 +41,11 @@ impl Progress {
             eprintln!("[{}/{}] {what}", self.done + 1, self.total);
         }
         self.done += 1;
+    }
+
+    /// Starts the step of `algo` at a message of `bytes`.
+    pub fn step_at(&mut self, bytes: u64, algo: impl std::fmt::Display) {
+        self.step(format!("{} {algo}", tpar_report::size(bytes)));
     }
 
     pub fn finish(&self) {

@@ -7,13 +7,13 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use tpar::harness::cpu_selftest::{self, CpuPlan};
-use tpar::harness::cuda_selftest::SelftestRow;
 
 use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
 use crate::ranks::{run_ranks, Rank};
-use crate::report::Table;
-use tpar::harness::backend_choice::{Backend, Setup};
+use tpar::harness::backend_choice::Backend;
+use tpar::harness::limits::CpuJobNeeds;
+use tpar_report::{ranks, selftest};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -59,12 +59,6 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     let algorithms = setup
         .tpar_algorithms("tpar selftest")
         .map_err(crate::args::setup_error)?;
-    let Setup {
-        backend,
-        note,
-        world_size,
-        ..
-    } = setup;
     let counts = parse_list(&args.counts, "counts", |s| {
         crate::args::whole_in(s, 0, 1 << 40)
             .map(|c| c as usize)
@@ -72,20 +66,12 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     })?;
     let dtypes = parse_dtypes(&args.dtypes)?;
     let timeout = args.timeout;
-    if backend == Backend::Cpu && args.processes {
-        anyhow::bail!(crate::args::Usage(
-            "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda".into()
-        ));
-    }
+    setup
+        .check_processes(args.processes)
+        .map_err(crate::args::setup_error)?;
+    let (backend, world_size) = (setup.backend, setup.world_size);
     if backend == Backend::Cpu {
-        let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
-        let max_bytes = counts
-            .iter()
-            .max()
-            .map_or(0, |&c| (c as u64).saturating_mul(widest));
-        crate::args::check_cpu_job(tpar::harness::limits::CpuJobNeeds::cpu(
-            world_size, max_bytes, 5,
-        ))?;
+        crate::args::check_cpu_job(CpuJobNeeds::selftest(world_size, &counts, &dtypes))?;
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::selftest(
@@ -102,7 +88,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         );
     }
     let plan = Plan {
-        note,
+        note: setup.note,
         sweep: CpuPlan {
             counts,
             dtypes,
@@ -116,41 +102,28 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
 
 fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
     let leader = rank.is_leader();
-    if leader {
-        if let Some(note) = &plan.note {
-            eprintln!("{note}");
-        }
+    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+        eprintln!("{note}");
     }
-    let header = ["case", "dtype", "elements", "placement", "result"];
-    let table = |rows: &[SelftestRow]| {
-        let mut table = Table::new(&header, 4);
-        for row in rows {
-            let mut cells = row.cells.clone();
-            cells.push(row.result.clone());
-            table.push(cells);
-        }
-        table.render()
-    };
     let rows = cpu_selftest::run(&rank, &plan.sweep, |rows| {
         if leader {
             rank.save_partial(&format!(
                 "tpar selftest (partial): cpu backend, {}\n{}",
-                crate::report::ranks(rank.world_size()),
-                table(rows)
+                ranks(rank.world_size()),
+                selftest::table(rows, false)
             ));
         }
     })?;
-    let failed = rows.iter().filter(|r| r.bad > 0).count();
     if leader {
         println!(
             "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}",
-            crate::report::ranks(rank.world_size()),
-            table(&rows)
+            ranks(rank.world_size()),
+            selftest::table(&rows, false)
         );
-        println!("selftest: {} passed, {failed} failed", rows.len() - failed);
+        println!("{}", selftest::summary(&rows));
     }
-    if failed > 0 {
-        bail!("{failed} of {} selftest rows failed", rows.len());
+    match selftest::failed(&rows) {
+        0 => Ok(()),
+        failed => bail!("{failed} of {} selftest rows failed", rows.len()),
     }
-    Ok(())
 }

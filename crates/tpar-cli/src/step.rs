@@ -1,23 +1,21 @@
-//! `tpar bench step`: the arguments, and the table and JSON of the harness's timed passes
-//! (`tpar::harness::bench_step`, which says what the pass holds).
+//! `tpar bench step`: the arguments, mapped onto the harness's request checks and timed passes
+//! (`tpar::harness::step_request`, `tpar::harness::bench_step`, which says what the pass
+//! holds); the table is `tpar_report::step`'s.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
-use serde::Serialize;
-use tpar::algorithm::Selection;
-use tpar::dispatch::Choice;
-use tpar::harness::bench_step::{self, Norms, Reduce, StepPlan, StepRow};
+use tpar::harness::bench_step::{self, Norms, StepPlan};
 use tpar::harness::cuda_ranks::parse_selection;
+use tpar::harness::reports::StepReport;
+use tpar::harness::step_request::{self, StepRequestError};
 use tpar::memory::human_bytes;
-use tpar::planner::model::ModelShape;
-use tpar::DType;
 
 use crate::args::parse_list;
-use crate::cuda_commands::{config, on_ranks};
-use crate::report::{emit, name_with_runs, skipped_row, Provenance, Table};
-use tpar::harness::backend_choice::cuda_device;
+use crate::ranks::on_cuda_ranks;
+use tpar::harness::job::cuda_config;
+use tpar_report::{emit, ranks, step};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -60,83 +58,25 @@ pub struct StepArgs {
     json: Option<String>,
 }
 
-#[derive(Serialize)]
-struct StepReport {
-    model: String,
-    tp: usize,
-    tokens: usize,
-    layers: u64,
-    allreduces_per_pass: u64,
-    /// Residual add + RMSNorms per pass: one after each allreduce.
-    norms_per_pass: u64,
-    allreduce_bytes: u64,
-    gemms_per_pass: usize,
-    weight_bytes_per_rank_per_layer: u64,
-    mode: &'static str,
-    gpus: usize,
-    #[serde(flatten)]
-    provenance: Provenance,
-    replays: usize,
-    timing: &'static str,
-    results: Vec<StepRow>,
-}
-
 pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     if let Some(path) = &args.json {
         crate::args::check_writable("json", path)?;
     }
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("cannot read --config {}", args.config.display()))
-        .map_err(crate::args::usage)?;
-    // A Hugging Face checkout names the model by its folder; a renamed file by its stem.
-    let stem = args
-        .config
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned());
-    let name = match stem.as_deref() {
-        Some("config") | None => args
-            .config
-            .canonicalize()
-            .ok()
-            .and_then(|p| {
-                p.parent()?
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "model".to_owned()),
-        Some(stem) => stem.to_owned(),
+    let model = match step_request::load_model(&args.config) {
+        Err(e @ StepRequestError::Unreadable { .. }) => return Err(crate::args::usage(e.into())),
+        other => other?,
     };
-    let model = ModelShape::from_config_json(&text, &name)?;
-    if args.tp == 0 || args.tokens == 0 || args.replays == 0 {
-        bail!("-n/--world-size, --tokens and --replays must be at least 1");
-    }
-    let layers = args.layers.unwrap_or(model.layers);
-    if layers == 0 || layers > model.layers {
-        bail!(
-            "--layers {layers}: the model has {} layers; give 1 to {}",
-            model.layers,
-            model.layers
-        );
-    }
+    let layers = step_request::layers(&model, args.layers, [args.tp, args.tokens, args.replays])?;
     let norms = parse_list(&args.norms, "norms", |s| {
         s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
     })?;
-    let mut reduces = vec![Reduce::Nothing];
-    for r in parse_list(&args.algos, "algos", |s| Ok(parse_selection(s)?))? {
-        for &n in &norms {
-            // NCCL has no fused form: its fused row would be its separate row again.
-            if n == Norms::Fused && r == Selection::Forced(Choice::Nccl) {
-                continue;
-            }
-            reduces.push(Reduce::With(r, n));
-        }
-    }
+    let algos = parse_list(&args.algos, "algos", |s| Ok(parse_selection(s)?))?;
+    let reduces = step_request::reduces(&algos, &norms);
     let timeout = args.timeout;
     let gpus = tpar::harness::cuda_ranks::device_count().context(
         "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
     )?;
-    // NCCL takes one process per rank: with a GPU for every rank, run that way by default.
-    let processes = args.processes || (args.tp > 1 && gpus >= args.tp);
+    let processes = step_request::processes(args.processes, args.tp, gpus);
     if processes && !args.processes && std::env::var_os("RANK").is_none() {
         eprintln!(
             "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
@@ -152,15 +92,14 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         args.replays,
         processes,
     );
-    let dtype = DType::Bf16;
 
-    on_ranks(processes, args.tp, timeout, |make, mode| {
-        let mut group = make(config(timeout))?;
+    on_cuda_ranks(processes, args.tp, timeout, |make, mode| {
+        let mut group = make(cuda_config(timeout))?;
         let leader = group.is_leader();
         if leader {
             eprintln!(
                 "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
-                crate::report::ranks(args.tp),
+                ranks(args.tp),
                 plan.layer_kinds(),
                 human_bytes(plan.weight_bytes(true))
             );
@@ -174,91 +113,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             return Ok(());
         }
         let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let report = StepReport {
-            model: plan.model.name.clone(),
-            tp: args.tp,
-            tokens: args.tokens,
-            layers,
-            allreduces_per_pass: 2 * layers,
-            norms_per_pass: 2 * layers,
-            allreduce_bytes: (plan.count() * dtype.size()) as u64,
-            gemms_per_pass: plan.gemms_per_pass(),
-            weight_bytes_per_rank_per_layer: plan.weight_bytes(false),
-            mode,
-            gpus,
-            provenance: Provenance::collect(cuda_device(group.comms[0].cuda().context(), gpus)),
-            replays: args.replays,
-            timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
-            results: rows,
-        };
-        emit(&render(&report), args.json.as_deref(), &report)
+        let provenance = crate::provenance(group.device()?);
+        let report = StepReport::new(&plan, mode, gpus, provenance, rows);
+        Ok(emit(&step::step(&report), args.json.as_deref(), &report)?)
     })
-}
-
-fn render(report: &StepReport) -> String {
-    let mut table = Table::new(
-        &[
-            "allreduce",
-            "norms",
-            "pass p50 us",
-            "pass p99 us",
-            "communication us",
-            "share",
-            "per allreduce us",
-        ],
-        1,
-    );
-    for r in &report.results {
-        if let Some(why) = &r.skipped {
-            table.push(skipped_row(vec![r.reduce.clone()], 7, why));
-            continue;
-        }
-        let name = name_with_runs(&r.reduce, r.runs.as_deref());
-        let compute = r.reduce.starts_with("none");
-        table.push(vec![
-            name,
-            r.norms.clone(),
-            format!("{:.1}", r.pass_p50_us),
-            format!("{:.1}", r.pass_p99_us),
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}", r.communication_us)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.1}%", 100.0 * r.communication_share)
-            },
-            if compute {
-                "-".into()
-            } else {
-                format!("{:.2}", r.per_allreduce_us)
-            },
-        ]);
-    }
-    let sharing = if report.gpus < report.tp {
-        format!(
-            "\nnote: {} ranks share {} GPU(s): every rank's GEMMs run on the same GPU, so the pass is not a TP-{} machine's; the real use is one GPU per rank",
-            report.tp, report.gpus, report.tp
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "tpar bench step: {}, TP {}, {} token(s) per pass, {} layers: {} GEMMs, {} allreduces of {} bf16 and {} residual add + RMSNorms per pass; {}, {} ({})\n{}{}",
-        report.model,
-        report.tp,
-        report.tokens,
-        report.layers,
-        report.gemms_per_pass,
-        report.allreduces_per_pass,
-        human_bytes(report.allreduce_bytes),
-        report.norms_per_pass,
-        report.provenance.device,
-        crate::report::ranks(report.tp),
-        report.mode,
-        table.render(),
-        sharing
-    )
 }

@@ -5,18 +5,16 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
-use serde::Serialize;
-use tpar::dispatch::TuningTable;
-use tpar::harness::tune::{self, crossovers};
-use tpar::topology::Topology;
+use tpar::harness::reports::TuneReport;
+use tpar::harness::tune;
 use tpar::DType;
 
-use crate::args::{parse_list, parse_size, sizes_to_counts};
-use crate::cuda_commands::{config, on_ranks};
-use crate::report::{emit, Table};
-use tpar::harness::cuda_bench::CudaRow;
+use crate::args::{parse_list, parse_size, sizes_with_counts};
+use crate::ranks::on_cuda_ranks;
+use tpar::harness::job::cuda_config;
+use tpar_report::{emit, ranks};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -28,10 +26,7 @@ pub struct TuneArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Sizes to measure; the table switches algorithms between them.
-    #[arg(
-        long,
-        default_value = "1K,4K,16K,32K,64K,128K,256K,512K,1M,2M,4M,16M,64M"
-    )]
+    #[arg(long, default_value = tpar::harness::sizes::TUNE_SIZES)]
     sizes: String,
     /// Timed graph replays per size and algorithm.
     #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
@@ -47,85 +42,36 @@ pub struct TuneArgs {
     json: Option<String>,
 }
 
-#[derive(Serialize)]
-struct TuneReport {
-    table: TuningTable,
-    written_to: String,
-    measurements: Vec<CudaRow>,
-}
-
 pub fn run(args: TuneArgs) -> Result<ExitCode> {
     // Arguments first: a typo is reported as such, on any machine.
     let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
-    let counts = sizes_to_counts(&bytes, args.dtype)?;
+    let sizes = sizes_with_counts(&bytes, args.dtype)?;
     if let Some(path) = &args.json {
         crate::args::check_writable("json", path)?;
     }
-    let gpus = tpar::backend::cuda::check_available()
-        .context("tpar tune measures GPUs, and none is usable here")?;
-    let topology =
-        Topology::detect().context("tpar tune keys its table by the machine's topology")?;
-    let world_size = args.world_size.unwrap_or(gpus).max(1);
+    let (world_size, topology) = tune::machine(args.world_size)?;
     let timeout = args.timeout;
-    let plan = tune::plan(
-        bytes.into_iter().zip(counts).collect(),
-        args.dtype,
-        args.iters,
-    );
-    on_ranks(args.processes, world_size, timeout, |make, _mode| {
-        let mut group = make(config(timeout))?;
+    let plan = tune::plan(sizes, args.dtype, args.iters);
+    on_cuda_ranks(args.processes, world_size, timeout, |make, _mode| {
+        let mut group = make(cuda_config(timeout))?;
         let mut progress = crate::progress::Progress::new(
             group.is_leader(),
             plan.sizes.len() * plan.choices.len(),
         );
         let tuned = tune::run(&mut group, &plan, &topology, |bytes, algo| {
-            progress.step(format!("{} {algo}", crate::report::size(bytes)))
+            progress.step_at(bytes, algo)
         })?;
         progress.finish();
         let Some(path) = tuned.written_to else {
             return Ok(());
         };
-        let (table, rows) = (tuned.table, tuned.rows);
-        let mut t = Table::new(&["size", "fastest", "p50 us", "runner-up", "p50 us"], 2);
-        for &(size, _) in &plan.sizes {
-            let mut here: Vec<&CudaRow> = rows
-                .iter()
-                .filter(|r| r.bytes == size && r.correct && r.skipped.is_none())
-                .collect();
-            here.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
-            let cell = |i: usize| {
-                here.get(i).map_or(("-".to_owned(), "-".to_owned()), |r| {
-                    (r.algo.clone(), format!("{:.2}", r.p50_us))
-                })
-            };
-            let ((a, a_us), (b, b_us)) = (cell(0), cell(1));
-            t.push(vec![crate::report::size(size), a, a_us, b, b_us]);
-        }
-        let skipped: Vec<String> = rows
-            .iter()
-            .filter_map(|r| r.skipped.as_ref().map(|why| format!("{}: {why}", r.algo)))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let text = format!(
-            "tpar tune: {}, {} on {}\n{}\n\ncrossovers: {}\n{}wrote {}",
-            crate::report::ranks(world_size),
-            args.dtype,
-            topology,
-            t.render(),
-            crossovers(&table),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!("not measured: {}\n", skipped.join("; "))
-            },
-            path.display()
-        );
         let report = TuneReport {
-            table,
+            table: tuned.table,
             written_to: path.display().to_string(),
-            measurements: rows,
+            measurements: tuned.rows,
         };
-        emit(&text, args.json.as_deref(), &report)
+        let heading = format!("{}, {} on {topology}", ranks(world_size), args.dtype);
+        let text = tpar_report::tune::tune(&report, &heading, &plan.sizes);
+        Ok(emit(&text, args.json.as_deref(), &report)?)
     })
 }

@@ -158,6 +158,16 @@ impl Setup {
         })
     }
 
+    /// Refuses `--processes` on the CPU backend, which always runs one process per rank.
+    pub fn check_processes(&self, processes: bool) -> Result<()> {
+        if processes && self.backend == Backend::Cpu {
+            usage!(
+                "--processes is for the CUDA backend (the CPU backend always runs one process per rank); leave it out or use --backend cuda"
+            );
+        }
+        Ok(())
+    }
+
     /// tpar's own algorithms among the choices, for commands that check exact sums (NCCL's own
     /// summation order does not give them): NCCL is left out of the default list, and refused
     /// when asked for by name.
@@ -234,6 +244,16 @@ pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn processes_are_refused_on_the_cpu_backend_only() {
+        let setup = Setup::resolve(BackendRequest::Cpu, Some(2), None).unwrap();
+        assert!(setup.check_processes(false).is_ok());
+        match setup.check_processes(true) {
+            Err(SetupError::Usage(m)) => assert!(m.contains("--processes is for the CUDA"), "{m}"),
+            other => panic!("{:?}", other.is_ok()),
+        }
+    }
 
     #[test]
     fn the_cpu_backend_refuses_what_it_cannot_run_as_a_usage_error() {

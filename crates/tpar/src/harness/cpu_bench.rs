@@ -12,6 +12,11 @@ use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
 use crate::{Algorithm, Config, CpuCommunicator, DType};
 
+/// Untimed calls before timing, unless asked otherwise: a tenth of the timed ones, at least 5.
+pub fn default_warmup(iters: usize) -> usize {
+    (iters / 10).max(5)
+}
+
 /// What the sweep times.
 pub struct CpuBenchPlan {
     /// (bytes, elements) per size.

@@ -23,6 +23,9 @@ use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
 use crate::algorithm::Selection;
 
+/// Untimed graph replays before timing, unless asked otherwise.
+pub const DEFAULT_WARMUP: usize = 5;
+
 pub struct CudaBenchPlan {
     pub sizes: Vec<(u64, usize)>,
     /// tpar's algorithms, NCCL and `auto` (the dispatcher's pick per size), timed the same way.

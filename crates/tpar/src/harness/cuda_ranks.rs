@@ -160,6 +160,16 @@ impl CudaRanks {
         })
     }
 
+    /// The device the group runs on, for provenance records: GPU 0's name, the GPU count and
+    /// the driver.
+    pub fn device(&self) -> Result<String> {
+        let gpus = device_count()?;
+        Ok(super::backend_choice::cuda_device(
+            self.comms[0].cuda().context(),
+            gpus,
+        ))
+    }
+
     pub fn is_leader(&self) -> bool {
         self.ranks.contains(&0)
     }

@@ -49,6 +49,23 @@ pub struct CpuJobNeeds {
 }
 
 impl CpuJobNeeds {
+    /// A bench's job: the largest of `sizes` ((bytes, elements) pairs), in the buffers `cpu`
+    /// counts.
+    pub fn bench(world_size: usize, sizes: &[(u64, usize)]) -> CpuJobNeeds {
+        let max_bytes = sizes.iter().map(|s| s.0).max().unwrap_or(0);
+        CpuJobNeeds::cpu(world_size, max_bytes, 5)
+    }
+
+    /// A self-test's job: the largest count of the widest dtype, in the buffers `cpu` counts.
+    pub fn selftest(world_size: usize, counts: &[usize], dtypes: &[crate::DType]) -> CpuJobNeeds {
+        let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
+        let max_bytes = counts
+            .iter()
+            .max()
+            .map_or(0, |&c| (c as u64).saturating_mul(widest));
+        CpuJobNeeds::cpu(world_size, max_bytes, 5)
+    }
+
     /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
     /// the largest message (bench and selftest keep two inputs, two expected sums and an output).
     pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
@@ -126,6 +143,26 @@ mod tests {
         assert!(needs.check(&room(16 * GIB, 8 * GIB, 8)).unwrap().is_empty());
         let warnings = needs.check(&room(16 * GIB, 8 * GIB, 2)).unwrap();
         assert!(warnings[0].contains("4 ranks on 2 cores"), "{warnings:?}");
+    }
+
+    #[test]
+    fn a_selftest_needs_its_largest_count_of_its_widest_dtype() {
+        let needs =
+            CpuJobNeeds::selftest(2, &[0, 7, 1000], &[crate::DType::F16, crate::DType::F32]);
+        assert_eq!(
+            needs.buffers_per_rank,
+            CpuJobNeeds::cpu(2, 4000, 5).buffers_per_rank
+        );
+        let bench = CpuJobNeeds::bench(2, &[(4096, 2048), (65536, 32768)]);
+        assert_eq!(
+            bench.buffers_per_rank,
+            CpuJobNeeds::cpu(2, 65536, 5).buffers_per_rank
+        );
+        let none = CpuJobNeeds::selftest(2, &[], &[]);
+        assert_eq!(
+            none.buffers_per_rank,
+            CpuJobNeeds::cpu(2, 0, 5).buffers_per_rank
+        );
     }
 
     #[test]

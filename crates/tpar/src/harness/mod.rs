@@ -6,6 +6,9 @@
 //!   this process's rank of a job, with the collective invariant every caller keeps: call
 //!   counts come from an allreduced value, or the ranks' epochs drift apart.
 //! - [`ranks`]: a rank of a job started by a launcher, and its diagnostics.
+//! - [`job`]: running a body as the ranks of a job (this process as a rank, or launching
+//!   copies of a program and collecting how each ended).
+//! - [`provenance`]: host, device, commit, date and command, recorded with every result.
 //! - [`known`]: known inputs, their exact sums and the cross-rank tally of failed checks.
 //! - [`cuda_bench`]: timing by graph replay with agreed counts, and the floors of the same run.
 //! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
@@ -19,9 +22,13 @@
 //! - [`tune`]: the tuning table from measured rows.
 //! - [`bench_step`] and [`blas`]: one tensor-parallel forward pass timed with each way of
 //!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
+//! - [`step_request`]: what a `bench step` request settles first (model, layers, passes) and
+//!   its report.
 //! - [`fused_bench`]: the fused allreduce + residual add + RMSNorm's self-test rows and bench.
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`limits`]: what this host can hold (RAM, /dev/shm, cores) against a job's needs.
+//! - [`reports`]: each run's report as written out (rows, timing, provenance).
+//! - [`sizes`]: message sizes as written (`4K`), the default sweeps, sizes as element counts.
 //! - [`stats`]: percentiles and bus bandwidth.
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
@@ -38,10 +45,15 @@ pub mod cuda_selftest;
 pub mod debug_rank;
 pub mod doctor;
 pub mod fused_bench;
+pub mod job;
 pub mod known;
 pub mod limits;
+pub mod provenance;
 pub mod ranks;
+pub mod reports;
+pub mod sizes;
 pub mod stats;
+pub mod step_request;
 pub mod tune;
 
 /// What can end a harness run: the library's own errors, the CUDA driver's, a check that

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::bail;
 use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
 use super::cuda_ranks::CudaRanks;
-use super::Result;
+use super::{Context, Result};
 use crate::algorithm::Selection;
 use crate::dispatch::{Choice, TuningEntry, TuningTable};
 use crate::topology::Topology;
@@ -21,9 +21,19 @@ pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBench
         choices: Choice::ALL.map(Selection::Forced).to_vec(),
         dtype,
         replays,
-        warmup: 5,
+        warmup: cuda_bench::DEFAULT_WARMUP,
         chain: 50,
     }
+}
+
+/// What tuning runs on: this machine's topology (the table's key) and the world size, one
+/// rank per GPU unless `world_size` says otherwise.
+pub fn machine(world_size: Option<usize>) -> Result<(usize, Topology)> {
+    let gpus = crate::backend::cuda::check_available()
+        .context("tpar tune measures GPUs, and none is usable here")?;
+    let topology =
+        Topology::detect().context("tpar tune keys its table by the machine's topology")?;
+    Ok((world_size.unwrap_or(gpus).max(1), topology))
 }
 
 /// A tuning run's outcome: the table, where rank 0 wrote it (other ranks write nothing), and
@@ -56,6 +66,41 @@ pub fn run(
         written_to,
         rows,
     })
+}
+
+/// The two fastest correct choices measured at one size, for the crossover table.
+pub struct Podium<'a> {
+    pub bytes: u64,
+    pub fastest: Option<&'a CudaRow>,
+    pub runner_up: Option<&'a CudaRow>,
+}
+
+/// The fastest and runner-up correct measurement at each of `sizes`, in that order.
+pub fn podiums<'a>(rows: &'a [CudaRow], sizes: &[(u64, usize)]) -> Vec<Podium<'a>> {
+    sizes
+        .iter()
+        .map(|&(bytes, _)| {
+            let mut here: Vec<&CudaRow> = rows
+                .iter()
+                .filter(|r| r.bytes == bytes && r.correct && r.skipped.is_none())
+                .collect();
+            here.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
+            Podium {
+                bytes,
+                fastest: here.first().copied(),
+                runner_up: here.get(1).copied(),
+            }
+        })
+        .collect()
+}
+
+/// Each choice that was not measured, with why, once (`nccl: no NCCL library`), sorted.
+pub fn not_measured(rows: &[CudaRow]) -> Vec<String> {
+    rows.iter()
+        .filter_map(|r| r.skipped.as_ref().map(|why| format!("{}: {why}", r.algo)))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// The fastest correct choice at each measured size, runs of one choice merged; the last
@@ -169,5 +214,35 @@ mod tests {
         .unwrap();
         assert_eq!(t.entries[0].choice, Choice::Tpar(crate::Algorithm::TwoShot));
         assert!(table_from(&[], "fp".into(), 2, DType::F32).is_err());
+    }
+
+    #[test]
+    fn podiums_rank_correct_rows_and_skips_are_listed_once() {
+        let mut wrong = row(4096, "two-shot", 1.0);
+        wrong.correct = false;
+        let mut skipped = row(4096, "nccl", 0.0);
+        skipped.skipped = Some("no NCCL".into());
+        let rows = vec![
+            row(4096, "one-shot", 4.0),
+            wrong,
+            skipped.clone(),
+            row(4096, "one-shot-pull", 3.0),
+            row(65536, "one-shot", 6.0),
+            skipped,
+        ];
+        let podiums = podiums(&rows, &[(4096, 2048), (65536, 32768), (1 << 20, 0)]);
+        fn names<'a>(p: &Podium<'a>) -> (Option<&'a str>, Option<&'a str>) {
+            (
+                p.fastest.map(|r| r.algo.as_str()),
+                p.runner_up.map(|r| r.algo.as_str()),
+            )
+        }
+        assert_eq!(
+            names(&podiums[0]),
+            (Some("one-shot-pull"), Some("one-shot"))
+        );
+        assert_eq!(names(&podiums[1]), (Some("one-shot"), None));
+        assert_eq!(names(&podiums[2]), (None, None));
+        assert_eq!(not_measured(&rows), ["nccl: no NCCL"]);
     }
 }

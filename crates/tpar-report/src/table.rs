@@ -1,76 +1,5 @@
-//! What every result says about where it came from (host, device, commit, date, command), the
-//! text table, and writing JSON without leaving a half-written file.
-
-use std::io::Write;
-use std::path::Path;
-
-use anyhow::{Context, Result};
-use serde::Serialize;
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Provenance {
-    pub host: String,
-    pub device: String,
-    pub commit: String,
-    pub date: String,
-    pub command: String,
-    pub tpar_version: String,
-}
-
-impl Provenance {
-    pub fn collect(device: String) -> Provenance {
-        Provenance {
-            host: tpar::host_name(),
-            device,
-            commit: env!("TPAR_GIT_COMMIT").to_owned(),
-            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            command: std::env::args().collect::<Vec<_>>().join(" "),
-            tpar_version: env!("CARGO_PKG_VERSION").to_owned(),
-        }
-    }
-}
-
-/// Writes `value` as pretty JSON to `target`: `-` is stdout; a path is written to a temporary
-/// file beside it and renamed, so a reader never sees half a file.
-pub fn write_json<T: Serialize>(target: &str, value: &T) -> Result<()> {
-    let mut text = serde_json::to_string_pretty(value).expect("results serialise");
-    text.push('\n');
-    if target == "-" {
-        let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes())?;
-        return Ok(out.flush()?);
-    }
-    let path = Path::new(target);
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp{}",
-        path.file_name()
-            .map_or("out".into(), |n| n.to_string_lossy()),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// Prints `text` (the table) and writes `value` as JSON where `json` says: `-` puts the JSON on
-/// stdout and the table on stderr, a path gets the JSON file and the table goes to stdout.
-pub fn emit<T: Serialize>(text: &str, json: Option<&str>, value: &T) -> Result<()> {
-    match json {
-        Some("-") => {
-            eprintln!("{text}");
-            write_json("-", value)
-        }
-        Some(path) => {
-            println!("{text}");
-            write_json(path, value)?;
-            eprintln!("wrote {path}");
-            Ok(())
-        }
-        None => {
-            println!("{text}");
-            Ok(())
-        }
-    }
-}
+//! The plain text table every report prints, and the cell formats the tables share: message
+//! sizes, rank counts, rows that did not run, a route with what it ran.
 
 /// "1 rank", "8 ranks": for the headers that say how many ranks ran.
 pub fn ranks(n: usize) -> String {
@@ -177,24 +106,6 @@ mod tests {
         t.push(vec!["a".into(), "1".into()]);
         t.push(vec!["longer".into(), "12345".into()]);
         assert_eq!(t.render(), "name    value\na           1\nlonger  12345");
-    }
-
-    #[test]
-    fn json_file_is_complete_or_absent() {
-        let dir = std::env::temp_dir().join(format!("tpar-report-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("out.json");
-        write_json(path.to_str().unwrap(), &serde_json::json!({"a": 1})).unwrap();
-        let back: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(back["a"], 1);
-        assert_eq!(
-            std::fs::read_dir(&dir).unwrap().count(),
-            1,
-            "no temporary file left"
-        );
-        assert!(write_json(dir.join("missing/x.json").to_str().unwrap(), &1).is_err());
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }
 

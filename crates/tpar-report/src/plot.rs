@@ -2,9 +2,12 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use plotters::prelude::*;
+use tpar::harness::cpu_bench::CpuRow;
+use tpar::harness::cuda_bench::CudaRow;
 use tpar::memory::human_bytes;
+
+use crate::{ReportError, Result};
 
 /// One line of the plot: a name and (bytes, microseconds) points; sizes of 0 are left out
 /// (a log axis has no place for them).
@@ -13,7 +16,58 @@ pub struct Series {
     pub points: Vec<(u64, f64)>,
 }
 
+/// A timed row that can be drawn: its algorithm, message size and p50 latency.
+pub trait LatencyPoint {
+    fn point(&self) -> (&str, u64, f64);
+}
+
+impl LatencyPoint for CpuRow {
+    fn point(&self) -> (&str, u64, f64) {
+        (&self.algo, self.bytes, self.p50_us)
+    }
+}
+
+impl LatencyPoint for CudaRow {
+    fn point(&self) -> (&str, u64, f64) {
+        (&self.algo, self.bytes, self.p50_us)
+    }
+}
+
+/// Draws `rows` to `path` where `--plot` gave one (a line per algorithm, titled `title()`),
+/// and says so.
+pub fn plot_latency<'a, R: LatencyPoint + 'a>(
+    path: Option<&str>,
+    title: impl FnOnce() -> String,
+    rows: impl Iterator<Item = &'a R>,
+) -> Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    latency_svg(path, &title(), &series(rows.map(R::point)))?;
+    eprintln!("wrote {path}");
+    Ok(())
+}
+
 pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
+    draw(path, title, series).map_err(|e| match e {
+        DrawError::Refused(e) => e,
+        DrawError::Plotters(message) => ReportError::Plot(message),
+    })
+}
+
+/// A drawing that stopped: refused before it began, or failed in the plotting library.
+enum DrawError {
+    Refused(ReportError),
+    Plotters(String),
+}
+
+impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for DrawError {
+    fn from(e: DrawingAreaErrorKind<E>) -> DrawError {
+        DrawError::Plotters(e.to_string())
+    }
+}
+
+fn draw(path: &str, title: &str, series: &[Series]) -> std::result::Result<(), DrawError> {
     let points = || {
         series
             .iter()
@@ -22,7 +76,9 @@ pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
     };
     let (Some(x_min), Some(x_max)) = (points().map(|p| p.0).min(), points().map(|p| p.0).max())
     else {
-        bail!("--plot: no measured sizes above 0 bytes to draw");
+        return Err(DrawError::Refused(ReportError::Plot(
+            "--plot: no measured sizes above 0 bytes to draw".into(),
+        )));
     };
     let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min);
     let y_max = points().map(|p| p.1).fold(0.0, f64::max);
@@ -73,7 +129,12 @@ pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
             .draw()?;
         root.present()?;
     }
-    std::fs::rename(&tmp, target).with_context(|| format!("cannot write {path}"))
+    std::fs::rename(&tmp, target).map_err(|source| {
+        DrawError::Refused(ReportError::Write {
+            path: path.to_owned(),
+            source,
+        })
+    })
 }
 
 /// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.

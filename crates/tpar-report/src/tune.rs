@@ -1,0 +1,35 @@
+//! The text of `tpar tune`: the fastest and runner-up choice at each size, the crossovers of
+//! the table written, what was not measured, and where the table went.
+
+use tpar::harness::cuda_bench::CudaRow;
+use tpar::harness::reports::TuneReport;
+use tpar::harness::tune::{crossovers, not_measured, podiums};
+
+use crate::{size, Table};
+
+/// `tpar tune` for `report`, measured at `sizes`; `heading` says the ranks, dtype and machine.
+pub fn tune(report: &TuneReport, heading: &str, sizes: &[(u64, usize)]) -> String {
+    let rows = &report.measurements;
+    let mut t = Table::new(&["size", "fastest", "p50 us", "runner-up", "p50 us"], 2);
+    for podium in podiums(rows, sizes) {
+        let cell = |r: Option<&CudaRow>| {
+            r.map_or(["-".to_owned(), "-".to_owned()], |r| {
+                [r.algo.clone(), format!("{:.2}", r.p50_us)]
+            })
+        };
+        let ([a, a_us], [b, b_us]) = (cell(podium.fastest), cell(podium.runner_up));
+        t.push(vec![size(podium.bytes), a, a_us, b, b_us]);
+    }
+    let skipped = not_measured(rows);
+    format!(
+        "tpar tune: {heading}\n{}\n\ncrossovers: {}\n{}wrote {}",
+        t.render(),
+        crossovers(&report.table),
+        if skipped.is_empty() {
+            String::new()
+        } else {
+            format!("not measured: {}\n", skipped.join("; "))
+        },
+        report.written_to
+    )
+}

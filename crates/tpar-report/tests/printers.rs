@@ -1,0 +1,172 @@
+//! The printers on reports built by the library from fixtures and hand-made rows: each text
+//! holds the figures and verdicts of its report, and rows that failed or did not run say so.
+
+use std::path::PathBuf;
+
+use tpar::harness::cpu_bench::CpuRow;
+use tpar::harness::cuda_bench::CudaRow;
+use tpar::harness::cuda_selftest::SelftestRow;
+use tpar::harness::doctor::{examine, DoctorOptions};
+use tpar::harness::reports::TuneReport;
+use tpar::planner::capacity::{memory_report, MemoryRequest};
+use tpar::planner::memory::EngineRule;
+use tpar::DType;
+
+fn fixture(path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tpar/fixtures")).join(path)
+}
+
+fn cuda_row(bytes: u64, algo: &str, p50_us: f64) -> CudaRow {
+    CudaRow {
+        bytes,
+        algo: algo.into(),
+        p50_us,
+        p99_us: p50_us,
+        busbw_gbps: 1.0,
+        correct: true,
+        graph_single_us: 0.0,
+        wire_floor_us: 0.0,
+        chain: 50,
+        replays: 50,
+        runs: None,
+        skipped: None,
+    }
+}
+
+#[test]
+fn a_selftest_table_counts_failed_rows_and_shows_the_mode_column_only_on_cuda() {
+    let row = |bad| {
+        SelftestRow::tallied(
+            vec![
+                "one-shot".into(),
+                "f32".into(),
+                "7".into(),
+                "in place".into(),
+            ],
+            bad,
+            String::new(),
+        )
+    };
+    let rows = vec![row(0), row(2)];
+    let cpu = tpar_report::selftest::table(&rows, false);
+    assert!(cpu.starts_with("case") && !cpu.contains("mode"), "{cpu}");
+    assert!(cpu.contains("FAIL on 2 rank(s)"), "{cpu}");
+    assert_eq!(
+        tpar_report::selftest::summary(&rows),
+        "selftest: 1 passed, 1 failed"
+    );
+    let mut with_mode = vec![row(0)];
+    with_mode[0].cells.push("graph".into());
+    assert!(tpar_report::selftest::table(&with_mode, true)
+        .lines()
+        .next()
+        .unwrap()
+        .contains("mode"));
+}
+
+#[test]
+fn a_cpu_table_marks_wrong_results() {
+    let row = |algo: &str, correct| CpuRow {
+        bytes: 4096,
+        algo: algo.into(),
+        p50_us: 9.5,
+        p99_us: 20.0,
+        busbw_gbps: 0.43,
+        correct,
+    };
+    let text = tpar_report::bench::cpu_table(&[row("one-shot", true), row("two-shot", false)]);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[1].starts_with("4 KiB  one-shot") && lines[1].ends_with("yes"),
+        "{text}"
+    );
+    assert!(lines[2].ends_with("NO"), "{text}");
+}
+
+#[test]
+fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
+    let mut nccl = cuda_row(4096, "nccl", 0.0);
+    nccl.skipped = Some("no NCCL library".into());
+    let rows = vec![
+        cuda_row(4096, "one-shot", 4.0),
+        cuda_row(4096, "two-shot", 5.0),
+        nccl,
+    ];
+    let table = tpar::harness::tune::table_from(&rows, "fp".into(), 2, DType::Bf16).unwrap();
+    let report = TuneReport {
+        table,
+        written_to: "/tmp/t.json".into(),
+        measurements: rows,
+    };
+    let text = tpar_report::tune::tune(&report, "2 ranks, bf16 on a test machine", &[(4096, 2048)]);
+    assert!(
+        text.starts_with("tpar tune: 2 ranks, bf16 on a test machine\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("4 KiB  one-shot    4.00   two-shot    5.00"),
+        "{text}"
+    );
+    assert!(
+        text.contains("not measured: nccl: no NCCL library\n"),
+        "{text}"
+    );
+    assert!(text.ends_with("wrote /tmp/t.json"), "{text}");
+}
+
+#[test]
+fn the_memory_plan_shows_its_terms_and_says_when_it_does_not_fit() {
+    let request = |gpu_gb| MemoryRequest {
+        config: fixture("models/llama-3.1-70b.json"),
+        tp: 8,
+        gpu_gb: Some(gpu_gb),
+        free_after_load_gb: None,
+        weights_gb: None,
+        rule: EngineRule::Sglang {
+            mem_fraction_static: 0.88,
+        },
+        nccl: tpar::communicator::NcclMode::None,
+        kv_bytes: None,
+        cuda_graph_gb: 1.0,
+        draft_gb: 0.0,
+        draft_config: None,
+        runtime_gb: 1.5,
+        activation_gb: 2.0,
+        context: 4096,
+    };
+    let fits = tpar_report::plan::memory(&memory_report(&request(80.0)).unwrap(), "SGLang");
+    assert!(
+        fits.starts_with("tpar plan memory: llama-3.1-70b ("),
+        "{fits}"
+    );
+    assert!(
+        fits.contains("SGLang GPU of 80") && fits.contains("KV budget"),
+        "{fits}"
+    );
+    assert!(!fits.contains("DOES NOT FIT"), "{fits}");
+    let small = tpar_report::plan::memory(&memory_report(&request(16.0)).unwrap(), "SGLang");
+    assert!(small.contains("DOES NOT FIT"), "{small}");
+}
+
+#[test]
+fn the_doctor_text_of_a_described_machine_has_every_section() {
+    let report = examine(&DoctorOptions {
+        topology: Some(fixture("topologies/8x-rtx-pro-6000-pcie-2switch.json")),
+        world_size: Some(4),
+        dtype: DType::Bf16,
+        forced: None,
+    })
+    .unwrap();
+    let text = tpar_report::doctor::doctor(&report);
+    for section in [
+        "tpar doctor: 8x NVIDIA RTX PRO 6000",
+        "Links (path; P2P r = reads, w = writes):",
+        "GPU0       X  PIX rw",
+        "Memory tpar reserves per rank with 4 ranks:",
+        "What runs, 4 ranks, bf16 (PCIe with P2P between every pair",
+    ] {
+        assert!(text.contains(section), "{section}: {text}");
+    }
+    assert!(!text.contains("cannot work as asked"), "{text}");
+}
