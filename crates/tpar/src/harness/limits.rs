@@ -56,14 +56,21 @@ impl CpuJobNeeds {
         CpuJobNeeds::cpu(world_size, max_bytes, 5)
     }
 
-    /// A self-test's job: the largest count of the widest dtype, in the buffers `cpu` counts.
+    /// A self-test's job: the largest count of the widest dtype, in the buffers `cpu` counts,
+    /// and two communicators per rank: the silent-peer case's is still mapped by the ranks
+    /// waiting out its deadline while the silent rank creates the sweep's (counted as one, a
+    /// /dev/shm too small for two passed this check and failed inside the ranks).
     pub fn selftest(world_size: usize, counts: &[usize], dtypes: &[crate::DType]) -> CpuJobNeeds {
         let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
         let max_bytes = counts
             .iter()
             .max()
             .map_or(0, |&c| (c as u64).saturating_mul(widest));
-        CpuJobNeeds::cpu(world_size, max_bytes, 5)
+        let one = CpuJobNeeds::cpu(world_size, max_bytes, 5);
+        CpuJobNeeds {
+            shm_per_rank: 2 * one.shm_per_rank,
+            ..one
+        }
     }
 
     /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
@@ -128,6 +135,16 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_selftest_counts_two_communicators_per_rank_and_a_bench_one() {
+        let inbox = CpuJobNeeds::cpu(7, 0, 5).shm_per_rank;
+        assert_eq!(
+            CpuJobNeeds::selftest(7, &[1024], &[crate::DType::F32]).shm_per_rank,
+            2 * inbox
+        );
+        assert_eq!(CpuJobNeeds::bench(7, &[(4096, 1024)]).shm_per_rank, inbox);
+    }
 
     fn room(ram: u64, shm: u64, cores: usize) -> HostRoom {
         HostRoom {
