@@ -109,9 +109,11 @@ fn nccl_mode(nccl: &Bound<'_, PyAny>) -> PyResult<NcclMode> {
     }
     match nccl.extract::<u64>() {
         Ok(0) => Err(TparError::new_err("nccl=0: a null NCCL communicator")),
-        Ok(address) => Ok(NcclMode::Borrowed(BorrowedNccl(
-            address as usize as *mut std::ffi::c_void,
-        ))),
+        // SAFETY: documented on `nccl=`: the caller passes the live ncclComm_t of the same
+        // ranks (a ProcessGroupNCCL's), which outlives this communicator.
+        Ok(address) => Ok(NcclMode::Borrowed(unsafe {
+            BorrowedNccl::new(address as usize as *mut std::ffi::c_void)
+        })),
         Err(_) => Err(TparError::new_err(
             "nccl=: use \"own\", \"none\", a torch ProcessGroupNCCL or an ncclComm_t address (int)",
         )),
@@ -254,9 +256,7 @@ impl Comm {
             };
             let cpu = CpuCommunicator::new(&rdv, config)?;
             let cuda = device
-                // SAFETY: a borrowed communicator's address comes from the Python caller,
-                // who promises (documented on `nccl=`) it is live and outlives this one.
-                .map(|d| unsafe { Communicator::join_with(&rdv, d, config, nccl) })
+                .map(|d| Communicator::join_with(&rdv, d, config, nccl))
                 .transpose()?;
             Ok((cpu, cuda))
         });

@@ -3,9 +3,9 @@
 //! `nvidia/nccl/lib/libnccl.so.2` in any site-packages, else `libnccl.so.2` / `libnccl.so` where
 //! the loader finds them. Communicators are created through tpar's rendezvous (rank 0's unique
 //! id travels in a record) or, for ranks of one process, with `ncclCommInitAll`. All of NCCL's
-//! FFI is in this file (a communicator lent by an engine arrives as a raw handle, through the
-//! unsafe [`NcclCommunicator::borrow`]); its allreduce takes checked operands and a cudarc
-//! stream, so calling it needs no `unsafe`.
+//! FFI is in this file (a communicator lent by an engine arrives as a [`BorrowedNccl`], whose
+//! unsafe constructor carries its owner's promise); its allreduce takes checked operands and a
+//! cudarc stream, so calling it needs no `unsafe`.
 
 use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -188,6 +188,24 @@ fn datatype(dtype: DType) -> c_int {
     }
 }
 
+/// A raw `ncclComm_t` lent to tpar by its owner (an engine's, torch's ProcessGroupNCCL's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BorrowedNccl(*mut c_void);
+
+impl BorrowedNccl {
+    /// # Safety
+    /// `comm` is a live `ncclComm_t` of the library [`Nccl::load`] returns, and outlives every
+    /// communicator built with it; its owner makes no call on it concurrently with tpar's.
+    pub unsafe fn new(comm: *mut c_void) -> BorrowedNccl {
+        BorrowedNccl(comm)
+    }
+}
+
+// SAFETY: a plain handle, used under the promise of `BorrowedNccl::new`.
+unsafe impl Send for BorrowedNccl {}
+// SAFETY: as above; tpar only passes the handle to NCCL.
+unsafe impl Sync for BorrowedNccl {}
+
 impl NcclCommunicator {
     /// Every rank in this process, rank r on GPU `devices[r]`. NCCL needs a GPU per rank.
     pub fn new_local_group(devices: &[usize]) -> Result<Vec<NcclCommunicator>> {
@@ -273,15 +291,12 @@ impl NcclCommunicator {
     /// for tpar's NCCL calls; tpar never destroys it. It must span the same ranks in the same
     /// order (checked: its size and this rank's place in it) and come from the NCCL library
     /// tpar loads (set `TPAR_NCCL_LIBRARY` to the engine's libnccl.so.2 if they differ).
-    ///
-    /// # Safety
-    /// `comm` is a live `ncclComm_t` of the library [`Nccl::load`] returns, and outlives the
-    /// returned value; its owner makes no call on it concurrently with tpar's.
-    pub unsafe fn borrow(
-        comm: *mut c_void,
+    pub fn borrow(
+        borrowed: BorrowedNccl,
         rank: usize,
         world_size: usize,
     ) -> Result<NcclCommunicator> {
+        let comm = borrowed.0;
         if comm.is_null() {
             return Err(Error::InvalidArgument(
                 "a null NCCL communicator was given to borrow".into(),
@@ -289,7 +304,7 @@ impl NcclCommunicator {
         }
         let nccl = Nccl::load()?;
         let (mut count, mut user_rank) = (0, 0);
-        // SAFETY: the caller's promise that `comm` is live; each call writes one int.
+        // SAFETY: `BorrowedNccl::new`'s promise that `comm` is live; each call writes one int.
         nccl.check("ncclCommCount", unsafe {
             (nccl.comm_count)(comm, &mut count)
         })?;

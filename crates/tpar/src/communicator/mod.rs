@@ -15,6 +15,7 @@ use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
 use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
+pub use crate::backend::nccl::BorrowedNccl;
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::config::Config;
 use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
@@ -55,15 +56,6 @@ pub enum NcclMode {
     /// fallback costs no memory. tpar never destroys it.
     Borrowed(BorrowedNccl),
 }
-
-/// A raw `ncclComm_t` lent to tpar by its owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BorrowedNccl(pub *mut std::ffi::c_void);
-
-// SAFETY: a plain handle; the safety contract is on `Communicator::join_with`.
-unsafe impl Send for BorrowedNccl {}
-// SAFETY: as above; tpar only reads the handle.
-unsafe impl Sync for BorrowedNccl {}
 
 impl std::str::FromStr for NcclMode {
     type Err = Error;
@@ -193,18 +185,15 @@ impl Communicator {
     /// communicator created when a call first needs it ([`NcclMode::Own`]; see
     /// [`Communicator::join_with`]). Every rank of the job must call this together.
     pub fn join(rendezvous: &Rendezvous, device: usize, config: Config) -> Result<Communicator> {
-        // SAFETY: no borrowed communicator.
-        unsafe { Self::join_with(rendezvous, device, config, NcclMode::Own) }
+        Self::join_with(rendezvous, device, config, NcclMode::Own)
     }
 
     /// This process's rank of the group behind `rendezvous` (the job, or a subgroup from
     /// [`Rendezvous::subgroup`]), on GPU `device`: tpar's CUDA communicator and, as `nccl`
     /// says, NCCL behind the same call. Every rank of the group must call this together, and
-    /// create its communicators in the same order.
-    ///
-    /// # Safety
-    /// With [`NcclMode::Borrowed`], as for [`NcclCommunicator::borrow`]; otherwise none.
-    pub unsafe fn join_with(
+    /// create its communicators in the same order. A borrowed NCCL communicator carries its
+    /// owner's promise from [`BorrowedNccl::new`].
+    pub fn join_with(
         rendezvous: &Rendezvous,
         device: usize,
         config: Config,
@@ -221,12 +210,9 @@ impl Communicator {
         // all take part in NCCL's initialisation at the same call or none does.
         let slot = match nccl {
             NcclMode::None => NcclSlot::Refused,
-            NcclMode::Borrowed(BorrowedNccl(comm)) => {
+            NcclMode::Borrowed(comm) => {
                 crate::backend::cuda::driver::bind(cuda.context())?;
-                // SAFETY: the caller's promise.
-                let n = unsafe {
-                    NcclCommunicator::borrow(comm, rendezvous.rank(), rendezvous.world_size())?
-                };
+                let n = NcclCommunicator::borrow(comm, rendezvous.rank(), rendezvous.world_size())?;
                 let _ = ready.set(n);
                 NcclSlot::Ready
             }
