@@ -269,7 +269,9 @@ def test_compilation_config_puts_the_pass_in_vllms_hook(vllm_path):
         config = vllm_fusion.compilation_config({"mode": 3, "inductor_compile_config": {"max_autotune": False}})
         pass_ = config["inductor_compile_config"]["post_grad_custom_post_pass"]
         print("CONFIG", config["mode"], config["inductor_compile_config"]["max_autotune"], type(pass_).__name__,
-              isinstance(pass_, InductorPass))
+              isinstance(pass_, InductorPass), config["pass_config"])
+        kept = vllm_fusion.compilation_config({"pass_config": {"fuse_allreduce_rms": True, "eliminate_noops": True}})
+        print("KEPT", kept["pass_config"])
         copy = pickle.loads(pickle.dumps(pass_))
         print("PICKLE", type(copy).__name__, copy.uuid() == pass_.uuid(), len(pass_.uuid()))
         try:
@@ -283,9 +285,10 @@ def test_compilation_config_puts_the_pass_in_vllms_hook(vllm_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[0] == "CONFIG 3 False TparAllReduceFusionPass True", lines
-    assert lines[1] == "PICKLE TparAllReduceFusionPass True 64", lines
-    assert lines[2].startswith("REFUSED inductor_compile_config['post_grad_custom_post_pass'] already holds"), lines
+    assert lines[0] == "CONFIG 3 False TparAllReduceFusionPass True {'fuse_allreduce_rms': False}", lines
+    assert lines[1] == "KEPT {'fuse_allreduce_rms': True, 'eliminate_noops': True}", lines
+    assert lines[2] == "PICKLE TparAllReduceFusionPass True 64", lines
+    assert lines[3].startswith("REFUSED inductor_compile_config['post_grad_custom_post_pass'] already holds"), lines
 
 
 def test_the_pass_rewrites_vllms_allreduce_and_norm_into_tpars_fused_op(vllm_path):

@@ -23,7 +23,10 @@ or by name, for ``vllm serve`` (vLLM wraps the function :func:`tpar.vllm_fusion_
       '{"inductor_passes": {"post_grad_custom_post_pass": "tpar.vllm_fusion_pass"}}'
 
 Either needs vLLM's compilation on (its default; not ``-O0`` / ``enforce_eager``) and tpar's
-plugin (the wheel's entry point) to have taken the TP group's custom allreduce.
+plugin (the wheel's entry point) to have taken the TP group's custom allreduce. On SM90/SM100
+with FlashInfer installed vLLM switches its own FlashInfer fusion on, which runs before this
+pass and takes the pairs: :func:`compilation_config` turns it off; by name, add
+``"pass_config": {"fuse_allreduce_rms": false}``.
 
 The pass builds its patterns in the worker at the first graph it sees (the TP group must exist
 then), and rewrites nothing when the TP group's custom allreduce is not tpar's (the plugin is off,
@@ -238,9 +241,11 @@ def default_pass() -> TparAllReduceFusionPass:
 
 def compilation_config(base: dict | None = None) -> dict:
     """vLLM's ``compilation_config`` (a dict, as ``vllm.LLM(compilation_config=...)`` takes it)
-    with tpar's pass as ``inductor_compile_config["post_grad_custom_post_pass"]``; ``base``'s
-    other entries are kept. ValueError where ``base`` already holds another pass there (vLLM
-    runs one)."""
+    with tpar's pass as ``inductor_compile_config["post_grad_custom_post_pass"]``, and vLLM's
+    own FlashInfer fusion off (``pass_config["fuse_allreduce_rms"] = False``: on SM90/SM100 with
+    FlashInfer installed vLLM turns it on by default, and it runs first, taking every pair
+    before tpar's pass sees it) unless ``base`` sets it. ``base``'s other entries are kept.
+    ValueError where ``base`` already holds another pass there (vLLM runs one)."""
     config = dict(base or {})
     inductor = dict(config.get("inductor_compile_config") or {})
     existing = inductor.get(PASS_KEY)
@@ -249,4 +254,7 @@ def compilation_config(base: dict | None = None) -> dict:
                          "there: remove it, or call tpar's pass from yours")
     inductor[PASS_KEY] = existing or TparAllReduceFusionPass()
     config["inductor_compile_config"] = inductor
+    pass_config = config.get("pass_config")
+    if pass_config is None or isinstance(pass_config, dict):
+        config["pass_config"] = {"fuse_allreduce_rms": False, **(pass_config or {})}
     return config
