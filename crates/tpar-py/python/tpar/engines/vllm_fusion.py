@@ -42,8 +42,11 @@ capture state, which every rank shares, so every rank takes the same path):
   bitwise vLLM's, ``norm`` may differ from vLLM's kernel in the last bit);
 - otherwise, or when tpar's call raises (logged once), vLLM's own unfused sequence:
   ``torch.ops.vllm.all_reduce`` on the group, then ``torch.ops.vllm_ir.fused_add_rms_norm``
-  dispatched to the provider vLLM chose for this process. A refusal is found before any data
-  moves and depends only on what every rank shares, so every rank falls back alike.
+  dispatched to the provider vLLM chose for this process. A refusal (operands tpar does not
+  take) is found before any data moves and depends only on what every rank shares, so every rank
+  falls back alike. An error after tpar's call started (a peer that timed out) is caught the
+  same way so that the model does not raise, but then the ranks may disagree on the path: the
+  warning says so, and tpar's communicator reports the error on its next call too.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ def _all_reduce_fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, 
             key = (group_name, type(error).__name__)
             if key not in _fallback_warned:
                 _fallback_warned.add(key)
-                logger.warning("tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); "
-                               "this call runs vLLM's allreduce and norm", group_name, type(error).__name__, error)
+                logger.warning("tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); this call runs "
+                               "vLLM's allreduce and norm (a rank whose call did not fail ran tpar's: if that "
+                               "happened, this group's ranks no longer agree)", group_name, type(error).__name__, error)
             fused = None
         if fused is not None:
             norm, residual_out = fused
