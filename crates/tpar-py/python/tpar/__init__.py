@@ -561,3 +561,17 @@ class Communicator:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def vllm_fusion_pass(graph) -> None:
+    """tpar's vLLM fusion pass by name, for ``vllm serve``'s JSON configuration::
+
+        vllm serve MODEL -tp 8 --compilation-config \\
+          '{"inductor_passes": {"post_grad_custom_post_pass": "tpar.vllm_fusion_pass"}}'
+
+    vLLM resolves a pass name as an attribute of its top-level package, hence this entry here;
+    it runs :class:`tpar.engines.vllm_fusion.TparAllReduceFusionPass` (one per process) on
+    ``graph``. Importing ``tpar`` imports neither torch nor vLLM for it."""
+    from .engines.vllm_fusion import default_pass
+
+    default_pass()(graph)

@@ -63,6 +63,28 @@ Fused allreduce + residual add + RMSNorm (issue 15): which of the engines' fusio
 tpar's fused op (:meth:`tpar.Communicator.fused_add_rms_norm`), and why the others do not.
 
 Covered
+  - vLLM 0.33.0, through tpar's own post-grad pass (:mod:`tpar.engines.vllm_fusion`, switched
+    on by the user: ``compilation_config=tpar.engines.vllm_fusion.compilation_config()`` from
+    Python, or ``--compilation-config '{"inductor_passes": {"post_grad_custom_post_pass":
+    "tpar.vllm_fusion_pass"}}'`` for ``vllm serve``). vLLM's only allreduce + RMSNorm fusion is
+    the Inductor pattern pass ``compilation/passes/fusion/allreduce_rms_fusion.py``
+    (``AllReduceFusionPass``, ``pass_config.fuse_allreduce_rms``), hard-wired to FlashInfer's
+    ``trtllm_allreduce_fusion`` and never asking the custom-allreduce object; vLLM runs a
+    user's pass from ``inductor_compile_config["post_grad_custom_post_pass"]``
+    (``compilation/backends.py``: added to its ``PostGradPassManager`` after its own passes,
+    before its IR lowering). tpar's pass matches the patterns of vLLM's
+    ``AllReduceFusedAddRMSNormPattern`` (``tensor_model_parallel_all_reduce`` then
+    ``vllm.ir.ops.fused_add_rms_norm``; norm and residual, or the norm only; eps 1e-5 and 1e-6;
+    input and weight of one dtype) and rewrites them into
+    ``torch.ops.tpar.vllm_all_reduce_fused_add_rms_norm``, which at run time takes tpar's fused
+    op where the TP group's ``ca_comm`` is tpar's and ``should_custom_ar`` says yes, and vLLM's
+    own unfused sequence otherwise (or when tpar's call raises). Tested on the CPU with vLLM's
+    ``GroupCoordinator`` and IR ops on gloo (tests/python/test_engines_vllm_fusion.py: a traced
+    graph and Inductor's own hook); vLLM's ``CudaCommunicator`` and a full ``vllm.LLM`` were not
+    run (they need ``vllm.config``'s imports and vLLM's CUDA build).
+    Not matched: vLLM's allreduce + ``rms_norm`` without a residual (FlashInfer's pass feeds it
+    a zero residual; through tpar's op the allreduce output would lose a -0.0 sign), the Gemma
+    variants (an fp32 gamma beside 16-bit activations) and the FP8/NVFP4 quantising variants.
   - SGLang ``GroupCoordinator.fused_allreduce_rmsnorm(input_, residual, weight, eps)``
     (``parallel_state.py``; ``communication_op.tensor_model_parallel_fused_allreduce_rmsnorm``
     calls it on the tp group) asks its custom allreduce for ``fused_allreduce_rmsnorm`` first
@@ -87,17 +109,14 @@ Not covered, and why
     The per-model ``CustomAllReduceFusion`` (``layer_boundary/fusions/
     custom_all_reduce_fusion.py``, MiniMax-M3 and DeepSeek-V4 only) is built on SGLang's own
     ``CustomAllReduceV2`` buffers, not on the custom-allreduce object.
-  - vLLM 0.33.0: its only allreduce + RMSNorm fusion is the Inductor pattern pass
-    ``compilation/passes/fusion/allreduce_rms_fusion.py`` (``AllReduceFusionPass``, enabled by
-    ``pass_config.fuse_allreduce_rms``), which rewrites ``tensor_model_parallel_all_reduce`` +
-    ``vllm_ir.fused_add_rms_norm`` into FlashInfer's ``trtllm_allreduce_fusion`` and builds
-    FlashInfer's workspace itself; nothing in it asks the custom-allreduce object. The eager
-    helper ``model_executor/layers/fused_allreduce_gemma_rms_norm.py`` calls FlashInfer or AITER
-    directly. vLLM's ``inductor_compile_config["post_grad_custom_post_pass"]`` hook would let a
-    user-supplied pass rewrite the same pattern to ``torch.ops.tpar.fused_add_rms_norm``; that
-    pass is not written (it needs vLLM's compiled graph on a GPU to be checked).
-  - So in both engines on CUDA the allreduce goes to tpar (the plugin above) and the norm
-    stays the engine's own kernel, a separate launch.
+  - vLLM without tpar's pass switched on, or run eagerly (``enforce_eager``, ``-O0``: no
+    Inductor passes): the allreduce goes to tpar and the norm stays vLLM's kernel. vLLM's own
+    ``AllReduceFusionPass``, where FlashInfer is present and ``fuse_allreduce_rms`` is on, runs
+    first and rewrites the pairs to FlashInfer before tpar's pass sees them. The eager helper
+    ``model_executor/layers/fused_allreduce_gemma_rms_norm.py`` calls FlashInfer or AITER
+    directly.
+  - So on CUDA: in vLLM with tpar's pass, the pair is one tpar op; in SGLang, and in vLLM
+    without the pass, the allreduce runs on tpar and the norm stays the engine's own kernel.
 """
 
 from __future__ import annotations
