@@ -41,6 +41,11 @@ rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 gpu = rank % torch.cuda.device_count()
 torch.cuda.set_device(gpu)
 dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
+# vLLM's ops register for its platform's dispatch key; without vLLM's compiled CUDA build the
+# platform resolves to one that says "CPU", so its allreduce op had no CUDA kernel here
+# (NotImplementedError on 1 H200, 2026-12-01). On a real CUDA install the key is "CUDA".
+from vllm.platforms import current_platform
+type(current_platform).dispatch_key = "CUDA"
 import vllm.distributed.utils as vllm_utils
 vllm_utils.get_cpu_distributed_timeout_or_none = lambda: None
 vllm_utils.get_distributed_timeout_or_none = lambda: None

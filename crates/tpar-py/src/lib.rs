@@ -14,8 +14,10 @@ use std::sync::{Arc, Mutex};
 mod fused;
 use fused::OperandChecks;
 
+use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
+use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, Communicator, Config, CpuCommunicator, DType, MemoryFootprint, RankEnv, Rendezvous,
     Selection,
@@ -579,19 +581,57 @@ impl Comm {
                 "this call's allreduce is planned for {why}"
             )));
         }
-        // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on this
-        // communicator's device (checked above for aliasing) and the stream torch orders them
-        // on; torch's caching allocator keeps their memory until work queued there has run.
-        let path = guard("fused_add_rms_norm", || {
-            unsafe {
-                comm.fused_add_rms_norm_with(
-                    plan.choice,
-                    &op,
+        let path = if !op.check().map_err(TparError::new_err)? {
+            // Nothing to queue (0 tokens): say what a call of this shape would run.
+            let algorithm = match plan.choice {
+                Choice::Tpar(a) => Some(a),
+                Choice::Nccl => None,
+            };
+            comm.cuda().fused_plan(algorithm, op.dtype, hidden)
+        } else {
+            let device = comm.cuda().context().ordinal();
+            let (dtype, count) = (op.dtype, tokens * hidden);
+            // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on
+            // this communicator's device (checked above for aliasing) and the stream torch
+            // orders them on; torch's caching allocator keeps their memory until work queued
+            // there has run, and the stream outlives this call.
+            let (spans, stream) = unsafe {
+                let reads = |p: u64, n: usize| DeviceSpan::from_raw(device, p, n, dtype);
+                let writes = |p: u64| DeviceSpanMut::from_raw(device, p, count, dtype);
+                let input = if op.y == op.x {
+                    FusedInput::YIntoX(writes(op.x))
+                } else {
+                    FusedInput::Separate {
+                        x: reads(op.x, count),
+                        y: writes(op.y),
+                    }
+                };
+                let residual = match op.residual_out {
+                    Some(out) if out != op.residual => FusedResidual::Separate {
+                        residual: reads(op.residual, count),
+                        out: writes(out),
+                    },
+                    _ => FusedResidual::InPlace(writes(op.residual)),
+                };
+                let spans = FusedSpans {
+                    input,
+                    residual,
+                    weight: reads(op.weight, hidden),
+                    tokens,
+                    hidden,
+                    eps: op.eps,
+                };
+                let stream = borrowed_stream(
+                    comm.cuda().context(),
                     stream as tpar::backend::cuda::CuStream,
-                )
-            }
-            .map_err(err)
-        })?;
+                );
+                (spans, stream)
+            };
+            guard("fused_add_rms_norm", || {
+                comm.fused_add_rms_norm_as(plan.choice, spans, &stream)
+                    .map_err(err)
+            })?
+        };
         Ok((
             plan.choice.name().to_owned(),
             path.fused,

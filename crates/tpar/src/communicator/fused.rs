@@ -4,12 +4,11 @@
 //! (anything else, NCCL included), ordered across streams like a plain call. The kernels and
 //! their launch shapes are in `backend::cuda::fused`; the semantics in `crate::norm`.
 
-use cudarc::driver::sys::CUstream;
 use cudarc::driver::CudaStream;
 
 use super::Communicator;
 use crate::algorithm::Choice;
-use crate::backend::cuda::fused::{FusedCall, FusedSpans, NormInput};
+use crate::backend::cuda::fused::{FusedSpans, NormInput};
 use crate::backend::cuda::span::FusedOperands;
 use crate::backend::cuda::stream_order::Capture;
 use crate::dispatch::Decision;
@@ -54,32 +53,6 @@ impl Communicator {
         let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
         self.fused_enqueue(choice, &operands, stream, capture)
-    }
-
-    /// [`Communicator::fused_add_rms_norm_as`] on raw addresses, for the one FFI edge that
-    /// holds them (the Python binding's fused op, torch's tensors and stream); not checked
-    /// like spans.
-    ///
-    /// # Safety
-    /// Every pointer of `call` must be device memory on this rank's GPU holding
-    /// `tokens x hidden` elements (`weight`: `hidden`) that stays valid until the work on
-    /// `stream` has completed; `stream` a live stream of this rank's context (it may be
-    /// capturing).
-    pub unsafe fn fused_add_rms_norm_with(
-        &self,
-        choice: Choice,
-        call: &FusedCall,
-        stream: CUstream,
-    ) -> Result<FusedPlan> {
-        // SAFETY: the caller's promise covers the stream and every address of `call`.
-        let (stream, operands) = unsafe {
-            (
-                crate::backend::cuda::borrowed_stream(self.cuda().context(), stream),
-                FusedOperands::assume(*call),
-            )
-        };
-        let capture = self.capture(&stream)?;
-        self.fused_enqueue(choice, &operands, &stream, capture)
     }
 
     /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused

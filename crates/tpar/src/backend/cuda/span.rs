@@ -299,8 +299,8 @@ impl Operands {
 
 /// One fused call's operands once checked: every address of the [`FusedCall`] is device memory
 /// of the communicator's GPU holding what the call reads and writes, valid for the call's
-/// stream. Made only by [`FusedOperands::check`] (from spans) or, at an FFI edge, by the unsafe
-/// [`FusedOperands::assume`].
+/// stream. Made only by [`FusedOperands::check`], from spans (the FFI edge builds those with
+/// `Span::from_raw`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FusedOperands {
     call: FusedCall,
@@ -356,14 +356,6 @@ impl FusedOperands {
                 eps: spans.eps,
             },
         })
-    }
-
-    /// # Safety
-    /// Every address of `call` is device memory of the communicator's GPU holding
-    /// `tokens x hidden` elements of `dtype` (`weight`: `hidden`), valid (and, for `y` and
-    /// `residual_out`, writable) until the call's work on its stream is done.
-    pub(crate) unsafe fn assume(call: FusedCall) -> FusedOperands {
-        FusedOperands { call }
     }
 
     pub(crate) fn call(&self) -> &FusedCall {
