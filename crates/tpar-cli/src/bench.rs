@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::harness::cpu_bench::{self, CpuBenchPlan};
+use tpar::harness::cpu_bench::{self, CpuBenchSettings};
 use tpar::harness::cuda_bench;
 use tpar::harness::limits::CpuJobNeeds;
 use tpar::DType;
@@ -81,9 +81,9 @@ enum BenchCommand {
     Step(crate::step::StepArgs),
 }
 
-struct BenchPlan {
+struct BenchSettings {
     note: Option<String>,
-    sweep: CpuBenchPlan,
+    sweep: CpuBenchSettings,
     json: Option<String>,
     plot: Option<String>,
 }
@@ -126,7 +126,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::bench(
             args.processes,
             world_size,
-            cuda_bench::CudaBenchPlan {
+            cuda_bench::CudaBenchSettings {
                 sizes,
                 choices: setup.choices,
                 dtype,
@@ -143,9 +143,9 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         .check_processes(args.processes)
         .map_err(crate::args::setup_error)?;
     crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes))?;
-    let plan = BenchPlan {
+    let plan = BenchSettings {
         note: setup.note.clone(),
-        sweep: CpuBenchPlan {
+        sweep: CpuBenchSettings {
             sizes,
             algorithms: setup
                 .tpar_algorithms("the CPU bench")
@@ -161,7 +161,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     run_ranks(world_size, timeout, |rank| bench_rank(rank, &plan))
 }
 
-fn bench_rank(rank: Rank, plan: &BenchPlan) -> Result<()> {
+fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
     let leader = rank.is_leader();
     let world_size = rank.world_size();
     if let Some(note) = plan.note.as_ref().filter(|_| leader) {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use tpar::harness::cuda_bench::{self, CudaBenchPlan};
+use tpar::harness::cuda_bench::{self, CudaBenchSettings};
 use tpar::harness::cuda_ranks::CudaRanks;
-use tpar::harness::cuda_selftest::{self, CudaPlan};
+use tpar::harness::cuda_selftest::{self, CudaSelftestSettings};
 use tpar::harness::fused_bench;
 use tpar::harness::job::cuda_config;
 use tpar::harness::reports::{AnatomyReport, CudaBenchReport, FusedReport};
@@ -20,7 +20,11 @@ use crate::ranks::on_cuda_ranks;
 use tpar_report::plot::plot_latency;
 use tpar_report::{bench, emit, ranks, selftest};
 
-pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<ExitCode> {
+pub fn selftest(
+    processes: bool,
+    world_size: usize,
+    plan: CudaSelftestSettings,
+) -> Result<ExitCode> {
     on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
         let sweep = cuda_selftest::run(make, &plan)?;
         if sweep.leader {
@@ -41,7 +45,7 @@ pub fn selftest(processes: bool, world_size: usize, plan: CudaPlan) -> Result<Ex
 pub fn bench(
     processes: bool,
     world_size: usize,
-    plan: CudaBenchPlan,
+    plan: CudaBenchSettings,
     timeout: Duration,
     json: Option<String>,
     plot: Option<String>,

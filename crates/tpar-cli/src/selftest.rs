@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::harness::cpu_selftest::{self, CpuPlan};
+use tpar::harness::cpu_selftest::{self, CpuSelftestSettings};
 
 use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
@@ -51,7 +51,7 @@ pub struct SelftestArgs {
 
 struct Plan {
     note: Option<String>,
-    sweep: CpuPlan,
+    sweep: CpuSelftestSettings,
 }
 
 pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
@@ -77,7 +77,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::selftest(
             args.processes,
             world_size,
-            tpar::harness::cuda_selftest::CudaPlan {
+            tpar::harness::cuda_selftest::CudaSelftestSettings {
                 counts,
                 dtypes,
                 algorithms,
@@ -89,7 +89,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     }
     let plan = Plan {
         note: setup.note,
-        sweep: CpuPlan {
+        sweep: CpuSelftestSettings {
             counts,
             dtypes,
             algorithms,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tpar::harness::bench_step::{self, Norms, StepPlan};
+use tpar::harness::bench_step::{self, Norms, StepSettings};
 use tpar::harness::cuda_ranks::parse_selection;
 use tpar::harness::reports::StepReport;
 use tpar::harness::step_request::{self, StepRequestError};
@@ -83,7 +83,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         );
     }
     tpar::harness::blas::load()?;
-    let plan = StepPlan::new(
+    let plan = StepSettings::new(
         model,
         layers,
         args.tp as u64,

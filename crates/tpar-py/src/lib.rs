@@ -821,7 +821,7 @@ fn verify<'py>(
     let rows = py
         .detach(|| {
             if cuda {
-                let plan = cuda_selftest::CudaPlan {
+                let plan = cuda_selftest::CudaSelftestSettings {
                     counts,
                     dtypes,
                     algorithms,
@@ -831,7 +831,7 @@ fn verify<'py>(
                 };
                 cuda_selftest::run(&|c| CudaRanks::process(&me, c), &plan).map(|s| s.rows)
             } else {
-                let plan = cpu_selftest::CpuPlan {
+                let plan = cpu_selftest::CpuSelftestSettings {
                     counts,
                     dtypes,
                     algorithms,

@@ -72,7 +72,7 @@ pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usiz
 /// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
 /// residual + RMSNorm kernel (same results to the bit), and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FusedPlan {
+pub struct FusedDecision {
     pub fused: bool,
     pub reason: String,
 }
@@ -83,8 +83,8 @@ pub fn plan(
     dtype: DType,
     hidden: usize,
     payload_lines: usize,
-) -> FusedPlan {
-    let unfused = |why: String| FusedPlan {
+) -> FusedDecision {
+    let unfused = |why: String| FusedDecision {
         fused: false,
         reason: format!("allreduce + separate residual/RMSNorm kernel: {why}"),
     };
@@ -102,7 +102,7 @@ pub fn plan(
         Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
             "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
         )),
-        Some(a) => FusedPlan {
+        Some(a) => FusedDecision {
             fused: true,
             reason: format!(
                 "fused {a} kernel: {} rows per launch",

@@ -13,13 +13,13 @@ use crate::backend::cuda::span::FusedOperands;
 use crate::backend::cuda::stream_order::Capture;
 use crate::dispatch::Decision;
 use crate::error::Result;
-use crate::norm::FusedPlan;
+use crate::norm::FusedDecision;
 
 /// What a fused call ran: the dispatcher's plan for its allreduce and the fused path.
 #[derive(Clone, Debug)]
 pub struct FusedRun {
     pub allreduce: Decision,
-    pub path: FusedPlan,
+    pub path: FusedDecision,
 }
 
 impl Communicator {
@@ -49,7 +49,7 @@ impl Communicator {
         choice: Choice,
         spans: FusedSpans<'_>,
         stream: &CudaStream,
-    ) -> Result<FusedPlan> {
+    ) -> Result<FusedDecision> {
         let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
         self.fused_enqueue(choice, &operands, stream, capture)
@@ -63,7 +63,7 @@ impl Communicator {
         operands: &FusedOperands,
         stream: &CudaStream,
         capture: Capture,
-    ) -> Result<FusedPlan> {
+    ) -> Result<FusedDecision> {
         let cuda = self.cuda();
         let call = operands.call();
         match choice {

@@ -175,7 +175,7 @@ fn layer_kind(model: &ModelShape, layer: u64) -> usize {
 }
 
 /// The pass to time: the model's shapes, the ops of its layers and how the allreduces run.
-pub struct StepPlan {
+pub struct StepSettings {
     pub model: ModelShape,
     pub layers: u64,
     pub tp: u64,
@@ -191,7 +191,7 @@ pub struct StepPlan {
     kinds: Vec<u64>,
 }
 
-impl StepPlan {
+impl StepSettings {
     pub fn new(
         model: ModelShape,
         layers: u64,
@@ -200,14 +200,14 @@ impl StepPlan {
         reduces: Vec<Reduce>,
         replays: usize,
         graph_per_rank: bool,
-    ) -> StepPlan {
+    ) -> StepSettings {
         let ops = pass_ops(&model, layers, tp, tokens);
         let sizes = slot_elements(&ops, tokens, model.hidden);
         let kinds: Vec<u64> = match &model.moe {
             Some(m) if m.dense_layers < layers => vec![0, m.dense_layers],
             _ => vec![0],
         };
-        StepPlan {
+        StepSettings {
             model,
             layers,
             tp,
@@ -252,7 +252,7 @@ impl StepPlan {
 /// Times every pass of `plan` on `group`; `on_timing` hears each one before it is timed.
 pub fn run(
     group: &mut CudaRanks,
-    plan: &StepPlan,
+    plan: &StepSettings,
     mut on_timing: impl FnMut(Reduce),
 ) -> Result<Vec<StepRow>> {
     let dtype = DType::Bf16;
@@ -321,7 +321,7 @@ pub fn run(
 /// Replays one pass's graphs and makes its row (the compute-only pass sets `compute_us`).
 fn time_pass(
     group: &CudaRanks,
-    plan: &StepPlan,
+    plan: &StepSettings,
     graphs: Vec<CudaGraph>,
     reduce: Reduce,
     replays: usize,

@@ -18,7 +18,7 @@ pub fn default_warmup(iters: usize) -> usize {
 }
 
 /// What the sweep times.
-pub struct CpuBenchPlan {
+pub struct CpuBenchSettings {
     /// (bytes, elements) per size.
     pub sizes: Vec<(u64, usize)>,
     pub algorithms: Vec<Algorithm>,
@@ -48,7 +48,7 @@ pub struct CpuBench {
 /// starts; `on_row` sees the rows so far after each.
 pub fn run(
     rank: &Rank,
-    plan: &CpuBenchPlan,
+    plan: &CpuBenchSettings,
     mut on_step: impl FnMut(u64, Algorithm),
     mut on_row: impl FnMut(&[CpuRow]),
 ) -> Result<CpuBench> {

@@ -12,7 +12,7 @@ use super::Result;
 use crate::{Algorithm, Config, CpuCommunicator, DType, Error};
 
 /// What the sweep covers.
-pub struct CpuPlan {
+pub struct CpuSelftestSettings {
     pub counts: Vec<usize>,
     pub dtypes: Vec<DType>,
     pub algorithms: Vec<Algorithm>,
@@ -29,7 +29,7 @@ pub const CASE_DEADLINE: Duration = Duration::from_secs(1);
 /// them where an interrupted job's launcher finds them). Returns every row.
 pub fn run(
     rank: &Rank,
-    plan: &CpuPlan,
+    plan: &CpuSelftestSettings,
     mut on_row: impl FnMut(&[SelftestRow]),
 ) -> Result<Vec<SelftestRow>> {
     let timeout_case = plan.timeout_case.then(|| timeout_case(rank)).transpose()?;

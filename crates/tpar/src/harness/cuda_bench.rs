@@ -26,7 +26,7 @@ use crate::algorithm::Selection;
 /// Untimed graph replays before timing, unless asked otherwise.
 pub const DEFAULT_WARMUP: usize = 5;
 
-pub struct CudaBenchPlan {
+pub struct CudaBenchSettings {
     pub sizes: Vec<(u64, usize)>,
     /// tpar's algorithms, NCCL and `auto` (the dispatcher's pick per size), timed the same way.
     pub choices: Vec<Selection>,
@@ -158,7 +158,7 @@ pub fn time_replays(
     Ok(us)
 }
 
-pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors> {
+pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchSettings) -> Result<Floors> {
     let chain = group.capture_each(|i, s| -> Result<()> {
         for _ in 0..plan.chain {
             group.comms[i].cuda().launch_empty(s)?;
@@ -207,7 +207,7 @@ pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchPlan) -> Result<Floors>
 
 pub fn run(
     group: &mut CudaRanks,
-    plan: &CudaBenchPlan,
+    plan: &CudaBenchSettings,
     floors: &Floors,
     mut progress: impl FnMut(u64, Selection),
 ) -> Result<Vec<CudaRow>> {

@@ -18,7 +18,7 @@ use super::Result;
 use crate::algorithm::Selection;
 use crate::verify::{self, CheckSpec};
 
-pub struct CudaPlan {
+pub struct CudaSelftestSettings {
     pub counts: Vec<usize>,
     pub dtypes: Vec<DType>,
     pub algorithms: Vec<Algorithm>,
@@ -81,7 +81,7 @@ pub struct Sweep {
 }
 
 /// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
-pub fn run(make: MakeGroup<'_>, plan: &CudaPlan) -> Result<Sweep> {
+pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
     let mut rows = Vec::new();
     let mut leader = false;
     let record = |rows: &mut Vec<SelftestRow>, cells: [&str; 5], bad: u64, detail: String| {

@@ -1,7 +1,7 @@
 //! What `tpar doctor` examines: what tpar sees on this machine (or on a machine described in
 //! a topology file) and what it will do there: GPUs and versions, links with P2P read/write
 //! capability, the result of a quick numerical check of every path on the real GPUs, the link
-//! probe, the memory tpar reserves per rank, and for each message size which algorithm runs
+//! measurement, the memory tpar reserves per rank, and for each message size which algorithm runs
 //! and why. [`examine`] returns that as a [`Report`] (serialisable: `tpar doctor --json`);
 //! printing it is the caller's.
 
@@ -51,7 +51,7 @@ pub struct Check {
 
 /// What runs at one message size, and why.
 #[derive(Serialize, Debug)]
-pub struct SizePlan {
+pub struct SizeDecision {
     pub bytes: u64,
     pub choice: Option<Choice>,
     pub reason: String,
@@ -73,9 +73,9 @@ pub struct Report {
     pub memory_per_rank: MemoryFootprint,
     pub tuning_table: Option<String>,
     pub checks: Vec<Check>,
-    /// The init probe of the links between this machine's GPUs (two or more GPUs).
+    /// The init measurement of the links between this machine's GPUs (two or more GPUs).
     pub links: Option<LinkMeasurements>,
-    pub plans: Vec<SizePlan>,
+    pub plans: Vec<SizeDecision>,
     pub ok: bool,
 }
 
@@ -109,12 +109,12 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     let config = Config::default();
     let memory = CudaCommunicator::planned_footprint(world_size, &config);
 
-    let mut probe = Findings::default();
+    let mut findings = Findings::default();
     let mut links = None;
     if options.topology.is_none() {
-        checks.extend(gpu_checks(&topology, world_size, &mut probe));
+        checks.extend(gpu_checks(&topology, world_size, &mut findings));
         if checks.first().is_some_and(|c| c.ok) {
-            let (check, measured) = link_probe(&topology, &mut probe);
+            let (check, measured) = link_measurement(&topology, &mut findings);
             checks.extend(check);
             links = measured;
         }
@@ -133,7 +133,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     for bytes in size_buckets() {
         let req = Request {
             topology: &topology,
-            findings: Some(&probe),
+            findings: Some(&findings),
             tuning: tuning.as_ref(),
             world_size,
             dtype: options.dtype,
@@ -142,13 +142,13 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             forced,
         };
         plans.push(match decide(&req) {
-            Ok(p) => SizePlan {
+            Ok(p) => SizeDecision {
                 bytes,
                 choice: Some(p.choice),
                 reason: p.reason,
                 model_us: model.as_ref().map(|m| m.at(bytes)),
             },
-            Err(e) => SizePlan {
+            Err(e) => SizeDecision {
                 bytes,
                 choice: None,
                 reason: e.to_string(),
@@ -178,8 +178,8 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
 }
 
 /// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
-/// on a few ranks; NCCL loads. A path that fails goes into the probe and is never planned.
-fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> Vec<Check> {
+/// on a few ranks; NCCL loads. A path that fails goes into the findings and is never planned.
+fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut add = |name: &str, result: Result<String>| {
         let (ok, detail) = match result {
@@ -243,7 +243,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
         }
         let result = crate::harness::cuda_ranks::quick_check(ranks, algo);
         if let Err(e) = &result {
-            probe
+            findings
                 .failed
                 .push((choice, format!("its self-test failed: {}", e.chain())));
         }
@@ -254,9 +254,9 @@ fn gpu_checks(topology: &Topology, world_size: usize, probe: &mut Findings) -> V
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once), keeps the result where communicators find it, and feeds it to the plans.
-fn link_probe(
+fn link_measurement(
     topology: &Topology,
-    probe: &mut Findings,
+    findings: &mut Findings,
 ) -> (Option<Check>, Option<LinkMeasurements>) {
     let Ok(gpus) = crate::backend::cuda::check_available() else {
         return (None, None);
@@ -274,8 +274,8 @@ fn link_probe(
         Ok(links) => {
             let saved = links.save(&LinkMeasurements::path(topology));
             let p = links.to_findings();
-            probe.push_gbps = p.push_gbps;
-            probe.pull_gbps = p.pull_gbps;
+            findings.push_gbps = p.push_gbps;
+            findings.pull_gbps = p.pull_gbps;
             let detail = format!(
                 "every GPU to every peer at once: push {:.1} GB/s, pull {:.1} GB/s per GPU; {}",
                 links.all_push_gbps,
@@ -286,7 +286,7 @@ fn link_probe(
                 }
             );
             let check = Check {
-                name: "link probe".into(),
+                name: "link measurement".into(),
                 ok: true,
                 detail,
             };
@@ -295,7 +295,7 @@ fn link_probe(
         // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
         Err(e @ crate::Error::Unsupported(_)) => (
             Some(Check {
-                name: "link probe".into(),
+                name: "link measurement".into(),
                 ok: true,
                 detail: format!("not measured: {e}; the device-memory paths need P2P between every pair, host-staged does not"),
             }),
@@ -303,7 +303,7 @@ fn link_probe(
         ),
         Err(e) => (
             Some(Check {
-                name: "link probe".into(),
+                name: "link measurement".into(),
                 ok: false,
                 detail: e.to_string(),
             }),

@@ -5,9 +5,9 @@
 use serde::Serialize;
 
 use super::anatomy::{Anatomy, AnatomyRow, CHAIN};
-use super::bench_step::{StepPlan, StepRow};
-use super::cpu_bench::{CpuBench, CpuBenchPlan, CpuRow};
-use super::cuda_bench::{CudaBenchPlan, CudaRow, Floors};
+use super::bench_step::{StepRow, StepSettings};
+use super::cpu_bench::{CpuBench, CpuBenchSettings, CpuRow};
+use super::cuda_bench::{CudaBenchSettings, CudaRow, Floors};
 use super::cuda_ranks::CudaRanks;
 use super::fused_bench::{FusedBench, FusedBenchRow};
 use super::provenance::Provenance;
@@ -32,7 +32,7 @@ pub struct CpuBenchReport {
 impl CpuBenchReport {
     pub fn new(
         world_size: usize,
-        plan: &CpuBenchPlan,
+        plan: &CpuBenchSettings,
         run: CpuBench,
         provenance: Provenance,
     ) -> CpuBenchReport {
@@ -74,7 +74,7 @@ impl CudaBenchReport {
     pub fn new(
         group: &CudaRanks,
         mode: &'static str,
-        plan: &CudaBenchPlan,
+        plan: &CudaBenchSettings,
         floors: Floors,
         rows: Vec<CudaRow>,
         provenance: Provenance,
@@ -183,7 +183,7 @@ pub struct StepReport {
 impl StepReport {
     /// The report of `rows`, timed by `plan` with ranks run as `mode` on `gpus` GPUs.
     pub fn new(
-        plan: &StepPlan,
+        plan: &StepSettings,
         mode: &'static str,
         gpus: usize,
         provenance: Provenance,

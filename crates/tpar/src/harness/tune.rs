@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::bail;
-use super::cuda_bench::{self, CudaBenchPlan, CudaRow};
+use super::cuda_bench::{self, CudaBenchSettings, CudaRow};
 use super::cuda_ranks::CudaRanks;
 use super::{Context, Result};
 use crate::algorithm::Selection;
@@ -15,8 +15,8 @@ use crate::DType;
 
 /// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
 /// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
-pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchPlan {
-    CudaBenchPlan {
+pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchSettings {
+    CudaBenchSettings {
         sizes,
         choices: Choice::ALL.map(Selection::Forced).to_vec(),
         dtype,
@@ -49,7 +49,7 @@ pub struct Tuned {
 /// `progress` hears each (size, choice) before it is timed.
 pub fn run(
     group: &mut CudaRanks,
-    plan: &CudaBenchPlan,
+    plan: &CudaBenchSettings,
     topology: &Topology,
     progress: impl FnMut(u64, Selection),
 ) -> Result<Tuned> {

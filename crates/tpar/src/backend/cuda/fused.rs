@@ -14,7 +14,7 @@ use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::norm::{self, FusedPlan};
+use crate::norm::{self, FusedDecision};
 use crate::protocol::line::lines_for_bytes;
 
 /// The epilogue's operands (`struct TparNormArgs` in fused.cuh), passed by value.
@@ -136,7 +136,7 @@ impl CudaCommunicator {
         spans: FusedSpans<'_>,
         algorithm: Algorithm,
         stream: &CudaStream,
-    ) -> Result<FusedPlan> {
+    ) -> Result<FusedDecision> {
         let operands = FusedOperands::check(&spans, self.ctx.ordinal(), stream)?;
         // The spans live until this returns, after the work is queued.
         self.fused_enqueue(&operands, algorithm, stream)
@@ -148,7 +148,7 @@ impl CudaCommunicator {
         algorithm: Option<Algorithm>,
         dtype: DType,
         hidden: usize,
-    ) -> FusedPlan {
+    ) -> FusedDecision {
         norm::plan(algorithm, dtype, hidden, self.layout.payload_lines)
     }
 
@@ -160,7 +160,7 @@ impl CudaCommunicator {
         operands: &FusedOperands,
         algorithm: Algorithm,
         cuda_stream: &CudaStream,
-    ) -> Result<FusedPlan> {
+    ) -> Result<FusedDecision> {
         let call = operands.call();
         let stream = cuda_stream.cu_stream();
         let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);

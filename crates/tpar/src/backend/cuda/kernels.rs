@@ -134,7 +134,7 @@ pub enum KernelId {
     AddRmsNorm(DType),
     /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
     Empty,
-    /// The init link probe's copy and flag ping-pong (`probe.cu`).
+    /// The init link measurement's copy and flag ping-pong (`probe.cu`).
     ProbeCopy,
     ProbePingpong,
 }
