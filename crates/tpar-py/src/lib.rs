@@ -17,7 +17,6 @@ use fused::OperandChecks;
 use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use tpar::backend::cuda::{borrowed_stream, DeviceSpan, DeviceSpanMut};
 use tpar::communicator::{BorrowedNccl, NcclMode};
-use tpar::dispatch::Choice;
 use tpar::{
     Algorithm, Communicator, Config, CpuCommunicator, DType, MemoryFootprint, RankEnv, Rendezvous,
     Selection,
@@ -527,11 +526,9 @@ impl Comm {
         let plan = Selection::parse_from("algorithm", algorithm)
             .and_then(|s| comm.decision_for(s, dtype, bytes as u64, capturing))
             .map_err(err)?;
-        let algorithm = match plan.choice {
-            tpar::dispatch::Choice::Tpar(a) => Some(a),
-            tpar::dispatch::Choice::Nccl => None,
-        };
-        let path = comm.cuda().fused_plan(algorithm, dtype, hidden);
+        let path = comm
+            .cuda()
+            .fused_plan(plan.choice.algorithm(), dtype, hidden);
         Ok((
             plan.choice.name().to_owned(),
             path.fused,
@@ -572,70 +569,55 @@ impl Comm {
         op.check().map_err(TparError::new_err)?;
         let comm = self.cuda()?;
         comm.check().map_err(err)?;
-        let bytes = op.bytes().map_err(TparError::new_err)? as u64;
-        let plan = Selection::parse_from("algorithm", algorithm)
-            .and_then(|s| comm.decision_for(s, op.dtype, bytes, capturing))
-            .map_err(err)?;
-        if let Some(why) = comm.refusal(&plan) {
-            return Err(TparError::new_err(format!(
-                "this call's allreduce is planned for {why}"
-            )));
-        }
-        let path = if !op.check().map_err(TparError::new_err)? {
-            // Nothing to queue (0 tokens): say what a call of this shape would run.
-            let algorithm = match plan.choice {
-                Choice::Tpar(a) => Some(a),
-                Choice::Nccl => None,
+        let selection = Selection::parse_from("algorithm", algorithm).map_err(err)?;
+        // The library reads the stream's capture state itself; what Python saw is the same.
+        let _ = capturing;
+        let device = comm.cuda().context().ordinal();
+        let (dtype, count) = (op.dtype, tokens * hidden);
+        // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on
+        // this communicator's device (checked above for aliasing) and the stream torch
+        // orders them on; torch's caching allocator keeps their memory until work queued
+        // there has run, and the stream outlives this call.
+        let (spans, stream) = unsafe {
+            let reads = |p: u64, n: usize| DeviceSpan::from_raw(device, p, n, dtype);
+            let writes = |p: u64| DeviceSpanMut::from_raw(device, p, count, dtype);
+            let input = if op.y == op.x {
+                FusedInput::YIntoX(writes(op.x))
+            } else {
+                FusedInput::Separate {
+                    x: reads(op.x, count),
+                    y: writes(op.y),
+                }
             };
-            comm.cuda().fused_plan(algorithm, op.dtype, hidden)
-        } else {
-            let device = comm.cuda().context().ordinal();
-            let (dtype, count) = (op.dtype, tokens * hidden);
-            // SAFETY: the tpar package passes live, contiguous CUDA tensors of these shapes on
-            // this communicator's device (checked above for aliasing) and the stream torch
-            // orders them on; torch's caching allocator keeps their memory until work queued
-            // there has run, and the stream outlives this call.
-            let (spans, stream) = unsafe {
-                let reads = |p: u64, n: usize| DeviceSpan::from_raw(device, p, n, dtype);
-                let writes = |p: u64| DeviceSpanMut::from_raw(device, p, count, dtype);
-                let input = if op.y == op.x {
-                    FusedInput::YIntoX(writes(op.x))
-                } else {
-                    FusedInput::Separate {
-                        x: reads(op.x, count),
-                        y: writes(op.y),
-                    }
-                };
-                let residual = match op.residual_out {
-                    Some(out) if out != op.residual => FusedResidual::Separate {
-                        residual: reads(op.residual, count),
-                        out: writes(out),
-                    },
-                    _ => FusedResidual::InPlace(writes(op.residual)),
-                };
-                let spans = FusedSpans {
-                    input,
-                    residual,
-                    weight: reads(op.weight, hidden),
-                    tokens,
-                    hidden,
-                    eps: op.eps,
-                };
-                let stream = borrowed_stream(
-                    comm.cuda().context(),
-                    stream as tpar::backend::cuda::CuStream,
-                );
-                (spans, stream)
+            let residual = match op.residual_out {
+                Some(out) if out != op.residual => FusedResidual::Separate {
+                    residual: reads(op.residual, count),
+                    out: writes(out),
+                },
+                _ => FusedResidual::InPlace(writes(op.residual)),
             };
-            guard("fused_add_rms_norm", || {
-                comm.fused_add_rms_norm_as(plan.choice, spans, &stream)
-                    .map_err(err)
-            })?
+            let spans = FusedSpans {
+                input,
+                residual,
+                weight: reads(op.weight, hidden),
+                tokens,
+                hidden,
+                eps: op.eps,
+            };
+            let stream = borrowed_stream(
+                comm.cuda().context(),
+                stream as tpar::backend::cuda::CuStream,
+            );
+            (spans, stream)
         };
+        let run = guard("fused_add_rms_norm", || {
+            comm.fused_add_rms_norm_selected(selection, spans, &stream)
+                .map_err(err)
+        })?;
         Ok((
-            plan.choice.name().to_owned(),
-            path.fused,
-            format!("allreduce: {}; {}", plan.reason, path.reason),
+            run.allreduce.choice.name().to_owned(),
+            run.path.fused,
+            format!("allreduce: {}; {}", run.allreduce.reason, run.path.reason),
         ))
     }
 

@@ -106,6 +106,14 @@ impl Choice {
             Choice::Nccl => "nccl",
         }
     }
+
+    /// tpar's algorithm, or None for NCCL.
+    pub fn algorithm(self) -> Option<Algorithm> {
+        match self {
+            Choice::Tpar(a) => Some(a),
+            Choice::Nccl => None,
+        }
+    }
 }
 
 impl fmt::Display for Choice {

@@ -7,7 +7,7 @@
 use cudarc::driver::CudaStream;
 
 use super::Communicator;
-use crate::algorithm::Choice;
+use crate::algorithm::{Choice, Selection};
 use crate::backend::cuda::fused::{FusedSpans, NormInput};
 use crate::backend::cuda::span::FusedOperands;
 use crate::backend::cuda::stream_order::Capture;
@@ -33,11 +33,23 @@ impl Communicator {
         spans: FusedSpans<'_>,
         stream: &CudaStream,
     ) -> Result<FusedRun> {
+        self.fused_add_rms_norm_selected(Selection::Auto, spans, stream)
+    }
+
+    /// [`Communicator::fused_add_rms_norm`] with its allreduce decided for `selection` as a
+    /// plain call's ([`Communicator::decide`]: a forced choice checked, a refusal raised before
+    /// anything is queued).
+    pub fn fused_add_rms_norm_selected(
+        &self,
+        selection: Selection,
+        spans: FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<FusedRun> {
         let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
         let call = operands.call();
         let bytes = (call.elements() * call.dtype.size()) as u64;
-        let allreduce = self.decision(call.dtype, bytes, capture.is_capturing())?;
+        let allreduce = self.decide(selection, call.dtype, bytes, capture.is_capturing())?;
         let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
         Ok(FusedRun { allreduce, path })
     }

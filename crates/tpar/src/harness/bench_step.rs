@@ -20,7 +20,6 @@ use super::{bail, Result};
 use crate::algorithm::Selection;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
-use crate::dispatch::Choice;
 use crate::planner::model::ModelShape;
 use crate::planner::step::{pass_ops, slot_elements, Slot, StepOp};
 use crate::DType;
@@ -352,14 +351,11 @@ fn time_pass(
     };
     let norms = match (reduce, captured) {
         (Reduce::With(_, Norms::Fused), Some(choice)) => {
-            let algorithm = match choice {
-                Choice::Tpar(a) => Some(a),
-                Choice::Nccl => None,
-            };
-            let path =
-                group.comms[0]
-                    .cuda()
-                    .fused_plan(algorithm, dtype, plan.model.hidden as usize);
+            let path = group.comms[0].cuda().fused_plan(
+                choice.algorithm(),
+                dtype,
+                plan.model.hidden as usize,
+            );
             if path.fused {
                 "fused".to_owned()
             } else {
