@@ -22,15 +22,12 @@
 
 // Adds the rank-ordered sum of quad `line` (of every peer's slot, own term from `own`) into
 // acc; false once a wait has failed (acc then holds what arrived, zeros for the rest).
-// `header_polls`: see oneshot_wide (block 0's thread `peer` loads that peer's header words with
-// its first line, and again with every poll of it).
 template <int DT>
 __device__ __forceinline__ bool reduce_quad(const TparArgs& a, u64 epoch, u32 tag, u64 start, int code, u64 line,
-                                            u32 own0, u32 own1, bool ok, float* acc, u64* header_polls) {
+                                            u32 own0, u32 own1, bool ok, float* acc) {
     const u64* inbox = a.inboxes[a.rank];
     for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
         Wide v[TPAR_RANK_GROUP];
-        if (g == 0 && header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
         load_wide_group(a, inbox, epoch, g, line, v);
 #pragma unroll
         for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
@@ -42,7 +39,7 @@ __device__ __forceinline__ bool reduce_quad(const TparArgs& a, u64 epoch, u32 ta
                     Wide got = {0u, 0u, 0u, 0u};
                     if (ok) {
                         ok = wait_wide(a, inbox + stage_one_slot(a, epoch, r) + line, tag, r, TPAR_PHASE_ONE_SHOT,
-                                       start, epoch, code, &got, header_polls);
+                                       start, epoch, code, &got, nullptr);
                     }
                     v[k] = got;
                 }
@@ -105,15 +102,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     u64* const exchange = norm_exchange_lines(a, epoch);
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     bool ok = true;
-    // Block 0's thread `peer` checks that peer's call header. From three ranks on it loads it
-    // beside its first line (as oneshot_wide does), so the check at the end costs no round
-    // trip: 8 ranks sharing one H200, 1 and 8 tokens of 8192 bf16, 6.13 / 14.59 us against
-    // 6.25 / 14.87 checked at the end; with two ranks the early load cost 0.11-0.17 us
-    // instead (4.71 / 4.68 against 4.54 / 4.57; bench/README.md, "fused kernel ablations").
-    const bool early_header = a.world_size > 2;
-    const bool checks_header = blockIdx.x == 0 && threadIdx.x < a.world_size && threadIdx.x != a.rank;
-    u64 header[4];
-    bool header_loaded = false;
     for (u64 row = first_row; row < n.rows; row += row_stride) {
         const char* x = (const char*)a.input + row * row_bytes;
         const char* residual = (const char*)n.residual + row * row_bytes;
@@ -129,10 +117,8 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                     load_pair<DT>(residual, q, n.hidden, words, &res0, &res1);
                 }
                 float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                u64* const header_polls = (early_header && checks_header && !header_loaded) ? header : nullptr;
-                header_loaded = header_loaded || header_polls != nullptr;
                 ok = reduce_quad<DT>(a, epoch, tag, start, code, TPAR_HEADER_LINES + 2 * (row * quads + q), own0, own1,
-                                     ok, acc, header_polls);
+                                     ok, acc);
                 round_quad<DT>(acc);  // the allreduce's result, rounded once
                 u32 o0, o1;
                 partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
@@ -198,15 +184,9 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
             store_pair<DT>(y, q, n.hidden, words, y0, y1);
         }
-        if (row + row_stride < n.rows) __syncthreads();  // the shared sums are reused by the next row
+        __syncthreads();  // the shared sums are reused by the next row
     }
-    if (ok && checks_header) {
-        if (header_loaded) {
-            check_loaded_header(a, epoch, tag, code, start, header);
-        } else {
-            check_header(a, epoch, tag, code, start);
-        }
-    }
+    if (ok) check_header(a, epoch, tag, code, start);
     end_epoch(a, ticket);
 }
 

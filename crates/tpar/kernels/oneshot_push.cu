@@ -75,7 +75,15 @@ __device__ __forceinline__ bool oneshot_wide(const TparArgs& a, u64 epoch, u32 t
         }
         store_pair<DT>(a.output, q, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
     }
-    if (checks_header) return check_loaded_header(a, epoch, tag, DT, start, header);
+    if (checks_header) {
+        for (int i = 2; i <= 5; ++i) {
+            if ((u32)(header[i - 2] >> 32) != tag) return check_header(a, epoch, tag, DT, start);  // not yet
+            if ((u32)header[i - 2] != header_word(a, i, DT)) {
+                report_error(a, TPAR_ERR_MISMATCH, threadIdx.x, TPAR_PHASE_HEADER, i, (u32)header[i - 2]);
+                return false;
+            }
+        }
+    }
     return true;
 }
 

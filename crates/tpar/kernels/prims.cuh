@@ -254,21 +254,6 @@ __device__ TPAR_SLOW_PATH bool check_header(const TparArgs& a, u64 epoch, u32 ta
     return true;
 }
 
-// Block 0, thread `peer`, after its reduction: the peer's header words it loaded beside its
-// first line (`words`, from load_header_words) compared with ours; a word not yet tagged
-// falls back to check_header's wait. False when a word differs (reported) or the wait fails.
-__device__ TPAR_SLOW_PATH bool check_loaded_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start,
-                                                   const u64* words) {
-    for (int i = 2; i <= 5; ++i) {
-        if ((u32)(words[i - 2] >> 32) != tag) return check_header(a, epoch, tag, dtype, start);  // not yet
-        if ((u32)words[i - 2] != header_word(a, i, dtype)) {
-            report_error(a, TPAR_ERR_MISMATCH, threadIdx.x, TPAR_PHASE_HEADER, i, (u32)words[i - 2]);
-            return false;
-        }
-    }
-    return true;
-}
-
 // The peer's call header in this rank's inbox, if it has arrived for this epoch: 0 when it
 // matches ours (or has not arrived yet), else the first differing word's index with the
 // peer's value in *theirs.

@@ -1,0 +1,215 @@
+// Fused one-shot push allreduce + residual add + RMSNorm (also host-staged, with the inboxes in
+// pinned host memory). The push and the wait are one-shot's (16-byte LL lines, the data its
+// own signal, tags by epoch, triple buffers), but the slot is laid out by rows: row r of the
+// launch starts at quad r * row_quads, so rows never share a line.
+//
+// A row is spread over `blocks_per_row` blocks, as the plain one-shot spreads its lines: block
+// `part` of a row takes the row's segments part, part + blocks_per_row, ... (a segment is
+// TPAR_NORM_THREADS quads, one per thread), so at one token the push and the wait use as many
+// SMs as the plain allreduce of the same bytes. The row's sum of squares needs every segment:
+// each block publishes its segments' tree sums as LL lines in this rank's own inbox (fused.cuh,
+// norm_exchange_lines) and reads all of them back in segment order, so every block and every
+// rank get the same bits. The blocks of one row are co-resident (every block of the grid is,
+// as the protocol requires), so this wait ends. With one block per row there is no exchange.
+//
+// Latency: everything a thread needs that no peer produces (its input, residual and weight
+// quads) is loaded before the call counter, so those loads overlap its round trip; the rounded
+// residual_out stays in registers for y. Each further loop trip costs a memory round trip.
+//
+// A failed wait (deadline, mismatched header) sets the error word; the thread then stops
+// waiting but still publishes its sums and reaches every barrier, so the kernel exits.
+#include "tpar_ll.cuh"
+
+// Adds the rank-ordered sum of quad `line` (of every peer's slot, own term from `own`) into
+// acc; false once a wait has failed (acc then holds what arrived, zeros for the rest).
+// `header_polls`: see oneshot_wide (block 0's thread `peer` loads that peer's header words with
+// its first line, and again with every poll of it).
+template <int DT>
+__device__ __forceinline__ bool reduce_quad(const TparArgs& a, u64 epoch, u32 tag, u64 start, int code, u64 line,
+                                            u32 own0, u32 own1, bool ok, float* acc, u64* header_polls) {
+    const u64* inbox = a.inboxes[a.rank];
+    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
+        Wide v[TPAR_RANK_GROUP];
+        if (g == 0 && header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
+        load_wide_group(a, inbox, epoch, g, line, v);
+#pragma unroll
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r >= a.world_size) break;
+            u32 w0 = own0, w1 = own1;
+            if (r != a.rank) {
+                if (!wide_has(v[k], tag)) {
+                    Wide got = {0u, 0u, 0u, 0u};
+                    if (ok) {
+                        ok = wait_wide(a, inbox + stage_one_slot(a, epoch, r) + line, tag, r, TPAR_PHASE_ONE_SHOT,
+                                       start, epoch, code, &got, header_polls);
+                    }
+                    v[k] = got;
+                }
+                w0 = v[k].w0;
+                w1 = v[k].w1;
+            }
+            float xv[4];
+            unpack_quad<DT>(w0, w1, xv);
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? xv[e] : acc[e] + xv[e];
+        }
+    }
+    return ok;
+}
+
+template <int DT>
+__device__ void fused_oneshot(const TparFusedArgs& f) {
+    const TparArgs& a = f.a;
+    const TparNormArgs& n = f.n;
+    const u64 quads = norm_row_quads<DT>(n.hidden);
+    const u64 words = words_for<DT>(n.hidden);
+    const u64 row_bytes = n.hidden * elem_bytes<DT>();
+    const u32 segments = norm_segments(quads);
+    const u32 per_row = n.blocks_per_row;
+    const u32 part = blockIdx.x % per_row;
+    const u64 first_row = blockIdx.x / per_row;
+    const u64 row_stride = gridDim.x / per_row;
+    // This block's segments of each row: part, part + per_row, ... (the host keeps
+    // per_row <= segments, so every block has at least one).
+    const u32 mine = part < segments ? (segments - part + per_row - 1) / per_row : 0;
+    const u64 q0 = (u64)part * TPAR_NORM_THREADS + threadIdx.x;  // the thread's quad of its first segment
+
+    // Before the call counter: the first row's input and residual and the weight of the first
+    // segment (the same for every row). After pdl_wait: the previous kernel may write them.
+    pdl_wait();
+    u32 x0 = 0, x1 = 0, r0 = 0, r1 = 0, w0 = 0, w1 = 0;
+    if (first_row < n.rows && mine > 0 && q0 < quads) {
+        load_pair<DT>((const char*)a.input + first_row * row_bytes, q0, n.hidden, words, &x0, &x1);
+        load_pair<DT>((const char*)n.residual + first_row * row_bytes, q0, n.hidden, words, &r0, &r1);
+        load_pair<DT>(n.weight, q0, n.hidden, words, &w0, &w1);
+    }
+    const EpochTicket ticket = begin_epoch(a);
+    const u64 epoch = ticket.epoch;
+    const u32 tag = tag_for_epoch(epoch);
+    const u64 start = now_ns();
+    const int code = DT | TPAR_HEADER_FUSED;
+    push_header(a, epoch, tag, code);
+    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    for (u64 row = first_row; row < n.rows; row += row_stride) {
+        const char* x = (const char*)a.input + row * row_bytes;
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            if (q >= quads) continue;
+            u32 p0 = x0, p1 = x1;
+            if (row != first_row || j != 0) load_pair<DT>(x, q, n.hidden, words, &p0, &p1);
+            for (u32 p = 0; p < a.world_size; ++p) {
+                if (p != a.rank) st_wide(a.inboxes[p] + my_slot + 2 * (row * quads + q), tag, p0, p1);
+            }
+        }
+    }
+    u64* const exchange = norm_exchange_lines(a, epoch);
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    bool ok = true;
+    // Block 0's thread `peer` checks that peer's call header. From three ranks on it loads it
+    // beside its first line (as oneshot_wide does), so the check at the end costs no round
+    // trip: 8 ranks sharing one H200, 1 and 8 tokens of 8192 bf16, 6.13 / 14.59 us against
+    // 6.25 / 14.87 checked at the end; with two ranks the early load cost 0.11-0.17 us
+    // instead (4.71 / 4.68 against 4.54 / 4.57; bench/README.md, "fused kernel ablations").
+    const bool early_header = a.world_size >= TPAR_FUSED_EARLY_HEADER_MIN_RANKS;
+    const bool checks_header = blockIdx.x == 0 && threadIdx.x < a.world_size && threadIdx.x != a.rank;
+    u64 header[4];
+    bool header_loaded = false;
+    for (u64 row = first_row; row < n.rows; row += row_stride) {
+        const char* x = (const char*)a.input + row * row_bytes;
+        const char* residual = (const char*)n.residual + row * row_bytes;
+        char* residual_out = (char*)n.residual_out + row * row_bytes;
+        float first[4] = {0.f, 0.f, 0.f, 0.f};  // residual_out of the first segment, for y
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            float partial = 0.f;
+            if (q < quads) {
+                u32 own0 = x0, own1 = x1, res0 = r0, res1 = r1;
+                if (row != first_row || j != 0) {
+                    load_pair<DT>(x, q, n.hidden, words, &own0, &own1);
+                    load_pair<DT>(residual, q, n.hidden, words, &res0, &res1);
+                }
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                u64* const header_polls = (early_header && checks_header && !header_loaded) ? header : nullptr;
+                header_loaded = header_loaded || header_polls != nullptr;
+                ok = reduce_quad<DT>(a, epoch, tag, start, code, TPAR_HEADER_LINES + 2 * (row * quads + q), own0, own1,
+                                     ok, acc, header_polls);
+                round_quad<DT>(acc);  // the allreduce's result, rounded once
+                u32 o0, o1;
+                partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
+                store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
+                if (j == 0) {
+                    for (int e = 0; e < 4; ++e) first[e] = acc[e];
+                }
+            }
+            norm_warp_fold(j, partial);
+        }
+        __syncthreads();
+        float inv;
+        if (per_row == 1) {
+            float s = 0.f;
+            if (warp < mine) s = norm_segment_fold(warp);
+            if (lane == 0 && warp < mine) tpar_norm_segment_sums[warp] = s;
+            __syncthreads();
+            if (warp == 0) {
+                const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
+            }
+        } else {
+            // Publish this block's segment sums, then read every segment's in order.
+            if (warp < mine) {
+                const float s = norm_segment_fold(warp);
+                if (lane == 0) {
+                    st_sys(exchange + row * segments + part + warp * per_row, pack_line(tag, __float_as_uint(s)));
+                }
+            }
+            if (warp == 0) {
+                u32 bits = 0;
+                if (lane < segments) {
+                    const u64* p = exchange + row * segments + lane;
+                    const u64 v = ld_sys(p);
+                    if ((u32)(v >> 32) == tag) {
+                        bits = (u32)v;
+                    } else if (ok) {
+                        ok = wait_line(a, p, tag, a.rank, TPAR_PHASE_ONE_SHOT, start, &bits);
+                    }
+                }
+                const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
+            }
+        }
+        __syncthreads();
+        inv = tpar_norm_inv;
+        char* y = (char*)n.y + row * row_bytes;
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            if (q >= quads) continue;
+            float v[4];
+            u32 wt0 = w0, wt1 = w1;
+            if (j == 0) {
+                for (int e = 0; e < 4; ++e) v[e] = first[e];
+            } else {
+                u32 v0, v1;  // written by this thread above
+                load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                unpack_quad<DT>(v0, v1, v);
+                load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
+            }
+            u32 y0, y1;
+            y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
+            store_pair<DT>(y, q, n.hidden, words, y0, y1);
+        }
+        if (TPAR_FUSED_LAST_BARRIER || row + row_stride < n.rows) __syncthreads();  // the shared sums are reused by the next row
+    }
+    if (ok && checks_header) {
+        if (header_loaded) {
+            check_loaded_header(a, epoch, tag, code, start, header);
+        } else {
+            check_header(a, epoch, tag, code, start);
+        }
+    }
+    end_epoch(a, ticket);
+}
+
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_bf16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }
