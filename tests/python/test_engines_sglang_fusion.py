@@ -15,7 +15,8 @@ the platform flags of a GPU FlashInfer's fusion does not take. Checked:
 - SGLang's ``fused_ffn_input`` (gate -> ``_forward_with_allreduce_fusion`` -> the fused entry)
   makes one call of tpar's fused op and none of SGLang's allreduce or norm; ``residual_out`` is
   bitwise the fp32 sum rounded once plus the residual rounded once, the norm is within two
-  roundings of a torch fp32 reference, the inputs are unchanged, both ranks have the same bits;
+  roundings of a torch fp32 reference, both equal SGLang's own unfused sequence on the same
+  operands (residual bitwise), the inputs are unchanged, both ranks have the same bits;
 - what tpar does not take (Gemma's fp32 weight, over max_size, an attention-TP group whose custom
   allreduce is not tpar's) goes to SGLang's own unfused sequence, with the right result and a
   logged reason; with no tpar on the TP group the gate is SGLang's own (no fused path);
@@ -122,10 +123,17 @@ WORKER = textwrap.dedent(
             torch.equal(x, xs[rank]) and torch.equal(residual, res_in),
             residual_out.data_ptr() != residual.data_ptr(),
         ]
+        line = (f"CASE {tokens}x{hidden} {str(dtype)[6:]} tpar={counts['tpar']} sglang_ar={counts['sglang_ar']} "
+                f"norm_fwd={norm_module.forward_calls}")
+        # SGLang's own unfused sequence on the same operands (its fallback, over a group without
+        # tpar): the same residual bits, the norm within the same roundings.
+        with get_parallel().override(attn_tp_group=plain):
+            sglang_norm, sglang_residual = fusions.fused_ffn_input(
+                standin.PlanStandIn(standin.RMSNormStandIn(weight, eps)), xs[rank].clone(), res_in.clone(), None)
+        checks.append(torch.equal(residual_out, sglang_residual) and within(norm, sglang_norm.float(), dtype))
         digest = hashlib.sha256(norm.view(torch.uint8).numpy().tobytes()
                                 + residual_out.view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-        return (f"CASE {tokens}x{hidden} {str(dtype)[6:]} tpar={counts['tpar']} sglang_ar={counts['sglang_ar']} "
-                f"norm_fwd={norm_module.forward_calls} checks={''.join('1' if c else '0' for c in checks)}"), digest
+        return f"{line} checks={''.join('1' if c else '0' for c in checks)}", digest
 
     with get_parallel().override(tp_group=group, attn_tp_group=group, tp_size=n, attn_tp_size=n, tp_rank=rank,
                                  attn_tp_rank=rank, moe_ep_size=1, moe_tp_size=n):
@@ -194,13 +202,13 @@ def test_sglang_fused_entry_runs_tpars_fused_op(sglang_path):
         assert len(cases) == 5, lines
         for line in cases:
             # One tpar fused call, no SGLang allreduce, no SGLang norm; every check holds.
-            assert "tpar=1 sglang_ar=0 norm_fwd=0 checks=1111" in line, line
+            assert "tpar=1 sglang_ar=0 norm_fwd=0 checks=11111" in line, line
         case_lines.append(cases)
         # Declined: SGLang's allreduce + norm ran instead, and the results are right (the input
         # changes: SGLang's all_reduce reduces CPU tensors in place; on CUDA it is out of place).
         for label in ("GEMMA", "OVER", "OVER AGAIN", "ATTN NOT TPAR"):
             line = next(line for line in lines if line.startswith(label + " "))
-            assert "tpar=0 sglang_ar=1 norm_fwd=1 checks=1101" in line, line
+            assert "tpar=0 sglang_ar=1 norm_fwd=1 checks=11011" in line, line
         assert any(line.startswith("TP NOT TPAR NONE 4x64") for line in lines), lines
         assert "takes tpar's fused allreduce + RMSNorm" in err, err[-2000:]
         assert "Gemma's fp32 gamma" in err and "over tpar's max_size" in err and "is not an enabled tpar one" in err, err[-3000:]
