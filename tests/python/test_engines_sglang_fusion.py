@@ -226,3 +226,55 @@ def test_tpar_allreduce_0_leaves_sglangs_fused_path_alone(sglang_path):
         # The gate says no, so SGLang's boundary does not take the fused path at all.
         assert any(line.startswith("NONE 1x64") for line in lines), lines
         assert "tpar's fused" not in err, err[-2000:]
+
+
+def _tree(sglang_path, relative):
+    import ast
+
+    return ast.parse((pathlib.Path(sglang_path) / "sglang" / "srt" / relative).read_text())
+
+
+def test_sglang_looks_the_hooked_names_up_where_the_hooks_replace_them(sglang_path):
+    """What the hooks rely on, read from SGLang's own files: the fused entry is imported inside
+    ``_forward_with_allreduce_fusion`` (so replacing the module attribute is enough) and called
+    with keywords tpar's function takes, its ``(None, None)`` is the decline; every module that
+    binds the gate by name is one the plugin rebinds; tpar's function has SGLang's parameters."""
+    import ast
+    import inspect
+
+    from tpar.engines import sglang_fusion
+
+    functions = {node.name: node for node in ast.walk(_tree(sglang_path, "layers/layernorm.py"))
+                 if isinstance(node, ast.FunctionDef)}
+    caller = functions["_forward_with_allreduce_fusion"]
+    imports = [node for node in ast.walk(caller) if isinstance(node, ast.ImportFrom)
+               and node.module == sglang_fusion.FUSION_MODULE]
+    assert any(alias.name == sglang_fusion.FUSION_SYMBOL for node in imports for alias in node.names)
+    calls = [node for node in ast.walk(caller) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == sglang_fusion.FUSION_SYMBOL]
+    assert len(calls) == 1
+    ours = inspect.signature(sglang_fusion._make_fused(None, None)).parameters
+    assert {k.arg for k in calls[0].keywords} <= set(ours), [k.arg for k in calls[0].keywords]
+    assert "fused_result[0] is not None" in ast.unparse(caller)
+
+    entry = next(node for node in _tree(sglang_path, "layers/flashinfer_comm_fusion.py").body
+                 if isinstance(node, ast.FunctionDef) and node.name == sglang_fusion.FUSION_SYMBOL)
+    assert [a.arg for a in entry.args.args] == list(ours)
+    assert [ast.literal_eval(d) for d in entry.args.defaults] == [p.default for p in ours.values()][-len(entry.args.defaults):]
+    assert "return (None, None)" in ast.unparse(entry)
+
+    # Every module of SGLang that imports the gate or the entry by name.
+    srt = pathlib.Path(sglang_path) / "sglang" / "srt"
+    binders = {}
+    for path in srt.rglob("*.py"):
+        text = path.read_text(errors="replace")
+        for symbol in (sglang_fusion.GATE_SYMBOL, sglang_fusion.FUSION_SYMBOL):
+            if symbol not in text:
+                continue
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.ImportFrom) and any(a.name == symbol for a in node.names):
+                    module = "sglang.srt." + str(path.relative_to(srt).with_suffix("")).replace("/", ".")
+                    binders.setdefault(symbol, set()).add((module, node.col_offset == 0))
+    assert binders[sglang_fusion.GATE_SYMBOL] == {(m, True) for m in sglang_fusion.GATE_IMPORTERS}, binders
+    # The entry is imported only inside a function (looked up at call time), by layernorm.
+    assert binders[sglang_fusion.FUSION_SYMBOL] == {("sglang.srt.layers.layernorm", False)}, binders
