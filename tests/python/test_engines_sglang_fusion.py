@@ -20,6 +20,8 @@ the platform flags of a GPU FlashInfer's fusion does not take. Checked:
 - what tpar does not take (Gemma's fp32 weight, over max_size, an attention-TP group whose custom
   allreduce is not tpar's) goes to SGLang's own unfused sequence, with the right result and a
   logged reason; with no tpar on the TP group the gate is SGLang's own (no fused path);
+- the same call under ``torch.compile`` (Dynamo, eager backend, dynamic shapes) still reaches
+  tpar on every call, with the eager bits;
 - ``TPAR_ALLREDUCE=0``: SGLang's function and gate stay SGLang's, and the fused path is not taken.
 """
 
@@ -150,6 +152,17 @@ WORKER = textwrap.dedent(
             line, digest = run(tokens, hidden, dtype)
             print(line, "digest=" + str(digest), flush=True)
         if scenario == "fuse":
+            # Under torch.compile (SGLang's --enable-torch-compile traces its layers with Dynamo):
+            # the hooked path still reaches tpar on every call, with the eager bits.
+            xs, residual, weight = operands(8, 64, torch.bfloat16, 3)
+            plan = standin.PlanStandIn(standin.RMSNormStandIn(weight, 1e-6))
+            layer = lambda x, r: fusions.fused_ffn_input(plan, x, r, None)
+            eager = layer(xs[rank].clone(), residual.clone())
+            counts.update(tpar=0, sglang_ar=0)
+            compiled = torch.compile(layer, backend="eager", dynamic=True)
+            first, second = (compiled(xs[rank].clone(), residual.clone()) for _ in range(2))
+            same = all(torch.equal(a, b) for got in (first, second) for a, b in zip(got, eager))
+            print("COMPILE", f"tpar={counts['tpar']} sglang_ar={counts['sglang_ar']} same={same}", flush=True)
             # Gemma's fp32 gamma beside bf16 activations: tpar declines, SGLang's sequence runs.
             print("GEMMA", run(4, 64, torch.bfloat16, weight_dtype=torch.float32)[0], flush=True)
             # Over tpar's max_size: SGLang's sequence.
@@ -198,6 +211,7 @@ def test_sglang_fused_entry_runs_tpars_fused_op(sglang_path):
         # SGLang's own gate says no on this GPU; tpar's admits 8 tokens, not 0 nor over 2048.
         assert "GATE False True False False" in lines, lines
         assert "PRESERVES True" in lines, lines
+        assert "COMPILE tpar=2 sglang_ar=0 same=True" in lines, lines
         cases = [line for line in lines if line.startswith("CASE ")]
         assert len(cases) == 5, lines
         for line in cases:

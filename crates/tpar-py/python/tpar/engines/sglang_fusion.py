@@ -61,6 +61,12 @@ the call falls back like a refusal (a peer whose call succeeded then disagrees: 
 says so, and tpar's communicator reports the error on its next call). With ``TPAR_ALLREDUCE=0``
 the plugin installs nothing; where tpar did not open (the group vote), ``ca_comm`` is disabled,
 the gate is SGLang's own answer and the fused entry is SGLang's function's answer.
+
+CUDA graphs: SGLang's decode graphs are captured inside its ``graph_capture`` (which enters
+tpar's ``capture()``); its default prefill graphs (breakable, no torch.compile) are detected by
+tpar through ``torch.cuda.is_current_stream_capturing``. Under ``--enable-torch-compile`` Dynamo
+traces these wrappers: checked on the CPU with Dynamo's eager backend (tpar is called on every
+call, with the eager bits), not with SGLang's compiled CUDA path.
 """
 
 from __future__ import annotations
