@@ -63,8 +63,9 @@ the plugin installs nothing; where tpar did not open (the group vote), ``ca_comm
 the gate is SGLang's own answer and the fused entry is SGLang's function's answer.
 
 CUDA graphs: SGLang's decode graphs are captured inside its ``graph_capture`` (which enters
-tpar's ``capture()``); its default prefill graphs (breakable, no torch.compile) are detected by
-tpar through ``torch.cuda.is_current_stream_capturing``. Under ``--enable-torch-compile`` Dynamo
+tpar's ``capture()``); its default prefill graphs (breakable, no torch.compile) capture the
+fused call as they capture tpar's plain allreduce (``should_custom_ar`` also asks
+``torch.cuda.is_current_stream_capturing``); neither was run inside a real SGLang. Under ``--enable-torch-compile`` Dynamo
 traces these wrappers: checked on the CPU with Dynamo's eager backend (tpar is called on every
 call, with the eager bits), not with SGLang's compiled CUDA path.
 """
