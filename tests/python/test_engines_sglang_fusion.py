@@ -292,3 +292,38 @@ def test_sglang_looks_the_hooked_names_up_where_the_hooks_replace_them(sglang_pa
     assert binders[sglang_fusion.GATE_SYMBOL] == {(m, True) for m in sglang_fusion.GATE_IMPORTERS}, binders
     # The entry is imported only inside a function (looked up at call time), by layernorm.
     assert binders[sglang_fusion.FUSION_SYMBOL] == {("sglang.srt.layers.layernorm", False)}, binders
+
+
+def test_import_hook_runs_each_modules_callbacks_once_when_one_loader_serves_several():
+    """tpar's import hook shadows the loader's exec_module; a loader that serves several modules
+    (as a zip importer does) must still run each hooked module's callbacks for that module only."""
+    import importlib.abc
+    import importlib.machinery
+
+    from tpar.engines import plugins
+
+    names = ("tpar_hook_probe_a", "tpar_hook_probe_b")
+
+    class SharedLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, fullname, path, target=None):
+            return importlib.machinery.ModuleSpec(fullname, self) if fullname in names else None
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            module.executed = True
+
+    finder = SharedLoader()
+    sys.meta_path.append(finder)
+    seen = []
+    try:
+        for name in names:
+            plugins.when_imported(name, lambda module, name=name: seen.append((name, module.__name__)))
+        for name in reversed(names):  # the module hooked last is imported first
+            __import__(name)
+    finally:
+        sys.meta_path.remove(finder)
+        for name in names:
+            sys.modules.pop(name, None)
+    assert sorted(seen) == [(name, name) for name in names], seen
