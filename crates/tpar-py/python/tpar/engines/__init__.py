@@ -92,31 +92,37 @@ Covered
     :meth:`TparCustomAllreduce.fused_allreduce_rmsnorm` answers it: new ``(norm_out,
     residual_out)`` tensors through ``tpar.ops.fused_add_rms_norm``, None where
     ``should_custom_ar`` says False or the operands do not fit (e.g. Gemma's fp32 gamma).
-    tests/python/test_engines_sglang.py runs SGLang's own method on a gloo group.
-    Limit: in 0.5.23 SGLang's layers call that entry only on ROCm builds
-    (``layernorm._forward_with_allreduce_fusion`` takes it under ``_use_aiter``, and the
-    per-group FP8 variants); on CUDA they do not reach it.
+    tests/python/test_engines_sglang.py runs SGLang's own method on a gloo group. In 0.5.23
+    SGLang's layers call that entry only on ROCm builds (``layernorm._forward_with_allreduce_fusion``
+    takes it under ``_use_aiter``, and the per-group FP8 variants).
+  - SGLang on CUDA, through the same plugin (:mod:`tpar.engines.sglang_fusion`, which writes
+    down SGLang's call sequence): ``_forward_with_allreduce_fusion`` calls FlashInfer's
+    ``flashinfer_allreduce_residual_rmsnorm`` (``layers/flashinfer_comm_fusion.py``, looked up at
+    call time), and the layer boundary offers that fusion only where
+    ``flashinfer_ar_fusion_applies`` holds (``layer_boundary/residual/add_norm.py``: SM90 or
+    SM100, FlashInfer importable, the ``--flashinfer-allreduce-fusion-backend`` flag set, no DP
+    attention). The plugin wraps both when SGLang imports them: the gate also holds where the
+    TP group's custom allreduce is tpar's, and the entry runs tpar's fused op where the group it
+    reduces over is tpar's and tpar takes the operands, SGLang's own answer otherwise.
+    tests/python/test_engines_sglang_fusion.py runs it with SGLang's plugin loader,
+    ``GroupCoordinator`` and ``flashinfer_comm_fusion`` and the source of the layer functions on
+    a gloo group; scripts/gpu_sglang_fusion.py on a GPU. A full SGLang server was not run.
 
 Not covered, and why
-  - SGLang on CUDA: ``_forward_with_allreduce_fusion`` calls FlashInfer's
-    ``flashinfer_allreduce_residual_rmsnorm`` (``layers/flashinfer_comm_fusion.py``), and the
-    layer boundary offers that fusion only where ``flashinfer_ar_fusion_applies`` holds
-    (``layer_boundary/residual/add_norm.py``: SM90 or SM100, FlashInfer importable, the
-    ``--flashinfer-allreduce-fusion-backend`` / fusion flag set, no DP attention, FlashInfer's
-    workspace created by the model runner before capture). A plugin could take that path only
-    by replacing the gate in two modules, the op and the workspace set-up: internals that move
-    between releases and that cannot be checked here without a GPU and SGLang's CUDA build.
-    The per-model ``CustomAllReduceFusion`` (``layer_boundary/fusions/
-    custom_all_reduce_fusion.py``, MiniMax-M3 and DeepSeek-V4 only) is built on SGLang's own
-    ``CustomAllReduceV2`` buffers, not on the custom-allreduce object.
+  - SGLang's CuTe DSL fusion (``--flashinfer-allreduce-fusion-backend cutedsl``, Blackwell:
+    ``layer_boundary/fusions/cutedsl.py``) and the per-model ``CustomAllReduceFusion``
+    (``layer_boundary/fusions/custom_all_reduce_fusion.py``, MiniMax-M3 and DeepSeek-V4 only)
+    are built on FlashInfer's or SGLang's own ``CustomAllReduceV2`` buffers, not on the
+    custom-allreduce object or the entry tpar wraps; SGLang's FP8-quantising fused variants
+    (aiter only) and Gemma's fp32 gamma beside 16-bit activations stay SGLang's.
   - vLLM without tpar's pass switched on, or run eagerly (``enforce_eager``, ``-O0``: no
     Inductor passes): the allreduce goes to tpar and the norm stays vLLM's kernel. vLLM's own
     ``AllReduceFusionPass``, where FlashInfer is present and ``fuse_allreduce_rms`` is on, runs
     first and rewrites the pairs to FlashInfer before tpar's pass sees them. The eager helper
     ``model_executor/layers/fused_allreduce_gemma_rms_norm.py`` calls FlashInfer or AITER
     directly.
-  - So on CUDA: in vLLM with tpar's pass, the pair is one tpar op; in SGLang, and in vLLM
-    without the pass, the allreduce runs on tpar and the norm stays the engine's own kernel.
+  - So on CUDA: in vLLM with tpar's pass and in SGLang, the pair is one tpar op; in vLLM
+    without the pass, the allreduce runs on tpar and the norm stays vLLM's own kernel.
 """
 
 from __future__ import annotations

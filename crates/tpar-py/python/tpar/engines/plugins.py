@@ -4,7 +4,10 @@
   ``vllm.distributed.device_communicators.custom_all_reduce.CustomAllreduce`` tpar's class.
 - :func:`sglang_plugin` (entry point group ``sglang.srt.plugins``) makes
   ``sglang.srt.distributed.device_communicators.custom_all_reduce.dispatch_custom_allreduce``
-  return tpar's class.
+  return tpar's class, and routes SGLang's CUDA fused allreduce + residual + RMSNorm entry
+  (``sglang.srt.layers.flashinfer_comm_fusion.flashinfer_allreduce_residual_rmsnorm``, and the
+  gate ``flashinfer_ar_fusion_applies`` that decides whether it is tried) to tpar's fused op
+  for the groups tpar serves (:mod:`tpar.engines.sglang_fusion` says how and when).
 
 Both engines import those names inside the communicator's constructor, so replacing the module
 attribute before the first group is built is enough. The swap waits until the engine imports
@@ -24,6 +27,7 @@ import importlib.abc
 import sys
 import threading
 
+from . import sglang_fusion
 from .contract import TparCustomAllreduce, enabled, logger
 
 VLLM_MODULE = "vllm.distributed.device_communicators.custom_all_reduce"
@@ -65,10 +69,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             execute(module)
-            for callback in callbacks:
-                callback(module)
+            if module.__name__ == fullname:
+                for callback in callbacks:
+                    callback(module)
 
-        # Each source file has a loader object of its own: shadowing its method is local.
+        # Each source file has a loader object of its own, so shadowing its method is local; a
+        # loader that serves several modules (a zip importer) runs each module's callbacks only
+        # for that module, whichever of them is imported first.
         loader.exec_module = exec_module
         return spec
 
@@ -123,9 +130,11 @@ def vllm_plugin() -> None:
 
 
 def sglang_plugin() -> None:
-    """Entry point of ``sglang.srt.plugins``: tpar takes SGLang's custom allreduce."""
+    """Entry point of ``sglang.srt.plugins``: tpar takes SGLang's custom allreduce and its CUDA
+    fused allreduce + residual + RMSNorm entry."""
     if enabled():
         when_imported(SGLANG_MODULE, _swap_sglang)
+        sglang_fusion.install(when_imported)
 
 
 def install_startup_hook() -> None:
