@@ -27,7 +27,7 @@ pub const HEADERS: [(&str, &str); 8] = [
 ];
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 8] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -50,6 +50,10 @@ pub const SOURCES: [(&str, &str); 7] = [
     (
         "fused_norm.cu",
         include_str!("../../../kernels/fused_norm.cu"),
+    ),
+    (
+        "twoshot_fused.cu",
+        include_str!("../../../kernels/twoshot_fused.cu"),
     ),
 ];
 
@@ -132,6 +136,8 @@ pub enum KernelId {
     FusedOneShot(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
+    /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
+    FusedTwoShot(DType),
     /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
     Empty,
     /// The init link measurement's copy and flag ping-pong (`probe.cu`).
@@ -155,7 +161,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 21;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -177,6 +183,9 @@ impl KernelId {
             AddRmsNorm(F32),
             AddRmsNorm(F16),
             AddRmsNorm(Bf16),
+            FusedTwoShot(F32),
+            FusedTwoShot(F16),
+            FusedTwoShot(Bf16),
             Empty,
             ProbeCopy,
             ProbePingpong,
@@ -200,9 +209,10 @@ impl KernelId {
             KernelId::OneShotPull(d) => 6 + dtype_index(d),
             KernelId::FusedOneShot(d) => 9 + dtype_index(d),
             KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
-            KernelId::Empty => 15,
-            KernelId::ProbeCopy => 16,
-            KernelId::ProbePingpong => 17,
+            KernelId::FusedTwoShot(d) => 15 + dtype_index(d),
+            KernelId::Empty => 18,
+            KernelId::ProbeCopy => 19,
+            KernelId::ProbePingpong => 20,
         }
     }
 
@@ -249,6 +259,14 @@ impl KernelId {
                     "tpar_add_rms_norm_bf16",
                 ],
             ),
+            KernelId::FusedTwoShot(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_twoshot_f32",
+                    "tpar_fused_twoshot_f16",
+                    "tpar_fused_twoshot_bf16",
+                ],
+            ),
             KernelId::Empty => "tpar_empty",
             KernelId::ProbeCopy => "tpar_probe_copy",
             KernelId::ProbePingpong => "tpar_probe_pingpong",
@@ -263,6 +281,7 @@ impl KernelId {
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
             KernelId::FusedOneShot(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
+            KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
             KernelId::Empty => "floor.cu",
             KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
         }
