@@ -28,7 +28,9 @@
 // carries as many rows as one-shot's (norm::rows_per_chunk) and the gather slot only quads.
 //
 // Every wait has the call's deadline (wait_wide / wait_line, phases REDUCE_SCATTER and
-// ALL_GATHER); after a failed wait (deadline, mismatched header: the error word is set) a
+// ALL_GATHER), the reduce-scatter's an eighth of the timeout earlier: a rank waiting in the
+// all-gather for an owner that waits for a silent peer then finds the owner's error (the
+// silent peer named) instead of timing out first and naming the owner. After a failed wait (deadline, mismatched header: the error word is set) a
 // thread stops waiting and pushes nothing more, so the peers fail at their own deadline
 // instead of taking its partial sums, but it reaches every barrier, so the kernel exits.
 #include "tpar_ll.cuh"
@@ -101,6 +103,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
     const u64 start = now_ns();
     const int code = DT | TPAR_HEADER_FUSED;
     push_header(a, epoch, tag, code);
+    const u64 scatter_start = start - a.timeout_ns / 8;  // see the top of this file
     u64* const own = a.inboxes[a.rank];
     const u64 gather = gather_slot(a, epoch);
     // Unit u's segment sum in rank p's inbox (see the top of this file).
@@ -129,7 +132,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
             if (u != blockIdx.x) load_pair<DT>(x_of(u), q, n.hidden, words, &own0, &own1);
             load_pair<DT>((const char*)n.residual + (u / segments) * row_bytes, q, n.hidden, words, &res0, &res1);
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            ok = reduce_owned_quad<DT>(a, epoch, tag, start, code, TPAR_HEADER_LINES + line_of(u), own0, own1, ok,
+            ok = reduce_owned_quad<DT>(a, epoch, tag, scatter_start, code, TPAR_HEADER_LINES + line_of(u), own0, own1, ok,
                                        acc);
             round_quad<DT>(acc);  // the allreduce's result, rounded once
             u32 o0, o1;

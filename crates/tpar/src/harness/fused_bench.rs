@@ -209,9 +209,10 @@ const SHAPES: [(usize, usize); 8] = [
     (1, 40000),
 ];
 
-/// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot
-/// and host-staged (fused) and two-shot (allreduce + separate norm), then, with `failure_cases`,
-/// a silent peer and a mismatched call.
+/// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot,
+/// host-staged and two-shot (each fused where the plan says, else the allreduce + the separate
+/// norm kernel: rows above the fused kernels' hidden size), then, with `failure_cases`, a
+/// silent peer and a mismatched call on the fused one-shot and two-shot kernels.
 pub fn selftest(
     make: MakeGroup<'_>,
     dtypes: &[DType],
@@ -323,31 +324,49 @@ pub fn selftest(
     }
     drop(group);
     if failure_cases {
-        rows.push(silent_peer(make)?);
-        rows.push(mismatched_rows(make)?);
+        for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+            rows.push(silent_peer(make, algorithm)?);
+            rows.push(mismatched_rows(make, algorithm)?);
+        }
     }
     Ok(rows.into_iter().map(FusedRow::into_row).collect())
 }
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
+/// What a failure row is called: one-shot's as it always was, others with the algorithm.
+fn failure_row_name(algorithm: Algorithm, what: &str) -> String {
+    if algorithm == Algorithm::OneShot {
+        format!("fused {what}")
+    } else {
+        format!("fused {} {what}", algorithm.name())
+    }
+}
+
 /// The last rank never calls: every other rank's fused kernel must give up at its deadline,
-/// naming that rank.
-fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
+/// naming that rank. Two-shot: 8 x 4096 (16 row segments), so that every rank of up to 16
+/// owns a segment and waits for the silent rank's pushes in the reduce-scatter, whose waits
+/// end before the all-gather's (twoshot_fused.cu).
+fn silent_peer(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow> {
     let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
         ..Config::default()
     })?;
     let silent = group.world_size - 1;
-    let case = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 7);
+    let tokens = if algorithm == Algorithm::TwoShot {
+        8
+    } else {
+        2
+    };
+    let case = HostCase::new(DType::Bf16, tokens, 4096, group.world_size, 7);
     let mut bufs = buffers(&group, &case)?;
     upload(&group, &bufs, &case)?;
     let start = Instant::now();
     for (i, b) in bufs.iter_mut().enumerate() {
         if group.ranks[i] != silent {
             group.comms[i].fused_add_rms_norm_as(
-                Choice::Tpar(Algorithm::OneShot),
+                Choice::Tpar(algorithm),
                 spans(b, &case, false)?,
                 &group.streams[i],
             )?;
@@ -356,9 +375,9 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
     let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
     Ok(FusedRow {
         cells: [
-            "fused peer timeout".into(),
+            failure_row_name(algorithm, "peer timeout"),
             "bf16".into(),
-            "2 x 4096".into(),
+            format!("{tokens} x 4096"),
             "-".into(),
             format!("rank {silent} silent"),
         ],
@@ -369,7 +388,7 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
 
 /// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
 /// every rank must report a mismatched call, none a result.
-fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
+fn mismatched_rows(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow> {
     let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -382,7 +401,7 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
         // Both shapes are the same bytes: the buffers fit either.
         let case = if group.ranks[i] == 0 { &wide } else { &narrow };
         group.comms[i].fused_add_rms_norm_as(
-            Choice::Tpar(Algorithm::OneShot),
+            Choice::Tpar(algorithm),
             spans(b, case, false)?,
             &group.streams[i],
         )?;
@@ -406,7 +425,7 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
     }
     Ok(FusedRow {
         cells: [
-            "fused mismatch".into(),
+            failure_row_name(algorithm, "mismatch"),
             "bf16".into(),
             "1 x 8192 vs 2 x 4096".into(),
             "-".into(),

@@ -1,5 +1,6 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
-//! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
+//! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks), of
+//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
@@ -172,6 +173,10 @@ impl CudaCommunicator {
             self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
+        if algorithm == Algorithm::TwoShot {
+            self.fused_twoshot_enqueue(call, cuda_stream)?;
+            return Ok(plan);
+        }
         self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
@@ -234,6 +239,59 @@ impl CudaCommunicator {
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(plan)
+    }
+
+    /// Queues the fused two-shot kernel (`twoshot_fused.cu`) for a validated `call` whose plan
+    /// is fused: launches of whole rows, as many per launch as one-shot's
+    /// ([`norm::rows_per_chunk`]: the kernel's stage-one and gather slots hold the launch's
+    /// quads at their positions, and the segment sums in lines the quads leave free).
+    fn fused_twoshot_enqueue(&self, call: &FusedCall, stream: &CudaStream) -> Result<()> {
+        let algorithm = Algorithm::TwoShot;
+        self.check()?;
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        driver::bind(&self.ctx)?;
+        let function = self.kernels.get(KernelId::FusedTwoShot(call.dtype));
+        self.next_call(call.elements() as u64, call.dtype, algorithm);
+        let rows_per_chunk =
+            norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
+        let segments = norm::row_segments(call.dtype, call.hidden) as u32;
+        let row_bytes = (call.hidden * call.dtype.size()) as u64;
+        let residual_out = call.residual_out.unwrap_or(call.residual);
+        for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
+            let rows = rows_per_chunk.min(call.tokens - first);
+            let offset = first as u64 * row_bytes;
+            let args = FusedArgs {
+                // Header words 2 and 3: tokens and hidden, as for the fused one-shot.
+                base: self.kernel_args(
+                    algorithm,
+                    index,
+                    (call.x + offset, 0),
+                    (rows * call.hidden) as u64,
+                    call.tokens as u64 | (call.hidden as u64) << 32,
+                ),
+                norm: NormArgs {
+                    sum: 0,
+                    residual: call.residual + offset,
+                    residual_out: residual_out + offset,
+                    weight: call.weight,
+                    y: call.y + offset,
+                    hidden: call.hidden as u64,
+                    rows: rows as u64,
+                    eps: call.eps,
+                    blocks_per_row: 1, // unused: the kernel deals out units (row segments)
+                },
+            };
+            let units = rows as u32 * segments;
+            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
+                twoshot_fused_shape(units, self.max_blocks, pdl_supported)
+            });
+            // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
+            // ours for the communicator's lifetime; the operands are checked (or promised at
+            // the FFI edge). The kernel runs griddepcontrol.wait before touching memory.
+            unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
+        }
+        Ok(())
     }
 
     /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
@@ -361,6 +419,17 @@ fn fused_shape(
     (grid(pdl), pdl)
 }
 
+/// Blocks and PDL for a fused two-shot launch of `units` units (row segments): a block per
+/// unit up to the co-resident bound (a block loops over units `grid` apart). As for the
+/// allreduce, PDL only where the grid fits in half the co-resident blocks with each block
+/// taking at most two units.
+fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let half = max_blocks / 2;
+    let pdl = pdl_supported && half >= 1 && units.max(1) <= 2 * half;
+    let bound = if pdl { half } else { max_blocks };
+    (units.max(1).min(bound).max(1), pdl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kernels;
@@ -412,6 +481,26 @@ mod tests {
                             assert!(per_row <= segments && grid / per_row <= rows);
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_twoshot_launches_a_block_per_unit_within_the_co_resident_bound() {
+        // 4 tokens of 8192 bf16: 16 units (4 segments a row).
+        assert_eq!(twoshot_fused_shape(16, 33, true), (16, true));
+        assert_eq!(twoshot_fused_shape(16, 33, false), (16, false));
+        // 16 tokens: 64 units; with PDL 16 blocks would take 4 each: without, 33.
+        assert_eq!(twoshot_fused_shape(64, 33, true), (33, false));
+        assert_eq!(twoshot_fused_shape(32, 33, true), (16, true));
+        for units in 0..200 {
+            for max_blocks in 1..70 {
+                for pdl in [false, true] {
+                    let (grid, used) = twoshot_fused_shape(units, max_blocks, pdl);
+                    let bound = if used { max_blocks / 2 } else { max_blocks };
+                    assert!(grid >= 1 && grid <= bound && grid <= units.max(1));
+                    assert!(!used || (pdl && units.max(1) <= 2 * grid));
                 }
             }
         }
