@@ -439,6 +439,8 @@ fn mismatched_rows(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow
 /// One timed variant of one case of `tpar bench --fused`.
 #[derive(Serialize, Clone, Debug)]
 pub struct FusedBenchRow {
+    /// tpar's algorithm of the allreduce in every variant but the norm kernel alone.
+    pub algorithm: &'static str,
     pub world_size: usize,
     pub tokens: usize,
     pub hidden: usize,
@@ -453,6 +455,7 @@ pub struct FusedBenchRow {
 /// The rows of a fused bench, where they ran, and the world sizes that failed (with the error):
 /// a failing world size is reported beside the others' figures, not instead of them.
 pub struct FusedBench {
+    pub algorithm: Algorithm,
     pub device: String,
     pub driver_version: i32,
     pub hidden: usize,
@@ -469,10 +472,32 @@ pub const VARIANTS: [&str; 5] = [
     "fused",
 ];
 
-/// `tpar bench --fused`: bf16, hidden 8192, 1 and 8 tokens, -n ranks as streams on GPU 0
-/// (2 and 8 when `world_size` is `None`), one-shot; each variant in a graph chain of `chain`
-/// per rank, `iters` timed replays.
-pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBench {
+/// Token counts `tpar bench --fused` times by default.
+pub const DEFAULT_TOKENS: [usize; 2] = [1, 8];
+
+/// The most tokens a `tpar bench --fused` case takes (the range: 1 to 512).
+pub const MAX_TOKENS: usize = 512;
+
+/// The algorithms `tpar bench --fused` can time: those with a fused kernel
+/// ([`crate::norm::plan`]).
+pub const FUSED_ALGORITHMS: [Algorithm; 3] = [
+    Algorithm::OneShot,
+    Algorithm::TwoShot,
+    Algorithm::HostStaged,
+];
+
+/// `tpar bench --fused`: bf16, hidden 8192, `tokens` per case, -n ranks as streams on GPU 0
+/// (2 and 8 when `world_size` is `None`), the allreduce on `algorithm` (one of
+/// [`FUSED_ALGORITHMS`]); each variant in a graph chain of `chain` per rank, `iters` timed
+/// replays. A case whose fused call would not run fused (a row too long for a slot) is
+/// reported as an error, not timed as if it were.
+pub fn measure(
+    world_size: Option<usize>,
+    algorithm: Algorithm,
+    tokens: &[usize],
+    iters: usize,
+    chain: usize,
+) -> FusedBench {
     let dtype = DType::Bf16;
     let hidden = 8192;
     let sizes = world_size.map_or(vec![2, 8], |n| vec![n]);
@@ -488,7 +513,17 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;
             }
-            for tokens in [1, 8] {
+            let path = group.comms[0]
+                .cuda()
+                .fused_plan(Some(algorithm), dtype, hidden);
+            if !path.fused {
+                return Err(Error::Unsupported(format!(
+                    "the fused op on {algorithm} would not run fused: {}",
+                    path.reason
+                ))
+                .into());
+            }
+            for &tokens in tokens {
                 let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
                 let mut bufs = buffers(&group, &case)?;
                 upload(&group, &bufs, &case)?;
@@ -505,23 +540,17 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                             "allreduce" => cuda.all_reduce(
                                 Some(b.x.span(dtype, count)?),
                                 b.y.span_mut(dtype, count)?,
-                                Algorithm::OneShot,
+                                algorithm,
                                 s,
                             )?,
                             "norm kernel" => {
                                 cuda.add_rms_norm(spans(b, &case, false)?, Some(0), s)?
                             }
-                            "allreduce + norm" => cuda.unfused_add_rms_norm(
-                                spans(b, &case, false)?,
-                                Algorithm::OneShot,
-                                s,
-                            )?,
+                            "allreduce + norm" => {
+                                cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
+                            }
                             _ => {
-                                cuda.fused_add_rms_norm(
-                                    spans(b, &case, false)?,
-                                    Algorithm::OneShot,
-                                    s,
-                                )?;
+                                cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
                             }
                         }
                         Ok(())
@@ -546,6 +575,7 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                         upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
                     }
                     rows.push(FusedBenchRow {
+                        algorithm: algorithm.name(),
                         world_size: n,
                         tokens,
                         hidden,
@@ -564,6 +594,7 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
         }
     }
     FusedBench {
+        algorithm,
         device,
         driver_version,
         hidden,
