@@ -506,6 +506,120 @@ mod tests {
         }
     }
 
+    /// Where `twoshot_fused.cu` writes, one launch on an inbox of `payload_lines`: the lines
+    /// (inbox, region, line) every rank's writes land on, each with its one writer, as the
+    /// kernel's formulas place them: region `Some(o)` is stage-one slot `o` (header first),
+    /// `None` the gather slot. Panics where two writes land on one line or one lands outside
+    /// its region.
+    fn twoshot_fused_writes(
+        world: usize,
+        dtype: DType,
+        hidden: usize,
+        rows: usize,
+        payload_lines: usize,
+    ) -> std::collections::HashMap<(usize, Option<usize>, usize), &'static str> {
+        use crate::protocol::header::HEADER_LINES;
+        use crate::protocol::layout::owned_lines;
+        let quads = norm::row_quads(dtype, hidden);
+        let segments = norm::row_segments(dtype, hidden);
+        let units = rows * segments;
+        let owner = |u: usize| (0..world).find(|&o| owned_lines(units, world, o).contains(&u));
+        let quads_of = |u: usize| {
+            let first = (u % segments) * norm::NORM_THREADS;
+            (first..(first + norm::NORM_THREADS).min(quads)).map(move |q| (u / segments, q))
+        };
+        let mut writes = std::collections::HashMap::new();
+        let mut write = |inbox: usize, region: Option<usize>, line: usize, what: &'static str| {
+            let size = if region.is_some() {
+                HEADER_LINES + payload_lines
+            } else {
+                payload_lines
+            };
+            assert!(line < size, "{what} at line {line} of a region of {size}");
+            if let Some(before) = writes.insert((inbox, region, line), what) {
+                panic!("{what} and {before} both at {inbox} {region:?} line {line}");
+            }
+        };
+        for r in 0..world {
+            for p in (0..world).filter(|&p| p != r) {
+                for line in 0..HEADER_LINES {
+                    write(p, Some(r), line, "header");
+                }
+            }
+        }
+        for u in 0..units {
+            let o = owner(u).expect("every unit has an owner");
+            for (row, q) in quads_of(u) {
+                let line = 2 * (row * quads + q);
+                for r in (0..world).filter(|&r| r != o) {
+                    write(o, Some(r), HEADER_LINES + line, "x (low half)");
+                    write(o, Some(r), HEADER_LINES + line + 1, "x (high half)");
+                }
+                for p in 0..world {
+                    write(p, None, line, "residual_out (low half)");
+                    write(p, None, line + 1, "residual_out (high half)");
+                }
+            }
+            let first_line = 2 * ((u / segments) * quads + (u % segments) * norm::NORM_THREADS);
+            for p in 0..world {
+                write(p, Some(o), HEADER_LINES + first_line, "segment sum");
+            }
+        }
+        writes
+    }
+
+    #[test]
+    fn fused_twoshot_lines_fit_their_slots_and_never_share_a_line() {
+        use crate::protocol::header::HEADER_LINES;
+        for dtype in DType::ALL {
+            for hidden in [1, 7, 9, 1000, 2048, 4099, 8192] {
+                for payload_lines in [2 * norm::row_quads(dtype, hidden), 4096] {
+                    let most = norm::rows_per_chunk(dtype, hidden, payload_lines);
+                    for rows in [1, 2, 3, most].into_iter().filter(|&r| r >= 1 && r <= most) {
+                        for world in [1, 2, 3, 5, 8, 16] {
+                            let writes =
+                                twoshot_fused_writes(world, dtype, hidden, rows, payload_lines);
+                            // Every line a rank reads was written: its own stage-one terms come
+                            // from its input, every other read from its inbox.
+                            let segments = norm::row_segments(dtype, hidden);
+                            let quads = norm::row_quads(dtype, hidden);
+                            for p in 0..world {
+                                for u in 0..rows * segments {
+                                    let o = (0..world)
+                                        .find(|&o| {
+                                            crate::protocol::layout::owned_lines(
+                                                rows * segments,
+                                                world,
+                                                o,
+                                            )
+                                            .contains(&u)
+                                        })
+                                        .unwrap();
+                                    let first = 2
+                                        * ((u / segments) * quads
+                                            + (u % segments) * norm::NORM_THREADS);
+                                    assert_eq!(
+                                        writes.get(&(p, Some(o), HEADER_LINES + first)),
+                                        Some(&"segment sum")
+                                    );
+                                    assert!(writes.contains_key(&(p, None, first)));
+                                    if p == o {
+                                        for r in (0..world).filter(|&r| r != o) {
+                                            assert_eq!(
+                                                writes.get(&(p, Some(r), HEADER_LINES + first)),
+                                                Some(&"x (low half)")
+                                            );
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn aliasing_is_checked() {
         let call = FusedCall {
