@@ -5,7 +5,8 @@
 #      ("fused two-shot ..."), fused now (odd hidden sizes, 1 and many tokens, in place and not,
 #      eager and graph, f32/f16/bf16, each rank's residual_out and y bitwise against the CPU
 #      reference), plus the two-shot silent-peer and mismatch rows; rows above hidden 16384 say
-#      "(unfused)" by design.
+#      "(unfused)" by design. The same rows run the fused pull kernel (pull_fused.cu:
+#      "fused one-shot-pull ...").
 #   2. `tpar bench --fused --algos two-shot` at 8 ranks, 4, 8 and 32 tokens of hidden 8192 bf16:
 #      "fused" is the fused two-shot kernel, "ar + norm" two-shot followed by the separate norm
 #      kernel in the same graph chain; then the same with one-shot (what auto runs up to 64 KiB
@@ -50,10 +51,13 @@ step bench-twoshot-8 45 "$tpar" $bench --algos two-shot --json "$OUT/bench-fused
 step bench-oneshot-8 35 "$tpar" $bench --algos one-shot --json "$OUT/bench-fused-oneshot-8.json"
 
 for f in selftest-2 selftest-8; do
-  echo "== $f: fused two-shot rows $(grep -c '^fused two-shot' "$OUT/$f.log"), of them fused" \
-    "$(grep '^fused two-shot' "$OUT/$f.log" | grep -c '(fused)'); failing rows:"
+  for a in two-shot one-shot-pull; do
+    echo "== $f: fused $a rows $(grep -c "^fused $a " "$OUT/$f.log"), of them fused" \
+      "$(grep "^fused $a " "$OUT/$f.log" | grep -c '(fused)')"
+  done
+  echo "== $f: failing rows:"
   grep -E 'FAIL|rror|panick' "$OUT/$f.log" | head -8 | cut -c1-240
-  grep -E '^fused two-shot +bf16 +(1 x 8192|8 x 4099|512 x 2048) +in place +graph|^fused two-shot (peer|mismatch)|^fused (peer|mismatch)' \
+  grep -E '^fused (two-shot|one-shot-pull) +bf16 +(1 x 8192|8 x 4099|512 x 2048) +in place +graph|^fused two-shot (peer|mismatch)|^fused (peer|mismatch)' \
     "$OUT/$f.log" | sed -E 's/  +/  /g' | cut -c1-240
 done
 for f in bench-twoshot-8 bench-oneshot-8; do

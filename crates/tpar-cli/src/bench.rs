@@ -67,7 +67,7 @@ pub struct BenchArgs {
     /// CUDA: the fused allreduce + residual add + RMSNorm against the allreduce and against
     /// the allreduce followed by the separate norm kernel (bf16, hidden 8192, 1 and 8 tokens;
     /// -n ranks as streams on GPU 0, 2 and 8 when -n is not given). The allreduce is one-shot
-    /// unless --algos names one of one-shot, two-shot, host-staged.
+    /// unless --algos names another of tpar's algorithms (one at a time).
     #[arg(long)]
     fused: bool,
     /// With --fused: the token counts of the cases, comma-separated, 1 to 512 [default: 1,8].

@@ -210,7 +210,7 @@ const SHAPES: [(usize, usize); 8] = [
 ];
 
 /// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot,
-/// host-staged and two-shot (each fused where the plan says, else the allreduce + the separate
+/// host-staged, two-shot and pull (each fused where the plan says, else the allreduce + the separate
 /// norm kernel: rows above the fused kernels' hidden size), then, with `failure_cases`, a
 /// silent peer and a mismatched call on the fused one-shot and two-shot kernels.
 pub fn selftest(
@@ -228,6 +228,7 @@ pub fn selftest(
         Algorithm::OneShot,
         Algorithm::HostStaged,
         Algorithm::TwoShot,
+        Algorithm::OneShotPull,
     ];
     for &dtype in dtypes {
         for (s, &(tokens, hidden)) in SHAPES.iter().enumerate() {
@@ -480,9 +481,10 @@ pub const MAX_TOKENS: usize = 512;
 
 /// The algorithms `tpar bench --fused` can time: those with a fused kernel
 /// ([`crate::norm::plan`]).
-pub const FUSED_ALGORITHMS: [Algorithm; 3] = [
+pub const FUSED_ALGORITHMS: [Algorithm; 4] = [
     Algorithm::OneShot,
     Algorithm::TwoShot,
+    Algorithm::OneShotPull,
     Algorithm::HostStaged,
 ];
 

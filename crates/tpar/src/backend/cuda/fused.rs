@@ -1,6 +1,7 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks), of
-//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of the
+//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner), of
+//! `pull_fused.cu` (one-shot pull: a block per row) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
@@ -173,8 +174,8 @@ impl CudaCommunicator {
             self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
-        if algorithm == Algorithm::TwoShot {
-            self.fused_twoshot_enqueue(call, cuda_stream)?;
+        if matches!(algorithm, Algorithm::TwoShot | Algorithm::OneShotPull) {
+            self.fused_rows_enqueue(call, algorithm, cuda_stream)?;
             return Ok(plan);
         }
         self.check()?;
@@ -241,17 +242,26 @@ impl CudaCommunicator {
         Ok(plan)
     }
 
-    /// Queues the fused two-shot kernel (`twoshot_fused.cu`) for a validated `call` whose plan
-    /// is fused: launches of whole rows, as many per launch as one-shot's
-    /// ([`norm::rows_per_chunk`]: the kernel's stage-one and gather slots hold the launch's
-    /// quads at their positions, and the segment sums in lines the quads leave free).
-    fn fused_twoshot_enqueue(&self, call: &FusedCall, stream: &CudaStream) -> Result<()> {
-        let algorithm = Algorithm::TwoShot;
+    /// Queues the fused two-shot (`twoshot_fused.cu`) or pull (`pull_fused.cu`) kernel for a
+    /// validated `call` whose plan is fused: launches of whole rows, as many per launch as
+    /// one-shot's ([`norm::rows_per_chunk`]: two-shot's stage-one and gather slots hold the
+    /// launch's quads at their positions and the segment sums in lines the quads leave free;
+    /// pull's buffer holds the quads).
+    fn fused_rows_enqueue(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<()> {
         self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
-        let function = self.kernels.get(KernelId::FusedTwoShot(call.dtype));
+        let (kernel, shape): (_, fn(u32, u32, bool) -> (u32, bool)) = match algorithm {
+            Algorithm::OneShotPull => (KernelId::FusedPull(call.dtype), pull_fused_shape),
+            _ => (KernelId::FusedTwoShot(call.dtype), twoshot_fused_shape),
+        };
+        let function = self.kernels.get(kernel);
         self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
@@ -279,13 +289,17 @@ impl CudaCommunicator {
                     hidden: call.hidden as u64,
                     rows: rows as u64,
                     eps: call.eps,
-                    blocks_per_row: 1, // unused: the kernel deals out units (row segments)
+                    blocks_per_row: 1, // unused: the kernels deal out rows or row segments
                 },
             };
-            let units = rows as u32 * segments;
-            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                twoshot_fused_shape(units, self.max_blocks, pdl_supported)
-            });
+            // Two-shot deals out row segments, pull whole rows.
+            let units = rows as u32
+                * match algorithm {
+                    Algorithm::OneShotPull => 1,
+                    _ => segments,
+                };
+            let (grid, pdl) = self
+                .launch_behind_last(|pdl_supported| shape(units, self.max_blocks, pdl_supported));
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernel runs griddepcontrol.wait before touching memory.
@@ -430,6 +444,15 @@ fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32
     (units.max(1).min(bound).max(1), pdl)
 }
 
+/// Blocks and PDL for a fused pull launch of `rows` rows: a block per row up to half the
+/// co-resident blocks, with or without PDL. Block b waits for the flag of block b of every
+/// rank, which covers the rows that rank's block b copied, so the grid must be the same on
+/// every rank: it does not depend on PDL (which depends on this rank's previous launch).
+fn pull_fused_shape(rows: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let half = max_blocks / 2;
+    (rows.max(1).min(half.max(1)), pdl_supported && half >= 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kernels;
@@ -504,6 +527,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn fused_pull_grids_do_not_depend_on_pdl() {
+        for rows in 0..100 {
+            for max_blocks in 1..70 {
+                let (with, _) = pull_fused_shape(rows, max_blocks, true);
+                let (without, pdl) = pull_fused_shape(rows, max_blocks, false);
+                assert_eq!(with, without);
+                assert!(!pdl);
+                assert!(with >= 1 && with <= rows.max(1) && with <= (max_blocks / 2).max(1));
+            }
+        }
+        assert_eq!(pull_fused_shape(4, 33, true), (4, true));
+        assert_eq!(pull_fused_shape(40, 33, true), (16, true));
     }
 
     /// Where `twoshot_fused.cu` writes, one launch on an inbox of `payload_lines`: the lines
