@@ -257,7 +257,7 @@ impl CudaCommunicator {
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
-        let (kernel, shape): (_, fn(u32, u32, bool) -> (u32, bool)) = match algorithm {
+        let (kernel, shape): (_, LaunchShape) = match algorithm {
             Algorithm::OneShotPull => (KernelId::FusedPull(call.dtype), pull_fused_shape),
             _ => (KernelId::FusedTwoShot(call.dtype), twoshot_fused_shape),
         };
@@ -443,6 +443,9 @@ fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32
     let bound = if pdl { half } else { max_blocks };
     (units.max(1).min(bound).max(1), pdl)
 }
+
+/// A launch's blocks and PDL from (units of work, co-resident blocks, PDL supported).
+type LaunchShape = fn(u32, u32, bool) -> (u32, bool);
 
 /// Blocks and PDL for a fused pull launch of `rows` rows: a block per row up to half the
 /// co-resident blocks, with or without PDL. Block b waits for the flag of block b of every
