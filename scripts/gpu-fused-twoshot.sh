@@ -44,11 +44,11 @@ step() { # name, limit in seconds, command...
 } > "$OUT/device.txt"
 
 sel="selftest --backend cuda --counts 7,4099 --replays 20 --timeout 10"
-step selftest-2 60 "$tpar" $sel -n 2
-step selftest-8 95 "$tpar" $sel -n 8
+step selftest-2 65 "$tpar" $sel -n 2
+step selftest-8 120 "$tpar" $sel -n 8
 bench="bench --fused -n 8 --tokens 4,8,32 --iters 100 --chain 50"
-step bench-twoshot-8 45 "$tpar" $bench --algos two-shot --json "$OUT/bench-fused-twoshot-8.json"
-step bench-oneshot-8 35 "$tpar" $bench --algos one-shot --json "$OUT/bench-fused-oneshot-8.json"
+step bench-twoshot-8 30 "$tpar" $bench --algos two-shot --json "$OUT/bench-fused-twoshot-8.json"
+step bench-oneshot-8 25 "$tpar" $bench --algos one-shot --json "$OUT/bench-fused-oneshot-8.json"
 
 for f in selftest-2 selftest-8; do
   for a in two-shot one-shot-pull; do
