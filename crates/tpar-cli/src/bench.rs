@@ -7,10 +7,10 @@ use clap::Args;
 use tpar::harness::cpu_bench::{self, CpuBenchSettings};
 use tpar::harness::cuda_bench;
 use tpar::harness::limits::CpuJobNeeds;
-use tpar::DType;
+use tpar::{Algorithm, DType};
 
-use crate::args::BackendArg;
 use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
+use crate::args::{BackendArg, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
 use tpar::harness::backend_choice::{cpu_device, Backend};
@@ -66,9 +66,13 @@ pub struct BenchArgs {
     anatomy: bool,
     /// CUDA: the fused allreduce + residual add + RMSNorm against the allreduce and against
     /// the allreduce followed by the separate norm kernel (bf16, hidden 8192, 1 and 8 tokens;
-    /// -n ranks as streams on GPU 0, 2 and 8 when -n is not given).
+    /// -n ranks as streams on GPU 0, 2 and 8 when -n is not given). The allreduce is one-shot
+    /// unless --algos names another of tpar's algorithms (one at a time).
     #[arg(long)]
     fused: bool,
+    /// With --fused: the token counts of the cases, comma-separated, 1 to 512 [default: 1,8].
+    #[arg(long, value_name = "LIST")]
+    tokens: Option<String>,
     /// Draw p50 latency against size, one line per algorithm, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<String>,
@@ -79,6 +83,44 @@ enum BenchCommand {
     /// Time one tensor-parallel forward pass (GEMMs and allreduces of a model's shapes) with
     /// NCCL and with tpar, and the share of it spent in communication.
     Step(crate::step::StepArgs),
+}
+
+/// The algorithm and token counts of `bench --fused`, from `--algos` (one algorithm with a
+/// fused kernel; default one-shot) and `--tokens`; usage errors otherwise.
+fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm, Vec<usize>)> {
+    use tpar::harness::fused_bench::{DEFAULT_TOKENS, FUSED_ALGORITHMS, MAX_TOKENS};
+    let names = || {
+        FUSED_ALGORITHMS
+            .iter()
+            .map(|a| a.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let algorithm = match algos {
+        None => Algorithm::OneShot,
+        Some(text) => {
+            let list = parse_list(text, "algos", |s| Ok(s.parse::<Algorithm>()?))?;
+            match list[..] {
+                [a] if FUSED_ALGORITHMS.contains(&a) => a,
+                [a] => bail!(Usage(format!(
+                    "--fused: {a} has no fused kernel; give --algos one of {}",
+                    names()
+                ))),
+                _ => bail!(Usage(format!(
+                    "--fused times one algorithm at a time; give --algos one of {}",
+                    names()
+                ))),
+            }
+        }
+    };
+    let tokens = match tokens {
+        None => DEFAULT_TOKENS.to_vec(),
+        Some(text) => parse_list(text, "tokens", |s| {
+            let n = crate::args::whole_in(s, 1, MAX_TOKENS as u64).map_err(anyhow::Error::msg)?;
+            Ok(n as usize)
+        })?,
+    };
+    Ok((algorithm, tokens))
 }
 
 struct BenchSettings {
@@ -92,9 +134,17 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     if let Some(BenchCommand::Step(step)) = args.command {
         return crate::step::run(step);
     }
+    if args.tokens.is_some() && !args.fused {
+        return Err(crate::args::usage(anyhow::anyhow!(
+            "--tokens is for --fused; leave it out or add --fused"
+        )));
+    }
     if args.fused {
+        let (algorithm, tokens) = fused_request(args.algos.as_deref(), args.tokens.as_deref())?;
         crate::cuda_commands::fused(
             args.world_size,
+            algorithm,
+            &tokens,
             args.iters,
             args.chain,
             args.json.as_deref(),

@@ -96,11 +96,13 @@ pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) ->
 /// `tpar bench --fused`: the harness's measurement as a table (and JSON).
 pub fn fused(
     world_size: Option<usize>,
+    algorithm: tpar::Algorithm,
+    tokens: &[usize],
     iters: usize,
     chain: usize,
     json: Option<&str>,
 ) -> Result<()> {
-    let bench = fused_bench::measure(world_size, iters, chain);
+    let bench = fused_bench::measure(world_size, algorithm, tokens, iters, chain);
     let text = tpar_report::bench::fused(&bench, chain, iters);
     let ok = bench.rows.iter().all(|r| r.correct != Some(false));
     let errors = bench.errors.join("; ");

@@ -248,3 +248,22 @@ fn help_is_not_an_error() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("--world-size"));
 }
+
+#[test]
+fn bench_fused_takes_one_algorithm_and_tokens_in_range() {
+    // Refused before any GPU is touched: these hold on a machine without one.
+    let line = assert_refused(&words("bench --fused --algos one-shot,two-shot"), &[]);
+    assert!(
+        line.contains("one-shot, two-shot, one-shot-pull, host-staged"),
+        "{line}"
+    );
+    assert!(line.contains("one algorithm at a time"), "{line}");
+    let line = assert_refused(&words("bench --fused --algos ring"), &[]);
+    assert!(line.contains("unknown algorithm 'ring'"), "{line}");
+    for bad in ["0", "513", "x", "4,,8", "4,4"] {
+        let line = assert_refused(&words(&format!("bench --fused --tokens {bad}")), &[]);
+        assert!(line.contains("--tokens"), "{bad}: {line}");
+    }
+    let line = assert_refused(&words("bench --backend cpu --tokens 4"), &[]);
+    assert!(line.contains("--tokens is for --fused"), "{line}");
+}

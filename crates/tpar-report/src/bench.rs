@@ -147,6 +147,7 @@ pub fn anatomy(anatomy: &Anatomy) -> String {
 /// over `replays` replays, and the world sizes that failed.
 pub fn fused(bench: &FusedBench, chain: usize, replays: usize) -> String {
     let FusedBench {
+        algorithm,
         device,
         hidden,
         rows,
@@ -196,7 +197,7 @@ pub fn fused(bench: &FusedBench, chain: usize, replays: usize) -> String {
         ]);
     }
     let text = format!(
-        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, one-shot, us per op in a graph chain of {chain} per rank (median of {replays} replays)\n{}",
+        "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, {algorithm}, us per op in a graph chain of {chain} per rank (median of {replays} replays)\n{}",
         table.render()
     );
     if errors.is_empty() {

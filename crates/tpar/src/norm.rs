@@ -1,6 +1,6 @@
 //! Fused allreduce + residual add + RMSNorm: its exact semantics, which path runs a call and
-//! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`, `fused_norm.cu`) must
-//! match bit for bit.
+//! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`, `twoshot_fused.cu`,
+//! `pull_fused.cu`, `fused_norm.cu`) must match bit for bit.
 //!
 //! # Semantics (every path, every rank, bitwise the same)
 //! Inputs: `x` (tokens x hidden, this rank's partial sums), `residual` (tokens x hidden),
@@ -37,6 +37,12 @@
 //!
 //! In place: `residual_out` may be `residual` (vLLM's convention), and `y` may be `x`. `y`
 //! must not overlap `residual` or `residual_out`.
+//!
+//! `residual` is the same tensor on every rank (the replicated residual stream of tensor
+//! parallelism). One-shot and the unfused paths add each rank's own copy; the fused two-shot
+//! kernel (`twoshot_fused.cu`) adds, for each row segment, the copy of the rank that owns the
+//! segment and sends the result to the others, so its ranks agree to the bit even if their
+//! residuals differed.
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
@@ -90,9 +96,6 @@ pub fn plan(
     };
     match algorithm {
         None => unfused("the allreduce goes to NCCL".to_owned()),
-        Some(a @ (Algorithm::TwoShot | Algorithm::OneShotPull)) => unfused(format!(
-            "no fused kernel for {a} yet (one-shot and host-staged only)"
-        )),
         Some(_) if hidden > MAX_HIDDEN => unfused(format!(
             "hidden {hidden} is above the fused kernel's {MAX_HIDDEN}"
         )),
@@ -290,9 +293,8 @@ mod tests {
                 for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
                     let p = plan(algorithm, dtype, hidden, 65536);
                     assert!(!p.reason.is_empty());
-                    let expect_fused =
-                        matches!(algorithm, Some(Algorithm::OneShot | Algorithm::HostStaged))
-                            && hidden <= MAX_HIDDEN;
+                    // Every tpar algorithm has a fused kernel; NCCL has none.
+                    let expect_fused = algorithm.is_some() && hidden <= MAX_HIDDEN;
                     assert_eq!(
                         p.fused, expect_fused,
                         "{algorithm:?} {dtype} {hidden}: {p:?}"
@@ -302,6 +304,15 @@ mod tests {
         }
         let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 65535);
         assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
+        let two_shot = plan(Some(Algorithm::TwoShot), DType::Bf16, 8192, 65536);
+        assert_eq!(two_shot.reason, "fused two-shot kernel: 16 rows per launch");
+        let pull = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 65536);
+        assert_eq!(
+            pull.reason,
+            "fused one-shot-pull kernel: 16 rows per launch"
+        );
+        let nccl = plan(None, DType::Bf16, 8192, 65536);
+        assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
         assert_eq!(row_quads(DType::Bf16, 4099), 1025);

@@ -1,7 +1,7 @@
 //! The fused allreduce + residual add + RMSNorm on the call path: the dispatcher decides the
 //! allreduce as for a plain call of the same bytes, then the CUDA backend runs it fused
-//! (one-shot, host-staged) or as the allreduce followed by tpar's separate norm kernel
-//! (anything else, NCCL included), ordered across streams like a plain call. The kernels and
+//! (every tpar algorithm: one-shot, two-shot, pull, host-staged) or as the allreduce followed
+//! by tpar's separate norm kernel (NCCL, rows the fused kernels cannot take), ordered across streams like a plain call. The kernels and
 //! their launch shapes are in `backend::cuda::fused`; the semantics in `crate::norm`.
 
 use cudarc::driver::CudaStream;
@@ -25,8 +25,8 @@ pub struct FusedRun {
 impl Communicator {
     /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
     /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
-    /// bytes; on tpar's one-shot or host-staged it runs fused, anywhere else (NCCL, two-shot,
-    /// pull) it runs followed by tpar's separate norm kernel, with the same results. The spans
+    /// bytes; on tpar's algorithms it runs fused, on NCCL (or for rows above the fused
+    /// kernels' hidden size) followed by tpar's separate norm kernel, with the same results. The spans
     /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
     pub fn fused_add_rms_norm(
         &self,

@@ -209,9 +209,10 @@ const SHAPES: [(usize, usize); 8] = [
     (1, 40000),
 ];
 
-/// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot
-/// and host-staged (fused) and two-shot (allreduce + separate norm), then, with `failure_cases`,
-/// a silent peer and a mismatched call.
+/// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot,
+/// host-staged, two-shot and pull (each fused where the plan says, else the allreduce + the separate
+/// norm kernel: rows above the fused kernels' hidden size), then, with `failure_cases`, a
+/// silent peer and a mismatched call on the fused one-shot and two-shot kernels.
 pub fn selftest(
     make: MakeGroup<'_>,
     dtypes: &[DType],
@@ -227,6 +228,7 @@ pub fn selftest(
         Algorithm::OneShot,
         Algorithm::HostStaged,
         Algorithm::TwoShot,
+        Algorithm::OneShotPull,
     ];
     for &dtype in dtypes {
         for (s, &(tokens, hidden)) in SHAPES.iter().enumerate() {
@@ -323,31 +325,49 @@ pub fn selftest(
     }
     drop(group);
     if failure_cases {
-        rows.push(silent_peer(make)?);
-        rows.push(mismatched_rows(make)?);
+        for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+            rows.push(silent_peer(make, algorithm)?);
+            rows.push(mismatched_rows(make, algorithm)?);
+        }
     }
     Ok(rows.into_iter().map(FusedRow::into_row).collect())
 }
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
+/// What a failure row is called: one-shot's as it always was, others with the algorithm.
+fn failure_row_name(algorithm: Algorithm, what: &str) -> String {
+    if algorithm == Algorithm::OneShot {
+        format!("fused {what}")
+    } else {
+        format!("fused {} {what}", algorithm.name())
+    }
+}
+
 /// The last rank never calls: every other rank's fused kernel must give up at its deadline,
-/// naming that rank.
-fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
+/// naming that rank. Two-shot: 8 x 4096 (16 row segments), so that every rank of up to 16
+/// owns a segment and waits for the silent rank's pushes in the reduce-scatter, whose waits
+/// end before the all-gather's (twoshot_fused.cu).
+fn silent_peer(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow> {
     let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
         ..Config::default()
     })?;
     let silent = group.world_size - 1;
-    let case = HostCase::new(DType::Bf16, 2, 4096, group.world_size, 7);
+    let tokens = if algorithm == Algorithm::TwoShot {
+        8
+    } else {
+        2
+    };
+    let case = HostCase::new(DType::Bf16, tokens, 4096, group.world_size, 7);
     let mut bufs = buffers(&group, &case)?;
     upload(&group, &bufs, &case)?;
     let start = Instant::now();
     for (i, b) in bufs.iter_mut().enumerate() {
         if group.ranks[i] != silent {
             group.comms[i].fused_add_rms_norm_as(
-                Choice::Tpar(Algorithm::OneShot),
+                Choice::Tpar(algorithm),
                 spans(b, &case, false)?,
                 &group.streams[i],
             )?;
@@ -356,9 +376,9 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
     let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
     Ok(FusedRow {
         cells: [
-            "fused peer timeout".into(),
+            failure_row_name(algorithm, "peer timeout"),
             "bf16".into(),
-            "2 x 4096".into(),
+            format!("{tokens} x 4096"),
             "-".into(),
             format!("rank {silent} silent"),
         ],
@@ -369,7 +389,7 @@ fn silent_peer(make: MakeGroup<'_>) -> Result<FusedRow> {
 
 /// Rank 0 calls 1 x 8192, the others 2 x 4096 (the same bytes and lines, another row length):
 /// every rank must report a mismatched call, none a result.
-fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
+fn mismatched_rows(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow> {
     let mut group = make(Config {
         timeout: CASE_DEADLINE,
         host_staged: false,
@@ -382,7 +402,7 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
         // Both shapes are the same bytes: the buffers fit either.
         let case = if group.ranks[i] == 0 { &wide } else { &narrow };
         group.comms[i].fused_add_rms_norm_as(
-            Choice::Tpar(Algorithm::OneShot),
+            Choice::Tpar(algorithm),
             spans(b, case, false)?,
             &group.streams[i],
         )?;
@@ -406,7 +426,7 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
     }
     Ok(FusedRow {
         cells: [
-            "fused mismatch".into(),
+            failure_row_name(algorithm, "mismatch"),
             "bf16".into(),
             "1 x 8192 vs 2 x 4096".into(),
             "-".into(),
@@ -420,6 +440,8 @@ fn mismatched_rows(make: MakeGroup<'_>) -> Result<FusedRow> {
 /// One timed variant of one case of `tpar bench --fused`.
 #[derive(Serialize, Clone, Debug)]
 pub struct FusedBenchRow {
+    /// tpar's algorithm of the allreduce in every variant but the norm kernel alone.
+    pub algorithm: &'static str,
     pub world_size: usize,
     pub tokens: usize,
     pub hidden: usize,
@@ -434,6 +456,7 @@ pub struct FusedBenchRow {
 /// The rows of a fused bench, where they ran, and the world sizes that failed (with the error):
 /// a failing world size is reported beside the others' figures, not instead of them.
 pub struct FusedBench {
+    pub algorithm: Algorithm,
     pub device: String,
     pub driver_version: i32,
     pub hidden: usize,
@@ -450,10 +473,33 @@ pub const VARIANTS: [&str; 5] = [
     "fused",
 ];
 
-/// `tpar bench --fused`: bf16, hidden 8192, 1 and 8 tokens, -n ranks as streams on GPU 0
-/// (2 and 8 when `world_size` is `None`), one-shot; each variant in a graph chain of `chain`
-/// per rank, `iters` timed replays.
-pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBench {
+/// Token counts `tpar bench --fused` times by default.
+pub const DEFAULT_TOKENS: [usize; 2] = [1, 8];
+
+/// The most tokens a `tpar bench --fused` case takes (the range: 1 to 512).
+pub const MAX_TOKENS: usize = 512;
+
+/// The algorithms `tpar bench --fused` can time: those with a fused kernel
+/// ([`crate::norm::plan`]).
+pub const FUSED_ALGORITHMS: [Algorithm; 4] = [
+    Algorithm::OneShot,
+    Algorithm::TwoShot,
+    Algorithm::OneShotPull,
+    Algorithm::HostStaged,
+];
+
+/// `tpar bench --fused`: bf16, hidden 8192, `tokens` per case, -n ranks as streams on GPU 0
+/// (2 and 8 when `world_size` is `None`), the allreduce on `algorithm` (one of
+/// [`FUSED_ALGORITHMS`]); each variant in a graph chain of `chain` per rank, `iters` timed
+/// replays. A case whose fused call would not run fused (a row too long for a slot) is
+/// reported as an error, not timed as if it were.
+pub fn measure(
+    world_size: Option<usize>,
+    algorithm: Algorithm,
+    tokens: &[usize],
+    iters: usize,
+    chain: usize,
+) -> FusedBench {
     let dtype = DType::Bf16;
     let hidden = 8192;
     let sizes = world_size.map_or(vec![2, 8], |n| vec![n]);
@@ -469,7 +515,17 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;
             }
-            for tokens in [1, 8] {
+            let path = group.comms[0]
+                .cuda()
+                .fused_plan(Some(algorithm), dtype, hidden);
+            if !path.fused {
+                return Err(Error::Unsupported(format!(
+                    "the fused op on {algorithm} would not run fused: {}",
+                    path.reason
+                ))
+                .into());
+            }
+            for &tokens in tokens {
                 let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
                 let mut bufs = buffers(&group, &case)?;
                 upload(&group, &bufs, &case)?;
@@ -486,23 +542,17 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                             "allreduce" => cuda.all_reduce(
                                 Some(b.x.span(dtype, count)?),
                                 b.y.span_mut(dtype, count)?,
-                                Algorithm::OneShot,
+                                algorithm,
                                 s,
                             )?,
                             "norm kernel" => {
                                 cuda.add_rms_norm(spans(b, &case, false)?, Some(0), s)?
                             }
-                            "allreduce + norm" => cuda.unfused_add_rms_norm(
-                                spans(b, &case, false)?,
-                                Algorithm::OneShot,
-                                s,
-                            )?,
+                            "allreduce + norm" => {
+                                cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
+                            }
                             _ => {
-                                cuda.fused_add_rms_norm(
-                                    spans(b, &case, false)?,
-                                    Algorithm::OneShot,
-                                    s,
-                                )?;
+                                cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
                             }
                         }
                         Ok(())
@@ -527,6 +577,7 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
                         upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
                     }
                     rows.push(FusedBenchRow {
+                        algorithm: algorithm.name(),
                         world_size: n,
                         tokens,
                         hidden,
@@ -545,6 +596,7 @@ pub fn measure(world_size: Option<usize>, iters: usize, chain: usize) -> FusedBe
         }
     }
     FusedBench {
+        algorithm,
         device,
         driver_version,
         hidden,

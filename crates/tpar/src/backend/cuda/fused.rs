@@ -1,5 +1,7 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
-//! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks) and of the
+//! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks), of
+//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner), of
+//! `pull_fused.cu` (one-shot pull: a block per row) and of the
 //! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
 //! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
@@ -172,6 +174,10 @@ impl CudaCommunicator {
             self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
+        if matches!(algorithm, Algorithm::TwoShot | Algorithm::OneShotPull) {
+            self.fused_rows_enqueue(call, algorithm, cuda_stream)?;
+            return Ok(plan);
+        }
         self.check()?;
         self.supports(algorithm)
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
@@ -234,6 +240,72 @@ impl CudaCommunicator {
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(plan)
+    }
+
+    /// Queues the fused two-shot (`twoshot_fused.cu`) or pull (`pull_fused.cu`) kernel for a
+    /// validated `call` whose plan is fused: launches of whole rows, as many per launch as
+    /// one-shot's ([`norm::rows_per_chunk`]: two-shot's stage-one and gather slots hold the
+    /// launch's quads at their positions and the segment sums in lines the quads leave free;
+    /// pull's buffer holds the quads).
+    fn fused_rows_enqueue(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.check()?;
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        driver::bind(&self.ctx)?;
+        let (kernel, shape): (_, LaunchShape) = match algorithm {
+            Algorithm::OneShotPull => (KernelId::FusedPull(call.dtype), pull_fused_shape),
+            _ => (KernelId::FusedTwoShot(call.dtype), twoshot_fused_shape),
+        };
+        let function = self.kernels.get(kernel);
+        self.next_call(call.elements() as u64, call.dtype, algorithm);
+        let rows_per_chunk =
+            norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
+        let segments = norm::row_segments(call.dtype, call.hidden) as u32;
+        let row_bytes = (call.hidden * call.dtype.size()) as u64;
+        let residual_out = call.residual_out.unwrap_or(call.residual);
+        for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
+            let rows = rows_per_chunk.min(call.tokens - first);
+            let offset = first as u64 * row_bytes;
+            let args = FusedArgs {
+                // Header words 2 and 3: tokens and hidden, as for the fused one-shot.
+                base: self.kernel_args(
+                    algorithm,
+                    index,
+                    (call.x + offset, 0),
+                    (rows * call.hidden) as u64,
+                    call.tokens as u64 | (call.hidden as u64) << 32,
+                ),
+                norm: NormArgs {
+                    sum: 0,
+                    residual: call.residual + offset,
+                    residual_out: residual_out + offset,
+                    weight: call.weight,
+                    y: call.y + offset,
+                    hidden: call.hidden as u64,
+                    rows: rows as u64,
+                    eps: call.eps,
+                    blocks_per_row: 1, // unused: the kernels deal out rows or row segments
+                },
+            };
+            // Two-shot deals out row segments, pull whole rows.
+            let units = rows as u32
+                * match algorithm {
+                    Algorithm::OneShotPull => 1,
+                    _ => segments,
+                };
+            let (grid, pdl) = self
+                .launch_behind_last(|pdl_supported| shape(units, self.max_blocks, pdl_supported));
+            // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
+            // ours for the communicator's lifetime; the operands are checked (or promised at
+            // the FFI edge). The kernel runs griddepcontrol.wait before touching memory.
+            unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
+        }
+        Ok(())
     }
 
     /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
@@ -361,6 +433,29 @@ fn fused_shape(
     (grid(pdl), pdl)
 }
 
+/// Blocks and PDL for a fused two-shot launch of `units` units (row segments): a block per
+/// unit up to the co-resident bound (a block loops over units `grid` apart). As for the
+/// allreduce, PDL only where the grid fits in half the co-resident blocks with each block
+/// taking at most two units.
+fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let half = max_blocks / 2;
+    let pdl = pdl_supported && half >= 1 && units.max(1) <= 2 * half;
+    let bound = if pdl { half } else { max_blocks };
+    (units.max(1).min(bound).max(1), pdl)
+}
+
+/// A launch's blocks and PDL from (units of work, co-resident blocks, PDL supported).
+type LaunchShape = fn(u32, u32, bool) -> (u32, bool);
+
+/// Blocks and PDL for a fused pull launch of `rows` rows: a block per row up to half the
+/// co-resident blocks, with or without PDL. Block b waits for the flag of block b of every
+/// rank, which covers the rows that rank's block b copied, so the grid must be the same on
+/// every rank: it does not depend on PDL (which depends on this rank's previous launch).
+fn pull_fused_shape(rows: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let half = max_blocks / 2;
+    (rows.max(1).min(half.max(1)), pdl_supported && half >= 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::kernels;
@@ -410,6 +505,155 @@ mod tests {
                             let bound = if used { max_blocks / 2 } else { max_blocks };
                             assert!(grid >= 1 && grid <= bound && grid % per_row == 0);
                             assert!(per_row <= segments && grid / per_row <= rows);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_twoshot_launches_a_block_per_unit_within_the_co_resident_bound() {
+        // 4 tokens of 8192 bf16: 16 units (4 segments a row).
+        assert_eq!(twoshot_fused_shape(16, 33, true), (16, true));
+        assert_eq!(twoshot_fused_shape(16, 33, false), (16, false));
+        // 16 tokens: 64 units; with PDL 16 blocks would take 4 each: without, 33.
+        assert_eq!(twoshot_fused_shape(64, 33, true), (33, false));
+        assert_eq!(twoshot_fused_shape(32, 33, true), (16, true));
+        for units in 0..200 {
+            for max_blocks in 1..70 {
+                for pdl in [false, true] {
+                    let (grid, used) = twoshot_fused_shape(units, max_blocks, pdl);
+                    let bound = if used { max_blocks / 2 } else { max_blocks };
+                    assert!(grid >= 1 && grid <= bound && grid <= units.max(1));
+                    assert!(!used || (pdl && units.max(1) <= 2 * grid));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fused_pull_grids_do_not_depend_on_pdl() {
+        for rows in 0..100 {
+            for max_blocks in 1..70 {
+                let (with, _) = pull_fused_shape(rows, max_blocks, true);
+                let (without, pdl) = pull_fused_shape(rows, max_blocks, false);
+                assert_eq!(with, without);
+                assert!(!pdl);
+                assert!(with >= 1 && with <= rows.max(1) && with <= (max_blocks / 2).max(1));
+            }
+        }
+        assert_eq!(pull_fused_shape(4, 33, true), (4, true));
+        assert_eq!(pull_fused_shape(40, 33, true), (16, true));
+    }
+
+    /// Where `twoshot_fused.cu` writes, one launch on an inbox of `payload_lines`: the lines
+    /// (inbox, region, line) every rank's writes land on, each with its one writer, as the
+    /// kernel's formulas place them: region `Some(o)` is stage-one slot `o` (header first),
+    /// `None` the gather slot. Panics where two writes land on one line or one lands outside
+    /// its region.
+    fn twoshot_fused_writes(
+        world: usize,
+        dtype: DType,
+        hidden: usize,
+        rows: usize,
+        payload_lines: usize,
+    ) -> std::collections::HashMap<(usize, Option<usize>, usize), &'static str> {
+        use crate::protocol::header::HEADER_LINES;
+        use crate::protocol::layout::owned_lines;
+        let quads = norm::row_quads(dtype, hidden);
+        let segments = norm::row_segments(dtype, hidden);
+        let units = rows * segments;
+        let owner = |u: usize| (0..world).find(|&o| owned_lines(units, world, o).contains(&u));
+        let quads_of = |u: usize| {
+            let first = (u % segments) * norm::NORM_THREADS;
+            (first..(first + norm::NORM_THREADS).min(quads)).map(move |q| (u / segments, q))
+        };
+        let mut writes = std::collections::HashMap::new();
+        let mut write = |inbox: usize, region: Option<usize>, line: usize, what: &'static str| {
+            let size = if region.is_some() {
+                HEADER_LINES + payload_lines
+            } else {
+                payload_lines
+            };
+            assert!(line < size, "{what} at line {line} of a region of {size}");
+            if let Some(before) = writes.insert((inbox, region, line), what) {
+                panic!("{what} and {before} both at {inbox} {region:?} line {line}");
+            }
+        };
+        for r in 0..world {
+            for p in (0..world).filter(|&p| p != r) {
+                for line in 0..HEADER_LINES {
+                    write(p, Some(r), line, "header");
+                }
+            }
+        }
+        for u in 0..units {
+            let o = owner(u).expect("every unit has an owner");
+            for (row, q) in quads_of(u) {
+                let line = 2 * (row * quads + q);
+                for r in (0..world).filter(|&r| r != o) {
+                    write(o, Some(r), HEADER_LINES + line, "x (low half)");
+                    write(o, Some(r), HEADER_LINES + line + 1, "x (high half)");
+                }
+                for p in 0..world {
+                    write(p, None, line, "residual_out (low half)");
+                    write(p, None, line + 1, "residual_out (high half)");
+                }
+            }
+            let first_line = 2 * ((u / segments) * quads + (u % segments) * norm::NORM_THREADS);
+            for p in 0..world {
+                write(p, Some(o), HEADER_LINES + first_line, "segment sum");
+            }
+        }
+        writes
+    }
+
+    #[test]
+    fn fused_twoshot_lines_fit_their_slots_and_never_share_a_line() {
+        use crate::protocol::header::HEADER_LINES;
+        for dtype in DType::ALL {
+            for hidden in [1, 7, 9, 1000, 2048, 4099, 8192] {
+                for payload_lines in [2 * norm::row_quads(dtype, hidden), 4096] {
+                    let most = norm::rows_per_chunk(dtype, hidden, payload_lines);
+                    for rows in [1, 2, 3, most].into_iter().filter(|&r| r >= 1 && r <= most) {
+                        for world in [1, 2, 3, 5, 8, 16] {
+                            let writes =
+                                twoshot_fused_writes(world, dtype, hidden, rows, payload_lines);
+                            // Every line a rank reads was written: its own stage-one terms come
+                            // from its input, every other read from its inbox.
+                            let segments = norm::row_segments(dtype, hidden);
+                            let quads = norm::row_quads(dtype, hidden);
+                            for p in 0..world {
+                                for u in 0..rows * segments {
+                                    let o = (0..world)
+                                        .find(|&o| {
+                                            crate::protocol::layout::owned_lines(
+                                                rows * segments,
+                                                world,
+                                                o,
+                                            )
+                                            .contains(&u)
+                                        })
+                                        .unwrap();
+                                    let first = 2
+                                        * ((u / segments) * quads
+                                            + (u % segments) * norm::NORM_THREADS);
+                                    assert_eq!(
+                                        writes.get(&(p, Some(o), HEADER_LINES + first)),
+                                        Some(&"segment sum")
+                                    );
+                                    assert!(writes.contains_key(&(p, None, first)));
+                                    if p == o {
+                                        for r in (0..world).filter(|&r| r != o) {
+                                            assert_eq!(
+                                                writes.get(&(p, Some(r), HEADER_LINES + first)),
+                                                Some(&"x (low half)")
+                                            );
+                                        }
+                                    }
+                                }
+                            }
                         }
                     }
                 }

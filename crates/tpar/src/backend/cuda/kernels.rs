@@ -27,7 +27,7 @@ pub const HEADERS: [(&str, &str); 8] = [
 ];
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 9] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -50,6 +50,14 @@ pub const SOURCES: [(&str, &str); 7] = [
     (
         "fused_norm.cu",
         include_str!("../../../kernels/fused_norm.cu"),
+    ),
+    (
+        "twoshot_fused.cu",
+        include_str!("../../../kernels/twoshot_fused.cu"),
+    ),
+    (
+        "pull_fused.cu",
+        include_str!("../../../kernels/pull_fused.cu"),
     ),
 ];
 
@@ -132,6 +140,10 @@ pub enum KernelId {
     FusedOneShot(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
+    /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
+    FusedTwoShot(DType),
+    /// One-shot pull allreduce + residual add + RMSNorm in one kernel (`pull_fused.cu`).
+    FusedPull(DType),
     /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
     Empty,
     /// The init link measurement's copy and flag ping-pong (`probe.cu`).
@@ -155,7 +167,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 18;
+    pub const COUNT: usize = 24;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -177,6 +189,12 @@ impl KernelId {
             AddRmsNorm(F32),
             AddRmsNorm(F16),
             AddRmsNorm(Bf16),
+            FusedTwoShot(F32),
+            FusedTwoShot(F16),
+            FusedTwoShot(Bf16),
+            FusedPull(F32),
+            FusedPull(F16),
+            FusedPull(Bf16),
             Empty,
             ProbeCopy,
             ProbePingpong,
@@ -200,9 +218,11 @@ impl KernelId {
             KernelId::OneShotPull(d) => 6 + dtype_index(d),
             KernelId::FusedOneShot(d) => 9 + dtype_index(d),
             KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
-            KernelId::Empty => 15,
-            KernelId::ProbeCopy => 16,
-            KernelId::ProbePingpong => 17,
+            KernelId::FusedTwoShot(d) => 15 + dtype_index(d),
+            KernelId::FusedPull(d) => 18 + dtype_index(d),
+            KernelId::Empty => 21,
+            KernelId::ProbeCopy => 22,
+            KernelId::ProbePingpong => 23,
         }
     }
 
@@ -249,6 +269,22 @@ impl KernelId {
                     "tpar_add_rms_norm_bf16",
                 ],
             ),
+            KernelId::FusedTwoShot(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_twoshot_f32",
+                    "tpar_fused_twoshot_f16",
+                    "tpar_fused_twoshot_bf16",
+                ],
+            ),
+            KernelId::FusedPull(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_pull_f32",
+                    "tpar_fused_pull_f16",
+                    "tpar_fused_pull_bf16",
+                ],
+            ),
             KernelId::Empty => "tpar_empty",
             KernelId::ProbeCopy => "tpar_probe_copy",
             KernelId::ProbePingpong => "tpar_probe_pingpong",
@@ -263,6 +299,8 @@ impl KernelId {
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
             KernelId::FusedOneShot(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
+            KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
+            KernelId::FusedPull(_) => "pull_fused.cu",
             KernelId::Empty => "floor.cu",
             KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
         }

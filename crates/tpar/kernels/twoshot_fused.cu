@@ -1,0 +1,204 @@
+// Fused two-shot push allreduce + residual add + RMSNorm (issue 15): the reduce-scatter and
+// all-gather of twoshot_push.cu with the epilogue of fused.cuh done once per element, by the
+// rank that owns it, instead of by every rank.
+//
+// Units: a unit is one segment of one row (TPAR_NORM_THREADS quads; unit u = row * segments +
+// segment), and each rank owns a contiguous range of units (owned_start / owner_of_line of
+// layout.cuh, counted in units). Block b of a rank handles units b, b + grid, ... in every
+// phase, thread t quad t of each, so a thread reads back only what it wrote itself or what
+// arrived in its inbox: in place (y over x, residual_out over residual) stays safe.
+//   Stage 1, reduce-scatter: every rank pushes each unit's x quads to the unit's owner as
+//     16-byte LL lines (the data its own signal, tags by epoch), into its stage-one slot of
+//     the owner's inbox at the quad's position in the launch (row r starts at quad
+//     r * row_quads, as in fused_oneshot.cu). The owner sums in rank order (its own term from
+//     its input), rounds once, adds its residual, rounds, and folds the segment's
+//     sum-of-squares tree (fused.cuh, norm.rs); it then pushes the rounded residual_out quads
+//     into every rank's gather slot (its own included) and the segment's sum, one LL line,
+//     to every rank (below).
+//   Stage 2, all-gather: every rank, per unit, reads the row's segment sums in segment order
+//     (the same bits on every rank) for 1 / rms, and the unit's residual_out quads from its
+//     gather slot, and stores residual_out and y.
+// The residual is read only by a unit's owner: every rank gets the owner's residual_out, so
+// ranks stay bitwise equal even if their residuals differed (in tensor parallelism they are
+// the same replicated tensor).
+//
+// Where a segment sum goes: in rank p's inbox, in the owner's stage-one slot, at the first
+// line of the unit's own quads. That line is free there: a rank pushes to p only the quads of
+// units p owns (and never pushes to itself), and this unit is the owner's. So the launch
+// carries as many rows as one-shot's (norm::rows_per_chunk) and the gather slot only quads.
+//
+// Every wait has the call's deadline (wait_wide / wait_line, phases REDUCE_SCATTER and
+// ALL_GATHER), the reduce-scatter's an eighth of the timeout earlier: a rank waiting in the
+// all-gather for an owner that waits for a silent peer then finds the owner's error (the
+// silent peer named) instead of timing out first and naming the owner. After a failed wait (deadline, mismatched header: the error word is set) a
+// thread stops waiting and pushes nothing more, so the peers fail at their own deadline
+// instead of taking its partial sums, but it reaches every barrier, so the kernel exits.
+#include "tpar_ll.cuh"
+
+// Adds the rank-ordered sum of wide line `line` (of every peer's stage-one slot, own term
+// from `own0`, `own1`) into acc; false once a wait has failed (acc then holds what arrived,
+// zeros for the rest).
+template <int DT>
+__device__ __forceinline__ bool reduce_owned_quad(const TparArgs& a, u64 epoch, u32 tag, u64 start, int code,
+                                                  u64 line, u32 own0, u32 own1, bool ok, float* acc) {
+    const u64* inbox = a.inboxes[a.rank];
+    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
+        Wide v[TPAR_RANK_GROUP];
+        load_wide_group(a, inbox, epoch, g, line, v);
+#pragma unroll
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r >= a.world_size) break;
+            u32 w0 = own0, w1 = own1;
+            if (r != a.rank) {
+                if (!wide_has(v[k], tag)) {
+                    Wide got = {0u, 0u, 0u, 0u};
+                    if (ok) {
+                        ok = wait_wide(a, inbox + stage_one_slot(a, epoch, r) + line, tag, r,
+                                       TPAR_PHASE_REDUCE_SCATTER, start, epoch, code, &got, nullptr);
+                    }
+                    v[k] = got;
+                }
+                w0 = v[k].w0;
+                w1 = v[k].w1;
+            }
+            float xv[4];
+            unpack_quad<DT>(w0, w1, xv);
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? xv[e] : acc[e] + xv[e];
+        }
+    }
+    return ok;
+}
+
+template <int DT>
+__device__ void fused_twoshot(const TparFusedArgs& f) {
+    const TparArgs& a = f.a;
+    const TparNormArgs& n = f.n;
+    const u64 quads = norm_row_quads<DT>(n.hidden);
+    const u64 words = words_for<DT>(n.hidden);
+    const u64 row_bytes = n.hidden * elem_bytes<DT>();
+    const u32 segments = norm_segments(quads);
+    const u64 units = n.rows * segments;
+    const u32 ranks = a.world_size;
+    const u64 grid = gridDim.x;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u64 mine_begin = owned_start(units, ranks, a.rank);
+    const u64 mine_end = owned_start(units, ranks, a.rank + 1);
+    // The quad of this thread in unit u, counted from the launch's first row; >= the row's
+    // quads (past its end) for threads of a short last segment.
+    auto quad_of = [&](u64 u) { return (u % segments) * TPAR_NORM_THREADS + threadIdx.x; };
+    auto line_of = [&](u64 u) { return 2 * ((u / segments) * quads + quad_of(u)); };  // of the payload
+    auto x_of = [&](u64 u) { return (const char*)a.input + (u / segments) * row_bytes; };
+
+    // Before the call counter: this block's first unit's x quad (pushed, or the own term).
+    // After pdl_wait: the previous kernel may write it.
+    pdl_wait();
+    u32 x0 = 0, x1 = 0;
+    if (blockIdx.x < units && quad_of(blockIdx.x) < quads) {
+        load_pair<DT>(x_of(blockIdx.x), quad_of(blockIdx.x), n.hidden, words, &x0, &x1);
+    }
+    const EpochTicket ticket = begin_epoch(a);
+    const u64 epoch = ticket.epoch;
+    const u32 tag = tag_for_epoch(epoch);
+    const u64 start = now_ns();
+    const int code = DT | TPAR_HEADER_FUSED;
+    push_header(a, epoch, tag, code);
+    const u64 scatter_start = start - a.timeout_ns / 8;  // see the top of this file
+    u64* const own = a.inboxes[a.rank];
+    const u64 gather = gather_slot(a, epoch);
+    // Unit u's segment sum in rank p's inbox (see the top of this file).
+    auto sum_line = [&](u32 p, u32 owner, u64 u) {
+        const u64 first_line = 2 * ((u / segments) * quads + (u % segments) * TPAR_NORM_THREADS);
+        return a.inboxes[p] + stage_one_slot(a, epoch, owner) + TPAR_HEADER_LINES + first_line;
+    };
+
+    // Stage 1: x to the owners.
+    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    for (u64 u = blockIdx.x; u < units; u += grid) {
+        const u32 owner = owner_of_line(units, ranks, u);
+        if (owner == a.rank || quad_of(u) >= quads) continue;
+        u32 p0 = x0, p1 = x1;
+        if (u != blockIdx.x) load_pair<DT>(x_of(u), quad_of(u), n.hidden, words, &p0, &p1);
+        st_wide(a.inboxes[owner] + my_slot + line_of(u), tag, p0, p1);
+    }
+
+    // Stage 1, the owner: reduce, residual add, the segment's sum of squares; push both.
+    bool ok = true;
+    for (u64 u = mine_begin + (blockIdx.x + grid - mine_begin % grid) % grid; u < mine_end; u += grid) {
+        const u64 q = quad_of(u);
+        float partial = 0.f;
+        if (q < quads) {
+            u32 own0 = x0, own1 = x1, res0, res1;
+            if (u != blockIdx.x) load_pair<DT>(x_of(u), q, n.hidden, words, &own0, &own1);
+            load_pair<DT>((const char*)n.residual + (u / segments) * row_bytes, q, n.hidden, words, &res0, &res1);
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            ok = reduce_owned_quad<DT>(a, epoch, tag, scatter_start, code, TPAR_HEADER_LINES + line_of(u), own0, own1, ok,
+                                       acc);
+            round_quad<DT>(acc);  // the allreduce's result, rounded once
+            u32 o0, o1;
+            partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
+            if (ok) {
+                for (u32 p = 0; p < ranks; ++p) st_wide(a.inboxes[p] + gather + line_of(u), tag, o0, o1);
+            }
+        }
+        norm_warp_fold(0, partial);
+        const bool all_ok = __syncthreads_and(ok);
+        if (warp == 0) {
+            const float s = norm_segment_fold(0);
+            if (lane == 0 && all_ok) {
+                const u64 line = pack_line(tag, __float_as_uint(s));
+                for (u32 p = 0; p < ranks; ++p) st_sys(sum_line(p, a.rank, u), line);
+            }
+        }
+        __syncthreads();  // the warp sums are reused by the next unit
+    }
+
+    // Stage 2: every unit's residual_out from its owner, the row's 1 / rms, y.
+    for (u64 u = blockIdx.x; u < units; u += grid) {
+        const u64 row = u / segments, q = quad_of(u);
+        const u32 owner = owner_of_line(units, ranks, u);
+        const u64* line = own + gather + line_of(u);
+        Wide v = {0u, 0u, 0u, 0u};
+        u32 wt0 = 0, wt1 = 0;
+        if (q < quads) {
+            v = ld_wide(line);
+            load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
+        }
+        if (warp == 0) {
+            u32 bits = 0;
+            if (lane < segments) {
+                const u64 k = row * segments + lane;  // the row's lane-th unit
+                const u32 k_owner = owner_of_line(units, ranks, k);
+                const u64* p = sum_line(a.rank, k_owner, k);
+                const u64 s = ld_sys(p);
+                if ((u32)(s >> 32) == tag) {
+                    bits = (u32)s;
+                } else if (ok) {
+                    ok = wait_line(a, p, tag, k_owner, TPAR_PHASE_ALL_GATHER, start, &bits);
+                }
+            }
+            const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
+            if (lane == 0) tpar_norm_inv = i;
+        }
+        if (q < quads && !wide_has(v, tag)) {
+            Wide got = {0u, 0u, 0u, 0u};
+            if (ok) ok = wait_wide(a, line, tag, owner, TPAR_PHASE_ALL_GATHER, start, epoch, code, &got, nullptr);
+            v = got;
+        }
+        __syncthreads();
+        const float inv = tpar_norm_inv;
+        if (q < quads) {
+            store_pair<DT>((char*)n.residual_out + row * row_bytes, q, n.hidden, words, v.w0, v.w1);
+            float r[4];
+            unpack_quad<DT>(v.w0, v.w1, r);
+            u32 y0, y1;
+            y_quad<DT>(r, wt0, wt1, inv, &y0, &y1);
+            store_pair<DT>((char*)n.y + row * row_bytes, q, n.hidden, words, y0, y1);
+        }
+        __syncthreads();  // tpar_norm_inv is reused by the next unit
+    }
+    if (ok) check_header(a, epoch, tag, code, start);
+    end_epoch(a, ticket);
+}
+
+TPAR_KERNELS_PER_DTYPE(tpar_fused_twoshot, fused_twoshot, TparFusedArgs)
