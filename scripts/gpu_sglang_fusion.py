@@ -157,7 +157,7 @@ with get_parallel().override(tp_group=group, attn_tp_group=group, tp_size=n, att
                     gnorm, gres = fusions.fused_ffn_input(plan, sx, sres, None)
             row["graph_tpar_calls"] = counts["tpar"]
             ok = True
-            for replay in range(REPLAYS):
+            for replay in range(int(os.environ["REPLAYS"])):
                 gxs, gresidual, _ = operands(tokens, hidden, seed=7919 * (replay + 1) + tokens + hidden)
                 sx.copy_(gxs[rank]); sres.copy_(gresidual)
                 dist.barrier(group=group.cpu_group)
@@ -208,7 +208,8 @@ def main() -> int:
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         env = {**base, "WORLD_SIZE": "2", "CASES": json.dumps(CASES), "SGLANG_ROOT": str(args.sglang),
-               "STORE": os.path.join(tmp, "store"), "PER_GPU": "1" if args.per_gpu else "0"}
+               "STORE": os.path.join(tmp, "store"), "PER_GPU": "1" if args.per_gpu else "0",
+               "REPLAYS": str(REPLAYS)}
         procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, env={**env, "RANK": str(r)}) for r in range(2)]
         for r, p in enumerate(procs):
