@@ -8,8 +8,8 @@
 // the epoch; then thread r of the block waits for rank r's flag of the same block (acquire:
 // that rank's rows of this block are then visible; the block's barrier passes that on to
 // every thread), and thread t reads quads t, t + TPAR_NORM_THREADS, ... of each row from every
-// rank in rank order (its own term from its input), rounds the sum once, adds the residual,
-// rounds, and folds the row's sum-of-squares tree (one block holds the whole row, as the
+// rank in rank order (its own term from its input; the loads batched, see below), rounds the
+// sum once, adds the residual, rounds, and folds the row's sum-of-squares tree (one block holds the whole row, as the
 // separate norm kernel does), then stores residual_out and y. A thread reads back only what
 // it wrote (residual_out) or what a peer published, so in place (y over x, residual_out over
 // residual) is safe: peers read this rank's pull buffer, never its x.
@@ -18,6 +18,10 @@
 // with ours on every deadline check, so a mismatched call is named as one. After a failed
 // wait the block stops reading its peers but reaches every barrier, so the kernel exits.
 #include "tpar_ll.cuh"
+
+// Segments of a row whose quads a thread holds at once, and peers whose quads it loads at once.
+#define TPAR_PULL_BATCH 4
+#define TPAR_PULL_GROUP 4
 
 // Waits until rank `peer`'s flag of this block reaches `epoch` (acquire).
 __device__ __forceinline__ bool wait_pull_flag(const TparArgs& a, u32 peer, u64 epoch, u32 tag, int code,
@@ -66,36 +70,71 @@ __device__ void fused_pull(const TparFusedArgs& f) {
     }
     const bool all_ok = __syncthreads_and(ok);
 
+    // Per row, a thread's quads in batches of TPAR_PULL_BATCH segments: the batch's residual
+    // and own input quads, then the peers' quads in groups of TPAR_PULL_GROUP ranks, every load
+    // of a group issued before any is used, so a batch costs one round trip per group instead
+    // of one per segment and rank (a remote read each, on separate GPUs). With the row in one
+    // batch (8192 f16/bf16), residual_out and the weight stay in registers for y.
+    const bool one_batch = segments <= TPAR_PULL_BATCH;
     for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x) {
         const char* x = (const char*)a.input + row * row_bytes;
         const char* residual = (const char*)n.residual + row * row_bytes;
         char* residual_out = (char*)n.residual_out + row * row_bytes;
-        for (u32 j = 0; j < segments; ++j) {
-            const u64 q = (u64)j * TPAR_NORM_THREADS + threadIdx.x;
-            float partial = 0.f;
-            if (q < quads) {
-                u32 r0, r1;
-                load_pair<DT>(residual, q, n.hidden, words, &r0, &r1);
-                float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                for (u32 r = 0; r < a.world_size; ++r) {
-                    u32 w0 = 0, w1 = 0;
-                    if (r == a.rank) {
-                        load_pair<DT>(x, q, n.hidden, words, &w0, &w1);
-                    } else if (all_ok) {
-                        const u64 v = ld_sys((const u64*)pull_data(a.inboxes[r], a, epoch) + row * quads + q);
-                        w0 = (u32)v;
-                        w1 = (u32)(v >> 32);
-                    }
-                    float xv[4];
-                    unpack_quad<DT>(w0, w1, xv);
-                    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? xv[e] : acc[e] + xv[e];
+        float v[TPAR_PULL_BATCH][4];
+        u32 wt[TPAR_PULL_BATCH][2];
+        for (u32 base = 0; base < segments; base += TPAR_PULL_BATCH) {
+            u32 own[TPAR_PULL_BATCH][2], res[TPAR_PULL_BATCH][2];
+#pragma unroll
+            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                own[b][0] = own[b][1] = res[b][0] = res[b][1] = wt[b][0] = wt[b][1] = 0;
+                if (base + b < segments && q < quads) {
+                    load_pair<DT>(x, q, n.hidden, words, &own[b][0], &own[b][1]);
+                    load_pair<DT>(residual, q, n.hidden, words, &res[b][0], &res[b][1]);
+                    if (one_batch) load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
                 }
-                round_quad<DT>(acc);  // the allreduce's result, rounded once
-                u32 o0, o1;
-                partial = residual_quad<DT>(acc, r0, r1, &o0, &o1);
-                store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
             }
-            norm_warp_fold(j, partial);
+            for (u32 g = 0; g < a.world_size; g += TPAR_PULL_GROUP) {
+                u64 got[TPAR_PULL_BATCH][TPAR_PULL_GROUP];
+#pragma unroll
+                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                    const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+#pragma unroll
+                    for (u32 k = 0; k < TPAR_PULL_GROUP; ++k) {
+                        const u32 r = g + k;
+                        got[b][k] = 0;
+                        if (all_ok && r < a.world_size && r != a.rank && base + b < segments && q < quads) {
+                            got[b][k] = ld_sys((const u64*)pull_data(a.inboxes[r], a, epoch) + row * quads + q);
+                        }
+                    }
+                }
+#pragma unroll
+                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+#pragma unroll
+                    for (u32 k = 0; k < TPAR_PULL_GROUP; ++k) {
+                        const u32 r = g + k;
+                        if (r >= a.world_size) break;
+                        const u32 w0 = r == a.rank ? own[b][0] : (u32)got[b][k];
+                        const u32 w1 = r == a.rank ? own[b][1] : (u32)(got[b][k] >> 32);
+                        float xv[4];
+                        unpack_quad<DT>(w0, w1, xv);
+                        for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) v[b][e] = (r == 0) ? xv[e] : v[b][e] + xv[e];
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                if (base + b >= segments) break;  // uniform across the block
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                float partial = 0.f;
+                if (q < quads) {
+                    round_quad<DT>(v[b]);  // the allreduce's result, rounded once
+                    u32 o0, o1;
+                    partial = residual_quad<DT>(v[b], res[b][0], res[b][1], &o0, &o1);
+                    store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
+                }
+                norm_warp_fold(base + b, partial);
+            }
         }
         __syncthreads();
         if (warp < segments) {
@@ -111,17 +150,29 @@ __device__ void fused_pull(const TparFusedArgs& f) {
         __syncthreads();
         const float inv = tpar_norm_inv;
         char* y = (char*)n.y + row * row_bytes;
-        for (u32 j = 0; j < segments; ++j) {
-            const u64 q = (u64)j * TPAR_NORM_THREADS + threadIdx.x;
-            if (q >= quads) continue;
-            u32 v0, v1, wt0, wt1;  // residual_out: written by this thread above
-            load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
-            load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
-            float v[4];
-            unpack_quad<DT>(v0, v1, v);
-            u32 y0, y1;
-            y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
-            store_pair<DT>(y, q, n.hidden, words, y0, y1);
+        for (u32 base = 0; base < segments; base += TPAR_PULL_BATCH) {
+            if (!one_batch) {
+                // Reloaded: residual_out was written by this thread above.
+#pragma unroll
+                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                    const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                    if (base + b < segments && q < quads) {
+                        u32 v0, v1;
+                        load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                        unpack_quad<DT>(v0, v1, v[b]);
+                        load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                if (base + b < segments && q < quads) {
+                    u32 y0, y1;
+                    y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
+                    store_pair<DT>(y, q, n.hidden, words, y0, y1);
+                }
+            }
         }
         __syncthreads();  // the shared sums are reused by the next row
     }
