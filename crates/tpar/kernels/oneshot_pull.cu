@@ -1,17 +1,21 @@
 // One-shot pull with epoch flags, for platforms where reading a peer's memory beats writing
 // to it. Each block copies its share of the input into this rank's own pull buffer (plain
-// data, rotated by epoch), fences, and raises its flag to the epoch; then, for every rank in
-// order, it waits for that rank's flag of the same block and reads the same share from it.
+// data, rotated by epoch), fences, and raises its flag to the epoch; then it waits for every
+// rank's flag of the same block (a thread per rank, at once) and reads the same share from
+// each, summing in rank order.
 // The flag is written after the data by the data's owner into its own memory, and read before
 // the data by the reader: the acquire/release pair orders them. The call header travels as LL
 // lines as in the push algorithms (begin_call), so mismatches are caught.
 #include "tpar_ll.cuh"
 
+// Words a thread reduces at once, and ranks whose words it loads at once: every load of a
+// group is issued before any is used, so a thread's round trips are one per group of ranks
+// instead of one per rank (a remote read each, on separate GPUs).
+#define TPAR_PULL_WORDS 4
+#define TPAR_PULL_RANKS 8
+
 template <int DT>
 __device__ void oneshot_pull(const TparArgs& a) {
-    __shared__ int ok;
-    if (threadIdx.x == 0) ok = 1;
-    __syncthreads();
     const Call call = begin_call(a, DT);
     const u64 lines = words_for<DT>(a.count);
     // Block b owns lines [b * per_block, (b + 1) * per_block): the same split on every rank.
@@ -26,39 +30,47 @@ __device__ void oneshot_pull(const TparArgs& a) {
         __threadfence_system();
         st_release_sys(pull_flag(a.inboxes[a.rank], a, blockIdx.x), call.epoch);
     }
-
-    if (!check_header(a, call.epoch, call.tag, DT, call.start)) ok = 0;
-    __syncthreads();
-    {
-        const int header_ok = ok;
-        __syncthreads();  // everyone has read `ok` before thread 0 reuses it below
-        if (!header_ok) goto done;
+    // Thread r waits for rank r's flag of this block (acquire), all ranks at once; the barrier
+    // passes what each acquired on to every thread of the block. Block 0 also checks the
+    // peers' call headers.
+    bool ok = check_header(a, call.epoch, call.tag, DT, call.start);
+    if (ok && threadIdx.x < a.world_size && threadIdx.x != a.rank) {
+        ok = wait_flag(a, pull_flag(a.inboxes[threadIdx.x], a, blockIdx.x), call.epoch, threadIdx.x,
+                       TPAR_PHASE_PULL_FLAG, call.start);
     }
-    {
-        float acc[2 * 8];  // up to 8 words per thread held across ranks
-        const u64 words_here = last > first ? last - first : 0;
-        for (u64 base = 0; base < words_here; base += (u64)blockDim.x * 8) {
-            for (u32 r = 0; r < a.world_size; ++r) {
-                if (threadIdx.x == 0) {
-                    ok = wait_flag(a, pull_flag(a.inboxes[r], a, blockIdx.x), call.epoch, r, TPAR_PHASE_PULL_FLAG, call.start);
+    if (!__syncthreads_and(ok)) goto done;
+    for (u64 base = first + threadIdx.x; base < last; base += (u64)blockDim.x * TPAR_PULL_WORDS) {
+        float acc[TPAR_PULL_WORDS][2];
+        for (u32 g = 0; g < a.world_size; g += TPAR_PULL_RANKS) {
+            u32 got[TPAR_PULL_WORDS][TPAR_PULL_RANKS];
+#pragma unroll
+            for (u32 k = 0; k < TPAR_PULL_WORDS; ++k) {
+                const u64 i = base + (u64)k * blockDim.x;
+#pragma unroll
+                for (u32 m = 0; m < TPAR_PULL_RANKS; ++m) {
+                    const u32 r = g + m;
+                    got[k][m] = 0;
+                    if (i < last && r < a.world_size) {
+                        got[k][m] = r == a.rank ? mine[i] : ld_sys_u32(pull_data(a.inboxes[r], a, call.epoch) + i);
+                    }
                 }
-                __syncthreads();
-                if (!ok) goto done;
-                const u32* theirs = pull_data(a.inboxes[r], a, call.epoch);
-                for (int k = 0; k < 8; ++k) {
-                    u64 i = first + base + (u64)k * blockDim.x + threadIdx.x;
-                    if (i >= last) break;
+            }
+#pragma unroll
+            for (u32 k = 0; k < TPAR_PULL_WORDS; ++k) {
+#pragma unroll
+                for (u32 m = 0; m < TPAR_PULL_RANKS; ++m) {
+                    const u32 r = g + m;
+                    if (r >= a.world_size) break;
                     float v[2];
-                    Lanes<DT>::unpack(ld_sys_u32(theirs + i), v);
-                    for (int l = 0; l < Lanes<DT>::PER_WORD; ++l) acc[2 * k + l] = (r == 0) ? v[l] : acc[2 * k + l] + v[l];
+                    Lanes<DT>::unpack(got[k][m], v);
+                    for (int l = 0; l < Lanes<DT>::PER_WORD; ++l) acc[k][l] = (r == 0) ? v[l] : acc[k][l] + v[l];
                 }
-                __syncthreads();
             }
-            for (int k = 0; k < 8; ++k) {
-                u64 i = first + base + (u64)k * blockDim.x + threadIdx.x;
-                if (i >= last) break;
-                store_word<DT>(a.output, i, a.count, Lanes<DT>::pack(&acc[2 * k]));
-            }
+        }
+#pragma unroll
+        for (u32 k = 0; k < TPAR_PULL_WORDS; ++k) {
+            const u64 i = base + (u64)k * blockDim.x;
+            if (i < last) store_word<DT>(a.output, i, a.count, Lanes<DT>::pack(acc[k]));
         }
     }
 done:
