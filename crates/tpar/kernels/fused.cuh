@@ -93,6 +93,42 @@ __device__ __forceinline__ void y_quad(const float* v, u32 w0, u32 w1, float inv
     pack_quad<DT>(t, y0, y1);
 }
 
+// Segments whose operands a thread of the one-block-per-row kernels (fused_norm.cu,
+// pull_fused.cu) holds in registers at once: 8192 f16/bf16 in one batch.
+#define TPAR_NORM_BATCH 4
+
+// Step 4 for a row held in batches of TPAR_NORM_BATCH segments (thread t owns quad t of each):
+// y from residual_out `v` and the weight `wt`, still in registers when the row is one batch,
+// else reloaded batch by batch (residual_out was written by this thread, so it may be read).
+template <int DT>
+__device__ __forceinline__ void store_y_batches(const TparNormArgs& n, const char* residual_out, char* y, u64 quads,
+                                                u64 words, u32 segments, float inv, float (*v)[4], u32 (*wt)[2]) {
+    const bool one_batch = segments <= TPAR_NORM_BATCH;
+    for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
+        if (!one_batch) {
+#pragma unroll
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                if (base + b < segments && q < quads) {
+                    u32 v0, v1;
+                    load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                    unpack_quad<DT>(v0, v1, v[b]);
+                    load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
+                }
+            }
+        }
+#pragma unroll
+        for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+            const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+            if (base + b < segments && q < quads) {
+                u32 y0, y1;
+                y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
+                store_pair<DT>(y, q, n.hidden, words, y0, y1);
+            }
+        }
+    }
+}
+
 __device__ __forceinline__ float butterfly_sum(float p) {
     for (int offset = 16; offset >= 1; offset >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, offset));
     return p;
@@ -132,4 +168,41 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
 // reset unnecessary, as for the data.
 __device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a, u64 epoch) {
     return a.inboxes[a.rank] + stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+}
+
+// Adds the rank-ordered sum of wide line `line` (counted from a stage-one slot's start, in
+// every peer's slot of this rank's inbox; own term from `own0`, `own1`) into acc; false once a
+// wait has failed (acc then holds what arrived, zeros for the rest). `phase` names the wait in
+// an error report (one-shot, or two-shot's reduce-scatter). Shared by fused_oneshot.cu and
+// twoshot_fused.cu.
+template <int DT>
+__device__ __forceinline__ bool reduce_wide_quad(const TparArgs& a, u64 epoch, u32 tag, u64 start, int code, u32 phase,
+                                                 u64 line, u32 own0, u32 own1, bool ok, float* acc) {
+    const u64* inbox = a.inboxes[a.rank];
+    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
+        Wide v[TPAR_RANK_GROUP];
+        load_wide_group(a, inbox, epoch, g, line, v);
+#pragma unroll
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r >= a.world_size) break;
+            u32 w0 = own0, w1 = own1;
+            if (r != a.rank) {
+                if (!wide_has(v[k], tag)) {
+                    Wide got = {0u, 0u, 0u, 0u};
+                    if (ok) {
+                        ok = wait_wide(a, inbox + stage_one_slot(a, epoch, r) + line, tag, r, phase, start, epoch,
+                                       code, &got, nullptr);
+                    }
+                    v[k] = got;
+                }
+                w0 = v[k].w0;
+                w1 = v[k].w1;
+            }
+            float xv[4];
+            unpack_quad<DT>(w0, w1, xv);
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? xv[e] : acc[e] + xv[e];
+        }
+    }
+    return ok;
 }

@@ -19,8 +19,7 @@
 // wait the block stops reading its peers but reaches every barrier, so the kernel exits.
 #include "tpar_ll.cuh"
 
-// Segments of a row whose quads a thread holds at once, and peers whose quads it loads at once.
-#define TPAR_PULL_BATCH 4
+// Peers whose quads a thread loads at once (with TPAR_NORM_BATCH segments of them).
 #define TPAR_PULL_GROUP 4
 
 // Waits until rank `peer`'s flag of this block reaches `epoch` (acquire).
@@ -70,22 +69,22 @@ __device__ void fused_pull(const TparFusedArgs& f) {
     }
     const bool all_ok = __syncthreads_and(ok);
 
-    // Per row, a thread's quads in batches of TPAR_PULL_BATCH segments: the batch's residual
+    // Per row, a thread's quads in batches of TPAR_NORM_BATCH segments: the batch's residual
     // and own input quads, then the peers' quads in groups of TPAR_PULL_GROUP ranks, every load
     // of a group issued before any is used, so a batch costs one round trip per group instead
     // of one per segment and rank (a remote read each, on separate GPUs). With the row in one
     // batch (8192 f16/bf16), residual_out and the weight stay in registers for y.
-    const bool one_batch = segments <= TPAR_PULL_BATCH;
+    const bool one_batch = segments <= TPAR_NORM_BATCH;
     for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x) {
         const char* x = (const char*)a.input + row * row_bytes;
         const char* residual = (const char*)n.residual + row * row_bytes;
         char* residual_out = (char*)n.residual_out + row * row_bytes;
-        float v[TPAR_PULL_BATCH][4];
-        u32 wt[TPAR_PULL_BATCH][2];
-        for (u32 base = 0; base < segments; base += TPAR_PULL_BATCH) {
-            u32 own[TPAR_PULL_BATCH][2], res[TPAR_PULL_BATCH][2];
+        float v[TPAR_NORM_BATCH][4];
+        u32 wt[TPAR_NORM_BATCH][2];
+        for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
+            u32 own[TPAR_NORM_BATCH][2], res[TPAR_NORM_BATCH][2];
 #pragma unroll
-            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
                 const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
                 own[b][0] = own[b][1] = res[b][0] = res[b][1] = wt[b][0] = wt[b][1] = 0;
                 if (base + b < segments && q < quads) {
@@ -95,9 +94,9 @@ __device__ void fused_pull(const TparFusedArgs& f) {
                 }
             }
             for (u32 g = 0; g < a.world_size; g += TPAR_PULL_GROUP) {
-                u64 got[TPAR_PULL_BATCH][TPAR_PULL_GROUP];
+                u64 got[TPAR_NORM_BATCH][TPAR_PULL_GROUP];
 #pragma unroll
-                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
                     const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
 #pragma unroll
                     for (u32 k = 0; k < TPAR_PULL_GROUP; ++k) {
@@ -109,7 +108,7 @@ __device__ void fused_pull(const TparFusedArgs& f) {
                     }
                 }
 #pragma unroll
-                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+                for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
 #pragma unroll
                     for (u32 k = 0; k < TPAR_PULL_GROUP; ++k) {
                         const u32 r = g + k;
@@ -123,7 +122,7 @@ __device__ void fused_pull(const TparFusedArgs& f) {
                 }
             }
 #pragma unroll
-            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
                 if (base + b >= segments) break;  // uniform across the block
                 const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
                 float partial = 0.f;
@@ -150,30 +149,7 @@ __device__ void fused_pull(const TparFusedArgs& f) {
         __syncthreads();
         const float inv = tpar_norm_inv;
         char* y = (char*)n.y + row * row_bytes;
-        for (u32 base = 0; base < segments; base += TPAR_PULL_BATCH) {
-            if (!one_batch) {
-                // Reloaded: residual_out was written by this thread above.
-#pragma unroll
-                for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
-                    const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
-                    if (base + b < segments && q < quads) {
-                        u32 v0, v1;
-                        load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
-                        unpack_quad<DT>(v0, v1, v[b]);
-                        load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
-                    }
-                }
-            }
-#pragma unroll
-            for (u32 b = 0; b < TPAR_PULL_BATCH; ++b) {
-                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
-                if (base + b < segments && q < quads) {
-                    u32 y0, y1;
-                    y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
-                    store_pair<DT>(y, q, n.hidden, words, y0, y1);
-                }
-            }
-        }
+        store_y_batches<DT>(n, residual_out, y, quads, words, segments, inv, v, wt);
         __syncthreads();  // the shared sums are reused by the next row
     }
     if (all_ok) check_header(a, epoch, call.tag, code, call.start);

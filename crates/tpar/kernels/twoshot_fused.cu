@@ -35,41 +35,6 @@
 // instead of taking its partial sums, but it reaches every barrier, so the kernel exits.
 #include "tpar_ll.cuh"
 
-// Adds the rank-ordered sum of wide line `line` (of every peer's stage-one slot, own term
-// from `own0`, `own1`) into acc; false once a wait has failed (acc then holds what arrived,
-// zeros for the rest).
-template <int DT>
-__device__ __forceinline__ bool reduce_owned_quad(const TparArgs& a, u64 epoch, u32 tag, u64 start, int code,
-                                                  u64 line, u32 own0, u32 own1, bool ok, float* acc) {
-    const u64* inbox = a.inboxes[a.rank];
-    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
-        Wide v[TPAR_RANK_GROUP];
-        load_wide_group(a, inbox, epoch, g, line, v);
-#pragma unroll
-        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-            const u32 r = g + k;
-            if (r >= a.world_size) break;
-            u32 w0 = own0, w1 = own1;
-            if (r != a.rank) {
-                if (!wide_has(v[k], tag)) {
-                    Wide got = {0u, 0u, 0u, 0u};
-                    if (ok) {
-                        ok = wait_wide(a, inbox + stage_one_slot(a, epoch, r) + line, tag, r,
-                                       TPAR_PHASE_REDUCE_SCATTER, start, epoch, code, &got, nullptr);
-                    }
-                    v[k] = got;
-                }
-                w0 = v[k].w0;
-                w1 = v[k].w1;
-            }
-            float xv[4];
-            unpack_quad<DT>(w0, w1, xv);
-            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = (r == 0) ? xv[e] : acc[e] + xv[e];
-        }
-    }
-    return ok;
-}
-
 template <int DT>
 __device__ void fused_twoshot(const TparFusedArgs& f) {
     const TparArgs& a = f.a;
@@ -132,8 +97,8 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
             if (u != blockIdx.x) load_pair<DT>(x_of(u), q, n.hidden, words, &own0, &own1);
             load_pair<DT>((const char*)n.residual + (u / segments) * row_bytes, q, n.hidden, words, &res0, &res1);
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            ok = reduce_owned_quad<DT>(a, epoch, tag, scatter_start, code, TPAR_HEADER_LINES + line_of(u), own0, own1, ok,
-                                       acc);
+            ok = reduce_wide_quad<DT>(a, epoch, tag, scatter_start, code, TPAR_PHASE_REDUCE_SCATTER,
+                                      TPAR_HEADER_LINES + line_of(u), own0, own1, ok, acc);
             round_quad<DT>(acc);  // the allreduce's result, rounded once
             u32 o0, o1;
             partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);

@@ -178,41 +178,13 @@ impl CudaCommunicator {
             self.fused_rows_enqueue(call, algorithm, cuda_stream)?;
             return Ok(plan);
         }
-        self.check()?;
-        self.supports(algorithm)
-            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
-        driver::bind(&self.ctx)?;
+        self.begin_fused_call(call, algorithm)?;
         let function = self.kernels.get(KernelId::FusedOneShot(call.dtype));
-        self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
-        let row_bytes = (call.hidden * call.dtype.size()) as u64;
-        let residual_out = call.residual_out.unwrap_or(call.residual);
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
-            let offset = first as u64 * row_bytes;
-            let args = FusedArgs {
-                // Header words 2 and 3: tokens and hidden, so that calls of the same total
-                // size but another row length are named as a mismatch.
-                base: self.kernel_args(
-                    algorithm,
-                    index,
-                    (call.x + offset, 0),
-                    (rows * call.hidden) as u64,
-                    call.tokens as u64 | (call.hidden as u64) << 32,
-                ),
-                norm: NormArgs {
-                    sum: 0,
-                    residual: call.residual + offset,
-                    residual_out: residual_out + offset,
-                    weight: call.weight,
-                    y: call.y + offset,
-                    hidden: call.hidden as u64,
-                    rows: rows as u64,
-                    eps: call.eps,
-                    blocks_per_row: 0, // set below, with the grid
-                },
-            };
+            let args = self.fused_chunk_args(call, algorithm, index, first, rows);
             let segments = norm::row_segments(call.dtype, call.hidden) as u32;
             // Host-staged keeps a row in one block: the blocks of a row would exchange their
             // sums through the inbox, which is host memory there (a PCIe round trip).
@@ -253,45 +225,19 @@ impl CudaCommunicator {
         algorithm: Algorithm,
         stream: &CudaStream,
     ) -> Result<()> {
-        self.check()?;
-        self.supports(algorithm)
-            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
-        driver::bind(&self.ctx)?;
+        self.begin_fused_call(call, algorithm)?;
         let (kernel, shape): (_, LaunchShape) = match algorithm {
             Algorithm::OneShotPull => (KernelId::FusedPull(call.dtype), pull_fused_shape),
             _ => (KernelId::FusedTwoShot(call.dtype), twoshot_fused_shape),
         };
         let function = self.kernels.get(kernel);
-        self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let segments = norm::row_segments(call.dtype, call.hidden) as u32;
-        let row_bytes = (call.hidden * call.dtype.size()) as u64;
-        let residual_out = call.residual_out.unwrap_or(call.residual);
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
-            let offset = first as u64 * row_bytes;
-            let args = FusedArgs {
-                // Header words 2 and 3: tokens and hidden, as for the fused one-shot.
-                base: self.kernel_args(
-                    algorithm,
-                    index,
-                    (call.x + offset, 0),
-                    (rows * call.hidden) as u64,
-                    call.tokens as u64 | (call.hidden as u64) << 32,
-                ),
-                norm: NormArgs {
-                    sum: 0,
-                    residual: call.residual + offset,
-                    residual_out: residual_out + offset,
-                    weight: call.weight,
-                    y: call.y + offset,
-                    hidden: call.hidden as u64,
-                    rows: rows as u64,
-                    eps: call.eps,
-                    blocks_per_row: 1, // unused: the kernels deal out rows or row segments
-                },
-            };
+            // blocks_per_row stays 1, unused: these kernels deal out rows or row segments.
+            let args = self.fused_chunk_args(call, algorithm, index, first, rows);
             // Two-shot deals out row segments, pull whole rows.
             let units = rows as u32
                 * match algorithm {
@@ -306,6 +252,53 @@ impl CudaCommunicator {
             unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
         }
         Ok(())
+    }
+
+    /// What every fused launch sequence begins with: the communicator usable, `algorithm`
+    /// possible on this group, the context bound, and the call counted (its epoch).
+    fn begin_fused_call(&self, call: &FusedCall, algorithm: Algorithm) -> Result<()> {
+        self.check()?;
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        driver::bind(&self.ctx)?;
+        self.next_call(call.elements() as u64, call.dtype, algorithm);
+        Ok(())
+    }
+
+    /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,
+    /// one block per row (the one-shot launch sets its own `blocks_per_row` with the grid).
+    fn fused_chunk_args(
+        &self,
+        call: &FusedCall,
+        algorithm: Algorithm,
+        index: usize,
+        first: usize,
+        rows: usize,
+    ) -> FusedArgs {
+        let offset = (first * call.hidden * call.dtype.size()) as u64;
+        let residual_out = call.residual_out.unwrap_or(call.residual);
+        FusedArgs {
+            // Header words 2 and 3: tokens and hidden, so that calls of the same total size
+            // but another row length are named as a mismatch.
+            base: self.kernel_args(
+                algorithm,
+                index,
+                (call.x + offset, 0),
+                (rows * call.hidden) as u64,
+                call.tokens as u64 | (call.hidden as u64) << 32,
+            ),
+            norm: NormArgs {
+                sum: 0,
+                residual: call.residual + offset,
+                residual_out: residual_out + offset,
+                weight: call.weight,
+                y: call.y + offset,
+                hidden: call.hidden as u64,
+                rows: rows as u64,
+                eps: call.eps,
+                blocks_per_row: 1,
+            },
+        }
     }
 
     /// The unfused sequence with the same results: the allreduce of `x` into `y` on tpar's
