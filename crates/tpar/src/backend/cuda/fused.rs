@@ -144,14 +144,16 @@ impl CudaCommunicator {
         self.fused_enqueue(&operands, algorithm, stream)
     }
 
-    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
+    /// The path a fused call of `tokens` rows whose allreduce runs on `algorithm` (`None`:
+    /// NCCL) takes here.
     pub fn fused_plan(
         &self,
         algorithm: Option<Algorithm>,
         dtype: DType,
         hidden: usize,
+        tokens: usize,
     ) -> FusedDecision {
-        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines)
+        norm::plan(algorithm, dtype, hidden, tokens, self.layout.payload_lines)
     }
 
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
@@ -165,7 +167,7 @@ impl CudaCommunicator {
     ) -> Result<FusedDecision> {
         let call = operands.call();
         let stream = cuda_stream.cu_stream();
-        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
+        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden, call.tokens);
         if !call.validate()? {
             return Ok(plan);
         }
