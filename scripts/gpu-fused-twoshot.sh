@@ -5,8 +5,8 @@
 #      ("fused two-shot ..."), fused now (odd hidden sizes, 1 and many tokens, in place and not,
 #      eager and graph, f32/f16/bf16, each rank's residual_out and y bitwise against the CPU
 #      reference), plus the two-shot silent-peer and mismatch rows; rows above hidden 16384 say
-#      "(unfused)" by design. The same rows run the fused pull kernel (pull_fused.cu:
-#      "fused one-shot-pull ...").
+#      "(unfused)" by design. The pull rows ("fused one-shot-pull ...") run the pull and
+#      the separate norm kernel: the fused pull kernel was dropped (bench/README.md, "Fourth session").
 #   2. `tpar bench --fused --algos two-shot` at 8 ranks, 4, 8 and 32 tokens of hidden 8192 bf16:
 #      "fused" is the fused two-shot kernel, "ar + norm" two-shot followed by the separate norm
 #      kernel in the same graph chain; then the same with one-shot (what auto runs up to 64 KiB

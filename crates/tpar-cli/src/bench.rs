@@ -70,8 +70,7 @@ pub struct BenchArgs {
     /// unless --algos names another of tpar's algorithms (one at a time).
     #[arg(long)]
     fused: bool,
-    /// With --fused: the token counts of the cases, comma-separated, 1 to 512 [default: 1,8;
-    /// 8,32 for one-shot-pull, whose fused kernel runs from 8 rows].
+    /// With --fused: the token counts of the cases, comma-separated, 1 to 512 [default: 1,8].
     #[arg(long, value_name = "LIST")]
     tokens: Option<String>,
     /// Draw p50 latency against size, one line per algorithm, as SVG.
@@ -89,7 +88,7 @@ enum BenchCommand {
 /// The algorithm and token counts of `bench --fused`, from `--algos` (one algorithm with a
 /// fused kernel; default one-shot) and `--tokens`; usage errors otherwise.
 fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm, Vec<usize>)> {
-    use tpar::harness::fused_bench::{default_tokens, FUSED_ALGORITHMS, MAX_TOKENS};
+    use tpar::harness::fused_bench::{DEFAULT_TOKENS, FUSED_ALGORITHMS, MAX_TOKENS};
     let names = || {
         FUSED_ALGORITHMS
             .iter()
@@ -115,7 +114,7 @@ fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm
         }
     };
     let tokens = match tokens {
-        None => default_tokens(algorithm),
+        None => DEFAULT_TOKENS.to_vec(),
         Some(text) => parse_list(text, "tokens", |s| {
             let n = crate::args::whole_in(s, 1, MAX_TOKENS as u64).map_err(anyhow::Error::msg)?;
             Ok(n as usize)

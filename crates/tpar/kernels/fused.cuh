@@ -93,8 +93,8 @@ __device__ __forceinline__ void y_quad(const float* v, u32 w0, u32 w1, float inv
     pack_quad<DT>(t, y0, y1);
 }
 
-// Segments whose operands a thread of the one-block-per-row kernels (fused_norm.cu,
-// pull_fused.cu) holds in registers at once: 8192 f16/bf16 in one batch.
+// Segments whose operands a thread of a one-block-per-row kernel (fused_norm.cu) holds in
+// registers at once: 8192 f16/bf16 in one batch.
 #define TPAR_NORM_BATCH 4
 
 // Step 4 for a row held in batches of TPAR_NORM_BATCH segments (thread t owns quad t of each):

@@ -1,6 +1,6 @@
 //! Fused allreduce + residual add + RMSNorm: its exact semantics, which path runs a call and
 //! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`, `twoshot_fused.cu`,
-//! `pull_fused.cu`, `fused_norm.cu`) must match bit for bit.
+//! `fused_norm.cu`) must match bit for bit.
 //!
 //! # Semantics (every path, every rank, bitwise the same)
 //! Inputs: `x` (tokens x hidden, this rank's partial sums), `residual` (tokens x hidden),
@@ -83,19 +83,11 @@ pub struct FusedDecision {
     pub reason: String,
 }
 
-/// Rows from which a fused call on pull runs the fused pull kernel. That kernel gives each row
-/// one block, where the plain pull spreads a message over many: one H200, 8 ranks as streams,
-/// 8192 bf16 (bench/README.md, "Fourth session"): 1 token 13.8 us fused against 11.9-12.2 for
-/// pull + the separate norm kernel, 8 tokens 13.9-14.0 against 15.5-15.7.
-pub const PULL_FUSED_MIN_ROWS: usize = 8;
-
-/// The path for a call of `tokens` rows that the dispatcher sends to tpar's `algorithm`
-/// (`None`: NCCL).
+/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
 pub fn plan(
     algorithm: Option<Algorithm>,
     dtype: DType,
     hidden: usize,
-    tokens: usize,
     payload_lines: usize,
 ) -> FusedDecision {
     let unfused = |why: String| FusedDecision {
@@ -113,10 +105,11 @@ pub fn plan(
         Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
             "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
         )),
-        Some(Algorithm::OneShotPull) if tokens < PULL_FUSED_MIN_ROWS => unfused(format!(
-            "the fused pull kernel gives each row one block; below {PULL_FUSED_MIN_ROWS} rows the pull and the \
-             separate norm kernel were faster ({tokens} here)"
-        )),
+        Some(Algorithm::OneShotPull) => unfused(
+            "no fused pull kernel: one that gave each row a block (93012b5) was slower than the pull and \
+             this kernel at 1 and 32 tokens on one H200 (bench/README.md, \"Fourth session\")"
+                .to_owned(),
+        ),
         Some(a) => FusedDecision {
             fused: true,
             reason: format!(
@@ -303,10 +296,11 @@ mod tests {
         {
             for dtype in DType::ALL {
                 for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
-                    let p = plan(algorithm, dtype, hidden, 8, 65536);
+                    let p = plan(algorithm, dtype, hidden, 65536);
                     assert!(!p.reason.is_empty());
-                    // Every tpar algorithm has a fused kernel; NCCL has none.
-                    let expect_fused = algorithm.is_some() && hidden <= MAX_HIDDEN;
+                    // Every tpar algorithm but pull has a fused kernel; NCCL has none.
+                    let expect_fused = algorithm.is_some_and(|a| a != Algorithm::OneShotPull)
+                        && hidden <= MAX_HIDDEN;
                     assert_eq!(
                         p.fused, expect_fused,
                         "{algorithm:?} {dtype} {hidden}: {p:?}"
@@ -314,22 +308,16 @@ mod tests {
                 }
             }
         }
-        let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 1, 65535);
+        let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 65535);
         assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
-        let two_shot = plan(Some(Algorithm::TwoShot), DType::Bf16, 8192, 1, 65536);
+        let two_shot = plan(Some(Algorithm::TwoShot), DType::Bf16, 8192, 65536);
         assert_eq!(two_shot.reason, "fused two-shot kernel: 16 rows per launch");
-        let pull = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 8, 65536);
-        assert_eq!(
-            pull.reason,
-            "fused one-shot-pull kernel: 16 rows per launch"
-        );
-        let pull_one_row = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 7, 65536);
+        let pull = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 65536);
         assert!(
-            !pull_one_row.fused && pull_one_row.reason.contains("below 8 rows"),
-            "{pull_one_row:?}"
+            !pull.fused && pull.reason.contains("no fused pull kernel"),
+            "{pull:?}"
         );
-        assert!(plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 1, 65536).fused);
-        let nccl = plan(None, DType::Bf16, 8192, 1, 65536);
+        let nccl = plan(None, DType::Bf16, 8192, 65536);
         assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);

@@ -391,8 +391,8 @@ class Communicator:
 
         CUDA tensors run on their current stream without synchronising, inside graph capture
         too: the allreduce is planned as a plain call of the same bytes (``algorithm=`` forces
-        one); on tpar's algorithms (one-shot, two-shot, pull, host-staged) one kernel runs the
-        whole op, any other path (NCCL, a row above 16384) is followed by tpar's separate
+        one); on one-shot, two-shot and host-staged one kernel runs the whole op, any other
+        path (NCCL, pull, a row above 16384) is followed by tpar's separate
         residual + RMSNorm kernel with the same results. :attr:`last_algorithm` says what the allreduce ran and
         :attr:`last_fused_path` whether it ran fused and why. On the CPU the allreduce runs
         through shared memory (``algorithm``: one-shot or two-shot) and the norm on the host.

@@ -83,7 +83,7 @@ impl Communicator {
                 cuda.fused_enqueue(operands, algorithm, stream)
             }),
             Choice::Nccl => {
-                let plan = cuda.fused_plan(None, call.dtype, call.hidden, call.tokens);
+                let plan = cuda.fused_plan(None, call.dtype, call.hidden);
                 if !call.validate()? {
                     return Ok(plan);
                 }

@@ -355,7 +355,6 @@ fn time_pass(
                 choice.algorithm(),
                 dtype,
                 plan.model.hidden as usize,
-                plan.tokens as usize,
             );
             if path.fused {
                 "fused".to_owned()

@@ -252,7 +252,7 @@ pub fn selftest(
                 }
                 let path = group.comms[0]
                     .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden, tokens);
+                    .fused_plan(Some(algorithm), dtype, hidden);
                 let route = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
@@ -476,24 +476,14 @@ pub const VARIANTS: [&str; 5] = [
 /// Token counts `tpar bench --fused` times by default.
 pub const DEFAULT_TOKENS: [usize; 2] = [1, 8];
 
-/// The token counts `tpar bench --fused` times on `algorithm` when none are given: 1 and 8,
-/// or for pull, whose fused kernel runs from [`crate::norm::PULL_FUSED_MIN_ROWS`] rows, that and 32.
-pub fn default_tokens(algorithm: Algorithm) -> Vec<usize> {
-    match algorithm {
-        Algorithm::OneShotPull => vec![crate::norm::PULL_FUSED_MIN_ROWS, 32],
-        _ => DEFAULT_TOKENS.to_vec(),
-    }
-}
-
 /// The most tokens a `tpar bench --fused` case takes (the range: 1 to 512).
 pub const MAX_TOKENS: usize = 512;
 
 /// The algorithms `tpar bench --fused` can time: those with a fused kernel
 /// ([`crate::norm::plan`]).
-pub const FUSED_ALGORITHMS: [Algorithm; 4] = [
+pub const FUSED_ALGORITHMS: [Algorithm; 3] = [
     Algorithm::OneShot,
     Algorithm::TwoShot,
-    Algorithm::OneShotPull,
     Algorithm::HostStaged,
 ];
 
@@ -524,17 +514,17 @@ pub fn measure(
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;
             }
+            let path = group.comms[0]
+                .cuda()
+                .fused_plan(Some(algorithm), dtype, hidden);
+            if !path.fused {
+                return Err(Error::Unsupported(format!(
+                    "the fused op on {algorithm} would not run fused: {}",
+                    path.reason
+                ))
+                .into());
+            }
             for &tokens in tokens {
-                let path = group.comms[0]
-                    .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden, tokens);
-                if !path.fused {
-                    return Err(Error::Unsupported(format!(
-                        "the fused op on {algorithm} would not run fused at {tokens} tokens: {}",
-                        path.reason
-                    ))
-                    .into());
-                }
                 let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
                 let mut bufs = buffers(&group, &case)?;
                 upload(&group, &bufs, &case)?;

@@ -1,9 +1,8 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks), of
-//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner), of
-//! `pull_fused.cu` (one-shot pull: a block per row) and of the
-//! separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever the fused
-//! kernel cannot run. Both paths give the same bits: the semantics and the CPU reference are
+//! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of
+//! the separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever no fused
+//! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same bits: the semantics and the CPU reference are
 //! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
 //! with the dispatcher's decision for the allreduce, is on the call path:
 //! `Communicator::fused_add_rms_norm` (crate::communicator's `fused` module).
@@ -144,16 +143,14 @@ impl CudaCommunicator {
         self.fused_enqueue(&operands, algorithm, stream)
     }
 
-    /// The path a fused call of `tokens` rows whose allreduce runs on `algorithm` (`None`:
-    /// NCCL) takes here.
+    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
     pub fn fused_plan(
         &self,
         algorithm: Option<Algorithm>,
         dtype: DType,
         hidden: usize,
-        tokens: usize,
     ) -> FusedDecision {
-        norm::plan(algorithm, dtype, hidden, tokens, self.layout.payload_lines)
+        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines)
     }
 
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
@@ -167,7 +164,7 @@ impl CudaCommunicator {
     ) -> Result<FusedDecision> {
         let call = operands.call();
         let stream = cuda_stream.cu_stream();
-        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden, call.tokens);
+        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
         if !call.validate()? {
             return Ok(plan);
         }
@@ -176,8 +173,8 @@ impl CudaCommunicator {
             self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
-        if matches!(algorithm, Algorithm::TwoShot | Algorithm::OneShotPull) {
-            self.fused_rows_enqueue(call, algorithm, cuda_stream)?;
+        if algorithm == Algorithm::TwoShot {
+            self.fused_twoshot_enqueue(call, cuda_stream)?;
             return Ok(plan);
         }
         self.begin_fused_call(call, algorithm)?;
@@ -216,38 +213,25 @@ impl CudaCommunicator {
         Ok(plan)
     }
 
-    /// Queues the fused two-shot (`twoshot_fused.cu`) or pull (`pull_fused.cu`) kernel for a
-    /// validated `call` whose plan is fused: launches of whole rows, as many per launch as
-    /// one-shot's ([`norm::rows_per_chunk`]: two-shot's stage-one and gather slots hold the
-    /// launch's quads at their positions and the segment sums in lines the quads leave free;
-    /// pull's buffer holds the quads).
-    fn fused_rows_enqueue(
-        &self,
-        call: &FusedCall,
-        algorithm: Algorithm,
-        stream: &CudaStream,
-    ) -> Result<()> {
+    /// Queues the fused two-shot kernel (`twoshot_fused.cu`) for a validated `call` whose
+    /// plan is fused: launches of whole rows, as many per launch as one-shot's
+    /// ([`norm::rows_per_chunk`]: the stage-one and gather slots hold the launch's quads at
+    /// their positions and the segment sums in lines the quads leave free).
+    fn fused_twoshot_enqueue(&self, call: &FusedCall, stream: &CudaStream) -> Result<()> {
+        let algorithm = Algorithm::TwoShot;
         self.begin_fused_call(call, algorithm)?;
-        let (kernel, shape): (_, LaunchShape) = match algorithm {
-            Algorithm::OneShotPull => (KernelId::FusedPull(call.dtype), pull_fused_shape),
-            _ => (KernelId::FusedTwoShot(call.dtype), twoshot_fused_shape),
-        };
-        let function = self.kernels.get(kernel);
+        let function = self.kernels.get(KernelId::FusedTwoShot(call.dtype));
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let segments = norm::row_segments(call.dtype, call.hidden) as u32;
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
-            // blocks_per_row stays 1, unused: these kernels deal out rows or row segments.
+            // blocks_per_row stays 1, unused: the kernel deals out row segments.
             let args = self.fused_chunk_args(call, algorithm, index, first, rows);
-            // Two-shot deals out row segments, pull whole rows.
-            let units = rows as u32
-                * match algorithm {
-                    Algorithm::OneShotPull => 1,
-                    _ => segments,
-                };
-            let (grid, pdl) = self
-                .launch_behind_last(|pdl_supported| shape(units, self.max_blocks, pdl_supported));
+            let units = rows as u32 * segments;
+            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
+                twoshot_fused_shape(units, self.max_blocks, pdl_supported)
+            });
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernel runs griddepcontrol.wait before touching memory.
@@ -439,18 +423,6 @@ fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32
     (units.max(1).min(bound).max(1), pdl)
 }
 
-/// A launch's blocks and PDL from (units of work, co-resident blocks, PDL supported).
-type LaunchShape = fn(u32, u32, bool) -> (u32, bool);
-
-/// Blocks and PDL for a fused pull launch of `rows` rows: a block per row up to half the
-/// co-resident blocks, with or without PDL. Block b waits for the flag of block b of every
-/// rank, which covers the rows that rank's block b copied, so the grid must be the same on
-/// every rank: it does not depend on PDL (which depends on this rank's previous launch).
-fn pull_fused_shape(rows: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
-    let half = max_blocks / 2;
-    (rows.max(1).min(half.max(1)), pdl_supported && half >= 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::kernels;
@@ -525,21 +497,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn fused_pull_grids_do_not_depend_on_pdl() {
-        for rows in 0..100 {
-            for max_blocks in 1..70 {
-                let (with, _) = pull_fused_shape(rows, max_blocks, true);
-                let (without, pdl) = pull_fused_shape(rows, max_blocks, false);
-                assert_eq!(with, without);
-                assert!(!pdl);
-                assert!(with >= 1 && with <= rows.max(1) && with <= (max_blocks / 2).max(1));
-            }
-        }
-        assert_eq!(pull_fused_shape(4, 33, true), (4, true));
-        assert_eq!(pull_fused_shape(40, 33, true), (16, true));
     }
 
     /// Where `twoshot_fused.cu` writes, one launch on an inbox of `payload_lines`: the lines

@@ -27,7 +27,7 @@ pub const HEADERS: [(&str, &str); 8] = [
 ];
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 8] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -54,10 +54,6 @@ pub const SOURCES: [(&str, &str); 9] = [
     (
         "twoshot_fused.cu",
         include_str!("../../../kernels/twoshot_fused.cu"),
-    ),
-    (
-        "pull_fused.cu",
-        include_str!("../../../kernels/pull_fused.cu"),
     ),
 ];
 
@@ -142,8 +138,6 @@ pub enum KernelId {
     AddRmsNorm(DType),
     /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
     FusedTwoShot(DType),
-    /// One-shot pull allreduce + residual add + RMSNorm in one kernel (`pull_fused.cu`).
-    FusedPull(DType),
     /// The empty kernel with the allreduce's launch shape: the fixed cost floor.
     Empty,
     /// The init link measurement's copy and flag ping-pong (`probe.cu`).
@@ -167,7 +161,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 24;
+    pub const COUNT: usize = 21;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -192,9 +186,6 @@ impl KernelId {
             FusedTwoShot(F32),
             FusedTwoShot(F16),
             FusedTwoShot(Bf16),
-            FusedPull(F32),
-            FusedPull(F16),
-            FusedPull(Bf16),
             Empty,
             ProbeCopy,
             ProbePingpong,
@@ -219,10 +210,9 @@ impl KernelId {
             KernelId::FusedOneShot(d) => 9 + dtype_index(d),
             KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
             KernelId::FusedTwoShot(d) => 15 + dtype_index(d),
-            KernelId::FusedPull(d) => 18 + dtype_index(d),
-            KernelId::Empty => 21,
-            KernelId::ProbeCopy => 22,
-            KernelId::ProbePingpong => 23,
+            KernelId::Empty => 18,
+            KernelId::ProbeCopy => 19,
+            KernelId::ProbePingpong => 20,
         }
     }
 
@@ -277,14 +267,6 @@ impl KernelId {
                     "tpar_fused_twoshot_bf16",
                 ],
             ),
-            KernelId::FusedPull(d) => by_dtype(
-                d,
-                [
-                    "tpar_fused_pull_f32",
-                    "tpar_fused_pull_f16",
-                    "tpar_fused_pull_bf16",
-                ],
-            ),
             KernelId::Empty => "tpar_empty",
             KernelId::ProbeCopy => "tpar_probe_copy",
             KernelId::ProbePingpong => "tpar_probe_pingpong",
@@ -300,7 +282,6 @@ impl KernelId {
             KernelId::FusedOneShot(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
-            KernelId::FusedPull(_) => "pull_fused.cu",
             KernelId::Empty => "floor.cu",
             KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
         }
