@@ -93,42 +93,6 @@ __device__ __forceinline__ void y_quad(const float* v, u32 w0, u32 w1, float inv
     pack_quad<DT>(t, y0, y1);
 }
 
-// Segments whose operands a thread of a one-block-per-row kernel (fused_norm.cu) holds in
-// registers at once: 8192 f16/bf16 in one batch.
-#define TPAR_NORM_BATCH 4
-
-// Step 4 for a row held in batches of TPAR_NORM_BATCH segments (thread t owns quad t of each):
-// y from residual_out `v` and the weight `wt`, still in registers when the row is one batch,
-// else reloaded batch by batch (residual_out was written by this thread, so it may be read).
-template <int DT>
-__device__ __forceinline__ void store_y_batches(const TparNormArgs& n, const char* residual_out, char* y, u64 quads,
-                                                u64 words, u32 segments, float inv, float (*v)[4], u32 (*wt)[2]) {
-    const bool one_batch = segments <= TPAR_NORM_BATCH;
-    for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
-        if (!one_batch) {
-#pragma unroll
-            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
-                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
-                if (base + b < segments && q < quads) {
-                    u32 v0, v1;
-                    load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
-                    unpack_quad<DT>(v0, v1, v[b]);
-                    load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
-                }
-            }
-        }
-#pragma unroll
-        for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
-            const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
-            if (base + b < segments && q < quads) {
-                u32 y0, y1;
-                y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
-                store_pair<DT>(y, q, n.hidden, words, y0, y1);
-            }
-        }
-    }
-}
-
 __device__ __forceinline__ float butterfly_sum(float p) {
     for (int offset = 16; offset >= 1; offset >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, offset));
     return p;

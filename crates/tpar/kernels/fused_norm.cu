@@ -10,6 +10,8 @@
 // when the row fits one batch.
 #include "tpar_ll.cuh"
 
+// Segments whose operands a thread holds in registers at once (8192 f16/bf16 in one batch).
+#define TPAR_NORM_BATCH 4
 
 template <int DT>
 __device__ void add_rms_norm(const TparNormArgs& n) {
@@ -79,7 +81,30 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
         if (threadIdx.x == 0) tpar_norm_inv = norm_inv_of_sum(ss, n.hidden, n.eps);
         __syncthreads();
         const float inv = tpar_norm_inv;
-        store_y_batches<DT>(n, residual_out, y, quads, words, segments, inv, v, wt);
+        for (u32 base = 0; base < segments; base += TPAR_NORM_BATCH) {
+            if (!one_batch) {
+                // Reloaded: residual_out was written by this thread above.
+#pragma unroll
+                for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                    const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                    if (base + b < segments && q < quads) {
+                        u32 v0, v1;
+                        load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                        unpack_quad<DT>(v0, v1, v[b]);
+                        load_pair<DT>(n.weight, q, n.hidden, words, &wt[b][0], &wt[b][1]);
+                    }
+                }
+            }
+#pragma unroll
+            for (u32 b = 0; b < TPAR_NORM_BATCH; ++b) {
+                const u64 q = (u64)(base + b) * TPAR_NORM_THREADS + threadIdx.x;
+                if (base + b < segments && q < quads) {
+                    u32 y0, y1;
+                    y_quad<DT>(v[b], wt[b][0], wt[b][1], inv, &y0, &y1);
+                    store_pair<DT>(y, q, n.hidden, words, y0, y1);
+                }
+            }
+        }
         __syncthreads();  // the shared sums are reused by the next row
     }
 }

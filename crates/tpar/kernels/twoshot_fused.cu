@@ -62,12 +62,11 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
     if (blockIdx.x < units && quad_of(blockIdx.x) < quads) {
         load_pair<DT>(x_of(blockIdx.x), quad_of(blockIdx.x), n.hidden, words, &x0, &x1);
     }
-    const EpochTicket ticket = begin_epoch(a);
-    const u64 epoch = ticket.epoch;
-    const u32 tag = tag_for_epoch(epoch);
-    const u64 start = now_ns();
     const int code = DT | TPAR_HEADER_FUSED;
-    push_header(a, epoch, tag, code);
+    const Call call = begin_call(a, code);
+    const u64 epoch = call.epoch;
+    const u32 tag = call.tag;
+    const u64 start = call.start;
     const u64 scatter_start = start - a.timeout_ns / 8;  // see the top of this file
     u64* const own = a.inboxes[a.rank];
     const u64 gather = gather_slot(a, epoch);
@@ -163,7 +162,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
         __syncthreads();  // tpar_norm_inv is reused by the next unit
     }
     if (ok) check_header(a, epoch, tag, code, start);
-    end_epoch(a, ticket);
+    end_call(a, call);
 }
 
 TPAR_KERNELS_PER_DTYPE(tpar_fused_twoshot, fused_twoshot, TparFusedArgs)
