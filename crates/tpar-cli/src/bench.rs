@@ -88,9 +88,10 @@ enum BenchCommand {
 /// The algorithm and token counts of `bench --fused`, from `--algos` (one algorithm with a
 /// fused kernel; default one-shot) and `--tokens`; usage errors otherwise.
 fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm, Vec<usize>)> {
-    use tpar::harness::fused_bench::{DEFAULT_TOKENS, FUSED_ALGORITHMS, MAX_TOKENS};
+    use tpar::harness::fused_bench::{fused_algorithms, DEFAULT_TOKENS, MAX_TOKENS};
+    let fused = fused_algorithms();
     let names = || {
-        FUSED_ALGORITHMS
+        fused
             .iter()
             .map(|a| a.name())
             .collect::<Vec<_>>()
@@ -101,7 +102,7 @@ fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm
         Some(text) => {
             let list = parse_list(text, "algos", |s| Ok(s.parse::<Algorithm>()?))?;
             match list[..] {
-                [a] if FUSED_ALGORITHMS.contains(&a) => a,
+                [a] if fused.contains(&a) => a,
                 [a] => bail!(Usage(format!(
                     "--fused: {a} has no fused kernel; give --algos one of {}",
                     names()

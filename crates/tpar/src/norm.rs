@@ -83,6 +83,12 @@ pub struct FusedDecision {
     pub reason: String,
 }
 
+/// Whether tpar has a fused kernel for `algorithm`: every one but pull, whose fused kernel
+/// (one block per row, 93012b5) was slower than the pull and the separate norm kernel.
+pub const fn has_fused_kernel(algorithm: Algorithm) -> bool {
+    !matches!(algorithm, Algorithm::OneShotPull)
+}
+
 /// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
 pub fn plan(
     algorithm: Option<Algorithm>,
@@ -105,7 +111,7 @@ pub fn plan(
         Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
             "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
         )),
-        Some(Algorithm::OneShotPull) => unfused(
+        Some(a) if !has_fused_kernel(a) => unfused(
             "no fused pull kernel: one that gave each row a block (93012b5) was slower than the pull and \
              this kernel at 1 and 32 tokens on one H200 (bench/README.md, \"Fourth session\")"
                 .to_owned(),

@@ -210,9 +210,10 @@ const SHAPES: [(usize, usize); 8] = [
 ];
 
 /// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot,
-/// host-staged, two-shot and pull (each fused where the plan says, else the allreduce + the separate
-/// norm kernel: rows above the fused kernels' hidden size), then, with `failure_cases`, a
-/// silent peer and a mismatched call on the fused one-shot and two-shot kernels.
+/// host-staged, two-shot and pull (each fused where the plan says, else the allreduce + the
+/// separate norm kernel: pull, and rows above the fused kernels' hidden size), then, with
+/// `failure_cases`, a silent peer and a mismatched call on the fused one-shot and two-shot
+/// kernels.
 pub fn selftest(
     make: MakeGroup<'_>,
     dtypes: &[DType],
@@ -479,17 +480,18 @@ pub const DEFAULT_TOKENS: [usize; 2] = [1, 8];
 /// The most tokens a `tpar bench --fused` case takes (the range: 1 to 512).
 pub const MAX_TOKENS: usize = 512;
 
-/// The algorithms `tpar bench --fused` can time: those with a fused kernel
-/// ([`crate::norm::plan`]).
-pub const FUSED_ALGORITHMS: [Algorithm; 3] = [
-    Algorithm::OneShot,
-    Algorithm::TwoShot,
-    Algorithm::HostStaged,
-];
+/// The algorithms `tpar bench --fused` can time: those with a fused kernel, in
+/// [`Algorithm::ALL`]'s order.
+pub fn fused_algorithms() -> Vec<Algorithm> {
+    Algorithm::ALL
+        .into_iter()
+        .filter(|&a| crate::norm::has_fused_kernel(a))
+        .collect()
+}
 
 /// `tpar bench --fused`: bf16, hidden 8192, `tokens` per case, -n ranks as streams on GPU 0
 /// (2 and 8 when `world_size` is `None`), the allreduce on `algorithm` (one of
-/// [`FUSED_ALGORITHMS`]); each variant in a graph chain of `chain` per rank, `iters` timed
+/// [`fused_algorithms`]); each variant in a graph chain of `chain` per rank, `iters` timed
 /// replays. A case whose fused call would not run fused (a row too long for a slot) is
 /// reported as an error, not timed as if it were.
 pub fn measure(

@@ -2,8 +2,9 @@
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks), of
 //! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of
 //! the separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever no fused
-//! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same bits: the semantics and the CPU reference are
-//! in [`crate::norm`]; the path is picked by [`crate::norm::plan`]. The entry an engine calls,
+//! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same
+//! bits: the semantics and the CPU reference are in [`crate::norm`]; the path is picked by
+//! [`crate::norm::plan`]. The entry an engine calls,
 //! with the dispatcher's decision for the allreduce, is on the call path:
 //! `Communicator::fused_add_rms_norm` (crate::communicator's `fused` module).
 
@@ -499,6 +500,19 @@ mod tests {
         }
     }
 
+    /// The rank that owns unit `u` of `units` (as the kernel's owner_of_line).
+    fn unit_owner(units: usize, world: usize, u: usize) -> usize {
+        use crate::protocol::layout::owned_lines;
+        (0..world)
+            .find(|&o| owned_lines(units, world, o).contains(&u))
+            .expect("every unit has an owner")
+    }
+
+    /// The payload line of unit `u`'s first quad, which also carries the unit's segment sum.
+    fn unit_first_line(quads: usize, segments: usize, u: usize) -> usize {
+        2 * ((u / segments) * quads + (u % segments) * norm::NORM_THREADS)
+    }
+
     /// Where `twoshot_fused.cu` writes, one launch on an inbox of `payload_lines`: the lines
     /// (inbox, region, line) every rank's writes land on, each with its one writer, as the
     /// kernel's formulas place them: region `Some(o)` is stage-one slot `o` (header first),
@@ -512,11 +526,9 @@ mod tests {
         payload_lines: usize,
     ) -> std::collections::HashMap<(usize, Option<usize>, usize), &'static str> {
         use crate::protocol::header::HEADER_LINES;
-        use crate::protocol::layout::owned_lines;
         let quads = norm::row_quads(dtype, hidden);
         let segments = norm::row_segments(dtype, hidden);
         let units = rows * segments;
-        let owner = |u: usize| (0..world).find(|&o| owned_lines(units, world, o).contains(&u));
         let quads_of = |u: usize| {
             let first = (u % segments) * norm::NORM_THREADS;
             (first..(first + norm::NORM_THREADS).min(quads)).map(move |q| (u / segments, q))
@@ -541,7 +553,7 @@ mod tests {
             }
         }
         for u in 0..units {
-            let o = owner(u).expect("every unit has an owner");
+            let o = unit_owner(units, world, u);
             for (row, q) in quads_of(u) {
                 let line = 2 * (row * quads + q);
                 for r in (0..world).filter(|&r| r != o) {
@@ -553,7 +565,7 @@ mod tests {
                     write(p, None, line + 1, "residual_out (high half)");
                 }
             }
-            let first_line = 2 * ((u / segments) * quads + (u % segments) * norm::NORM_THREADS);
+            let first_line = unit_first_line(quads, segments, u);
             for p in 0..world {
                 write(p, Some(o), HEADER_LINES + first_line, "segment sum");
             }
@@ -578,19 +590,8 @@ mod tests {
                             let quads = norm::row_quads(dtype, hidden);
                             for p in 0..world {
                                 for u in 0..rows * segments {
-                                    let o = (0..world)
-                                        .find(|&o| {
-                                            crate::protocol::layout::owned_lines(
-                                                rows * segments,
-                                                world,
-                                                o,
-                                            )
-                                            .contains(&u)
-                                        })
-                                        .unwrap();
-                                    let first = 2
-                                        * ((u / segments) * quads
-                                            + (u % segments) * norm::NORM_THREADS);
+                                    let o = unit_owner(rows * segments, world, u);
+                                    let first = unit_first_line(quads, segments, u);
                                     assert_eq!(
                                         writes.get(&(p, Some(o), HEADER_LINES + first)),
                                         Some(&"segment sum")
