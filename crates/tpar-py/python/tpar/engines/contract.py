@@ -39,6 +39,18 @@ if not logger.handlers:
     logger.propagate = False
 
 
+# Keys of the fallbacks already logged: an engine's fallback is said once per process.
+_logged_once: set = set()
+
+
+def log_once(key, message: str, *args, warning: bool = False) -> None:
+    """Logs ``message`` (``%``-style ``args``) the first time ``key`` is seen in this process."""
+    if key in _logged_once:
+        return
+    _logged_once.add(key)
+    (logger.warning if warning else logger.info)(message, *args)
+
+
 def enabled() -> bool:
     """False when ``TPAR_ALLREDUCE`` is 0/false/off/no: the engine keeps its own class."""
     return os.environ.get("TPAR_ALLREDUCE", "1").strip().lower() not in ("0", "false", "off", "no")
@@ -342,3 +354,11 @@ class TparCustomAllreduce:
             self.close()
         except Exception:
             pass
+
+
+def enabled_tpar(custom) -> TparCustomAllreduce | None:
+    """``custom`` (an engine's custom allreduce, or None) when it is an enabled tpar one, else
+    None."""
+    if isinstance(custom, TparCustomAllreduce) and not custom.disabled:
+        return custom
+    return None

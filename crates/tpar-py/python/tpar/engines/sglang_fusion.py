@@ -72,7 +72,7 @@ call, with the eager bits), not with SGLang's compiled CUDA path.
 
 from __future__ import annotations
 
-from .contract import TparCustomAllreduce, logger
+from .contract import TparCustomAllreduce, enabled_tpar, log_once, logger
 
 FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 FUSION_SYMBOL = "flashinfer_allreduce_residual_rmsnorm"
@@ -85,23 +85,10 @@ GATE_IMPORTERS = ("sglang.srt.layers.layer_boundary.fusions.allreduce", "sglang.
 originals: dict = {}
 replacements: dict = {}
 
-# Kinds of refusal already logged (each is logged once per process).
-_logged: set = set()
-
-
-def _log_once(kind: str, message: str, *args, warning: bool = False) -> None:
-    if kind in _logged:
-        return
-    _logged.add(kind)
-    (logger.warning if warning else logger.info)(message, *args)
-
 
 def tpar_allreduce_of(coordinator) -> TparCustomAllreduce | None:
     """The enabled tpar custom allreduce an SGLang ``GroupCoordinator`` holds, or None."""
-    custom = getattr(coordinator, "ca_comm", None)
-    if isinstance(custom, TparCustomAllreduce) and not custom.disabled:
-        return custom
-    return None
+    return enabled_tpar(getattr(coordinator, "ca_comm", None))
 
 
 def _operand_refusal(custom: TparCustomAllreduce, x, residual, weight):
@@ -153,7 +140,7 @@ def tpar_fused(fusion_module, x, residual, weight, eps, use_attn_tp_group: bool)
         fused = custom.fused_allreduce_rmsnorm(x, residual, weight, eps)
     except Exception as error:
         # The model must keep running: SGLang's unfused path is always correct.
-        _log_once(f"error-{type(error).__name__}",
+        log_once(("sglang", "error", type(error).__name__),
                   "tpar's fused allreduce + RMSNorm failed on SGLang's %s group (%s: %s); this call runs "
                   "SGLang's path (a rank whose call did not fail ran tpar's: if that happened, this group's "
                   "ranks no longer agree)", group_name, type(error).__name__, error, warning=True)
@@ -175,7 +162,7 @@ def _make_fused(fusion_module, original):
             return norm_out, residual_out
         if refusal is not None:
             kind, reason = refusal
-            _log_once(f"decline-{kind}", "SGLang's fused allreduce + RMSNorm stays SGLang's (FlashInfer's where "
+            log_once(("sglang", "decline", kind), "SGLang's fused allreduce + RMSNorm stays SGLang's (FlashInfer's where "
                       "it applies, else allreduce then its norm) for %s; logged once", reason)
         engine_gate = originals.get(f"{GATE_MODULE}.{GATE_SYMBOL}")
         if engine_gate is not None and not engine_gate(input_tensor.shape[0]):

@@ -60,7 +60,7 @@ import vllm.ir.ops
 from vllm.compilation.passes.inductor_pass import InductorPass, enable_fake_mode
 from vllm.distributed import parallel_state, tensor_model_parallel_all_reduce
 
-from .contract import TparCustomAllreduce, logger
+from .contract import TparCustomAllreduce, enabled_tpar, log_once, logger
 
 PASS_KEY = "post_grad_custom_post_pass"
 """The ``inductor_compile_config`` key vLLM runs a user's post-grad pass from."""
@@ -70,9 +70,6 @@ EPSILONS = (1e-5, 1e-6)
 
 _IR_FUSED_ADD_RMS_NORM = torch.ops.vllm_ir.fused_add_rms_norm.default
 
-_fallback_warned: set = set()
-
-
 def tpar_allreduce_of(group_name: str) -> TparCustomAllreduce | None:
     """The enabled tpar custom allreduce vLLM holds for the group ``group_name``
     (``GroupCoordinator.unique_name``, e.g. ``tp:0``), or None (no such group, no device
@@ -80,10 +77,7 @@ def tpar_allreduce_of(group_name: str) -> TparCustomAllreduce | None:
     reference = parallel_state._groups.get(group_name)
     group = reference() if reference is not None else None
     communicator = getattr(group, "device_communicator", None)
-    custom = getattr(communicator, "ca_comm", None)
-    if isinstance(custom, TparCustomAllreduce) and not custom.disabled:
-        return custom
-    return None
+    return enabled_tpar(getattr(communicator, "ca_comm", None))
 
 
 def _unfused(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float,
@@ -103,12 +97,10 @@ def _all_reduce_fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, 
             fused = custom.fused_allreduce_rmsnorm(input, residual, weight, epsilon)
         except Exception as error:
             # The model must keep running: vLLM's path is always correct.
-            key = (group_name, type(error).__name__)
-            if key not in _fallback_warned:
-                _fallback_warned.add(key)
-                logger.warning("tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); this call runs "
-                               "vLLM's allreduce and norm (a rank whose call did not fail ran tpar's: if that "
-                               "happened, this group's ranks no longer agree)", group_name, type(error).__name__, error)
+            log_once(("vllm", group_name, type(error).__name__),
+                     "tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); this call runs vLLM's "
+                     "allreduce and norm (a rank whose call did not fail ran tpar's: if that happened, this "
+                     "group's ranks no longer agree)", group_name, type(error).__name__, error, warning=True)
             fused = None
         if fused is not None:
             norm, residual_out = fused
