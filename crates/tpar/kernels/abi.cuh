@@ -14,6 +14,9 @@ typedef long long i64;
 #define TPAR_MAX_BLOCKS 64
 // Threads per block of every kernel: its launch bound, and what the host launches with.
 #define TPAR_THREADS 512
+// Lines after the two words of a rank's device state where the blocks of a fused launch
+// exchange their rows' segment sums (fused.cuh): a launch's rows x segments stay within it.
+#define TPAR_STATE_EXCHANGE_LINES 8192
 
 #define TPAR_DTYPE_F32 1
 #define TPAR_DTYPE_F16 2
@@ -48,7 +51,8 @@ struct TparArgs {
     u64 total_count;    // elements in the whole call (for the header)
     u64 payload_lines;  // lines of one slot
     u64 timeout_ns;
-    u64* state;         // this rank's device state: [0] epoch of the last chunk, [1] blocks done
+    u64* state;         // this rank's device state: [0] epoch of the last chunk, [1] blocks done,
+                        // then TPAR_STATE_EXCHANGE_LINES lines (fused.cuh, norm_exchange_lines)
     u64* error;         // this rank's error word, in host-mapped memory
     u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
     u32 rank;

@@ -127,12 +127,12 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
 }
 
 // Segment sums that blocks sharing a row exchange: LL lines (the sum's bits beside the
-// epoch's tag) in this rank's own stage-one slot of its own inbox, which nothing else writes
-// (a rank never pushes to itself), one line per (row, segment) of the launch. Tags make a
-// reset unnecessary, as for the data.
-__device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a, u64 epoch) {
-    return a.inboxes[a.rank] + stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
-}
+// epoch's tag), one per (row, segment) of the launch, in this rank's device state after its
+// two words (abi.cuh): device memory whatever the inboxes are (host-staged's are host
+// memory), written and read by this rank's kernels only, which run one at a time (each takes
+// the epoch the one before it published). Tags make a reset unnecessary, as for the data; the
+// host keeps a launch's rows x segments within TPAR_STATE_EXCHANGE_LINES.
+__device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a) { return a.state + 2; }
 
 // Adds the rank-ordered sum of wide line `line` (counted from a stage-one slot's start, in
 // every peer's slot of this rank's inbox; own term from `own0`, `own1`) into acc; false once a

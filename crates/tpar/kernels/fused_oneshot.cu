@@ -6,15 +6,20 @@
 // A row is spread over `blocks_per_row` blocks, as the plain one-shot spreads its lines: block
 // `part` of a row takes the row's segments part, part + blocks_per_row, ... (a segment is
 // TPAR_NORM_THREADS quads, one per thread), so at one token the push and the wait use as many
-// SMs as the plain allreduce of the same bytes. The row's sum of squares needs every segment:
-// each block publishes its segments' tree sums as LL lines in this rank's own inbox (fused.cuh,
+// SMs as the plain allreduce of the same bytes (host-staged too: its inboxes are host memory,
+// but the exchange below is not). The row's sum of squares needs every segment: each block
+// publishes its segments' tree sums as LL lines in this rank's device state (fused.cuh,
 // norm_exchange_lines) and reads all of them back in segment order, so every block and every
 // rank get the same bits. The blocks of one row are co-resident (every block of the grid is,
 // as the protocol requires), so this wait ends. With one block per row there is no exchange.
 //
 // Latency: everything a thread needs that no peer produces (its input, residual and weight
 // quads) is loaded before the call counter, so those loads overlap its round trip; the rounded
-// residual_out stays in registers for y. Each further loop trip costs a memory round trip.
+// residual_out stays in registers for y. Each further row a block takes costs the whole chain
+// after its data again (trees, exchange, 1/rms, y), so the host gives every block one row
+// where the grid allows (fused.rs, fused_shape). A block taking its rows in batches, one
+// chain per batch, was faster where blocks take two rows but slower by 0.28 us where they
+// take one, from its code alone (bench/results/2026-12-01-h200-s5-fused-grid).
 //
 // A failed wait (deadline, mismatched header) sets the error word; the thread then stops
 // waiting but still publishes its sums and reaches every barrier, so the kernel exits.
@@ -65,7 +70,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             }
         }
     }
-    u64* const exchange = norm_exchange_lines(a, epoch);
+    u64* const exchange = norm_exchange_lines(a);
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     bool ok = true;
     for (u64 row = first_row; row < n.rows; row += row_stride) {

@@ -70,9 +70,15 @@ pub fn row_segments(dtype: DType, hidden: usize) -> usize {
     row_quads(dtype, hidden).div_ceil(NORM_THREADS).max(1)
 }
 
-/// Rows one fused launch carries in a slot of `payload_lines` 8-byte lines (two per quad).
+/// Lines of a rank's device state where the blocks of one fused launch exchange their rows'
+/// segment sums, one per (row, segment) (`TPAR_STATE_EXCHANGE_LINES`, fused.cuh).
+pub const EXCHANGE_LINES: usize = 8192;
+
+/// Rows one fused launch carries: as many as a slot of `payload_lines` 8-byte lines holds (two
+/// per quad), and whose segment sums fit the [`EXCHANGE_LINES`].
 pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usize {
-    payload_lines / (2 * row_quads(dtype, hidden).max(1))
+    let in_slot = payload_lines / (2 * row_quads(dtype, hidden).max(1));
+    in_slot.min(EXCHANGE_LINES / row_segments(dtype, hidden))
 }
 
 /// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
@@ -327,6 +333,17 @@ mod tests {
         assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
+        // Short rows: the exchange lines bound a launch before the slot does.
+        assert_eq!(rows_per_chunk(DType::Bf16, 4, 65536), EXCHANGE_LINES);
+        for dtype in DType::ALL {
+            for hidden in [1, 4, 7, 512, 2048, 4099, 8192, 16384] {
+                for payload_lines in [1024, 65536, 1 << 20] {
+                    let rows = rows_per_chunk(dtype, hidden, payload_lines);
+                    assert!(rows * row_segments(dtype, hidden) <= EXCHANGE_LINES);
+                    assert!(rows * 2 * row_quads(dtype, hidden) <= payload_lines);
+                }
+            }
+        }
         assert_eq!(row_quads(DType::Bf16, 4099), 1025);
     }
 

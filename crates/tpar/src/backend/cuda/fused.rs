@@ -185,22 +185,17 @@ impl CudaCommunicator {
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows);
-            let segments = norm::row_segments(call.dtype, call.hidden) as u32;
-            // Host-staged keeps a row in one block: the blocks of a row would exchange their
-            // sums through the inbox, which is host memory there (a PCIe round trip).
-            let spread = algorithm != Algorithm::HostStaged;
+            let spread = row_spread(
+                algorithm,
+                rows as u32,
+                norm::row_segments(call.dtype, call.hidden) as u32,
+            );
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                fused_shape(
-                    rows as u32,
-                    segments,
-                    spread,
-                    self.max_blocks,
-                    pdl_supported,
-                )
+                fused_shape(rows as u32, spread, self.max_blocks, pdl_supported)
             });
             let args = FusedArgs {
                 norm: NormArgs {
-                    blocks_per_row: blocks_per_row(segments, spread, self.max_blocks, pdl),
+                    blocks_per_row: blocks_per_row(spread, self.max_blocks, pdl),
                     ..args.norm
                 },
                 ..args
@@ -379,37 +374,44 @@ pub(crate) enum NormInput {
     X,
 }
 
-/// Blocks sharing one row of a fused launch: one per segment of the row (as the plain
-/// one-shot gives each thread one line), within the grid's bound (half the co-resident blocks
-/// with PDL); one when `spread` is off.
-fn blocks_per_row(segments: u32, spread: bool, max_blocks: u32, pdl: bool) -> u32 {
-    let bound = if pdl { max_blocks / 2 } else { max_blocks };
-    if spread {
-        segments.min(bound).max(1)
-    } else {
-        1
+/// The most blocks one row of a fused one-shot or host-staged launch of `rows` rows may take:
+/// one per segment (as the plain one-shot gives each thread one line). Host-staged's grid
+/// stays within [`HOST_STAGED_FUSED_GRID`] blocks: its waits poll host memory, and more
+/// polling blocks slowed it (see there).
+fn row_spread(algorithm: Algorithm, rows: u32, segments: u32) -> u32 {
+    match algorithm {
+        Algorithm::HostStaged => segments.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
+        _ => segments,
     }
 }
 
-/// Blocks and PDL for a fused launch of `rows` rows of `segments` segments: the rows' blocks
-/// (see [`blocks_per_row`]) up to the co-resident bound, as whole rows (a block loops over
-/// rows `row_stride` apart). As for the allreduce, PDL only where the grid fits in half the
-/// co-resident blocks with each block taking at most two rows.
-fn fused_shape(
-    rows: u32,
-    segments: u32,
-    spread: bool,
-    max_blocks: u32,
-    pdl_supported: bool,
-) -> (u32, bool) {
+/// Host-staged's fused grid bound while rows are spread. One H200, 2 ranks as streams, hidden
+/// 8192 bf16, 2026-12-01 (bench/results/2026-12-01-h200-s5-fused-grid): one block per row
+/// 14.64 / 16.13 / 18.61 / 26.46 us at 1 / 2 / 4 / 8 tokens; within 8 blocks 10.50 / 13.78 /
+/// 17.02 / 26.33; every row spread over 4 blocks 10.12 / 13.60 / 18.11 / 28.57.
+const HOST_STAGED_FUSED_GRID: u32 = 8;
+
+/// Blocks sharing one row of a fused launch: `spread` ([`row_spread`]) within the grid's
+/// bound (half the co-resident blocks with PDL).
+fn blocks_per_row(spread: u32, max_blocks: u32, pdl: bool) -> u32 {
+    let bound = if pdl { max_blocks / 2 } else { max_blocks };
+    spread.min(bound).max(1)
+}
+
+/// Blocks and PDL for a fused launch of `rows` rows, each spread over up to `spread` blocks
+/// ([`blocks_per_row`]): the rows' blocks up to the co-resident bound, as whole rows (a block
+/// loops over rows `row_stride` apart). Each further row a block takes costs the kernel's
+/// whole chain after the data again, so PDL (which halves the bound) only where every block
+/// still takes one row.
+fn fused_shape(rows: u32, spread: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
     let grid = |pdl: bool| {
         let bound = if pdl { max_blocks / 2 } else { max_blocks };
-        let per_row = blocks_per_row(segments, spread, max_blocks, pdl);
+        let per_row = blocks_per_row(spread, max_blocks, pdl);
         per_row * rows.max(1).min((bound / per_row).max(1))
     };
     let half = max_blocks / 2;
-    let per_row = blocks_per_row(segments, spread, max_blocks, true);
-    let pdl = pdl_supported && half >= 1 && per_row * rows.max(1) <= 2 * half;
+    let per_row = blocks_per_row(spread, max_blocks, true);
+    let pdl = pdl_supported && half >= 1 && per_row * rows.max(1) <= half;
     (grid(pdl), pdl)
 }
 
@@ -450,30 +452,31 @@ mod tests {
     #[test]
     fn fused_launches_spread_rows_over_blocks_within_the_co_resident_bound() {
         // 1 token of 8192 bf16: 4 segments, 4 blocks, as the plain one-shot of 16 KiB.
-        assert_eq!(fused_shape(1, 4, true, 64, true), (4, true));
-        assert_eq!(blocks_per_row(4, true, 64, true), 4);
-        // 8 tokens: 32 blocks; with PDL at most 16 (two rows a block), else all 32.
-        assert_eq!(fused_shape(8, 4, true, 33, true), (16, true));
-        assert_eq!(fused_shape(8, 4, true, 33, false), (32, false));
-        assert_eq!(fused_shape(40, 4, true, 33, true), (32, false));
-        // Host-staged keeps one block per row.
-        assert_eq!(fused_shape(1, 4, false, 64, true), (1, true));
-        assert_eq!(blocks_per_row(4, false, 64, false), 1);
-        assert_eq!(fused_shape(16, 16, false, 16, false), (16, false));
+        assert_eq!(fused_shape(1, 4, 64, true), (4, true));
+        assert_eq!(blocks_per_row(4, 64, true), 4);
+        // 8 tokens: 32 blocks, with PDL where half the bound holds them (a row a block).
+        assert_eq!(fused_shape(8, 4, 64, true), (32, true));
+        assert_eq!(fused_shape(8, 4, 33, true), (32, false));
+        assert_eq!(fused_shape(8, 4, 33, false), (32, false));
+        assert_eq!(fused_shape(40, 4, 33, true), (32, false));
         // A row with more segments than the bound: every block of the grid on one row.
-        assert_eq!(fused_shape(3, 16, true, 8, false), (8, false));
-        assert_eq!(blocks_per_row(16, true, 8, false), 8);
+        assert_eq!(fused_shape(3, 16, 8, false), (8, false));
+        assert_eq!(blocks_per_row(16, 8, false), 8);
+        // Host-staged: 4 blocks a row at 1 and 2 tokens, 2 at 4, one from 8.
+        let spread = |rows| row_spread(Algorithm::HostStaged, rows, 4);
+        assert_eq!([1, 2, 4, 8, 16].map(spread), [4, 4, 2, 1, 1]);
+        assert_eq!(row_spread(Algorithm::OneShot, 16, 4), 4);
         for rows in 1..40 {
             for segments in 1..=16 {
                 for max_blocks in 1..70 {
                     for pdl in [false, true] {
-                        for spread in [false, true] {
-                            let (grid, used) = fused_shape(rows, segments, spread, max_blocks, pdl);
-                            let per_row = blocks_per_row(segments, spread, max_blocks, used);
-                            let bound = if used { max_blocks / 2 } else { max_blocks };
-                            assert!(grid >= 1 && grid <= bound && grid % per_row == 0);
-                            assert!(per_row <= segments && grid / per_row <= rows);
-                        }
+                        let (grid, used) = fused_shape(rows, segments, max_blocks, pdl);
+                        let per_row = blocks_per_row(segments, max_blocks, used);
+                        let bound = if used { max_blocks / 2 } else { max_blocks };
+                        assert!(grid >= 1 && grid <= bound && grid % per_row == 0);
+                        assert!(per_row <= segments && grid / per_row <= rows);
+                        // With PDL every block has one row.
+                        assert!(!used || grid / per_row == rows);
                     }
                 }
             }

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::check_available;
 use super::communicator::CudaCommunicator;
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
-use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS};
+use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_BYTES};
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -111,14 +111,13 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
 pub(super) struct Owned {
     /// LL inbox, then the pull region (data buffers and block flags).
     pub(super) inbox: DeviceMemory,
-    /// [epoch of the last chunk, blocks done].
+    /// [epoch of the last chunk, blocks done], then the fused kernels' exchange lines.
     pub(super) state: DeviceMemory,
     pub(super) error: MappedHostMemory,
     pub(super) host_inbox: Option<RegisteredSegment>,
 }
 
-/// The device state (epoch, blocks done) and the host-mapped error word of one rank.
-const STATE_BYTES: usize = 16;
+/// The host-mapped error word of one rank.
 const ERROR_WORD_BYTES: usize = 4096;
 
 fn device_inbox_bytes(layout: &InboxLayout) -> usize {
@@ -167,8 +166,9 @@ struct CudaRecord {
 /// What `cuMemAlloc` takes from free device memory for an allocation: whole 2 MiB pages.
 /// Counted this way the footprint matches the drop in free memory; counted by the bytes asked
 /// for it fell 2.2 MiB short at one rank and 5.5 MiB at two (one H200, 2026-12-01:
-/// `scripts/gpu-check.sh engine-comm`, a 3.8 MiB inbox and a 16-byte state word took 4 + 2 MiB).
-/// For the small state word this is an upper bound (the driver may share its page).
+/// `scripts/gpu-check.sh engine-comm`, a 3.8 MiB inbox and a 16-byte state word took 4 + 2 MiB;
+/// the state has grown to 64 KiB since, still one page). For the small state this is an upper
+/// bound (the driver may share its page).
 const DEVICE_PAGE_BYTES: usize = 2 << 20;
 
 /// What loading tpar's kernels took from free device memory, once per process and GPU (one

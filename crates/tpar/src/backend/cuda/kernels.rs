@@ -74,6 +74,10 @@ pub const MAX_BLOCKS: u32 = 64;
 pub const FLAG_STRIDE_BYTES: usize = 128;
 /// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
+/// A rank's device state (`TparArgs::state`): the epoch of its last launch, the blocks done,
+/// then the lines where a fused launch's blocks exchange segment sums
+/// (`TPAR_STATE_EXCHANGE_LINES`).
+pub const STATE_BYTES: usize = 16 + 8 * crate::norm::EXCHANGE_LINES;
 
 /// Error word codes (`TPAR_ERR_*` in abi.cuh).
 pub const ERR_TIMEOUT: u64 = 1;
@@ -393,6 +397,10 @@ mod tests {
         assert_eq!(define("TPAR_MAX_RANKS"), MAX_RANKS as u64);
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
         assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
+        assert_eq!(
+            16 + 8 * define("TPAR_STATE_EXCHANGE_LINES"),
+            STATE_BYTES as u64
+        );
         assert_eq!(define("TPAR_FLAG_STRIDE_U64") * 8, FLAG_STRIDE_BYTES as u64);
         assert_eq!(define("TPAR_ERR_TIMEOUT"), ERR_TIMEOUT);
         assert_eq!(define("TPAR_ERR_MISMATCH"), ERR_MISMATCH);

@@ -1,0 +1,285 @@
+// Fused one-shot push allreduce + residual add + RMSNorm (also host-staged, with the inboxes in
+// pinned host memory). The push and the wait are one-shot's (16-byte LL lines, the data its
+// own signal, tags by epoch, triple buffers), but the slot is laid out by rows: row r of the
+// launch starts at quad r * row_quads, so rows never share a line.
+//
+// A row is spread over `blocks_per_row` blocks, as the plain one-shot spreads its lines: block
+// `part` of a row takes the row's segments part, part + blocks_per_row, ... (a segment is
+// TPAR_NORM_THREADS quads, one per thread), so at one token the push and the wait use as many
+// SMs as the plain allreduce of the same bytes (host-staged too: its inboxes are host memory,
+// but the exchange below is not). The row's sum of squares needs every segment: each block
+// publishes its segments' tree sums as LL lines in this rank's device state (fused.cuh,
+// norm_exchange_lines) and reads all of them back in segment order, so every block and every
+// rank get the same bits. The blocks of one row are co-resident (every block of the grid is,
+// as the protocol requires), so this wait ends. With one block per row there is no exchange.
+//
+// Latency: everything a thread needs that no peer produces (its input, residual and weight
+// quads) is loaded before the call counter, so those loads overlap its round trip; the first
+// rounded residual_out stays in registers for y. A block with several rows takes them in
+// batches (as many as its segment trees fit the shared arrays): each batch waits for all its
+// rows' data, then runs one chain of trees, exchange and 1/rms for all of them.
+//
+// A failed wait (deadline, mismatched header) sets the error word; the thread then stops
+// waiting but still publishes its sums and reaches every barrier, so the kernel exits.
+#include "tpar_ll.cuh"
+
+// 1/rms of each row of a batch (below), set by warp b for row b.
+__shared__ float tpar_norm_row_inv[TPAR_NORM_MAX_SEGMENTS];
+
+template <int DT>
+__device__ void fused_oneshot(const TparFusedArgs& f) {
+    const TparArgs& a = f.a;
+    const TparNormArgs& n = f.n;
+    const u64 quads = norm_row_quads<DT>(n.hidden);
+    const u64 words = words_for<DT>(n.hidden);
+    const u64 row_bytes = n.hidden * elem_bytes<DT>();
+    const u32 segments = norm_segments(quads);
+    const u32 per_row = n.blocks_per_row;
+    const u32 part = blockIdx.x % per_row;
+    const u64 first_row = blockIdx.x / per_row;
+    const u64 row_stride = gridDim.x / per_row;
+    // This block's segments of each row: part, part + per_row, ... (the host keeps
+    // per_row <= segments, so every block has at least one).
+    const u32 mine = part < segments ? (segments - part + per_row - 1) / per_row : 0;
+    const u64 q0 = (u64)part * TPAR_NORM_THREADS + threadIdx.x;  // the thread's quad of its first segment
+
+    // Before the call counter: the first row's input and residual and the weight of the first
+    // segment (the same for every row). After pdl_wait: the previous kernel may write them.
+    pdl_wait();
+    u32 x0 = 0, x1 = 0, r0 = 0, r1 = 0, w0 = 0, w1 = 0;
+    if (first_row < n.rows && mine > 0 && q0 < quads) {
+        load_pair<DT>((const char*)a.input + first_row * row_bytes, q0, n.hidden, words, &x0, &x1);
+        load_pair<DT>((const char*)n.residual + first_row * row_bytes, q0, n.hidden, words, &r0, &r1);
+        load_pair<DT>(n.weight, q0, n.hidden, words, &w0, &w1);
+    }
+    const EpochTicket ticket = begin_epoch(a);
+    const u64 epoch = ticket.epoch;
+    const u32 tag = tag_for_epoch(epoch);
+    const u64 start = now_ns();
+    const int code = DT | TPAR_HEADER_FUSED;
+    push_header(a, epoch, tag, code);
+    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    for (u64 row = first_row; row < n.rows; row += row_stride) {
+        const char* x = (const char*)a.input + row * row_bytes;
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            if (q >= quads) continue;
+            u32 p0 = x0, p1 = x1;
+            if (row != first_row || j != 0) load_pair<DT>(x, q, n.hidden, words, &p0, &p1);
+            for (u32 p = 0; p < a.world_size; ++p) {
+                if (p != a.rank) st_wide(a.inboxes[p] + my_slot + 2 * (row * quads + q), tag, p0, p1);
+            }
+        }
+    }
+#ifndef TPAR_X_EXCH
+#define TPAR_X_EXCH 2
+#endif
+#ifndef TPAR_X_OLD
+#define TPAR_X_OLD 0
+#endif
+#if TPAR_X_EXCH == 0
+    u64* const exchange = a.inboxes[a.rank] + stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+#else
+    u64* const exchange = a.state + TPAR_X_EXCH;
+#endif
+#if TPAR_X_OLD
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    bool ok = true;
+    for (u64 row = first_row; row < n.rows; row += row_stride) {
+        const char* x = (const char*)a.input + row * row_bytes;
+        const char* residual = (const char*)n.residual + row * row_bytes;
+        char* residual_out = (char*)n.residual_out + row * row_bytes;
+        float first[4] = {0.f, 0.f, 0.f, 0.f};  // residual_out of the first segment, for y
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            float partial = 0.f;
+            if (q < quads) {
+                u32 own0 = x0, own1 = x1, res0 = r0, res1 = r1;
+                if (row != first_row || j != 0) {
+                    load_pair<DT>(x, q, n.hidden, words, &own0, &own1);
+                    load_pair<DT>(residual, q, n.hidden, words, &res0, &res1);
+                }
+                float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                ok = reduce_wide_quad<DT>(a, epoch, tag, start, code, TPAR_PHASE_ONE_SHOT,
+                                          TPAR_HEADER_LINES + 2 * (row * quads + q), own0, own1, ok, acc);
+                round_quad<DT>(acc);  // the allreduce's result, rounded once
+                u32 o0, o1;
+                partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
+                store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
+                if (j == 0) {
+                    for (int e = 0; e < 4; ++e) first[e] = acc[e];
+                }
+            }
+            norm_warp_fold(j, partial);
+        }
+        __syncthreads();
+        float inv;
+        if (per_row == 1) {
+            float s = 0.f;
+            if (warp < mine) s = norm_segment_fold(warp);
+            if (lane == 0 && warp < mine) tpar_norm_segment_sums[warp] = s;
+            __syncthreads();
+            if (warp == 0) {
+                const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
+            }
+        } else {
+            // Publish this block's segment sums, then read every segment's in order.
+            if (warp < mine) {
+                const float s = norm_segment_fold(warp);
+                if (lane == 0) {
+                    st_sys(exchange + row * segments + part + warp * per_row, pack_line(tag, __float_as_uint(s)));
+                }
+            }
+            if (warp == 0) {
+                u32 bits = 0;
+                if (lane < segments) {
+                    const u64* p = exchange + row * segments + lane;
+                    const u64 v = ld_sys(p);
+                    if ((u32)(v >> 32) == tag) {
+                        bits = (u32)v;
+                    } else if (ok) {
+                        ok = wait_line(a, p, tag, a.rank, TPAR_PHASE_ONE_SHOT, start, &bits);
+                    }
+                }
+                const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
+            }
+        }
+        __syncthreads();
+        inv = tpar_norm_inv;
+        char* y = (char*)n.y + row * row_bytes;
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+            if (q >= quads) continue;
+            float v[4];
+            u32 wt0 = w0, wt1 = w1;
+            if (j == 0) {
+                for (int e = 0; e < 4; ++e) v[e] = first[e];
+            } else {
+                u32 v0, v1;  // written by this thread above
+                load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                unpack_quad<DT>(v0, v1, v);
+                load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
+            }
+            u32 y0, y1;
+            y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
+            store_pair<DT>(y, q, n.hidden, words, y0, y1);
+        }
+        __syncthreads();  // the shared sums are reused by the next row
+    }
+#else
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // A block takes its rows in batches whose segment trees fill the shared arrays, so the
+    // dependent chain after the data (trees, exchange, 1/rms) is paid once per batch, not
+    // once per row.
+    const u32 batch = mine > 0 ? max(1u, TPAR_NORM_MAX_SEGMENTS / mine) : 1u;
+    bool ok = true;
+    for (u64 row0 = first_row; row0 < n.rows; row0 += (u64)batch * row_stride) {
+        const u32 rows_here = (u32)min((u64)batch, (n.rows - row0 + row_stride - 1) / row_stride);
+        float first[4] = {0.f, 0.f, 0.f, 0.f};  // residual_out of the first row's first segment, for y
+        for (u32 b = 0; b < rows_here; ++b) {
+            const u64 row = row0 + (u64)b * row_stride;
+            const char* x = (const char*)a.input + row * row_bytes;
+            const char* residual = (const char*)n.residual + row * row_bytes;
+            char* residual_out = (char*)n.residual_out + row * row_bytes;
+            for (u32 j = 0; j < mine; ++j) {
+                const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+                float partial = 0.f;
+                if (q < quads) {
+                    u32 own0 = x0, own1 = x1, res0 = r0, res1 = r1;
+                    if (row != first_row || j != 0) {
+                        load_pair<DT>(x, q, n.hidden, words, &own0, &own1);
+                        load_pair<DT>(residual, q, n.hidden, words, &res0, &res1);
+                    }
+                    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+                    ok = reduce_wide_quad<DT>(a, epoch, tag, start, code, TPAR_PHASE_ONE_SHOT,
+                                              TPAR_HEADER_LINES + 2 * (row * quads + q), own0, own1, ok, acc);
+                    round_quad<DT>(acc);  // the allreduce's result, rounded once
+                    u32 o0, o1;
+                    partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
+                    store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
+                    if (row == first_row && j == 0) {
+                        for (int e = 0; e < 4; ++e) first[e] = acc[e];
+                    }
+                }
+                norm_warp_fold(b * mine + j, partial);
+            }
+        }
+        __syncthreads();
+        // Tree slot k = b * mine + j (warp k folds it); warp b then turns row b's segment
+        // sums, in segment order, into its 1/rms.
+        const u32 slots = rows_here * mine;
+        if (per_row == 1) {
+            if (warp < slots) {
+                const float s = norm_segment_fold(warp);
+                if (lane == 0) tpar_norm_segment_sums[warp] = s;
+            }
+            __syncthreads();
+            if (warp < rows_here) {
+                const float sum = lane < segments ? tpar_norm_segment_sums[warp * segments + lane] : 0.f;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_row_inv[warp] = i;
+            }
+        } else {
+            // Publish this block's segment sums, then read every segment's of the row in order.
+            if (warp < slots) {
+                const u64 row = row0 + (u64)(warp / mine) * row_stride;
+                const float s = norm_segment_fold(warp);
+                if (lane == 0) {
+                    st_sys(exchange + row * segments + part + (warp % mine) * per_row,
+                           pack_line(tag, __float_as_uint(s)));
+                }
+            }
+            if (warp < rows_here) {
+                const u64 row = row0 + (u64)warp * row_stride;
+                u32 bits = 0;
+                if (lane < segments) {
+                    const u64* p = exchange + row * segments + lane;
+                    const u64 v = ld_sys(p);
+                    if ((u32)(v >> 32) == tag) {
+                        bits = (u32)v;
+                    } else if (ok) {
+                        ok = wait_line(a, p, tag, a.rank, TPAR_PHASE_ONE_SHOT, start, &bits);
+                    }
+                }
+                const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_row_inv[warp] = i;
+            }
+        }
+        // After this barrier the shared arrays are free for the next batch: its first writes
+        // come after its own first barrier, which every thread reaches only after this y loop.
+        __syncthreads();
+        for (u32 b = 0; b < rows_here; ++b) {
+            const u64 row = row0 + (u64)b * row_stride;
+            const float inv = tpar_norm_row_inv[b];
+            const char* residual_out = (const char*)n.residual_out + row * row_bytes;
+            char* y = (char*)n.y + row * row_bytes;
+            for (u32 j = 0; j < mine; ++j) {
+                const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
+                if (q >= quads) continue;
+                float v[4];
+                u32 wt0 = w0, wt1 = w1;
+                if (row == first_row && j == 0) {
+                    for (int e = 0; e < 4; ++e) v[e] = first[e];
+                } else {
+                    u32 v0, v1;  // written by this thread above
+                    load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
+                    unpack_quad<DT>(v0, v1, v);
+                    if (j != 0) load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
+                }
+                u32 y0, y1;
+                y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
+                store_pair<DT>(y, q, n.hidden, words, y0, y1);
+            }
+        }
+    }
+#endif
+    if (ok) check_header(a, epoch, tag, code, start);
+    end_epoch(a, ticket);
+}
+
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_bf16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }
