@@ -10,7 +10,7 @@
 
 use cudarc::driver::CudaStream;
 
-use super::kernels::{KernelArgs, KernelId, THREADS};
+use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
 use super::span::{DeviceSpan, DeviceSpanMut, FusedOperands};
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
@@ -398,11 +398,27 @@ fn blocks_per_row(spread: u32, max_blocks: u32, pdl: bool) -> u32 {
     spread.min(bound).max(1)
 }
 
+/// How many units (rows, or two-shot's row segments) a block of a fused launch may take with
+/// PDL, which halves the co-resident bound. Each further unit costs the kernel's whole chain
+/// after the data again, so where the GPU gives this rank the full [`MAX_BLOCKS`] (one GPU per
+/// rank, or two ranks sharing one) PDL only where every block takes one unit, else the full
+/// grid without it; with fewer co-resident blocks (more ranks sharing a GPU) two, as for the
+/// allreduce. One H200, hidden 8192 bf16, 2026-12-01 (bench/results/2026-12-01-h200-s5-fused-grid):
+/// one-shot 2 ranks x 16 tokens 7.23 -> 5.36 us in a chain of fused calls and 9.7 -> 6.9 us
+/// per allreduce in `tpar bench step` (Llama-3.1-70B); but 8 ranks sharing the GPU (a bound of
+/// 16) x 4 tokens, 10.04 -> 9.54 in the chain and 18.3 -> 21.9 in `bench step`.
+fn units_per_block_with_pdl(max_blocks: u32) -> u32 {
+    if max_blocks >= MAX_BLOCKS {
+        1
+    } else {
+        2
+    }
+}
+
 /// Blocks and PDL for a fused launch of `rows` rows, each spread over up to `spread` blocks
 /// ([`blocks_per_row`]): the rows' blocks up to the co-resident bound, as whole rows (a block
-/// loops over rows `row_stride` apart). Each further row a block takes costs the kernel's
-/// whole chain after the data again, so PDL (which halves the bound) only where every block
-/// still takes one row.
+/// loops over rows `row_stride` apart); PDL where half the bound holds the rows at
+/// [`units_per_block_with_pdl`] a block.
 fn fused_shape(rows: u32, spread: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
     let grid = |pdl: bool| {
         let bound = if pdl { max_blocks / 2 } else { max_blocks };
@@ -411,17 +427,18 @@ fn fused_shape(rows: u32, spread: u32, max_blocks: u32, pdl_supported: bool) -> 
     };
     let half = max_blocks / 2;
     let per_row = blocks_per_row(spread, max_blocks, true);
-    let pdl = pdl_supported && half >= 1 && per_row * rows.max(1) <= half;
+    let rows_per_block = rows.max(1).div_ceil((half / per_row).max(1));
+    let pdl = pdl_supported && half >= 1 && rows_per_block <= units_per_block_with_pdl(max_blocks);
     (grid(pdl), pdl)
 }
 
 /// Blocks and PDL for a fused two-shot launch of `units` units (row segments): a block per
-/// unit up to the co-resident bound (a block loops over units `grid` apart). As for the
-/// allreduce, PDL only where the grid fits in half the co-resident blocks with each block
-/// taking at most two units.
+/// unit up to the co-resident bound (a block loops over units `grid` apart); PDL where half
+/// the bound holds them at [`units_per_block_with_pdl`] a block.
 fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
     let half = max_blocks / 2;
-    let pdl = pdl_supported && half >= 1 && units.max(1) <= 2 * half;
+    let pdl =
+        pdl_supported && half >= 1 && units.max(1) <= units_per_block_with_pdl(max_blocks) * half;
     let bound = if pdl { half } else { max_blocks };
     (units.max(1).min(bound).max(1), pdl)
 }
@@ -454,9 +471,11 @@ mod tests {
         // 1 token of 8192 bf16: 4 segments, 4 blocks, as the plain one-shot of 16 KiB.
         assert_eq!(fused_shape(1, 4, 64, true), (4, true));
         assert_eq!(blocks_per_row(4, 64, true), 4);
-        // 8 tokens: 32 blocks, with PDL where half the bound holds them (a row a block).
+        // 8 tokens: 32 blocks, with PDL where half the bound holds them: a row a block with
+        // the full bound, two with less.
         assert_eq!(fused_shape(8, 4, 64, true), (32, true));
-        assert_eq!(fused_shape(8, 4, 33, true), (32, false));
+        assert_eq!(fused_shape(16, 4, 64, true), (64, false));
+        assert_eq!(fused_shape(8, 4, 33, true), (16, true));
         assert_eq!(fused_shape(8, 4, 33, false), (32, false));
         assert_eq!(fused_shape(40, 4, 33, true), (32, false));
         // A row with more segments than the bound: every block of the grid on one row.
@@ -475,8 +494,10 @@ mod tests {
                         let bound = if used { max_blocks / 2 } else { max_blocks };
                         assert!(grid >= 1 && grid <= bound && grid % per_row == 0);
                         assert!(per_row <= segments && grid / per_row <= rows);
-                        // With PDL every block has one row.
-                        assert!(!used || grid / per_row == rows);
+                        // With PDL a block has one row (full bound) or at most two.
+                        let most = units_per_block_with_pdl(max_blocks);
+                        assert!(!used || rows.div_ceil(grid / per_row) <= most);
+                        assert!(max_blocks < MAX_BLOCKS || !used || grid / per_row == rows);
                     }
                 }
             }
@@ -491,13 +512,17 @@ mod tests {
         // 16 tokens: 64 units; with PDL 16 blocks would take 4 each: without, 33.
         assert_eq!(twoshot_fused_shape(64, 33, true), (33, false));
         assert_eq!(twoshot_fused_shape(32, 33, true), (16, true));
+        // With the full bound, PDL only at a unit a block.
+        assert_eq!(twoshot_fused_shape(32, 64, true), (32, true));
+        assert_eq!(twoshot_fused_shape(64, 64, true), (64, false));
         for units in 0..200 {
             for max_blocks in 1..70 {
                 for pdl in [false, true] {
                     let (grid, used) = twoshot_fused_shape(units, max_blocks, pdl);
                     let bound = if used { max_blocks / 2 } else { max_blocks };
                     assert!(grid >= 1 && grid <= bound && grid <= units.max(1));
-                    assert!(!used || (pdl && units.max(1) <= 2 * grid));
+                    let most = units_per_block_with_pdl(max_blocks);
+                    assert!(!used || (pdl && units.max(1) <= most * grid));
                 }
             }
         }
