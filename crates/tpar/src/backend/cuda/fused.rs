@@ -174,81 +174,41 @@ impl CudaCommunicator {
             self.unfused_enqueue(operands, algorithm, cuda_stream)?;
             return Ok(plan);
         }
-        if algorithm == Algorithm::TwoShot {
-            self.fused_twoshot_enqueue(call, cuda_stream)?;
-            return Ok(plan);
-        }
-        self.begin_fused_call(call, algorithm)?;
-        let function = self.kernels.get(KernelId::FusedOneShot(call.dtype));
-        let rows_per_chunk =
-            norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
-        for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
-            let rows = rows_per_chunk.min(call.tokens - first);
-            let args = self.fused_chunk_args(call, algorithm, index, first, rows);
-            let spread = row_spread(
-                algorithm,
-                rows as u32,
-                norm::row_segments(call.dtype, call.hidden) as u32,
-            );
-            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                fused_shape(rows as u32, spread, self.max_blocks, pdl_supported)
-            });
-            let args = FusedArgs {
-                norm: NormArgs {
-                    blocks_per_row: blocks_per_row(spread, self.max_blocks, pdl),
-                    ..args.norm
-                },
-                ..args
-            };
-            // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
-            // ours for the communicator's lifetime; the operands are checked (or promised at
-            // the FFI edge). The kernel runs griddepcontrol.wait (begin_epoch) before touching
-            // memory.
-            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
-        }
-        Ok(plan)
-    }
-
-    /// Queues the fused two-shot kernel (`twoshot_fused.cu`) for a validated `call` whose
-    /// plan is fused: launches of whole rows, as many per launch as one-shot's
-    /// ([`norm::rows_per_chunk`]: the stage-one and gather slots hold the launch's quads at
-    /// their positions and the segment sums in lines the quads leave free).
-    fn fused_twoshot_enqueue(&self, call: &FusedCall, stream: &CudaStream) -> Result<()> {
-        let algorithm = Algorithm::TwoShot;
-        self.begin_fused_call(call, algorithm)?;
-        let function = self.kernels.get(KernelId::FusedTwoShot(call.dtype));
+        // Both fused kernels take launches of whole rows, as many as norm::rows_per_chunk:
+        // one-shot's slot holds the launch's quads by rows; two-shot's stage-one and gather
+        // slots hold them at the same positions and the segment sums in lines the quads leave
+        // free (twoshot_fused.cu).
+        let kernel = match algorithm {
+            Algorithm::TwoShot => KernelId::FusedTwoShot(call.dtype),
+            _ => KernelId::FusedOneShot(call.dtype),
+        };
+        self.check()?;
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        driver::bind(&self.ctx)?;
+        let function = self.kernels.get(kernel);
+        self.next_call(call.elements() as u64, call.dtype, algorithm);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let segments = norm::row_segments(call.dtype, call.hidden) as u32;
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
-            // blocks_per_row stays 1, unused: the kernel deals out row segments.
-            let args = self.fused_chunk_args(call, algorithm, index, first, rows);
-            let units = rows as u32 * segments;
+            let (units, spread) = launch_units(algorithm, rows as u32, segments);
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                twoshot_fused_shape(units, self.max_blocks, pdl_supported)
+                fused_shape(units, spread, self.max_blocks, pdl_supported)
             });
+            let per_row = blocks_per_row(spread, self.max_blocks, pdl);
+            let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
-            // the FFI edge). The kernel runs griddepcontrol.wait before touching memory.
-            unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
+            // the FFI edge). The kernels run griddepcontrol.wait before touching memory.
+            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
-        Ok(())
-    }
-
-    /// What every fused launch sequence begins with: the communicator usable, `algorithm`
-    /// possible on this group, the context bound, and the call counted (its epoch).
-    fn begin_fused_call(&self, call: &FusedCall, algorithm: Algorithm) -> Result<()> {
-        self.check()?;
-        self.supports(algorithm)
-            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
-        driver::bind(&self.ctx)?;
-        self.next_call(call.elements() as u64, call.dtype, algorithm);
-        Ok(())
+        Ok(plan)
     }
 
     /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,
-    /// one block per row (the one-shot launch sets its own `blocks_per_row` with the grid).
+    /// each shared by `blocks_per_row` blocks (one-shot's kernel; two-shot's ignores it).
     fn fused_chunk_args(
         &self,
         call: &FusedCall,
@@ -256,6 +216,7 @@ impl CudaCommunicator {
         index: usize,
         first: usize,
         rows: usize,
+        blocks_per_row: u32,
     ) -> FusedArgs {
         let offset = (first * call.hidden * call.dtype.size()) as u64;
         let residual_out = call.residual_out.unwrap_or(call.residual);
@@ -278,7 +239,7 @@ impl CudaCommunicator {
                 hidden: call.hidden as u64,
                 rows: rows as u64,
                 eps: call.eps,
-                blocks_per_row: 1,
+                blocks_per_row,
             },
         }
     }
@@ -374,14 +335,19 @@ pub(crate) enum NormInput {
     X,
 }
 
-/// The most blocks one row of a fused one-shot or host-staged launch of `rows` rows may take:
-/// one per segment (as the plain one-shot gives each thread one line). Host-staged's grid
-/// stays within [`HOST_STAGED_FUSED_GRID`] blocks: its waits poll host memory, and more
-/// polling blocks slowed it (see there).
-fn row_spread(algorithm: Algorithm, rows: u32, segments: u32) -> u32 {
+/// What a fused launch of `rows` rows of `segments` segments deals out to its blocks: its
+/// units and the most blocks one unit may take. Two-shot: every row segment, a block each.
+/// One-shot and host-staged: every row, over a block per segment (as the plain one-shot gives
+/// each thread one line); host-staged's grid stays within [`HOST_STAGED_FUSED_GRID`] blocks:
+/// its waits poll host memory, and more polling blocks slowed it (see there).
+fn launch_units(algorithm: Algorithm, rows: u32, segments: u32) -> (u32, u32) {
     match algorithm {
-        Algorithm::HostStaged => segments.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
-        _ => segments,
+        Algorithm::TwoShot => (rows * segments, 1),
+        Algorithm::HostStaged => (
+            rows,
+            segments.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
+        ),
+        _ => (rows, segments),
     }
 }
 
@@ -391,7 +357,7 @@ fn row_spread(algorithm: Algorithm, rows: u32, segments: u32) -> u32 {
 /// 17.02 / 26.33; every row spread over 4 blocks 10.12 / 13.60 / 18.11 / 28.57.
 const HOST_STAGED_FUSED_GRID: u32 = 8;
 
-/// Blocks sharing one row of a fused launch: `spread` ([`row_spread`]) within the grid's
+/// Blocks sharing one unit of a fused launch: `spread` ([`launch_units`]) within the grid's
 /// bound (half the co-resident blocks with PDL).
 fn blocks_per_row(spread: u32, max_blocks: u32, pdl: bool) -> u32 {
     let bound = if pdl { max_blocks / 2 } else { max_blocks };
@@ -415,32 +381,21 @@ fn units_per_block_with_pdl(max_blocks: u32) -> u32 {
     }
 }
 
-/// Blocks and PDL for a fused launch of `rows` rows, each spread over up to `spread` blocks
-/// ([`blocks_per_row`]): the rows' blocks up to the co-resident bound, as whole rows (a block
-/// loops over rows `row_stride` apart); PDL where half the bound holds the rows at
-/// [`units_per_block_with_pdl`] a block.
-fn fused_shape(rows: u32, spread: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+/// Blocks and PDL for a fused launch of `units` units ([`launch_units`]), each spread over up
+/// to `spread` blocks ([`blocks_per_row`]): the units' blocks up to the co-resident bound, as
+/// whole units (a block loops over units `grid / per_row` apart); PDL where half the bound
+/// holds the units at [`units_per_block_with_pdl`] a block.
+fn fused_shape(units: u32, spread: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
     let grid = |pdl: bool| {
         let bound = if pdl { max_blocks / 2 } else { max_blocks };
         let per_row = blocks_per_row(spread, max_blocks, pdl);
-        per_row * rows.max(1).min((bound / per_row).max(1))
+        per_row * units.max(1).min((bound / per_row).max(1))
     };
     let half = max_blocks / 2;
     let per_row = blocks_per_row(spread, max_blocks, true);
-    let rows_per_block = rows.max(1).div_ceil((half / per_row).max(1));
-    let pdl = pdl_supported && half >= 1 && rows_per_block <= units_per_block_with_pdl(max_blocks);
+    let units_per_block = units.max(1).div_ceil((half / per_row).max(1));
+    let pdl = pdl_supported && half >= 1 && units_per_block <= units_per_block_with_pdl(max_blocks);
     (grid(pdl), pdl)
-}
-
-/// Blocks and PDL for a fused two-shot launch of `units` units (row segments): a block per
-/// unit up to the co-resident bound (a block loops over units `grid` apart); PDL where half
-/// the bound holds them at [`units_per_block_with_pdl`] a block.
-fn twoshot_fused_shape(units: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
-    let half = max_blocks / 2;
-    let pdl =
-        pdl_supported && half >= 1 && units.max(1) <= units_per_block_with_pdl(max_blocks) * half;
-    let bound = if pdl { half } else { max_blocks };
-    (units.max(1).min(bound).max(1), pdl)
 }
 
 #[cfg(test)]
@@ -482,9 +437,14 @@ mod tests {
         assert_eq!(fused_shape(3, 16, 8, false), (8, false));
         assert_eq!(blocks_per_row(16, 8, false), 8);
         // Host-staged: 4 blocks a row at 1 and 2 tokens, 2 at 4, one from 8.
-        let spread = |rows| row_spread(Algorithm::HostStaged, rows, 4);
-        assert_eq!([1, 2, 4, 8, 16].map(spread), [4, 4, 2, 1, 1]);
-        assert_eq!(row_spread(Algorithm::OneShot, 16, 4), 4);
+        let spread = |rows| launch_units(Algorithm::HostStaged, rows, 4);
+        assert_eq!(
+            [1, 2, 4, 8, 16].map(spread),
+            [(1, 4), (2, 4), (4, 2), (8, 1), (16, 1)]
+        );
+        assert_eq!(launch_units(Algorithm::OneShot, 16, 4), (16, 4));
+        // Two-shot: every row segment a unit of one block.
+        assert_eq!(launch_units(Algorithm::TwoShot, 4, 4), (16, 1));
         for rows in 1..40 {
             for segments in 1..=16 {
                 for max_blocks in 1..70 {
@@ -506,19 +466,20 @@ mod tests {
 
     #[test]
     fn fused_twoshot_launches_a_block_per_unit_within_the_co_resident_bound() {
+        // Two-shot's units (row segments) take a block each: fused_shape with a spread of 1.
         // 4 tokens of 8192 bf16: 16 units (4 segments a row).
-        assert_eq!(twoshot_fused_shape(16, 33, true), (16, true));
-        assert_eq!(twoshot_fused_shape(16, 33, false), (16, false));
+        assert_eq!(fused_shape(16, 1, 33, true), (16, true));
+        assert_eq!(fused_shape(16, 1, 33, false), (16, false));
         // 16 tokens: 64 units; with PDL 16 blocks would take 4 each: without, 33.
-        assert_eq!(twoshot_fused_shape(64, 33, true), (33, false));
-        assert_eq!(twoshot_fused_shape(32, 33, true), (16, true));
+        assert_eq!(fused_shape(64, 1, 33, true), (33, false));
+        assert_eq!(fused_shape(32, 1, 33, true), (16, true));
         // With the full bound, PDL only at a unit a block.
-        assert_eq!(twoshot_fused_shape(32, 64, true), (32, true));
-        assert_eq!(twoshot_fused_shape(64, 64, true), (64, false));
+        assert_eq!(fused_shape(32, 1, 64, true), (32, true));
+        assert_eq!(fused_shape(64, 1, 64, true), (64, false));
         for units in 0..200 {
             for max_blocks in 1..70 {
                 for pdl in [false, true] {
-                    let (grid, used) = twoshot_fused_shape(units, max_blocks, pdl);
+                    let (grid, used) = fused_shape(units, 1, max_blocks, pdl);
                     let bound = if used { max_blocks / 2 } else { max_blocks };
                     assert!(grid >= 1 && grid <= bound && grid <= units.max(1));
                     let most = units_per_block_with_pdl(max_blocks);
