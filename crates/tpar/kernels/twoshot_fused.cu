@@ -30,9 +30,10 @@
 // Every wait has the call's deadline (wait_wide / wait_line, phases REDUCE_SCATTER and
 // ALL_GATHER), the reduce-scatter's an eighth of the timeout earlier: a rank waiting in the
 // all-gather for an owner that waits for a silent peer then finds the owner's error (the
-// silent peer named) instead of timing out first and naming the owner. After a failed wait (deadline, mismatched header: the error word is set) a
-// thread stops waiting and pushes nothing more, so the peers fail at their own deadline
-// instead of taking its partial sums, but it reaches every barrier, so the kernel exits.
+// silent peer named) instead of timing out first and naming the owner. After a failed wait
+// (deadline, mismatched header: the error word is set) a thread stops waiting and pushes
+// nothing more, so the peers fail at their own deadline instead of taking its partial sums,
+// but it reaches every barrier, so the kernel exits.
 #include "tpar_ll.cuh"
 
 template <int DT>

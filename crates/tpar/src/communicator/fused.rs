@@ -1,8 +1,9 @@
 //! The fused allreduce + residual add + RMSNorm on the call path: the dispatcher decides the
 //! allreduce as for a plain call of the same bytes, then the CUDA backend runs it fused
-//! (every tpar algorithm: one-shot, two-shot, pull, host-staged) or as the allreduce followed
-//! by tpar's separate norm kernel (NCCL, rows the fused kernels cannot take), ordered across streams like a plain call. The kernels and
-//! their launch shapes are in `backend::cuda::fused`; the semantics in `crate::norm`.
+//! (one-shot, two-shot, host-staged) or as the allreduce followed by tpar's separate norm
+//! kernel (NCCL, pull, rows the fused kernels cannot take), ordered across streams like a
+//! plain call. The kernels and their launch shapes are in `backend::cuda::fused`; the
+//! semantics and the plan in `crate::norm`.
 
 use cudarc::driver::CudaStream;
 
@@ -25,9 +26,10 @@ pub struct FusedRun {
 impl Communicator {
     /// Plans and queues the fused allreduce + residual add + RMSNorm (semantics in
     /// [`crate::norm`]) on `stream`. The allreduce is planned as a plain call of the same
-    /// bytes; on tpar's algorithms it runs fused, on NCCL (or for rows above the fused
-    /// kernels' hidden size) followed by tpar's separate norm kernel, with the same results. The spans
-    /// are checked against this rank's GPU, `stream`, one dtype and the call's shape.
+    /// bytes; on tpar's one-shot, two-shot and host-staged it runs fused, on NCCL and pull (or
+    /// for rows above the fused kernels' hidden size) followed by tpar's separate norm kernel,
+    /// with the same results. The spans are checked against this rank's GPU, `stream`, one
+    /// dtype and the call's shape.
     pub fn fused_add_rms_norm(
         &self,
         spans: FusedSpans<'_>,
