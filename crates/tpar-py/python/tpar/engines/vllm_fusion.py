@@ -70,6 +70,7 @@ EPSILONS = (1e-5, 1e-6)
 
 _IR_FUSED_ADD_RMS_NORM = torch.ops.vllm_ir.fused_add_rms_norm.default
 
+
 def tpar_allreduce_of(group_name: str) -> TparCustomAllreduce | None:
     """The enabled tpar custom allreduce vLLM holds for the group ``group_name``
     (``GroupCoordinator.unique_name``, e.g. ``tp:0``), or None (no such group, no device
