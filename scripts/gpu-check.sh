@@ -41,7 +41,7 @@ step() { # name, timeout seconds, command...
   summary+=("$(printf '%-34s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:|passed|failed' "$out/$name.log" | tail -1 | cut -c1-90)")")
 }
 gpus=$(nvidia-smi -L | wc -l)
-models=crates/tpar/fixtures/models
+models=crates/tpar-harness/fixtures/models
 for mode in "${modes[@]}"; do
 out=$root/$mode; mkdir -p "$out"
 sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use tpar::harness::backend_choice::{BackendRequest, Setup, SetupError};
-use tpar::harness::cuda_ranks::parse_selection;
+use tpar_harness::backend_choice::{BackendRequest, Setup, SetupError};
+use tpar_harness::cuda_ranks::parse_selection;
 
 use anyhow::{bail, Context, Result};
 use tpar::DType;
@@ -138,15 +138,15 @@ fn finite_f64(text: &str) -> std::result::Result<f64, String> {
     Ok(v)
 }
 
-/// `"4K"` -> 4096 (`tpar::harness::sizes::parse_size`).
+/// `"4K"` -> 4096 (`tpar_harness::sizes::parse_size`).
 pub fn parse_size(text: &str) -> Result<u64> {
-    Ok(tpar::harness::sizes::parse_size(text)?)
+    Ok(tpar_harness::sizes::parse_size(text)?)
 }
 
 /// Sizes in bytes with their counts of `dtype` elements, refusing sizes that are not whole
 /// elements (a usage error).
 pub fn sizes_with_counts(sizes: &[u64], dtype: DType) -> Result<Vec<(u64, usize)>> {
-    tpar::harness::sizes::with_counts(sizes, dtype).map_err(|e| usage(e.into()))
+    tpar_harness::sizes::with_counts(sizes, dtype).map_err(|e| usage(e.into()))
 }
 
 /// A comma-separated list; an empty item (`4K,,8K`) or a repeated one is refused, as is an
@@ -240,7 +240,7 @@ pub fn check_writable(flag: &str, path: &str) -> Result<()> {
     if parent.as_os_str().as_encoded_bytes().contains(&0) {
         bail!(Usage(format!("--{flag} {path}: the path holds a NUL byte")));
     }
-    let writable = tpar::harness::limits::can_write_in(parent);
+    let writable = tpar_harness::limits::can_write_in(parent);
     let file_ok = !p.exists() || std::fs::OpenOptions::new().append(true).open(p).is_ok();
     if !writable || !file_ok {
         bail!(Usage(format!(
@@ -284,9 +284,9 @@ pub fn setup_error(e: SetupError) -> anyhow::Error {
 }
 
 /// Checks a CPU job against this host before any rank starts, printing its warnings; a job
-/// that cannot fit is a usage error (see [`tpar::harness::limits::CpuJobNeeds::check`]).
-pub fn check_cpu_job(needs: tpar::harness::limits::CpuJobNeeds) -> Result<()> {
-    let room = tpar::harness::limits::HostRoom::here();
+/// that cannot fit is a usage error (see [`tpar_harness::limits::CpuJobNeeds::check`]).
+pub fn check_cpu_job(needs: tpar_harness::limits::CpuJobNeeds) -> Result<()> {
+    let room = tpar_harness::limits::HostRoom::here();
     for warning in needs.check(&room).map_err(|e| usage(e.into()))? {
         eprintln!("{warning}");
     }

@@ -4,17 +4,17 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::harness::cpu_bench::{self, CpuBenchSettings};
-use tpar::harness::cuda_bench;
-use tpar::harness::limits::CpuJobNeeds;
 use tpar::{Algorithm, DType};
+use tpar_harness::cpu_bench::{self, CpuBenchSettings};
+use tpar_harness::cuda_bench;
+use tpar_harness::limits::CpuJobNeeds;
 
 use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
 use crate::args::{BackendArg, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
-use tpar::harness::backend_choice::{cpu_device, Backend};
-use tpar::harness::reports::CpuBenchReport;
+use tpar_harness::backend_choice::Backend;
+use tpar_harness::runs::cpu_bench_rank;
 use tpar_report::plot::plot_latency;
 use tpar_report::{bench, emit, ranks};
 
@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long)]
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to time, comma-separated, from: ", tpar::route_names!(),
+        "Algorithms to time, comma-separated, from: ", tpar_harness::route_names!(),
         " (CPU: one-shot, two-shot) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -88,7 +88,7 @@ enum BenchCommand {
 /// The algorithm and token counts of `bench --fused`, from `--algos` (one algorithm with a
 /// fused kernel; default one-shot) and `--tokens`; usage errors otherwise.
 fn fused_request(algos: Option<&str>, tokens: Option<&str>) -> Result<(Algorithm, Vec<usize>)> {
-    use tpar::harness::fused_bench::{fused_algorithms, DEFAULT_TOKENS, MAX_TOKENS};
+    use tpar_harness::fused_bench::{fused_algorithms, DEFAULT_TOKENS, MAX_TOKENS};
     let fused = fused_algorithms();
     let names = || {
         fused
@@ -160,7 +160,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let setup = crate::args::setup(args.backend, args.world_size, args.algos.as_deref())?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     let dtype = args.dtype;
-    let default_sizes = tpar::harness::sizes::bench_sizes(backend);
+    let default_sizes = tpar_harness::sizes::bench_sizes(backend);
     let bytes = parse_list(
         args.sizes.as_deref().unwrap_or(default_sizes),
         "sizes",
@@ -220,9 +220,10 @@ fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
     }
     let configs = plan.sweep.sizes.len() * plan.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
-    let run = cpu_bench::run(
+    let report = cpu_bench_rank(
         &rank,
         &plan.sweep,
+        crate::provenance::COMMIT,
         |bytes, algo| progress.step_at(bytes, algo),
         |rows| {
             if leader {
@@ -236,12 +237,9 @@ fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
         },
     )?;
     progress.finish();
-    if !leader {
+    let Some(report) = report else {
         return Ok(());
-    }
-
-    let provenance = crate::provenance(cpu_device());
-    let report = CpuBenchReport::new(world_size, &plan.sweep, run, provenance);
+    };
     emit(&bench::cpu_bench(&report), plan.json.as_deref(), &report)?;
     let title = || {
         format!(

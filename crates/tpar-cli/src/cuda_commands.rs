@@ -1,6 +1,6 @@
 //! The CUDA paths of `tpar bench` and `tpar selftest`: one process driving every rank (the
 //! default), or one process per rank (`--processes`, or when started by an outside launcher),
-//! and the anatomy and fused benches. The measuring and checking is `tpar::harness`'s, the text
+//! and the anatomy and fused benches. The measuring and checking is `tpar_harness`'s, the text
 //! `tpar_report`'s.
 
 use std::process::ExitCode;
@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use tpar::harness::cuda_bench::{self, CudaBenchSettings};
-use tpar::harness::cuda_ranks::CudaRanks;
-use tpar::harness::cuda_selftest::{self, CudaSelftestSettings};
-use tpar::harness::fused_bench;
-use tpar::harness::job::cuda_config;
-use tpar::harness::reports::{AnatomyReport, CudaBenchReport, FusedReport};
+use tpar_harness::cuda_bench::CudaBenchSettings;
+use tpar_harness::cuda_ranks::CudaRanks;
+use tpar_harness::cuda_selftest::{self, CudaSelftestSettings};
+use tpar_harness::fused_bench;
+use tpar_harness::job::cuda_config;
+use tpar_harness::reports::{AnatomyReport, FusedReport};
+use tpar_harness::runs::cuda_bench_group;
 
 use crate::progress::Progress;
 use crate::ranks::on_cuda_ranks;
@@ -53,16 +54,17 @@ pub fn bench(
     let body = |mut group: CudaRanks, mode: &'static str| -> Result<()> {
         let leader = group.is_leader();
         let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
-        let floors = cuda_bench::measure_floors(&group, &plan)?;
-        let rows = cuda_bench::run(&mut group, &plan, &floors, |bytes, algo| {
-            progress.step_at(bytes, algo)
-        })?;
+        let report = cuda_bench_group(
+            &mut group,
+            mode,
+            &plan,
+            crate::provenance::COMMIT,
+            |bytes, algo| progress.step_at(bytes, algo),
+        )?;
         progress.finish();
-        if !leader {
+        let Some(report) = report else {
             return Ok(());
-        }
-        let provenance = crate::provenance(group.device()?);
-        let report = CudaBenchReport::new(&group, mode, &plan, floors, rows, provenance);
+        };
         emit(&bench::cuda_bench(&report), json.as_deref(), &report)?;
         let device = &report.provenance.device;
         let title = || {
@@ -87,9 +89,9 @@ pub fn bench(
 
 /// `tpar bench --anatomy`: the harness's ladder of kernels, as a table (and JSON).
 pub fn anatomy(world_size: Option<usize>, replays: usize, json: Option<&str>) -> Result<()> {
-    let anatomy = tpar::harness::anatomy::run(world_size, replays)?;
+    let anatomy = tpar_harness::anatomy::run(world_size, replays)?;
     let text = tpar_report::bench::anatomy(&anatomy);
-    let provenance = crate::provenance(anatomy.device.clone());
+    let provenance = crate::provenance::provenance(anatomy.device.clone());
     Ok(emit(&text, json, &AnatomyReport::new(anatomy, provenance))?)
 }
 
@@ -106,7 +108,7 @@ pub fn fused(
     let text = tpar_report::bench::fused(&bench, chain, iters);
     let ok = bench.rows.iter().all(|r| r.correct != Some(false));
     let errors = bench.errors.join("; ");
-    let provenance = crate::provenance(bench.device.clone());
+    let provenance = crate::provenance::provenance(bench.device.clone());
     emit(
         &text,
         json,

@@ -1,11 +1,11 @@
 //! `tpar debug-rank` (hidden): scripted allreduce calls with injected faults, for the
 //! cross-process tests and for reproducing a failure by hand (the rank's script is
-//! `tpar::harness::debug_rank`'s). Every call is verified.
+//! `tpar_harness::debug_rank`'s). Every call is verified.
 
 use anyhow::Result;
 use clap::Args;
-use tpar::harness::debug_rank::{run_rank, DebugScript};
 use tpar::{Algorithm, DType};
+use tpar_harness::debug_rank::{run_rank, DebugScript};
 
 use crate::ranks::{run_ranks, world_size_or};
 

@@ -1,4 +1,4 @@
-//! `tpar doctor`: prints what [`tpar::harness::doctor::examine`] finds on this machine (or on
+//! `tpar doctor`: prints what [`tpar_harness::doctor::examine`] finds on this machine (or on
 //! a machine described in a topology file): GPUs and versions, a link matrix in the spirit of
 //! `nvidia-smi topo -m` with P2P read/write capability, the quick numerical checks, the memory
 //! tpar reserves per rank, and for each message size which algorithm runs and why. Exits
@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use tpar::algorithm::Selection;
-use tpar::harness::doctor::{examine, DoctorError, DoctorOptions};
 use tpar::DType;
+use tpar_harness::doctor::{examine, DoctorError, DoctorOptions};
 
 use tpar_report::{doctor::doctor, emit};
 
@@ -29,7 +29,7 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar::route_names!()
+        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::route_names!()
     ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).

@@ -5,7 +5,7 @@
 //! `tpar help bench` and the README).
 //!
 //! This crate is argument parsing and per-command glue: what a command measures or checks is
-//! `tpar::harness` (and `tpar::verify`), which Python calls too, and its tables, JSON and plots
+//! `tpar_harness` (and `tpar::verify`), which Python calls too, and its tables, JSON and plots
 //! are printed by `tpar_report`.
 
 mod args;
@@ -15,6 +15,7 @@ mod debug_rank;
 mod doctor;
 mod plan;
 mod progress;
+mod provenance;
 mod ranks;
 mod selftest;
 mod step;
@@ -40,8 +41,8 @@ Examples:
   tpar bench --backend cuda -n 2 --json out.json
   tpar doctor                                  # this machine: links, checks, what runs at each size
   tpar doctor --topology crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json
-  tpar plan memory --config crates/tpar/fixtures/models/deepseek-v3.json -n 8 --gpu-gb 96
-  tpar plan spec-decode --config crates/tpar/fixtures/models/deepseek-v3.json -n 8 --tokens 3 --acceptance 2 --latency-us 200";
+  tpar plan memory --config crates/tpar-harness/fixtures/models/deepseek-v3.json -n 8 --gpu-gb 96
+  tpar plan spec-decode --config crates/tpar-harness/fixtures/models/deepseek-v3.json -n 8 --tokens 3 --acceptance 2 --latency-us 200";
 
 #[derive(Parser, Debug)]
 #[command(name = "tpar", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TPAR_GIT_COMMIT"), ")"), about = ABOUT, after_help = AFTER_HELP)]
@@ -66,11 +67,6 @@ enum Command {
     /// Scripted calls with injected faults, for tests.
     #[command(hide = true)]
     DebugRank(debug_rank::DebugRankArgs),
-}
-
-/// The provenance record of a result measured now on `device` by this build of `tpar`.
-fn provenance(device: String) -> tpar::harness::provenance::Provenance {
-    tpar::harness::provenance::Provenance::collect(device, env!("TPAR_GIT_COMMIT"))
 }
 
 /// Puts NVRTC on the library path when it is installed but not findable (pip's wheel, a CUDA

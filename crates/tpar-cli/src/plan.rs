@@ -2,7 +2,7 @@
 //! before anyone launches a server. Memory: the KV cache an engine will get, every term shown,
 //! and the setting that fixes a budget that does not fit. Speculation: communication per
 //! verify pass and per accepted token, tokens/s with and without it, and the allreduce latency
-//! at which it breaks even. The plans are `tpar::planner::capacity`'s and their text is
+//! at which it breaks even. The plans are `tpar_harness::planner::capacity`'s and their text is
 //! `tpar_report::plan`'s; this file is their arguments.
 
 use std::path::PathBuf;
@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
-use tpar::planner::capacity::{memory_report, spec_report, MemoryRequest, SpecRequest};
-use tpar::planner::memory::EngineRule;
+use tpar_harness::planner::capacity::{memory_report, spec_report, MemoryRequest, SpecRequest};
+use tpar_harness::planner::memory::EngineRule;
 
 use crate::args::usage;
 use tpar_report::emit;
@@ -55,7 +55,7 @@ impl NcclChoice {
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct MemoryArgs {
-    /// The model's Hugging Face config.json (fixtures: crates/tpar/fixtures/models/).
+    /// The model's Hugging Face config.json (fixtures: crates/tpar-harness/fixtures/models/).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// Tensor-parallel size.
@@ -113,7 +113,7 @@ pub struct MemoryArgs {
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct SpecArgs {
-    /// The model's Hugging Face config.json (fixtures: crates/tpar/fixtures/models/).
+    /// The model's Hugging Face config.json (fixtures: crates/tpar-harness/fixtures/models/).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// Tensor-parallel size: the number of ranks.

@@ -1,13 +1,13 @@
-//! Running a command as the ranks of a job (`tpar::harness::job`: this process as a rank, or
+//! Running a command as the ranks of a job (`tpar_harness::job`: this process as a rank, or
 //! `--world-size` copies of this command started and waited for) and saying how it ended.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use tpar::harness::cuda_selftest::MakeGroup;
-use tpar::harness::job::{self, JobEnd, RankCommand};
-pub use tpar::harness::ranks::Rank;
+use tpar_harness::cuda_ranks::MakeGroup;
+use tpar_harness::job::{self, JobEnd, RankCommand};
+pub use tpar_harness::ranks::Rank;
 
 /// Runs `body` as every rank of a job of `world_size` ranks: in this process if it already is
 /// a rank, otherwise by launching `world_size` copies of this command.
@@ -58,5 +58,5 @@ fn exit(end: JobEnd) -> ExitCode {
 /// The world size to use: the environment's when this process is a rank, else the flag's,
 /// else `default`.
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
-    tpar::harness::backend_choice::world_size_or(flag, default).map_err(crate::args::setup_error)
+    tpar_harness::backend_choice::world_size_or(flag, default).map_err(crate::args::setup_error)
 }

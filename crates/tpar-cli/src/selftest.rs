@@ -6,13 +6,13 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use tpar::harness::cpu_selftest::{self, CpuSelftestSettings};
+use tpar_harness::cpu_selftest::{self, CpuSelftestSettings};
 
 use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
 use crate::ranks::{run_ranks, Rank};
-use tpar::harness::backend_choice::Backend;
-use tpar::harness::limits::CpuJobNeeds;
+use tpar_harness::backend_choice::Backend;
+use tpar_harness::limits::CpuJobNeeds;
 use tpar_report::{ranks, selftest};
 
 #[derive(Args, Debug)]
@@ -31,7 +31,7 @@ pub struct SelftestArgs {
     #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
     dtypes: String,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to check, comma-separated, from: ", tpar::route_names!(),
+        "Algorithms to check, comma-separated, from: ", tpar_harness::route_names!(),
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -77,7 +77,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         return crate::cuda_commands::selftest(
             args.processes,
             world_size,
-            tpar::harness::cuda_selftest::CudaSelftestSettings {
+            tpar_harness::cuda_selftest::CudaSelftestSettings {
                 counts,
                 dtypes,
                 algorithms,

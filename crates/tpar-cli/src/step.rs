@@ -1,20 +1,20 @@
 //! `tpar bench step`: the arguments, mapped onto the harness's request checks and timed passes
-//! (`tpar::harness::step_request`, `tpar::harness::bench_step`, which says what the pass
+//! (`tpar_harness::step_request`, `tpar_harness::bench_step`, which says what the pass
 //! holds); the table is `tpar_report::step`'s.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use tpar::harness::bench_step::{self, Norms, StepSettings};
-use tpar::harness::cuda_ranks::parse_selection;
-use tpar::harness::reports::StepReport;
-use tpar::harness::step_request::{self, StepRequestError};
 use tpar::memory::human_bytes;
+use tpar_harness::bench_step::{self, Norms, StepSettings};
+use tpar_harness::cuda_ranks::parse_selection;
+use tpar_harness::reports::StepReport;
+use tpar_harness::step_request::{self, StepRequestError};
 
 use crate::args::parse_list;
 use crate::ranks::on_cuda_ranks;
-use tpar::harness::job::cuda_config;
+use tpar_harness::job::cuda_config;
 use tpar_report::{emit, ranks, step};
 
 #[derive(Args, Debug)]
@@ -34,7 +34,7 @@ pub struct StepArgs {
     #[arg(long)]
     layers: Option<u64>,
     #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
-        "How the allreduces run, comma-separated, from: ", tpar::route_names!(),
+        "How the allreduces run, comma-separated, from: ", tpar_harness::route_names!(),
         " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
     ))]
     algos: String,
@@ -73,7 +73,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     let algos = parse_list(&args.algos, "algos", |s| Ok(parse_selection(s)?))?;
     let reduces = step_request::reduces(&algos, &norms);
     let timeout = args.timeout;
-    let gpus = tpar::harness::cuda_ranks::device_count().context(
+    let gpus = tpar_harness::cuda_ranks::device_count().context(
         "tpar bench step runs the pass on GPUs (`tpar plan spec-decode` predicts it without one)",
     )?;
     let processes = step_request::processes(args.processes, args.tp, gpus);
@@ -82,7 +82,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
         );
     }
-    tpar::harness::blas::load()?;
+    tpar_harness::blas::load()?;
     let plan = StepSettings::new(
         model,
         layers,
@@ -112,8 +112,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         if !leader {
             return Ok(());
         }
-        let gpus = tpar::harness::cuda_ranks::device_count()?;
-        let provenance = crate::provenance(group.device()?);
+        let gpus = tpar_harness::cuda_ranks::device_count()?;
+        let provenance = crate::provenance::provenance(group.device()?);
         let report = StepReport::new(&plan, mode, gpus, provenance, rows);
         Ok(emit(&step::step(&report), args.json.as_deref(), &report)?)
     })

@@ -7,13 +7,13 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use tpar::harness::reports::TuneReport;
-use tpar::harness::tune;
 use tpar::DType;
+use tpar_harness::reports::TuneReport;
+use tpar_harness::tune;
 
 use crate::args::{parse_list, parse_size, sizes_with_counts};
 use crate::ranks::on_cuda_ranks;
-use tpar::harness::job::cuda_config;
+use tpar_harness::job::cuda_config;
 use tpar_report::{emit, ranks};
 
 #[derive(Args, Debug)]
@@ -26,7 +26,7 @@ pub struct TuneArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Sizes to measure; the table switches algorithms between them.
-    #[arg(long, default_value = tpar::harness::sizes::TUNE_SIZES)]
+    #[arg(long, default_value = tpar_harness::sizes::TUNE_SIZES)]
     sizes: String,
     /// Timed graph replays per size and algorithm.
     #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]

@@ -489,7 +489,7 @@ fn doctor_on_a_machine_without_a_gpu_says_so_and_what_to_do() {
 
 fn model(name: &str) -> String {
     format!(
-        "{}/../tpar/fixtures/models/{name}.json",
+        "{}/../tpar-harness/fixtures/models/{name}.json",
         env!("CARGO_MANIFEST_DIR")
     )
 }

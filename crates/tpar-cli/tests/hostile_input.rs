@@ -7,7 +7,7 @@ use std::process::Command;
 
 const MODEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../tpar/fixtures/models/llama-3.1-70b.json"
+    "/../tpar-harness/fixtures/models/llama-3.1-70b.json"
 );
 
 mod common;

@@ -15,9 +15,9 @@ use serde::Serialize;
 
 use super::stats::percentile;
 use super::{bail, Context, Result};
-use crate::backend::cuda::driver;
-use crate::backend::cuda::kernels::{self, MAX_BLOCKS, MAX_RANKS, THREADS};
-use crate::backend::cuda::standalone::{StandaloneKernel, StandaloneKernels, StandaloneRanks};
+use tpar::backend::cuda::driver;
+use tpar::backend::cuda::kernels::{self, MAX_BLOCKS, MAX_RANKS, THREADS};
+use tpar::backend::cuda::standalone::{StandaloneKernel, StandaloneKernels, StandaloneRanks};
 
 /// Kernels per rank in one timed graph.
 pub const CHAIN: usize = 100;
@@ -90,7 +90,7 @@ impl Bench {
             .iter()
             .chain([&production])
             .map(|f| f.max_blocks_per_sm(THREADS))
-            .collect::<crate::Result<Vec<u32>>>()?
+            .collect::<tpar::Result<Vec<u32>>>()?
             .into_iter()
             .min()
             .unwrap_or(1);

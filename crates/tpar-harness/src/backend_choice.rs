@@ -2,10 +2,10 @@
 //! reason when `auto` cannot use a GPU, and what a job settles before it starts any rank: the
 //! world size and the algorithms, refused early where the backend cannot run them.
 
-use crate::algorithm::Selection;
-use crate::dispatch::Choice;
-use crate::harness::HarnessError;
-use crate::RankEnv;
+use crate::HarnessError;
+use tpar::algorithm::Selection;
+use tpar::dispatch::Choice;
+use tpar::RankEnv;
 
 /// Why a job cannot be set up: the request is wrong (`Usage`: the message names the fix), or
 /// this machine cannot run it.
@@ -17,8 +17,8 @@ pub enum SetupError {
     Failed(#[from] HarnessError),
 }
 
-impl From<crate::Error> for SetupError {
-    fn from(e: crate::Error) -> SetupError {
+impl From<tpar::Error> for SetupError {
+    fn from(e: tpar::Error) -> SetupError {
         SetupError::Failed(e.into())
     }
 }
@@ -67,11 +67,11 @@ impl Backend {
 pub fn resolve(requested: BackendRequest) -> Result<(Backend, Option<String>)> {
     match requested {
         BackendRequest::Cpu => Ok((Backend::Cpu, None)),
-        BackendRequest::Cuda => match crate::backend::cuda::check_available() {
+        BackendRequest::Cuda => match tpar::backend::cuda::check_available() {
             Ok(_) => Ok((Backend::Cuda, None)),
             Err(why) => fail!("--backend cuda: {why}; run with --backend cpu (or auto)"),
         },
-        BackendRequest::Auto => match crate::backend::cuda::check_available() {
+        BackendRequest::Auto => match tpar::backend::cuda::check_available() {
             Ok(_) => Ok((Backend::Cuda, None)),
             Err(why) => Ok((
                 Backend::Cpu,
@@ -108,7 +108,7 @@ impl Setup {
         // (never, on the CPU backend): refuse it before anything starts.
         let forced = Selection::from_env()
             .map(Selection::forced)
-            .map_err(|e| SetupError::Usage(crate::harness::HarnessError::from(e).chain()))?;
+            .map_err(|e| SetupError::Usage(crate::HarnessError::from(e).chain()))?;
         let (backend, mut note) = resolve(backend)?;
         if let Some(choice) = forced {
             if backend == Backend::Cpu {
@@ -128,7 +128,7 @@ impl Setup {
             Backend::Cpu => std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(2, 8),
-            Backend::Cuda => crate::backend::cuda::check_available()?,
+            Backend::Cuda => tpar::backend::cuda::check_available()?,
         };
         let world_size = world_size_or(world_size, default_world)?;
         let explicit = algos.is_some();
@@ -139,12 +139,12 @@ impl Setup {
                 .into_iter()
                 .chain([Selection::Auto])
                 .collect(),
-            None => crate::CpuCommunicator::ALGORITHMS
+            None => tpar::CpuCommunicator::ALGORITHMS
                 .map(|a| Selection::Forced(Choice::Tpar(a)))
                 .to_vec(),
         };
         if backend == Backend::Cpu {
-            let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if crate::CpuCommunicator::ALGORITHMS.contains(a));
+            let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
             if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
                 usage!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
             }
@@ -171,7 +171,7 @@ impl Setup {
     /// tpar's own algorithms among the choices, for commands that check exact sums (NCCL's own
     /// summation order does not give them): NCCL is left out of the default list, and refused
     /// when asked for by name.
-    pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<crate::Algorithm>> {
+    pub fn tpar_algorithms(&self, command: &str) -> Result<Vec<tpar::Algorithm>> {
         if let Some(other) = self
             .choices
             .iter()
@@ -235,7 +235,7 @@ pub fn cuda_device(ctx: &cudarc::driver::CudaContext, gpus: usize) -> String {
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "unknown".to_owned());
-    let cuda = crate::backend::cuda::driver::driver_version()
+    let cuda = tpar::backend::cuda::driver::driver_version()
         .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10))
         .unwrap_or_default();
     format!("cuda: {gpus} x {name}, driver {driver} (CUDA {cuda})")
@@ -270,7 +270,7 @@ mod tests {
         assert_eq!((setup.backend, setup.world_size), (Backend::Cpu, 3));
         assert_eq!(
             setup.tpar_algorithms("x").unwrap(),
-            crate::CpuCommunicator::ALGORITHMS.to_vec()
+            tpar::CpuCommunicator::ALGORITHMS.to_vec()
         );
     }
 }

@@ -17,12 +17,12 @@ use super::cuda_bench::time_replays;
 use super::cuda_ranks::{queue, CudaRanks};
 use super::stats::percentile;
 use super::{bail, Result};
-use crate::algorithm::Selection;
-use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
 use crate::planner::model::ModelShape;
 use crate::planner::step::{pass_ops, slot_elements, Slot, StepOp};
-use crate::DType;
+use tpar::algorithm::Selection;
+use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
+use tpar::DType;
 
 /// RMSNorm epsilon of the pass (Llama's and DeepSeek's `rms_norm_eps`); it does not change
 /// the time.
@@ -505,7 +505,7 @@ fn queue_pass(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::blas::gemm_footprint;
+    use crate::blas::gemm_footprint;
     use crate::planner::MODEL_FIXTURES;
 
     /// `Blas::gemm` refuses buffers smaller than what cuBLAS touches: every GEMM of a pass

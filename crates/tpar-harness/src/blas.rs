@@ -8,9 +8,9 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use super::{bail, Context, HarnessError, Result};
-use crate::backend::cuda::driver::DeviceMemory;
 use cudarc::cublas::{result, sys};
 use cudarc::driver::CudaStream;
+use tpar::backend::cuda::driver::DeviceMemory;
 
 /// Loads cuBLAS: from the loader's path, else from a CUDA toolkit or pip's
 /// `nvidia-cublas` wheel (libcublasLt first: libcublas needs it beside it).
@@ -19,16 +19,16 @@ pub fn load() -> Result<()> {
     if unsafe { sys::is_culib_present() } {
         return Ok(());
     }
-    let mut dirs = crate::backend::libsearch::cuda_toolkit_lib_dirs();
-    for sp in crate::backend::libsearch::python_site_packages() {
+    let mut dirs = tpar::backend::libsearch::cuda_toolkit_lib_dirs();
+    for sp in tpar::backend::libsearch::python_site_packages() {
         dirs.push(sp.join("nvidia/cu13/lib"));
         dirs.push(sp.join("nvidia/cublas/lib"));
     }
-    let dirs = crate::backend::libsearch::dirs_holding(dirs, &["libcublas.so.13"]);
+    let dirs = tpar::backend::libsearch::dirs_holding(dirs, &["libcublas.so.13"]);
     if let Some(dir) = dirs.first() {
         let one = std::slice::from_ref(dir);
-        crate::backend::libsearch::preload(one, &["libcublasLt.so.13"]);
-        crate::backend::libsearch::preload(one, &["libcublas.so.13"]);
+        tpar::backend::libsearch::preload(one, &["libcublasLt.so.13"]);
+        tpar::backend::libsearch::preload(one, &["libcublas.so.13"]);
     }
     // SAFETY: as above.
     if unsafe { sys::is_culib_present() } {

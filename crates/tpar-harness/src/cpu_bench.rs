@@ -10,7 +10,7 @@ use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
-use crate::{Algorithm, Config, CpuCommunicator, DType};
+use tpar::{Algorithm, Config, CpuCommunicator, DType};
 
 /// Untimed calls before timing, unless asked otherwise: a tenth of the timed ones, at least 5.
 pub fn default_warmup(iters: usize) -> usize {

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::cuda_selftest::SelftestRow;
 use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
+use super::selftest_row::SelftestRow;
 use super::Result;
-use crate::{Algorithm, Config, CpuCommunicator, DType, Error};
+use tpar::{Algorithm, Config, CpuCommunicator, DType, Error};
 
 /// What the sweep covers.
 pub struct CpuSelftestSettings {

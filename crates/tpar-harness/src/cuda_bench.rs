@@ -8,20 +8,20 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cuda::driver::{
-    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
-};
-use crate::dispatch::Choice;
 use crate::planner::latency_model::{bottleneck_bytes, Placement};
-use crate::{Algorithm, DType};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::CudaGraph;
 use serde::Serialize;
+use tpar::backend::cuda::driver::{
+    copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
+};
+use tpar::dispatch::Choice;
+use tpar::{Algorithm, DType};
 
 use super::cuda_ranks::{CudaRanks, RankBuffers};
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
-use crate::algorithm::Selection;
+use tpar::algorithm::Selection;
 
 /// Untimed graph replays before timing, unless asked otherwise.
 pub const DEFAULT_WARMUP: usize = 5;
@@ -259,7 +259,7 @@ pub fn run(
             // NCCL adds in its own order and rounds every 16-bit partial sum: checked within
             // the worst case of that; tpar's paths bitwise.
             let tolerance = if planned == Choice::Nccl {
-                crate::check::unordered_sum_error_bound(dtype, group.world_size)
+                tpar::check::unordered_sum_error_bound(dtype, group.world_size)
             } else {
                 0.0
             };

@@ -6,20 +6,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::Selection;
-use crate::backend::cuda::driver::DeviceMemory;
-use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
-use crate::backend::nccl::NcclCommunicator;
-use crate::dispatch::Choice;
-use crate::topology::Topology;
-use crate::{Algorithm, Communicator, Config, CpuCommunicator, DType};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaStream};
+use tpar::algorithm::Selection;
+use tpar::backend::cuda::driver::DeviceMemory;
+use tpar::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
+use tpar::backend::nccl::NcclCommunicator;
+use tpar::dispatch::Choice;
+use tpar::topology::Topology;
+use tpar::{Algorithm, Communicator, Config, CpuCommunicator, DType};
 
 use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::{bail, Context, HarnessError, Result};
-use crate::verify::{self, CheckRanks, Finding};
+use tpar::verify::{self, CheckRanks, Finding};
 
 /// Queues one allreduce on `stream` through `comm`: the forced choice (queued as forced,
 /// without the dispatcher's check that it runs here, as the benchmarks measure it), or the
@@ -40,6 +40,10 @@ pub fn queue(
     Ok(())
 }
 
+/// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
+/// process's rank of a job).
+pub type MakeGroup<'a> = &'a dyn Fn(Config) -> Result<CudaRanks>;
+
 /// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
 pub fn stream_is_capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| {
@@ -59,13 +63,13 @@ pub const ROUTE_NAMES: &str = route_names!();
 
 /// A name from a list of algorithms (`--algos`): [`Selection`]'s parse, with an error that
 /// lists every name `auto` included; an empty name is refused, not taken for `auto`.
-pub fn parse_selection(name: &str) -> std::result::Result<Selection, crate::Error> {
+pub fn parse_selection(name: &str) -> std::result::Result<Selection, tpar::Error> {
     let name = name.trim();
     let parsed = (!name.is_empty())
         .then(|| name.parse::<Selection>().ok())
         .flatten();
     parsed.ok_or_else(|| {
-        crate::Error::InvalidArgument(format!(
+        tpar::Error::InvalidArgument(format!(
             "unknown algorithm '{name}'; the names are: {ROUTE_NAMES}"
         ))
     })
@@ -90,7 +94,7 @@ pub struct RankBuffers {
 }
 
 pub fn device_count() -> Result<usize> {
-    Ok(crate::backend::cuda::check_available()?)
+    Ok(tpar::backend::cuda::check_available()?)
 }
 
 impl CudaRanks {
@@ -203,7 +207,7 @@ impl CudaRanks {
             let result = comm.cuda().synchronize(&self.streams[i]);
             let took = start.elapsed();
             match result {
-                Err(crate::Error::PeerTimeout { peer, .. })
+                Err(tpar::Error::PeerTimeout { peer, .. })
                     if peer == silent && took <= deadline + Duration::from_secs(1) =>
                 {
                     detail = format!(" (kernels gave up after {took:.2?}, deadline {deadline:?})");
@@ -363,7 +367,7 @@ impl CudaRanks {
             b.output.download(&mut host)?;
             let expected = k.expected(variant, count);
             let mismatch = if tolerance == 0.0 {
-                crate::check::first_mismatch(dtype, &host, expected)
+                tpar::check::first_mismatch(dtype, &host, expected)
             } else {
                 (0..count)
                     .map(|e| (e, dtype.load_f32(&host, e), dtype.load_f32(expected, e)))
@@ -549,7 +553,7 @@ mod route_name_tests {
             exact_sums(2, &verify::QUICK_CHECK),
             "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements"
         );
-        let readme = include_str!("../../../../README.md");
+        let readme = include_str!("../../../README.md");
         assert!(
             readme.contains(ROUTE_NAMES),
             "README lists other algorithm names"

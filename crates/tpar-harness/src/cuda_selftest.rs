@@ -7,16 +7,19 @@
 
 use std::time::{Duration, Instant};
 
-use crate::check::{fill_expected, fill_input};
-use crate::dispatch::Choice;
-use crate::Config;
-use crate::{Algorithm, DType};
+use tpar::check::{fill_expected, fill_input};
+use tpar::dispatch::Choice;
+use tpar::Config;
+use tpar::{Algorithm, DType};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
 use super::known::KnownData;
+// Also at their old paths here, for the callers that name them so.
+pub use super::cuda_ranks::MakeGroup;
+pub use super::selftest_row::SelftestRow;
 use super::Result;
-use crate::algorithm::Selection;
-use crate::verify::{self, CheckSpec};
+use tpar::algorithm::Selection;
+use tpar::verify::{self, CheckSpec};
 
 pub struct CudaSelftestSettings {
     pub counts: Vec<usize>,
@@ -31,30 +34,6 @@ const CASE_DEADLINE: Duration = Duration::from_secs(1);
 
 /// The two inputs every row alternates between.
 const SEEDS: [u64; 2] = [31, 32];
-
-/// Builds a group of CUDA ranks with a configuration (all ranks in this process, or this
-/// process's rank of a job).
-pub type MakeGroup<'a> = &'a dyn Fn(Config) -> Result<CudaRanks>;
-
-/// One row of a self-test: what was checked (case, dtype, elements, placement and, on CUDA,
-/// mode), on how many ranks it failed (0: passed everywhere), and the result column.
-pub struct SelftestRow {
-    pub cells: Vec<String>,
-    pub bad: u64,
-    pub result: String,
-}
-
-impl SelftestRow {
-    /// A row whose result is `pass` or `FAIL on N rank(s)`, followed by `detail`.
-    pub fn tallied(cells: Vec<String>, bad: u64, detail: String) -> SelftestRow {
-        let result = if bad == 0 {
-            format!("pass{detail}")
-        } else {
-            format!("FAIL on {bad} rank(s){detail}")
-        };
-        SelftestRow { cells, bad, result }
-    }
-}
 
 /// Adds the row of one case of the sweep (algorithm, dtype, count, placement) run in `mode`
 /// ("eager" or "graph"), from this rank's count of wrong outputs tallied across the ranks.

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use crate::harness::known::KnownData;
-use crate::harness::ranks::{say, Rank};
-use crate::harness::{bail, Context, HarnessError, Result};
-use crate::{Algorithm, Config, CpuCommunicator, DType};
+use crate::known::KnownData;
+use crate::ranks::{say, Rank};
+use crate::{bail, Context, HarnessError, Result};
+use tpar::{Algorithm, Config, CpuCommunicator, DType};
 
 /// The calls every rank makes, and the faults: each fault names its rank, as `RANK=VALUE`
 /// (count, dtype) or `RANK@CALL` (die, stall; calls count from 0).
@@ -80,7 +80,7 @@ pub fn run_rank(rank: &Rank, args: &DebugScript, timeout: Duration) -> Result<()
                 me,
                 &format!("debug-rank: killing myself (SIGKILL) before call {call}"),
             );
-            crate::launch::send_sigkill(std::process::id());
+            tpar::launch::send_sigkill(std::process::id());
         }
         if stall_at == Some(call) {
             say(me, &format!("debug-rank: stalling before call {call}"));

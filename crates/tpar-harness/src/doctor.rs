@@ -9,14 +9,14 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::backend::cuda::link_measurement::LinkMeasurements;
-use crate::backend::cuda::CudaCommunicator;
-use crate::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
-use crate::harness::{Context, Result};
-use crate::memory::MemoryFootprint;
-use crate::topology::Topology;
-use crate::Config;
-use crate::DType;
+use crate::{Context, Result};
+use tpar::backend::cuda::link_measurement::LinkMeasurements;
+use tpar::backend::cuda::CudaCommunicator;
+use tpar::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
+use tpar::memory::MemoryFootprint;
+use tpar::topology::Topology;
+use tpar::Config;
+use tpar::DType;
 
 /// What to examine and plan for.
 #[derive(Clone, Debug)]
@@ -35,7 +35,7 @@ pub struct DoctorOptions {
 pub enum DoctorError {
     /// The topology file cannot be read or parsed (the caller's input: a usage error).
     #[error(transparent)]
-    Topology(crate::Error),
+    Topology(tpar::Error),
     /// No GPU on this machine to examine; the message says what can run instead.
     #[error("{0}")]
     NoGpu(String),
@@ -195,11 +195,11 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
     };
     let cuda = add(
         "CUDA driver and NVRTC",
-        crate::backend::cuda::check_available()
+        tpar::backend::cuda::check_available()
             .map(|n| format!("{n} GPU(s) usable"))
             .context("fix: install the NVIDIA driver; pip install nvidia-cuda-nvrtc"),
     );
-    match crate::backend::nccl::Nccl::load() {
+    match tpar::backend::nccl::Nccl::load() {
         Ok(n) => add(
             "NCCL",
             Ok(format!(
@@ -218,10 +218,10 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
     if !cuda {
         return checks;
     }
-    let ranks = world_size.clamp(2, crate::backend::cuda::kernels::MAX_RANKS);
-    for algo in crate::Algorithm::ALL {
+    let ranks = world_size.clamp(2, tpar::backend::cuda::kernels::MAX_RANKS);
+    for algo in tpar::Algorithm::ALL {
         let choice = Choice::Tpar(algo);
-        let request_ok = crate::dispatch::eligibility(
+        let request_ok = tpar::dispatch::eligibility(
             &Request {
                 topology,
                 findings: None,
@@ -241,7 +241,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
             );
             continue;
         }
-        let result = crate::harness::cuda_ranks::quick_check(ranks, algo);
+        let result = crate::cuda_ranks::quick_check(ranks, algo);
         if let Err(e) = &result {
             findings
                 .failed
@@ -258,14 +258,14 @@ fn link_measurement(
     topology: &Topology,
     findings: &mut Findings,
 ) -> (Option<Check>, Option<LinkMeasurements>) {
-    let Ok(gpus) = crate::backend::cuda::check_available() else {
+    let Ok(gpus) = tpar::backend::cuda::check_available() else {
         return (None, None);
     };
     if gpus < 2 {
         return (None, None);
     }
     let devices: Vec<usize> = (0..gpus).collect();
-    let measured = crate::backend::cuda::link_measurement::measure_links(
+    let measured = tpar::backend::cuda::link_measurement::measure_links(
         &devices,
         64 << 20,
         std::time::Duration::from_secs(10),
@@ -293,7 +293,7 @@ fn link_measurement(
             (Some(check), Some(links))
         }
         // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
-        Err(e @ crate::Error::Unsupported(_)) => (
+        Err(e @ tpar::Error::Unsupported(_)) => (
             Some(Check {
                 name: "link measurement".into(),
                 ok: true,

@@ -1,23 +1,24 @@
 //! The fused allreduce + residual add + RMSNorm in the harness: its selftest rows (every path,
 //! odd hidden sizes, 1 and many tokens, in place and not, eager and graph-replayed, each rank's
-//! `residual_out` and `y` compared bitwise with the CPU reference of `crate::norm`; a peer
+//! `residual_out` and `y` compared bitwise with the CPU reference of `tpar::norm`; a peer
 //! timeout and a mismatched call), and `tpar bench --fused`: the fused op against the plain
 //! allreduce of the same bytes and against the allreduce followed by tpar's separate
 //! residual + RMSNorm kernel, each in a graph chain per rank (ranks as streams).
 
 use std::time::{Duration, Instant};
 
-use crate::backend::cuda::driver::{self, DeviceMemory};
-use crate::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
-use crate::check::fill_input;
-use crate::dispatch::Choice;
-use crate::Config;
-use crate::{Algorithm, DType, Error};
 use serde::Serialize;
+use tpar::backend::cuda::driver::{self, DeviceMemory};
+use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
+use tpar::check::fill_input;
+use tpar::dispatch::Choice;
+use tpar::Config;
+use tpar::{Algorithm, DType, Error};
 
 use super::cuda_bench::time_replays;
 use super::cuda_ranks::CudaRanks;
-use super::cuda_selftest::{MakeGroup, SelftestRow};
+use super::cuda_ranks::MakeGroup;
+use super::selftest_row::SelftestRow;
 use super::stats::percentile;
 use super::{Context, Result};
 
@@ -51,7 +52,7 @@ impl HostCase {
         let eps = 1e-6;
         let refs: Vec<&[u8]> = xs.iter().map(Vec::as_slice).collect();
         let (residual_out, y) =
-            crate::norm::fused_reference(dtype, &refs, &residual, &weight, hidden, eps);
+            tpar::norm::fused_reference(dtype, &refs, &residual, &weight, hidden, eps);
         HostCase {
             dtype,
             tokens,
@@ -163,7 +164,7 @@ fn wrong(group: &CudaRanks, bufs: &[FusedBuffers], case: &HostCase, in_place: bo
         for (name, buffer, expected) in outputs {
             buffer.download(&mut host)?;
             if let Some((index, got, want)) =
-                crate::check::first_mismatch(case.dtype, &host, expected)
+                tpar::check::first_mismatch(case.dtype, &host, expected)
             {
                 bad += 1;
                 super::ranks::say(
@@ -485,7 +486,7 @@ pub const MAX_TOKENS: usize = 512;
 pub fn fused_algorithms() -> Vec<Algorithm> {
     Algorithm::ALL
         .into_iter()
-        .filter(|&a| crate::norm::has_fused_kernel(a))
+        .filter(|&a| tpar::norm::has_fused_kernel(a))
         .collect()
 }
 

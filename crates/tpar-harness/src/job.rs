@@ -8,12 +8,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::cuda_ranks::CudaRanks;
-use super::cuda_selftest::MakeGroup;
+use super::cuda_ranks::MakeGroup;
 use super::ranks::{say, Rank, PARTIAL_FILE};
 use super::{HarnessError, Result};
-use crate::config::Config;
-use crate::launch::Launcher;
-use crate::{RankEnv, Rendezvous};
+use tpar::config::Config;
+use tpar::launch::Launcher;
+use tpar::{RankEnv, Rendezvous};
 
 /// The program a launching process starts once per rank, with its arguments.
 pub struct RankCommand {

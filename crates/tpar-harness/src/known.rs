@@ -2,8 +2,8 @@
 //! checks. Bench, selftest and the fault-test command verify every call with these.
 
 use super::Result;
-use crate::check::{fill_expected, fill_input};
-use crate::{Algorithm, CpuCommunicator, DType};
+use tpar::check::{fill_expected, fill_input};
+use tpar::{Algorithm, CpuCommunicator, DType};
 
 /// Two different inputs (seeds) and their expected sums, for calls of up to `max_count`
 /// elements. Calls alternate between them, so a call that wrote nothing leaves the previous

@@ -1,6 +1,8 @@
 //! The measuring and checking harness: what `tpar bench`, `tpar selftest`, `tpar tune` and
-//! `tpar doctor` run, in the library so that Python and engines can tune and verify a machine
-//! the same way the command does.
+//! `tpar doctor` run, in a library so that Python and engines can tune and verify a machine
+//! the same way the command does. Built on the core crate `tpar` (what an engine links), which
+//! knows nothing of this one; capacity planning ([`planner`]) and cuBLAS ([`blas`]) live here
+//! too.
 //!
 //! - [`cuda_ranks`]: a group of CUDA ranks, as threads of this process (one stream each) or as
 //!   this process's rank of a job, with the collective invariant every caller keeps: call
@@ -11,7 +13,7 @@
 //! - [`provenance`]: host, device, commit, date and command, recorded with every result.
 //! - [`known`]: known inputs, their exact sums and the cross-rank tally of failed checks.
 //! - [`cuda_bench`]: timing by graph replay with agreed counts, and the floors of the same run.
-//! - the one numerical check is [`crate::verify`] (below the communicator, which runs it at
+//! - the one numerical check is [`tpar::verify`] (below the communicator, which runs it at
 //!   init); `tpar doctor` and the sweep run it on rank groups from here.
 //! - [`cuda_selftest`]: the numerical self-test sweep (eager, graph-replayed, many replays).
 //! - [`backend_choice`]: which backend a job runs on, its world size and algorithms.
@@ -19,6 +21,7 @@
 //! - [`doctor`]: what `tpar doctor` examines and finds, as a report.
 //! - [`cpu_bench`]: the CPU backend's benchmark on one rank of a job.
 //! - [`cpu_selftest`]: the CPU backend's self-test on one rank of a job.
+//! - [`selftest_row`]: one row of a self-test (what was checked, on how many ranks it failed).
 //! - [`tune`]: the tuning table from measured rows.
 //! - [`bench_step`] and [`blas`]: one tensor-parallel forward pass timed with each way of
 //!   reducing, and the cuBLAS binding it needs (its FFI fenced in that one file).
@@ -28,8 +31,11 @@
 //! - [`anatomy`]: what each piece of one call costs (a ladder of kernels).
 //! - [`limits`]: what this host can hold (RAM, /dev/shm, cores) against a job's needs.
 //! - [`reports`]: each run's report as written out (rows, timing, provenance).
+//! - [`runs`]: the bench's rank bodies (CPU on a rank, CUDA on a group), settings to report.
 //! - [`sizes`]: message sizes as written (`4K`), the default sweeps, sizes as element counts.
 //! - [`stats`]: percentiles and bus bandwidth.
+//! - [`planner`]: capacity planning before a server starts (memory, speculative decoding, the
+//!   latency model of a step).
 //!
 //! Output (tables, JSON, plots, progress bars) is the caller's: functions here return rows.
 
@@ -48,9 +54,12 @@ pub mod fused_bench;
 pub mod job;
 pub mod known;
 pub mod limits;
+pub mod planner;
 pub mod provenance;
 pub mod ranks;
 pub mod reports;
+pub mod runs;
+pub mod selftest_row;
 pub mod sizes;
 pub mod stats;
 pub mod step_request;
@@ -61,7 +70,7 @@ pub mod tune;
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
     #[error(transparent)]
-    Tpar(#[from] crate::Error),
+    Tpar(#[from] tpar::Error),
     #[error(transparent)]
     Driver(#[from] cudarc::driver::DriverError),
     #[error(transparent)]
@@ -130,7 +139,7 @@ impl<T> Context<T> for Option<T> {
 /// Returns a [`HarnessError::Failed`] with a formatted message.
 macro_rules! bail {
     ($($message:tt)*) => {
-        return Err($crate::harness::HarnessError::Failed(format!($($message)*)))
+        return Err($crate::HarnessError::Failed(format!($($message)*)))
     };
 }
 pub(crate) use bail;

@@ -3,8 +3,8 @@
 //! available RAM (an error naming both numbers). Without this, `-n 1000` or `--sizes 16G`
 //! forked ranks until the machine stopped answering.
 
-use crate::harness::{bail, Result};
-use crate::memory::human_bytes;
+use crate::{bail, Result};
+use tpar::memory::human_bytes;
 
 /// Free bytes of the host, as far as they can be read.
 #[derive(Clone, Copy, Debug)]
@@ -20,7 +20,7 @@ impl HostRoom {
     pub fn here() -> HostRoom {
         HostRoom {
             ram_available: ram_available(),
-            shm_free: crate::sys::free_bytes(std::path::Path::new("/dev/shm")),
+            shm_free: tpar::free_bytes(std::path::Path::new("/dev/shm")),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
@@ -36,7 +36,7 @@ fn ram_available() -> Option<u64> {
 /// Whether this process may create files in folder `dir` (checked before a run that writes
 /// its results there, so a bad path fails at once rather than after the run).
 pub fn can_write_in(dir: &std::path::Path) -> bool {
-    crate::sys::dir_writable(dir)
+    tpar::dir_writable(dir)
 }
 
 /// What a CPU-backend job of `world_size` ranks needs: each rank's inbox segment in /dev/shm,
@@ -60,7 +60,7 @@ impl CpuJobNeeds {
     /// and two communicators per rank: the silent-peer case's is still mapped by the ranks
     /// waiting out its deadline while the silent rank creates the sweep's (counted as one, a
     /// /dev/shm too small for two passed this check and failed inside the ranks).
-    pub fn selftest(world_size: usize, counts: &[usize], dtypes: &[crate::DType]) -> CpuJobNeeds {
+    pub fn selftest(world_size: usize, counts: &[usize], dtypes: &[tpar::DType]) -> CpuJobNeeds {
         let widest = dtypes.iter().map(|d| d.size() as u64).max().unwrap_or(4);
         let max_bytes = counts
             .iter()
@@ -76,9 +76,9 @@ impl CpuJobNeeds {
     /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
     /// the largest message (bench and selftest keep two inputs, two expected sums and an output).
     pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
-        let layout = crate::protocol::layout::InboxLayout::new(
+        let layout = tpar::protocol::layout::InboxLayout::new(
             world_size,
-            crate::Config::default().cpu_chunk_bytes(),
+            tpar::Config::default().cpu_chunk_bytes(),
         );
         CpuJobNeeds {
             world_size,
@@ -140,7 +140,7 @@ mod tests {
     fn a_selftest_counts_two_communicators_per_rank_and_a_bench_one() {
         let inbox = CpuJobNeeds::cpu(7, 0, 5).shm_per_rank;
         assert_eq!(
-            CpuJobNeeds::selftest(7, &[1024], &[crate::DType::F32]).shm_per_rank,
+            CpuJobNeeds::selftest(7, &[1024], &[tpar::DType::F32]).shm_per_rank,
             2 * inbox
         );
         assert_eq!(CpuJobNeeds::bench(7, &[(4096, 1024)]).shm_per_rank, inbox);
@@ -164,8 +164,7 @@ mod tests {
 
     #[test]
     fn a_selftest_needs_its_largest_count_of_its_widest_dtype() {
-        let needs =
-            CpuJobNeeds::selftest(2, &[0, 7, 1000], &[crate::DType::F16, crate::DType::F32]);
+        let needs = CpuJobNeeds::selftest(2, &[0, 7, 1000], &[tpar::DType::F16, tpar::DType::F32]);
         assert_eq!(
             needs.buffers_per_rank,
             CpuJobNeeds::cpu(2, 4000, 5).buffers_per_rank

@@ -20,7 +20,7 @@ impl Provenance {
     /// The record for a result measured now on `device`, by this process, built from `commit`.
     pub fn collect(device: String, commit: &str) -> Provenance {
         Provenance {
-            host: crate::host_name(),
+            host: tpar::host_name(),
             device,
             commit: commit.to_owned(),
             date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),

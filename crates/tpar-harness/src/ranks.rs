@@ -2,7 +2,7 @@
 //! its place in the job, the rendezvous its communicators are built on, and the one-line
 //! diagnostics ranks write to a shared terminal.
 
-use crate::Rendezvous;
+use tpar::Rendezvous;
 
 /// What a rank's body gets: its place in the job and the rendezvous to build communicators on.
 pub struct Rank {

@@ -11,8 +11,8 @@ use super::cuda_bench::{CudaBenchSettings, CudaRow, Floors};
 use super::cuda_ranks::CudaRanks;
 use super::fused_bench::{FusedBench, FusedBenchRow};
 use super::provenance::Provenance;
-use crate::dispatch::TuningTable;
-use crate::DType;
+use tpar::dispatch::TuningTable;
+use tpar::DType;
 
 /// `tpar bench` on the CPU backend.
 #[derive(Serialize)]

@@ -2,7 +2,7 @@
 //! sweeps of `bench` and `tune`, and sizes as whole element counts of a dtype.
 
 use super::backend_choice::Backend;
-use crate::DType;
+use tpar::DType;
 
 /// `bench`'s sweep on the CPU backend.
 pub const CPU_BENCH_SIZES: &str = "1K,4K,16K,64K,256K,1M,4M";

@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use super::bench_step::{Norms, Reduce};
-use crate::algorithm::Selection;
-use crate::dispatch::Choice;
 use crate::planner::model::ModelShape;
+use tpar::algorithm::Selection;
+use tpar::dispatch::Choice;
 
 /// Why a request cannot be timed as given.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +21,7 @@ pub enum StepRequestError {
     },
     /// The file is not a model config tpar understands.
     #[error(transparent)]
-    Model(#[from] crate::Error),
+    Model(#[from] tpar::Error),
     /// A count outside what the model or the pass allows; the message names the fix.
     #[error("{0}")]
     Invalid(String),

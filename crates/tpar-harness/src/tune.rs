@@ -8,10 +8,10 @@ use super::bail;
 use super::cuda_bench::{self, CudaBenchSettings, CudaRow};
 use super::cuda_ranks::CudaRanks;
 use super::{Context, Result};
-use crate::algorithm::Selection;
-use crate::dispatch::{Choice, TuningEntry, TuningTable};
-use crate::topology::Topology;
-use crate::DType;
+use tpar::algorithm::Selection;
+use tpar::dispatch::{Choice, TuningEntry, TuningTable};
+use tpar::topology::Topology;
+use tpar::DType;
 
 /// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
 /// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
@@ -29,7 +29,7 @@ pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBench
 /// What tuning runs on: this machine's topology (the table's key) and the world size, one
 /// rank per GPU unless `world_size` says otherwise.
 pub fn machine(world_size: Option<usize>) -> Result<(usize, Topology)> {
-    let gpus = crate::backend::cuda::check_available()
+    let gpus = tpar::backend::cuda::check_available()
         .context("tpar tune measures GPUs, and none is usable here")?;
     let topology =
         Topology::detect().context("tpar tune keys its table by the machine's topology")?;
@@ -148,7 +148,7 @@ pub fn table_from(
 
 /// "one-shot up to 4 KiB, two-shot up to 64 KiB, nccl above": where the table switches.
 pub fn crossovers(table: &TuningTable) -> String {
-    crate::dispatch::describe_ranges(table.entries.iter().map(|e| (e.max_bytes, e.choice)))
+    tpar::dispatch::describe_ranges(table.entries.iter().map(|e| (e.max_bytes, e.choice)))
 }
 
 #[cfg(test)]
@@ -188,8 +188,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (4096, Choice::Tpar(crate::Algorithm::OneShot)),
-                (65536, Choice::Tpar(crate::Algorithm::TwoShot)),
+                (4096, Choice::Tpar(tpar::Algorithm::OneShot)),
+                (65536, Choice::Tpar(tpar::Algorithm::TwoShot)),
                 (u64::MAX, Choice::Nccl)
             ]
         );
@@ -212,7 +212,7 @@ mod tests {
             DType::F32,
         )
         .unwrap();
-        assert_eq!(t.entries[0].choice, Choice::Tpar(crate::Algorithm::TwoShot));
+        assert_eq!(t.entries[0].choice, Choice::Tpar(tpar::Algorithm::TwoShot));
         assert!(table_from(&[], "fp".into(), 2, DType::F32).is_err());
     }
 

@@ -688,8 +688,8 @@ fn _tpar(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// A harness error as a TparError: the library's own errors in the Python user's words, the
 /// others with their chain of causes (`context: cause`), as the `tpar` command prints them.
-fn harness_err(e: tpar::harness::HarnessError) -> PyErr {
-    if let tpar::harness::HarnessError::Tpar(inner) = e {
+fn harness_err(e: tpar_harness::HarnessError) -> PyErr {
+    if let tpar_harness::HarnessError::Tpar(inner) = e {
         return err(inner);
     }
     let mut text = e.to_string();
@@ -709,7 +709,7 @@ fn harness_rank(
     world_size: Option<usize>,
     rendezvous: Option<String>,
     token: Option<String>,
-) -> PyResult<tpar::harness::ranks::Rank> {
+) -> PyResult<tpar_harness::ranks::Rank> {
     let env = match rendezvous {
         Some(dir) => {
             let (Some(rank), Some(world_size), Some(token)) = (rank, world_size, token) else {
@@ -731,7 +731,7 @@ fn harness_rank(
         })?,
     };
     let rendezvous = Rendezvous::join(env).map_err(err)?;
-    Ok(tpar::harness::ranks::Rank { rendezvous })
+    Ok(tpar_harness::ranks::Rank { rendezvous })
 }
 
 fn parse_each<T: std::str::FromStr<Err = tpar::Error>>(names: Vec<String>) -> PyResult<Vec<T>> {
@@ -769,7 +769,7 @@ fn verify<'py>(
     rendezvous: Option<String>,
     token: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use tpar::harness::{cpu_selftest, cuda_ranks::CudaRanks, cuda_selftest};
+    use tpar_harness::{cpu_selftest, cuda_ranks::CudaRanks, cuda_selftest};
     let timeout = positive_seconds("timeout", timeout)?;
     let counts = counts.unwrap_or_else(|| vec![0, 1, 7, 1023, 65541, 1_048_579]);
     let dtypes = match dtypes {
@@ -865,7 +865,7 @@ fn tune<'py>(
     rendezvous: Option<String>,
     token: Option<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use tpar::harness::{cuda_ranks::CudaRanks, tune};
+    use tpar_harness::{cuda_ranks::CudaRanks, tune};
     let timeout = positive_seconds("timeout", timeout)?;
     let dtype: DType = dtype.parse().map_err(err)?;
     let sizes = sizes.unwrap_or_else(|| {

@@ -1,11 +1,11 @@
 //! The text of `tpar bench`: the CPU and CUDA sweeps, the anatomy ladder and the fused
 //! allreduce + RMSNorm comparison.
 
-use tpar::harness::anatomy::{Anatomy, CHAIN};
-use tpar::harness::cpu_bench::CpuRow;
-use tpar::harness::fused_bench::{FusedBench, VARIANTS};
-use tpar::harness::reports::{CpuBenchReport, CudaBenchReport};
 use tpar::memory::human_bytes;
+use tpar_harness::anatomy::{Anatomy, CHAIN};
+use tpar_harness::cpu_bench::CpuRow;
+use tpar_harness::fused_bench::{FusedBench, VARIANTS};
+use tpar_harness::reports::{CpuBenchReport, CudaBenchReport};
 
 use crate::{name_with_runs, ranks, size, skipped_row, Table};
 

@@ -1,8 +1,8 @@
 //! The text of `tpar doctor`: what the harness's examination of a machine found.
 
 use tpar::dispatch::Class;
-use tpar::harness::doctor::Report;
 use tpar::memory::human_bytes;
+use tpar_harness::doctor::Report;
 
 use crate::{ranks, size, Table};
 

@@ -1,5 +1,5 @@
-//! tpar's printers: the text tables, JSON files and SVG plots of what `tpar::harness` and
-//! `tpar::planner` report, as ripgrep's grep-printer is to its searcher. The `tpar` command
+//! tpar's printers: the text tables, JSON files and SVG plots of what `tpar_harness` and
+//! `tpar_harness::planner` report, as ripgrep's grep-printer is to its searcher. The `tpar` command
 //! maps its subcommands onto the library and prints through this crate; the functions here
 //! compute nothing about the machine: each turns a finished report into text.
 //!

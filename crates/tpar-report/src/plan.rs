@@ -1,8 +1,8 @@
 //! The text of `tpar plan`: the KV-cache memory plan with every term, and whether speculative
 //! decoding pays at the allreduce latency given.
 
-use tpar::planner::capacity::{MemoryReport, SpecReport};
-use tpar::planner::{gib, GIB};
+use tpar_harness::planner::capacity::{MemoryReport, SpecReport};
+use tpar_harness::planner::{gib, GIB};
 
 use crate::Table;
 

@@ -3,9 +3,9 @@
 use std::path::Path;
 
 use plotters::prelude::*;
-use tpar::harness::cpu_bench::CpuRow;
-use tpar::harness::cuda_bench::CudaRow;
 use tpar::memory::human_bytes;
+use tpar_harness::cpu_bench::CpuRow;
+use tpar_harness::cuda_bench::CudaRow;
 
 use crate::{ReportError, Result};
 

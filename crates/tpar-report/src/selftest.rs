@@ -1,7 +1,7 @@
 //! The text of `tpar selftest`: a row per case, each checked bitwise against the exact sum,
 //! and the count of rows passed and failed.
 
-use tpar::harness::cuda_selftest::SelftestRow;
+use tpar_harness::selftest_row::SelftestRow;
 
 use crate::Table;
 

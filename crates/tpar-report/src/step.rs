@@ -1,7 +1,7 @@
 //! The text of `tpar bench step`: one tensor-parallel pass timed with each way of reducing.
 
-use tpar::harness::reports::StepReport;
 use tpar::memory::human_bytes;
+use tpar_harness::reports::StepReport;
 
 use crate::{name_with_runs, ranks, skipped_row, Table};
 

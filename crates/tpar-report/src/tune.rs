@@ -1,9 +1,9 @@
 //! The text of `tpar tune`: the fastest and runner-up choice at each size, the crossovers of
 //! the table written, what was not measured, and where the table went.
 
-use tpar::harness::cuda_bench::CudaRow;
-use tpar::harness::reports::TuneReport;
-use tpar::harness::tune::{crossovers, not_measured, podiums};
+use tpar_harness::cuda_bench::CudaRow;
+use tpar_harness::reports::TuneReport;
+use tpar_harness::tune::{crossovers, not_measured, podiums};
 
 use crate::{size, Table};
 

@@ -3,17 +3,21 @@
 
 use std::path::PathBuf;
 
-use tpar::harness::cpu_bench::CpuRow;
-use tpar::harness::cuda_bench::CudaRow;
-use tpar::harness::cuda_selftest::SelftestRow;
-use tpar::harness::doctor::{examine, DoctorOptions};
-use tpar::harness::reports::TuneReport;
-use tpar::planner::capacity::{memory_report, MemoryRequest};
-use tpar::planner::memory::EngineRule;
 use tpar::DType;
+use tpar_harness::cpu_bench::CpuRow;
+use tpar_harness::cuda_bench::CudaRow;
+use tpar_harness::doctor::{examine, DoctorOptions};
+use tpar_harness::planner::capacity::{memory_report, MemoryRequest};
+use tpar_harness::planner::memory::EngineRule;
+use tpar_harness::reports::TuneReport;
+use tpar_harness::selftest_row::SelftestRow;
 
-fn fixture(path: &str) -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tpar/fixtures")).join(path)
+/// A fixture of `crate` (`tpar`: topologies, `tpar-harness`: models).
+fn fixture(crate_dir: &str, path: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .join(crate_dir)
+        .join("fixtures")
+        .join(path)
 }
 
 fn cuda_row(bytes: u64, algo: &str, p50_us: f64) -> CudaRow {
@@ -93,7 +97,7 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
         cuda_row(4096, "two-shot", 5.0),
         nccl,
     ];
-    let table = tpar::harness::tune::table_from(&rows, "fp".into(), 2, DType::Bf16).unwrap();
+    let table = tpar_harness::tune::table_from(&rows, "fp".into(), 2, DType::Bf16).unwrap();
     let report = TuneReport {
         table,
         written_to: "/tmp/t.json".into(),
@@ -118,7 +122,7 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
 #[test]
 fn the_memory_plan_shows_its_terms_and_says_when_it_does_not_fit() {
     let request = |gpu_gb| MemoryRequest {
-        config: fixture("models/llama-3.1-70b.json"),
+        config: fixture("tpar-harness", "models/llama-3.1-70b.json"),
         tp: 8,
         gpu_gb: Some(gpu_gb),
         free_after_load_gb: None,
@@ -152,7 +156,10 @@ fn the_memory_plan_shows_its_terms_and_says_when_it_does_not_fit() {
 #[test]
 fn the_doctor_text_of_a_described_machine_has_every_section() {
     let report = examine(&DoctorOptions {
-        topology: Some(fixture("topologies/8x-rtx-pro-6000-pcie-2switch.json")),
+        topology: Some(fixture(
+            "tpar",
+            "topologies/8x-rtx-pro-6000-pcie-2switch.json",
+        )),
         world_size: Some(4),
         dtype: DType::Bf16,
         forced: None,

@@ -15,10 +15,12 @@
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
 //! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
-//! - [`harness`]: rank groups, timing by graph replay, the self-test sweep and tuning: what
-//!   `tpar bench`, `selftest`, `tune` and `doctor` run, callable from Python and engines too.
 //! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`], [`config`]: the small
 //!   vocabulary types, the settings every rank of a communicator agrees on, and the cache root.
+//!
+//! What measures and checks a machine (bench, selftest, tune, doctor, the bench step with
+//! cuBLAS) and capacity planning are the `tpar-harness` crate, built on this one: an engine
+//! links only this crate.
 //!
 //! Layers point down only: `python3 scripts/import_graph.py` checks it (ARCHITECTURE.md).
 
@@ -31,12 +33,10 @@ pub mod config;
 pub mod dispatch;
 pub mod dtype;
 pub mod error;
-pub mod harness;
 pub mod hash;
 pub mod launch;
 pub mod memory;
 pub mod norm;
-pub mod planner;
 pub mod protocol;
 pub mod rendezvous;
 mod sys;
@@ -52,4 +52,4 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use memory::MemoryFootprint;
 pub use rendezvous::{RankEnv, Rendezvous};
-pub use sys::host_name;
+pub use sys::{dir_writable, free_bytes, host_name};

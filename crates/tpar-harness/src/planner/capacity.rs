@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::communicator::NcclMode;
-use crate::memory::MemoryFootprint;
 use crate::planner::memory::{plan_memory, EngineRule, MemoryInputs, MemoryPlan};
 use crate::planner::model::ModelShape;
 use crate::planner::spec::{plan_spec, roofline_ms, Latency, SpecInputs, SpecPlan};
 use crate::planner::GIB;
-use crate::Config;
+use tpar::communicator::NcclMode;
+use tpar::memory::MemoryFootprint;
+use tpar::Config;
 
 /// A request that cannot be planned: every error is about the inputs (the message names the
 /// input and the fix).
@@ -35,8 +35,8 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-impl From<crate::Error> for PlanError {
-    fn from(e: crate::Error) -> PlanError {
+impl From<tpar::Error> for PlanError {
+    fn from(e: tpar::Error) -> PlanError {
         PlanError(chain(&e))
     }
 }
@@ -106,7 +106,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
     model.check_tp(a.tp)?;
     let gpu_bytes = match a.gpu_gb {
         Some(g) => g * GIB,
-        None => crate::topology::Topology::detect()
+        None => tpar::topology::Topology::detect()
             .ok()
             .and_then(|t| t.gpus.first().map(|g| g.memory_bytes as f64))
             .ok_or_else(|| PlanError("no GPU to read its memory from: give --gpu-gb".into()))?,
@@ -117,7 +117,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
     };
     let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
     let footprint =
-        crate::communicator::planned_footprint(a.tp as usize, &Config::default(), a.nccl);
+        tpar::communicator::planned_footprint(a.tp as usize, &Config::default(), a.nccl);
     let inputs = MemoryInputs {
         gpu_total_bytes: gpu_bytes,
         free_after_load_bytes: a.free_after_load_gb.map(|g| g * GIB),
@@ -220,11 +220,11 @@ pub fn spec_report(a: &SpecRequest) -> Result<SpecReport> {
             Latency::from_bench_json(&text)?
         }
         (None, None, Some(path)) => {
-            let topology = crate::topology::Topology::load(path)?;
+            let topology = tpar::topology::Topology::load(path)?;
             let (latency, why) = crate::planner::latency_model::modelled_latency(
                 &topology,
                 a.tp as usize,
-                crate::DType::Bf16,
+                tpar::DType::Bf16,
             )?;
             assumptions.push(format!("allreduce latency {why}"));
             latency

@@ -9,11 +9,11 @@
 //! better input; this is what to use before one exists.
 
 use super::spec::Latency;
-use crate::algorithm::Algorithm;
-use crate::dispatch::{classify, decide, Choice, Class, Request};
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::topology::Topology;
+use tpar::algorithm::Algorithm;
+use tpar::dispatch::{classify, decide, Choice, Class, Request};
+use tpar::dtype::DType;
+use tpar::error::Result;
+use tpar::topology::Topology;
 
 /// Cost of one path on one machine class: `fixed_us + per_rank_us x ranks + bytes / gbps`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -175,7 +175,7 @@ pub fn modelled_latency(
     dtype: DType,
 ) -> Result<(Latency, String)> {
     if world_size > topology.gpus.len() {
-        return Err(crate::error::Error::InvalidArgument(format!(
+        return Err(tpar::error::Error::InvalidArgument(format!(
             "{world_size} ranks on a machine of {} GPU(s) ({}): give a TP size of at most {}",
             topology.gpus.len(),
             topology.description,
@@ -220,7 +220,7 @@ pub fn modelled_latency(
     }
     let paths: Vec<String> = runs
         .iter()
-        .map(|(from, c)| format!("{c} from {}", crate::memory::human_bytes(*from)))
+        .map(|(from, c)| format!("{c} from {}", tpar::memory::human_bytes(*from)))
         .collect();
     let why = format!(
         "modelled for {} ({}), {world_size} ranks: {}; {}",
@@ -244,7 +244,7 @@ fn class_label(class: Class) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::FIXTURES;
+    use tpar::topology::FIXTURES;
 
     fn fixture(name: &str) -> Topology {
         Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()

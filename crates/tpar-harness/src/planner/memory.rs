@@ -61,8 +61,8 @@ pub struct MemoryPlan {
 impl MemoryInputs {
     /// Refuses inputs that would give a confident wrong plan: non-finite or negative figures,
     /// fractions outside (0, 1], free memory above the GPU's total, KV of 0 bytes per token.
-    pub fn check(&self) -> crate::Result<()> {
-        let bad = |what: String| Err(crate::Error::InvalidArgument(what));
+    pub fn check(&self) -> tpar::Result<()> {
+        let bad = |what: String| Err(tpar::Error::InvalidArgument(what));
         let figures = [
             ("GPU memory", self.gpu_total_bytes),
             ("weights", self.weights_bytes),

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
+use tpar::error::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mla {

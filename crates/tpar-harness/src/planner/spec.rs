@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::model::ModelShape;
-use crate::error::{Error, Result};
+use tpar::error::{Error, Result};
 
 /// Allreduce latency as a function of message size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

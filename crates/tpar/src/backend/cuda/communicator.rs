@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::driver::{self, IpcMapping, RegisteredSegment};
+use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::errors;
-use super::group::Owned;
 use super::kernels::{KernelArgs, KernelId, MAX_RANKS, THREADS};
 use super::loader::KernelSet;
 use super::span::{DeviceSpan, DeviceSpanMut, Operands};
@@ -48,6 +47,16 @@ pub struct CudaCommunicator {
     pub(super) status: Mutex<Status>,
     /// Blocks of this rank's last kernel launch (see [`CudaCommunicator::launch_behind_last`]).
     pub(super) last_grid: std::sync::atomic::AtomicU32,
+}
+
+/// This rank's own allocations (made in `group.rs`).
+pub(super) struct Owned {
+    /// LL inbox, then the pull region (data buffers and block flags).
+    pub(super) inbox: DeviceMemory,
+    /// [epoch of the last chunk, blocks done], then the fused kernels' exchange lines.
+    pub(super) state: DeviceMemory,
+    pub(super) error: MappedHostMemory,
+    pub(super) host_inbox: Option<RegisteredSegment>,
 }
 
 #[derive(Default)]
@@ -157,7 +166,17 @@ impl CudaCommunicator {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
             // copy (a memcpy node in a captured graph) is all the work there is.
             if !operands.in_place() && count > 0 {
-                driver::copy_operands_async(&self.ctx, operands, stream)?;
+                // SAFETY: checked operands are device memory of this GPU, `bytes()` long,
+                // valid for the call's work on `stream`.
+                unsafe {
+                    driver::copy_device_addresses_async(
+                        &self.ctx,
+                        operands.output(),
+                        operands.input(),
+                        operands.bytes(),
+                        stream,
+                    )
+                }?;
             }
             return Ok(());
         }

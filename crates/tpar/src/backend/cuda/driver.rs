@@ -15,7 +15,6 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::span::Operands;
 use crate::error::{Error, Result};
 use crate::sys::SharedSegment;
 
@@ -545,22 +544,24 @@ pub fn copy_to_host_async(
     })
 }
 
-/// Queues the copy of checked `operands`' input to their output on `stream` (what an
+/// Queues the copy of `bytes` from device address `src` to `dst` on `stream` (what an
 /// allreduce of one rank is).
-pub(crate) fn copy_operands_async(
+///
+/// # Safety
+/// `src` and `dst` must be device memory of `ctx`'s GPU, `bytes` long each, that stays valid
+/// until the stream's work is done (checked operands are).
+pub(crate) unsafe fn copy_device_addresses_async(
     ctx: &CudaContext,
-    operands: &Operands,
+    dst: u64,
+    src: u64,
+    bytes: usize,
     stream: &CudaStream,
 ) -> Result<()> {
     bind(ctx)?;
-    // SAFETY: checked operands are device memory of this GPU valid for the call's work.
+    // SAFETY: the caller guarantees both ranges are device memory of this GPU valid for the
+    // stream's work; the stream is live.
     check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(
-            operands.output(),
-            operands.input(),
-            operands.bytes(),
-            stream.cu_stream(),
-        )
+        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream.cu_stream())
     })
 }
 

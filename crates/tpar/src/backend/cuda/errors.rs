@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use super::fused;
 use super::kernels::{
     phase_name, ERR_DETAIL_SHIFT, ERR_FIELD_SHIFT, ERR_MISMATCH, ERR_PEER_SHIFT, ERR_PHASE_SHIFT,
     ERR_TIMEOUT,
@@ -26,6 +25,18 @@ const DETAIL: (u32, u64) = (ERR_DETAIL_SHIFT, 0xffff_ffff);
 const HEADER_COUNT_LOW: u64 = 2;
 const HEADER_DTYPE_AND_ALGORITHM: u64 = 4;
 const HEADER_CHUNK: u64 = 5;
+
+/// Set in header word 4 by fused calls (`TPAR_HEADER_FUSED` in fused.cuh).
+pub(super) const HEADER_FUSED: u32 = 0x1_0000;
+
+/// What a mismatched header word 4 says about the op the peer called.
+pub(super) fn header_note(word: u32) -> &'static str {
+    if word & HEADER_FUSED != 0 {
+        ", fused with residual add + RMSNorm"
+    } else {
+        ""
+    }
+}
 
 fn part(word: u64, (shift, mask): (u32, u64)) -> u64 {
     (word >> shift) & mask
@@ -60,7 +71,7 @@ pub(super) fn decode(
                     "dtype {} with algorithm {}{}",
                     DType::from_code(detail as u8).map_or("?", DType::name),
                     Algorithm::from_code((detail >> 8) as u8).map_or("?", Algorithm::name),
-                    fused::header_note(detail)
+                    header_note(detail)
                 ),
                 HEADER_CHUNK => format!("chunk {detail}"),
                 _ => format!("header word {field} = {detail:#x}"),

@@ -11,7 +11,9 @@
 use cudarc::driver::CudaStream;
 
 use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
-use super::span::{DeviceSpan, DeviceSpanMut, FusedOperands};
+use super::span::FusedOperands;
+// The fused op's operands are defined with the other operands, in `span.rs`.
+pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
@@ -41,91 +43,6 @@ struct NormArgs {
 struct FusedArgs {
     base: KernelArgs,
     norm: NormArgs,
-}
-
-/// Set in header word 4 by fused calls (`TPAR_HEADER_FUSED`).
-const HEADER_FUSED: u32 = 0x1_0000;
-
-/// What a mismatched header word 4 says about the op the peer called.
-pub(super) fn header_note(word: u32) -> &'static str {
-    if word & HEADER_FUSED != 0 {
-        ", fused with residual add + RMSNorm"
-    } else {
-        ""
-    }
-}
-
-/// One fused call: `x`, `residual`, `weight` in; `residual_out` (`None`: in place on
-/// `residual`) and `y` out; all device pointers of `dtype` on the rank's GPU.
-#[derive(Clone, Copy, Debug)]
-pub struct FusedCall {
-    pub dtype: DType,
-    pub tokens: usize,
-    pub hidden: usize,
-    pub x: u64,
-    pub residual: u64,
-    pub residual_out: Option<u64>,
-    pub weight: u64,
-    pub y: u64,
-    pub eps: f32,
-}
-
-impl FusedCall {
-    pub(crate) fn elements(&self) -> usize {
-        self.tokens * self.hidden
-    }
-
-    /// Shape, eps and aliasing; `Ok(false)` when there is nothing to do.
-    pub(crate) fn validate(&self) -> Result<bool> {
-        if !norm::validate(self.tokens, self.hidden, self.eps)? {
-            return Ok(false);
-        }
-        let bytes = (self.elements() * self.dtype.size()) as u64;
-        let overlaps = |a: u64, b: u64| a < b + bytes && b < a + bytes;
-        let residual_out = self.residual_out.unwrap_or(self.residual);
-        if overlaps(self.y, self.residual) || overlaps(self.y, residual_out) {
-            return Err(Error::InvalidArgument(
-                "fused_add_rms_norm: y overlaps residual or residual_out; give y its own buffer (it may be x)"
-                    .to_owned(),
-            ));
-        }
-        if residual_out != self.residual && overlaps(residual_out, self.residual) {
-            return Err(Error::InvalidArgument(
-                "fused_add_rms_norm: residual_out partly overlaps residual; pass the same buffer (in place) or a separate one"
-                    .to_owned(),
-            ));
-        }
-        Ok(true)
-    }
-}
-
-/// The fused op's `x` and `y`: separate (`y` written, `x` only read), or `y` written over `x`.
-pub enum FusedInput<'a> {
-    Separate {
-        x: DeviceSpan<'a>,
-        y: DeviceSpanMut<'a>,
-    },
-    YIntoX(DeviceSpanMut<'a>),
-}
-
-/// The fused op's residual: updated in place, or read and the sum written to `out`.
-pub enum FusedResidual<'a> {
-    InPlace(DeviceSpanMut<'a>),
-    Separate {
-        residual: DeviceSpan<'a>,
-        out: DeviceSpanMut<'a>,
-    },
-}
-
-/// One fused call's operands as spans (`tokens x hidden` elements each, `weight`: `hidden`,
-/// all of one dtype on the rank's GPU): what the safe entry points take.
-pub struct FusedSpans<'a> {
-    pub input: FusedInput<'a>,
-    pub residual: FusedResidual<'a>,
-    pub weight: DeviceSpan<'a>,
-    pub tokens: usize,
-    pub hidden: usize,
-    pub eps: f32,
 }
 
 impl CudaCommunicator {
@@ -400,6 +317,7 @@ fn fused_shape(units: u32, spread: u32, max_blocks: u32, pdl_supported: bool) ->
 
 #[cfg(test)]
 mod tests {
+    use super::super::errors::{header_note, HEADER_FUSED};
     use super::super::kernels;
     use super::*;
 

@@ -12,7 +12,7 @@ use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 
 use super::check_available;
-use super::communicator::CudaCommunicator;
+use super::communicator::{CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_BYTES};
 use super::loader::{kernel_set, KernelSet};
@@ -105,16 +105,6 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         .filter(|v| *v >= 1)
         .unwrap_or(MAX_BLOCKS);
     Ok(blocks.min(cap).min(MAX_BLOCKS))
-}
-
-/// This rank's own allocations.
-pub(super) struct Owned {
-    /// LL inbox, then the pull region (data buffers and block flags).
-    pub(super) inbox: DeviceMemory,
-    /// [epoch of the last chunk, blocks done], then the fused kernels' exchange lines.
-    pub(super) state: DeviceMemory,
-    pub(super) error: MappedHostMemory,
-    pub(super) host_inbox: Option<RegisteredSegment>,
 }
 
 /// The host-mapped error word of one rank.

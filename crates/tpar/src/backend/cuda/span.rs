@@ -26,9 +26,9 @@ use cudarc::driver::sys::CUstream;
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use super::driver::DeviceMemory;
-use super::fused::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::norm;
 
 /// Where a span lives and what it holds; shared by the read-only and the writable span.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,6 +295,79 @@ impl Operands {
     pub(crate) fn in_place(&self) -> bool {
         self.input == self.output
     }
+}
+
+/// One fused call: `x`, `residual`, `weight` in; `residual_out` (`None`: in place on
+/// `residual`) and `y` out; all device pointers of `dtype` on the rank's GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedCall {
+    pub dtype: DType,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub x: u64,
+    pub residual: u64,
+    pub residual_out: Option<u64>,
+    pub weight: u64,
+    pub y: u64,
+    pub eps: f32,
+}
+
+impl FusedCall {
+    pub(crate) fn elements(&self) -> usize {
+        self.tokens * self.hidden
+    }
+
+    /// Shape, eps and aliasing; `Ok(false)` when there is nothing to do.
+    pub(crate) fn validate(&self) -> Result<bool> {
+        if !norm::validate(self.tokens, self.hidden, self.eps)? {
+            return Ok(false);
+        }
+        let bytes = (self.elements() * self.dtype.size()) as u64;
+        let overlaps = |a: u64, b: u64| a < b + bytes && b < a + bytes;
+        let residual_out = self.residual_out.unwrap_or(self.residual);
+        if overlaps(self.y, self.residual) || overlaps(self.y, residual_out) {
+            return Err(Error::InvalidArgument(
+                "fused_add_rms_norm: y overlaps residual or residual_out; give y its own buffer (it may be x)"
+                    .to_owned(),
+            ));
+        }
+        if residual_out != self.residual && overlaps(residual_out, self.residual) {
+            return Err(Error::InvalidArgument(
+                "fused_add_rms_norm: residual_out partly overlaps residual; pass the same buffer (in place) or a separate one"
+                    .to_owned(),
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// The fused op's `x` and `y`: separate (`y` written, `x` only read), or `y` written over `x`.
+pub enum FusedInput<'a> {
+    Separate {
+        x: DeviceSpan<'a>,
+        y: DeviceSpanMut<'a>,
+    },
+    YIntoX(DeviceSpanMut<'a>),
+}
+
+/// The fused op's residual: updated in place, or read and the sum written to `out`.
+pub enum FusedResidual<'a> {
+    InPlace(DeviceSpanMut<'a>),
+    Separate {
+        residual: DeviceSpan<'a>,
+        out: DeviceSpanMut<'a>,
+    },
+}
+
+/// One fused call's operands as spans (`tokens x hidden` elements each, `weight`: `hidden`,
+/// all of one dtype on the rank's GPU): what the safe entry points take.
+pub struct FusedSpans<'a> {
+    pub input: FusedInput<'a>,
+    pub residual: FusedResidual<'a>,
+    pub weight: DeviceSpan<'a>,
+    pub tokens: usize,
+    pub hidden: usize,
+    pub eps: f32,
 }
 
 /// One fused call's operands once checked: every address of the [`FusedCall`] is device memory
