@@ -69,43 +69,10 @@ enum Command {
     DebugRank(debug_rank::DebugRankArgs),
 }
 
-/// Puts NVRTC on the library path when it is installed but not findable (pip's wheel, a CUDA
-/// toolkit outside the loader's path), by starting this program again with LD_LIBRARY_PATH
-/// extended: the loader reads it only at start-up. Also lets more than 8 ranks share one GPU
-/// without their streams being serialised onto the same hardware queue.
-fn prepare_cuda_environment() {
-    use std::os::unix::process::CommandExt;
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-        std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
-    }
-    if std::env::var_os("TPAR_LIBRARY_PATH_SET").is_some()
-        || tpar::backend::cuda::nvrtc::nvrtc_present()
-    {
-        return;
-    }
-    let Some(dir) = tpar::backend::cuda::nvrtc::nvrtc_search_dirs()
-        .into_iter()
-        .next()
-    else {
-        return;
-    };
-    let mut path = dir.into_os_string();
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    if let Ok(exe) = std::env::current_exe() {
-        let err = std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env("LD_LIBRARY_PATH", path)
-            .env("TPAR_LIBRARY_PATH_SET", "1")
-            .exec();
-        eprintln!("tpar: note: could not restart with NVRTC on LD_LIBRARY_PATH ({err})");
-    }
-}
-
 fn main() -> ExitCode {
-    prepare_cuda_environment();
+    // Before any CUDA call: the same set-up as Python's (NVRTC found where it is installed,
+    // CUDA_DEVICE_MAX_CONNECTIONS for many ranks on one GPU).
+    tpar::environment::prepare([]);
     // RUST_LOG=tpar=debug shows every dispatch decision with its reason.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = match Cli::try_parse() {

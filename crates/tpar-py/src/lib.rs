@@ -677,11 +677,38 @@ impl Drop for Comm {
 
 #[pymodule]
 fn _tpar(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The `tpar` command's set-up, at import (before this process's first CUDA call through
+    // tpar): NVRTC, NCCL and cuBLAS are also looked for in this interpreter's sys.path.
+    let sys_path: Vec<String> = m.py().import("sys")?.getattr("path")?.extract()?;
+    tpar::environment::prepare(sys_path.into_iter().map(std::path::PathBuf::from));
+    m.add_function(wrap_pyfunction!(environment, m)?)?;
     m.add_class::<Comm>()?;
     m.add("TparError", m.py().get_type::<TparError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     add_harness(m)?;
     Ok(())
+}
+
+/// What this process has for CUDA, as `tpar doctor` sees it: `cuda_device_max_connections`
+/// (tpar sets 32 at import unless it was set), `nvrtc` (its version, or None), `nvrtc_error`
+/// (why it cannot be loaded, or None), `nvrtc_file` (the libnvrtc this process loaded) and
+/// `nvrtc_search_dirs` (the folders holding NVRTC, in the order they are tried). Loads NVRTC
+/// if it can be found, as the first kernel compile would.
+#[pyfunction]
+fn environment(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let env = tpar::environment::Environment::now();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item(
+        "cuda_device_max_connections",
+        env.cuda_device_max_connections,
+    )?;
+    dict.set_item("nvrtc", env.nvrtc.as_ref().ok())?;
+    dict.set_item("nvrtc_error", env.nvrtc.as_ref().err())?;
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    dict.set_item("nvrtc_file", env.nvrtc_file.as_deref().map(path))?;
+    let dirs: Vec<String> = env.nvrtc_search_dirs.iter().map(|d| path(d)).collect();
+    dict.set_item("nvrtc_search_dirs", dirs)?;
+    Ok(dict)
 }
 
 // ---- The harness for Python: verify and tune a machine as `tpar selftest` and `tpar tune` do.

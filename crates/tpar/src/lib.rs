@@ -14,6 +14,8 @@
 //!   (check -> decide -> enqueue).
 //! - [`check`]: known inputs and their exact sums, so every self-test and benchmark verifies
 //!   what it runs.
+//! - [`environment`]: the process set-up every entry runs before CUDA (the `tpar` command at
+//!   start, Python at import): NVRTC found where it is installed, `CUDA_DEVICE_MAX_CONNECTIONS`.
 //! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
 //! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`], [`config`]: the small
 //!   vocabulary types, the settings every rank of a communicator agrees on, and the cache root.
@@ -32,6 +34,7 @@ pub mod communicator;
 pub mod config;
 pub mod dispatch;
 pub mod dtype;
+pub mod environment;
 pub mod error;
 pub mod hash;
 pub mod launch;

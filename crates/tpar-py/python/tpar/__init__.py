@@ -33,9 +33,10 @@ import weakref
 from ._tpar import Comm as _Comm
 from ._tpar import TparError
 from ._tpar import __version__
+from ._tpar import environment  # the set-up `import tpar` ran: NVRTC found, CUDA_DEVICE_MAX_CONNECTIONS
 from ._tpar import tune, verify  # the harness: `tpar tune` and `tpar selftest` for one rank
 
-__all__ = ["Communicator", "TparError", "__version__", "tune", "verify"]  # tpar.adapter, tpar.ops: see there
+__all__ = ["Communicator", "TparError", "__version__", "environment", "tune", "verify"]  # tpar.adapter, tpar.ops: see there
 
 _CPU_ALGORITHMS = ("one-shot", "two-shot")
 _TORCH_DTYPES = {"torch.float32": ("f32", 4), "torch.float16": ("f16", 2), "torch.bfloat16": ("bf16", 2)}

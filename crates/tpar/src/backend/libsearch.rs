@@ -1,9 +1,27 @@
 //! Where NVIDIA's libraries usually live on a machine: CUDA toolkits under /usr/local and
 //! /opt, and the pip wheels (`nvidia-cuda-nvrtc`, `nvidia-nccl-cu13`) in any Python's
 //! site-packages (virtual environments, pyenv, ~/.local). The dynamic loader does not look in
-//! most of these places by itself.
+//! most of these places by itself. A host program can add the folders it knows of
+//! ([`add_site_packages`]: the Python package adds its interpreter's `sys.path`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Folders the host program named (see [`add_site_packages`]), searched first.
+static ADDED_SITE_PACKAGES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Adds `dirs` (site-packages or other `sys.path` entries of the running program) to the
+/// folders [`python_site_packages`] returns, ahead of the guessed ones, for this process.
+pub fn add_site_packages(dirs: impl IntoIterator<Item = PathBuf>) {
+    let mut added = ADDED_SITE_PACKAGES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    for dir in dirs {
+        if !added.contains(&dir) {
+            added.push(dir);
+        }
+    }
+}
 
 /// `lib64` and `targets/x86_64-linux/lib` of `CUDA_HOME`, `CUDA_PATH` and every
 /// `/usr/local/cuda*` and `/opt/cuda*`.
@@ -25,16 +43,22 @@ pub fn cuda_toolkit_lib_dirs() -> Vec<PathBuf> {
         .collect()
 }
 
-/// site-packages folders of the Pythons this machine likely uses: `PYTHONPATH`,
-/// `VIRTUAL_ENV`, and `lib/python3*/site-packages` under /usr/local, /usr, /opt/* (and their
-/// `.venv`), ~/.local and every pyenv version.
+/// site-packages folders of the Pythons this machine likely uses: those the host program
+/// added ([`add_site_packages`]), `PYTHONPATH`, `VIRTUAL_ENV`, and
+/// `lib/python3*/site-packages` under /usr/local, /usr, /opt/* (and their `.venv`), ~/.local
+/// and every pyenv version.
 pub fn python_site_packages() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var("PYTHONPATH")
-        .unwrap_or_default()
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(PathBuf::from)
-        .collect();
+    let mut dirs: Vec<PathBuf> = ADDED_SITE_PACKAGES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    dirs.extend(
+        std::env::var("PYTHONPATH")
+            .unwrap_or_default()
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+    );
     let mut prefixes: Vec<PathBuf> = vec!["/usr/local".into(), "/usr".into()];
     if let Ok(venv) = std::env::var("VIRTUAL_ENV") {
         prefixes.push(venv.into());
@@ -116,5 +140,18 @@ mod tests {
         );
         assert_eq!(found, vec![dir.clone()]);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn added_folders_come_first_once() {
+        let dir = PathBuf::from(format!("/nonexistent/tpar-added-{}", std::process::id()));
+        assert!(!python_site_packages().contains(&dir));
+        add_site_packages([dir.clone(), dir.clone()]);
+        add_site_packages([dir.clone()]);
+        let dirs = python_site_packages();
+        assert_eq!(dirs.iter().filter(|d| **d == dir).count(), 1);
+        // Ahead of PYTHONPATH and the guessed folders: among the added ones at the front.
+        let added = ADDED_SITE_PACKAGES.lock().unwrap().len();
+        assert!(dirs.iter().position(|d| *d == dir).unwrap() < added);
     }
 }

@@ -3,8 +3,8 @@
 //! every kernel for every supported architecture with the `nvidia-cuda-nvrtc` wheel.
 //!
 //! NVRTC is found the way the dynamic loader finds libraries (`LD_LIBRARY_PATH`, the system
-//! cache); [`nvrtc_search_dirs`] lists where a CUDA toolkit or the pip wheel usually puts it,
-//! for the message when it is missing and for launchers that set `LD_LIBRARY_PATH`.
+//! cache), or else loaded by path from the first of [`nvrtc_search_dirs`] (where a CUDA
+//! toolkit or the pip wheel usually puts it) that has it; see [`crate::environment`].
 
 use std::ffi::{c_char, CStr, CString};
 use std::path::PathBuf;
@@ -51,7 +51,7 @@ fn missing_nvrtc() -> Error {
         "install it with `pip install nvidia-cuda-nvrtc` or a CUDA toolkit".to_owned()
     } else {
         format!(
-            "it is in {}: put that folder on LD_LIBRARY_PATH (the `tpar` command does this for its ranks)",
+            "it is in {} but did not load from there: put that folder on LD_LIBRARY_PATH",
             dirs[0].display()
         )
     };
