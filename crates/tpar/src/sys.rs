@@ -22,6 +22,7 @@ pub struct SharedSegment {
 
 // SAFETY: the mapping is only ever accessed through `&[AtomicU64]`, which is Sync.
 unsafe impl Send for SharedSegment {}
+// SAFETY: as above: shared access goes through `&[AtomicU64]` only.
 unsafe impl Sync for SharedSegment {}
 
 impl SharedSegment {
@@ -81,6 +82,7 @@ impl SharedSegment {
         }
         // SAFETY: `stat` is plain data; fstat fills it for the open fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` is a valid, writable stat struct.
         let rc = unsafe { libc::fstat(fd, &mut st) };
         let checked = if rc != 0 {
             Err(shm_error(name, "stat", io::Error::last_os_error(), ""))
@@ -329,6 +331,7 @@ pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     let c_path = CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
     // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated and `st` is a valid, writable statvfs struct.
     let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut st) };
     if rc != 0 {
         return None;

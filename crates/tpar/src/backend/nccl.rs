@@ -57,6 +57,7 @@ pub struct Nccl {
 
 // SAFETY: NCCL's entry points are callable from any thread; the library stays loaded.
 unsafe impl Send for Nccl {}
+// SAFETY: as above; the table of entry points is never written after loading.
 unsafe impl Sync for Nccl {}
 
 /// Where to look for NCCL, in order.
@@ -161,6 +162,7 @@ impl Nccl {
         // SAFETY: plain calls without arguments.
         self.check("group start", unsafe { (self.group_start)() })?;
         let result = body();
+        // SAFETY: a plain call without arguments, closing the group opened above.
         self.check("group end", unsafe { (self.group_end)() })?;
         result
     }
@@ -308,6 +310,7 @@ impl NcclCommunicator {
         nccl.check("ncclCommCount", unsafe {
             (nccl.comm_count)(comm, &mut count)
         })?;
+        // SAFETY: as above; the call writes one int.
         nccl.check("ncclCommUserRank", unsafe {
             (nccl.comm_user_rank)(comm, &mut user_rank)
         })?;

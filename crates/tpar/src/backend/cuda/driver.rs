@@ -251,6 +251,7 @@ pub struct MappedHostMemory {
 
 // SAFETY: the host pointer is only read and written with volatile u64 accesses.
 unsafe impl Send for MappedHostMemory {}
+// SAFETY: as for Send: every access to the host pointer is a volatile u64 access.
 unsafe impl Sync for MappedHostMemory {}
 
 impl MappedHostMemory {
@@ -374,8 +375,11 @@ pub struct Function(sys::CUfunction);
 // SAFETY: module and function handles are immutable and usable from any thread that has the
 // context current; we bind before every use.
 unsafe impl Send for Module {}
+// SAFETY: as above; a module handle is never mutated after loading.
 unsafe impl Sync for Module {}
+// SAFETY: a function handle is immutable; callers bind the context before launching it.
 unsafe impl Send for Function {}
+// SAFETY: as above.
 unsafe impl Sync for Function {}
 
 impl Module {
