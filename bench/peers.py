@@ -42,7 +42,9 @@ def parse_size(text: str) -> int:
     scale = units.get(text[-1].upper(), 1)
     digits = text[:-1] if scale != 1 else text
     if not digits.isdigit():
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a whole number of bytes (write e.g. 4K)")
+        raise argparse.ArgumentTypeError(
+            f"size {text!r} is not a whole number of bytes (write e.g. 4K)"
+        )
     return int(digits) * scale
 
 
@@ -126,7 +128,9 @@ def run_row(torch, dist, algo, nbytes, args, rank, world, group_name):
         import torch.distributed._symmetric_memory as symm_mem
 
         if not hasattr(symm_mem, "set_backend"):
-            raise RuntimeError("this torch has no symm_mem.set_backend (NCCL symmetric memory backend)")
+            raise RuntimeError(
+                "this torch has no symm_mem.set_backend (NCCL symmetric memory backend)"
+            )
         buf = symm_mem.empty(count, dtype=dtype, device=dev)
         symm_mem.rendezvous(buf, group_name)
 
@@ -141,8 +145,16 @@ def run_row(torch, dist, algo, nbytes, args, rank, world, group_name):
     p50, p99 = time_graph(torch, step, chain, args.replays, args.warmup)
     correct = bool(torch.equal(result().float().cpu(), want.float().cpu()))
     bus = nbytes / (p50 * 1e-6) * 2 * (world - 1) / world / 1e9 if world > 1 else 0.0
-    return {"bytes": nbytes, "algo": algo, "p50_us": p50, "p99_us": p99, "busbw_gbps": bus,
-            "correct": correct, "chain": chain, "replays": args.replays}
+    return {
+        "bytes": nbytes,
+        "algo": algo,
+        "p50_us": p50,
+        "p99_us": p99,
+        "busbw_gbps": bus,
+        "correct": correct,
+        "chain": chain,
+        "replays": args.replays,
+    }
 
 
 def worker(rank, world, args, port, queue):
@@ -155,8 +167,13 @@ def worker(rank, world, args, port, queue):
 
         if hasattr(symm_mem, "set_backend"):
             symm_mem.set_backend("NCCL")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", torch.cuda.current_device()))
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        device_id=torch.device("cuda", torch.cuda.current_device()),
+    )
     group_name = dist.group.WORLD.group_name
     rows = []
     for algo in args.algos:
@@ -164,8 +181,15 @@ def worker(rank, world, args, port, queue):
             try:
                 row = run_row(torch, dist, algo, nbytes, args, rank, world, group_name)
             except Exception as exc:  # a peer that cannot run says why in its row
-                row = {"bytes": nbytes, "algo": algo, "p50_us": None, "p99_us": None, "busbw_gbps": None,
-                       "correct": None, "skipped": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+                row = {
+                    "bytes": nbytes,
+                    "algo": algo,
+                    "p50_us": None,
+                    "p99_us": None,
+                    "busbw_gbps": None,
+                    "correct": None,
+                    "skipped": f"{type(exc).__name__}: {exc}".splitlines()[0][:300],
+                }
                 if os.environ.get("PEERS_TRACEBACK"):
                     traceback.print_exc()
             # Every rank must agree that a row ran: one rank's failure makes the row skipped.
@@ -174,8 +198,14 @@ def worker(rank, world, args, port, queue):
                 dist.all_reduce(flag, op=dist.ReduceOp.MIN)
                 torch.cuda.synchronize()
                 if flag.item() == 0 and not row.get("skipped"):
-                    row = {**row, "p50_us": None, "p99_us": None, "busbw_gbps": None, "correct": None,
-                           "skipped": "another rank could not run this row"}
+                    row = {
+                        **row,
+                        "p50_us": None,
+                        "p99_us": None,
+                        "busbw_gbps": None,
+                        "correct": None,
+                        "skipped": "another rank could not run this row",
+                    }
             except Exception as exc:
                 row["skipped"] = f"agreement failed: {exc}"
             rows.append(row)
@@ -185,18 +215,40 @@ def worker(rank, world, args, port, queue):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", "--world-size", type=int, default=None, help="processes, one per GPU (default: every GPU)")
-    ap.add_argument("--sizes", default="1K,4K,16K,32K,64K,256K,1M,4M,16M,64M",
-                    help="message sizes in bytes, K/M/G = powers of 1024")
-    ap.add_argument("--algos", default=",".join(ALGOS), help=f"peers to time, from {', '.join(ALGOS)}")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="element type")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "-n",
+        "--world-size",
+        type=int,
+        default=None,
+        help="processes, one per GPU (default: every GPU)",
+    )
+    ap.add_argument(
+        "--sizes",
+        default="1K,4K,16K,32K,64K,256K,1M,4M,16M,64M",
+        help="message sizes in bytes, K/M/G = powers of 1024",
+    )
+    ap.add_argument(
+        "--algos", default=",".join(ALGOS), help=f"peers to time, from {', '.join(ALGOS)}"
+    )
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float16", "float32"],
+        help="element type",
+    )
     ap.add_argument("--chain", type=int, default=50, help="allreduces per captured graph")
     ap.add_argument("--replays", type=int, default=50, help="timed graph replays per row")
     ap.add_argument("--warmup", type=int, default=5, help="untimed graph replays per row")
     ap.add_argument("--json", default=None, help="write the results as JSON here ('-' for stdout)")
-    ap.add_argument("--no-nccl-symmetric-backend", dest="nccl_symmetric_backend", action="store_false",
-                    help="do not switch torch's symmetric memory to its NCCL backend for nccl-symmetric")
+    ap.add_argument(
+        "--no-nccl-symmetric-backend",
+        dest="nccl_symmetric_backend",
+        action="store_false",
+        help="do not switch torch's symmetric memory to its NCCL backend for nccl-symmetric",
+    )
     args = ap.parse_args()
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")]
@@ -216,7 +268,9 @@ def main():
         return 1
     world = args.world_size or torch.cuda.device_count()
     if world < 1 or world > torch.cuda.device_count():
-        ap.error(f"--world-size {world}: this machine has {torch.cuda.device_count()} GPU(s); one process per GPU")
+        ap.error(
+            f"--world-size {world}: this machine has {torch.cuda.device_count()} GPU(s); one process per GPU"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -232,14 +286,20 @@ def main():
         return 1
     rows = queue.get()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
     doc = {
-        "backend": "torch", "world_size": world, "mode": "processes", "dtype": args.dtype,
+        "backend": "torch",
+        "world_size": world,
+        "mode": "processes",
+        "dtype": args.dtype,
         "device": f"cuda: {world} x {torch.cuda.get_device_name(0)} (torch {torch.__version__}, "
-                  f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})",
-        "host": socket.gethostname(), "commit": commit or None,
+        f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))})",
+        "host": socket.gethostname(),
+        "commit": commit or None,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": " ".join([sys.executable, *sys.argv]),
         "timing": "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
@@ -250,7 +310,9 @@ def main():
         if r.get("skipped"):
             print(f"{r['bytes']:>10} {r['algo']:<18} {'-':>9} {'-':>9}  skipped: {r['skipped']}")
         else:
-            print(f"{r['bytes']:>10} {r['algo']:<18} {r['p50_us']:>9.2f} {r['p99_us']:>9.2f}  {r['correct']}")
+            print(
+                f"{r['bytes']:>10} {r['algo']:<18} {r['p50_us']:>9.2f} {r['p99_us']:>9.2f}  {r['correct']}"
+            )
     if args.json:
         text = json.dumps(doc, indent=1)
         if args.json == "-":

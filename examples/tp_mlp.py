@@ -45,9 +45,13 @@ def rank_main(hidden, ffn):
         reference = np.maximum(x @ w1, 0) @ w2
         error = float(np.max(np.abs(out - reference)) / max(1.0, float(np.max(np.abs(reference)))))
         if r == 0:
-            print(f"tp_mlp: {n} ranks, hidden {hidden}, ffn {ffn}: max relative error {error:.2e} against the unsharded MLP")
+            print(
+                f"tp_mlp: {n} ranks, hidden {hidden}, ffn {ffn}: max relative error {error:.2e} against the unsharded MLP"
+            )
         if error > 1e-5:
-            raise SystemExit(f"rank {r}: the tensor-parallel MLP differs from the unsharded one ({error:.2e})")
+            raise SystemExit(
+                f"rank {r}: the tensor-parallel MLP differs from the unsharded one ({error:.2e})"
+            )
 
 
 def rank_main_cuda(hidden, ffn, iters):
@@ -55,14 +59,18 @@ def rank_main_cuda(hidden, ffn, iters):
 
     import torch
     import torch.distributed as dist
-
     import tpar
 
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = rank % torch.cuda.device_count()
     torch.cuda.set_device(device)
     backend = "nccl" if n <= torch.cuda.device_count() else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=n, device_id=torch.device("cuda", device) if backend == "nccl" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=n,
+        device_id=torch.device("cuda", device) if backend == "nccl" else None,
+    )
     comm = tpar.Communicator(group=dist.group.WORLD, device=device)
     if ffn % n:
         raise SystemExit(f"ffn {ffn} does not split over {n} ranks")
@@ -82,7 +90,10 @@ def rank_main_cuda(hidden, ffn, iters):
         return p
 
     scale = max(1.0, float(reference.abs().max()))
-    errors = {name: float((step(f) - reference).abs().max()) / scale for name, f in (("tpar", with_tpar), ("torch.distributed", with_dist))}
+    errors = {
+        name: float((step(f) - reference).abs().max()) / scale
+        for name, f in (("tpar", with_tpar), ("torch.distributed", with_dist))
+    }
 
     # The step's allreduce alone, at the decode shape in bf16 (what an engine sends per layer).
     msg = torch.ones(1, hidden, dtype=torch.bfloat16, device="cuda")
@@ -109,13 +120,19 @@ def rank_main_cuda(hidden, ffn, iters):
     comm.close()
     dist.destroy_process_group()
     if rank == 0:
-        print(f"tp_mlp: {n} ranks on {torch.cuda.device_count()} GPU(s) ({torch.cuda.get_device_name()}), hidden {hidden}, ffn {ffn}, f32: "
-              f"max relative error against the unsharded MLP: tpar {errors['tpar']:.2e}, torch.distributed ({backend}) {errors['torch.distributed']:.2e}")
-        print(f"tp_mlp: allreduce of {hidden * 2} bytes bf16, mean of {iters} calls: tpar {eager_tpar:.1f} us eager, "
-              f"{graph_tpar:.1f} us per call in a CUDA graph ({ran}); torch.distributed ({backend}) {eager_dist:.1f} us eager")
+        print(
+            f"tp_mlp: {n} ranks on {torch.cuda.device_count()} GPU(s) ({torch.cuda.get_device_name()}), hidden {hidden}, ffn {ffn}, f32: "
+            f"max relative error against the unsharded MLP: tpar {errors['tpar']:.2e}, torch.distributed ({backend}) {errors['torch.distributed']:.2e}"
+        )
+        print(
+            f"tp_mlp: allreduce of {hidden * 2} bytes bf16, mean of {iters} calls: tpar {eager_tpar:.1f} us eager, "
+            f"{graph_tpar:.1f} us per call in a CUDA graph ({ran}); torch.distributed ({backend}) {eager_dist:.1f} us eager"
+        )
     worst = max(errors.values())
     if worst > 1e-5:
-        raise SystemExit(f"rank {rank}: the tensor-parallel MLP differs from the unsharded one ({errors})")
+        raise SystemExit(
+            f"rank {rank}: the tensor-parallel MLP differs from the unsharded one ({errors})"
+        )
 
 
 def main():
@@ -123,9 +140,15 @@ def main():
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--ffn", type=int, default=2048)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cpu: numpy arrays, tpar's CPU backend; cuda: torch tensors on GPUs, tpar and torch.distributed")
-    parser.add_argument("--iters", type=int, default=200, help="timed allreduce calls (--device cuda)")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu: numpy arrays, tpar's CPU backend; cuda: torch tensors on GPUs, tpar and torch.distributed",
+    )
+    parser.add_argument(
+        "--iters", type=int, default=200, help="timed allreduce calls (--device cuda)"
+    )
     args = parser.parse_args()
     if "TPAR_RENDEZVOUS" in os.environ or "MASTER_PORT" in os.environ:
         if args.device == "cuda":
@@ -140,10 +163,27 @@ def main():
         token = secrets.token_hex(16)
         procs = [
             subprocess.Popen(
-                [sys.executable, __file__, "--hidden", str(args.hidden), "--ffn", str(args.ffn),
-                 "--device", args.device, "--iters", str(args.iters)],
-                env=dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=token,
-                         RANK=str(r), WORLD_SIZE=str(args.world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                [
+                    sys.executable,
+                    __file__,
+                    "--hidden",
+                    str(args.hidden),
+                    "--ffn",
+                    str(args.ffn),
+                    "--device",
+                    args.device,
+                    "--iters",
+                    str(args.iters),
+                ],
+                env=dict(
+                    os.environ,
+                    TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
+                    TPAR_JOB_TOKEN=token,
+                    RANK=str(r),
+                    WORLD_SIZE=str(args.world_size),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                ),
             )
             for r in range(args.world_size)
         ]

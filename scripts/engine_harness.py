@@ -25,7 +25,6 @@ bitwise against the known sum.
 r % visible GPUs), writes DIR/engines-tp<N>.json and prints a table last.
 """
 
-
 import argparse
 import json
 import os
@@ -35,8 +34,16 @@ import tempfile
 import time
 
 # (dtype, elements): from a decode step's few KiB to the engines' 8 MiB max_size and over it.
-CASES = [("bfloat16", 512), ("bfloat16", 4096), ("float16", 16384), ("bfloat16", 65536),
-         ("float32", 262144), ("bfloat16", 1 << 20), ("bfloat16", 4 << 20), ("bfloat16", 8 << 20)]
+CASES = [
+    ("bfloat16", 512),
+    ("bfloat16", 4096),
+    ("float16", 16384),
+    ("bfloat16", 65536),
+    ("float32", 262144),
+    ("bfloat16", 1 << 20),
+    ("bfloat16", 4 << 20),
+    ("bfloat16", 8 << 20),
+]
 REPLAYS = 10
 
 
@@ -47,7 +54,6 @@ class _NoGraph(Exception):
 def rank_main() -> None:
     import torch
     import torch.distributed as dist
-
     from tpar.engines import plugins
 
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -60,13 +66,21 @@ def rank_main() -> None:
     shared = gpus < n
     sync = (lambda: None) if cpu else torch.cuda.synchronize
     free = (lambda: 0) if cpu else (lambda: torch.cuda.mem_get_info(device)[0])
-    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
+    dist.init_process_group(
+        "gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n
+    )
     ranks = list(range(n))
     cpu_group = dist.new_group(ranks, backend="gloo")
     device_group = None if shared else dist.new_group(ranks, backend="nccl")
-    report = {"rank": rank, "world_size": n, "device": str(device), "shared_gpu": shared,
-              "fallback": "gloo (CPU copy, eager only): NCCL refuses ranks sharing a GPU" if shared
-              else "torch NCCL group"}
+    report = {
+        "rank": rank,
+        "world_size": n,
+        "device": str(device),
+        "shared_gpu": shared,
+        "fallback": "gloo (CPU copy, eager only): NCCL refuses ranks sharing a GPU"
+        if shared
+        else "torch NCCL group",
+    }
 
     stand_in = type(sys)("vllm.distributed.device_communicators.custom_all_reduce")
 
@@ -77,8 +91,9 @@ def rank_main() -> None:
     plugins._swap_vllm(stand_in)
     sync()
     free_before = free()
-    ca = stand_in.CustomAllreduce(group=cpu_group, device=device, symm_mem_enabled=False,
-                                  register_graph_buffers=True)
+    ca = stand_in.CustomAllreduce(
+        group=cpu_group, device=device, symm_mem_enabled=False, register_graph_buffers=True
+    )
     sync()
     report["free_bytes_taken"] = free_before - free()
     report["footprint"] = ca.memory_footprint()
@@ -101,7 +116,9 @@ def rank_main() -> None:
     def engine_all_reduce(x: torch.Tensor) -> torch.Tensor:
         if not ca.disabled and ca.should_custom_ar(x):
             out = ca.custom_all_reduce(x)
-            assert out is not None, "custom_all_reduce returned None after should_custom_ar said True"
+            assert out is not None, (
+                "custom_all_reduce returned None after should_custom_ar said True"
+            )
             return out
         return fallback(x)
 
@@ -129,7 +146,7 @@ def rank_main() -> None:
     report["routes_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
 
     # Eager warm-up and check, outside capture (the engines' dummy runs before capture).
-    for row, (dtype_name, count) in zip(rows, CASES):
+    for row, (dtype_name, count) in zip(rows, CASES, strict=False):
         dtype = getattr(torch, dtype_name)
         x = values(rank, count, dtype, 1)
         before = x.clone()
@@ -140,13 +157,18 @@ def rank_main() -> None:
             y = torch.ops.tpar_harness.all_reduce(x)
             sync()
             times.append((time.perf_counter() - start) * 1e6)
-        row["eager_ok"] = bool(torch.equal(y, expected(count, dtype, 1)) and torch.equal(x, before)
-                               and y.data_ptr() != x.data_ptr())
+        row["eager_ok"] = bool(
+            torch.equal(y, expected(count, dtype, 1))
+            and torch.equal(x, before)
+            and y.data_ptr() != x.data_ptr()
+        )
         row["eager_us"] = round(sorted(times)[1], 1)
 
     # The engines' graph_capture: ca.capture() around a side stream; warm-up inside, then one
     # graph of every size it can hold, replayed with new data.
-    in_graph = [] if cpu else [i for i, r in enumerate(rows) if routes[i] or device_group is not None]
+    in_graph = (
+        [] if cpu else [i for i, r in enumerate(rows) if routes[i] or device_group is not None]
+    )
     statics = {i: values(rank, CASES[i][1], getattr(torch, CASES[i][0]), 2) for i in in_graph}
     graph_error = None
     try:
@@ -170,7 +192,9 @@ def rank_main() -> None:
             graph.replay()
             torch.cuda.synchronize()
             for i in in_graph:
-                ok = torch.equal(outputs[i], expected(CASES[i][1], getattr(torch, CASES[i][0]), seed))
+                ok = torch.equal(
+                    outputs[i], expected(CASES[i][1], getattr(torch, CASES[i][0]), seed)
+                )
                 rows[i]["graph_ok"] = rows[i].get("graph_ok", True) and bool(ok)
         ca.comm.check()
     except _NoGraph:
@@ -201,28 +225,47 @@ def sglang_rank_main() -> None:
     gpus = torch.cuda.device_count()
     shared = gpus < n
     torch.cuda.set_device(rank % gpus)
-    report = {"rank": rank, "world_size": n, "device": f"cuda:{rank % gpus}", "shared_gpu": shared,
-              "fallback": "SGLang's own (torch NCCL group)" if not shared else "none: sizes over tpar's are left out"}
+    report = {
+        "rank": rank,
+        "world_size": n,
+        "device": f"cuda:{rank % gpus}",
+        "shared_gpu": shared,
+        "fallback": "SGLang's own (torch NCCL group)"
+        if not shared
+        else "none: sizes over tpar's are left out",
+    }
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
+    dist.init_process_group(
+        "gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n
+    )
     from sglang.srt.distributed import parallel_state as ps
-
     from tpar.engines import TparCustomAllreduce
 
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    group = ps.GroupCoordinator([list(range(n))], rank % gpus, "nccl", use_pynccl=False, use_mscclpp=False,
-                                use_custom_allreduce=True, use_torch_symm_mem_all_reduce=False,
-                                use_hpu_communicator=False, use_xpu_communicator=False, group_name="tp")
+    group = ps.GroupCoordinator(
+        [list(range(n))],
+        rank % gpus,
+        "nccl",
+        use_pynccl=False,
+        use_mscclpp=False,
+        use_custom_allreduce=True,
+        use_torch_symm_mem_all_reduce=False,
+        use_hpu_communicator=False,
+        use_xpu_communicator=False,
+        group_name="tp",
+    )
     torch.cuda.synchronize()
     ca = group.ca_comm
     report["free_bytes_taken"] = free_before - torch.cuda.mem_get_info()[0]
     report["class"] = type(ca).__name__
     report["disabled"] = not isinstance(ca, TparCustomAllreduce) or ca.disabled
     if report["disabled"]:
-        report["error"] = f"SGLang built {type(ca).__name__}, disabled={getattr(ca, 'disabled', None)}"
+        report["error"] = (
+            f"SGLang built {type(ca).__name__}, disabled={getattr(ca, 'disabled', None)}"
+        )
         print(json.dumps(report), flush=True)
         return
     report["footprint"] = ca.memory_footprint()
@@ -239,7 +282,11 @@ def sglang_rank_main() -> None:
     def expected(count, dtype, seed):
         return sum(values(r, count, dtype, seed).float() for r in range(n)).to(dtype)
 
-    cases = [(d, c) for d, c in CASES if not shared or ca.should_custom_ar(values(rank, c, getattr(torch, d), 0))]
+    cases = [
+        (d, c)
+        for d, c in CASES
+        if not shared or ca.should_custom_ar(values(rank, c, getattr(torch, d), 0))
+    ]
     rows, routes = [], []
     for dtype_name, count in cases:
         dtype = getattr(torch, dtype_name)
@@ -255,9 +302,17 @@ def sglang_rank_main() -> None:
             times.append((time.perf_counter() - start) * 1e6)
         took = len(calls) - before
         routes.append(int(method == "ca"))
-        rows.append({"dtype": dtype_name, "bytes": count * x.element_size(),
-                     "route": f"ca (tpar x{took})" if method == "ca" and took == 3 else f"{method} (tpar x{took})",
-                     "eager_ok": bool(torch.equal(y, expected(count, dtype, 1))), "eager_us": round(sorted(times)[1], 1)})
+        rows.append(
+            {
+                "dtype": dtype_name,
+                "bytes": count * x.element_size(),
+                "route": f"ca (tpar x{took})"
+                if method == "ca" and took == 3
+                else f"{method} (tpar x{took})",
+                "eager_ok": bool(torch.equal(y, expected(count, dtype, 1))),
+                "eager_us": round(sorted(times)[1], 1),
+            }
+        )
     everyone = [torch.zeros(len(routes), dtype=torch.int32) for _ in range(n)]
     dist.all_gather(everyone, torch.tensor(routes, dtype=torch.int32), group=group.cpu_group)
     report["routes_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
@@ -277,12 +332,12 @@ def sglang_rank_main() -> None:
                 outputs = [group.all_reduce(x) for x in statics]
         for replay in range(REPLAYS):
             seed = 3 + replay
-            for x, i in zip(statics, graphed):
+            for x, i in zip(statics, graphed, strict=False):
                 x.copy_(values(rank, cases[i][1], getattr(torch, cases[i][0]), seed))
             dist.barrier(group=group.cpu_group)
             graph.replay()
             torch.cuda.synchronize()
-            for out, i in zip(outputs, graphed):
+            for out, i in zip(outputs, graphed, strict=False):
                 ok = torch.equal(out, expected(cases[i][1], getattr(torch, cases[i][0]), seed))
                 rows[i]["graph_ok"] = rows[i].get("graph_ok", True) and bool(ok)
     except Exception as error:
@@ -296,11 +351,24 @@ def sglang_rank_main() -> None:
 
 def launch(n: int, out: str, name: str = "engines", timeout: float = 100.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
-        procs = [subprocess.Popen([sys.executable, __file__, "--rank"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**env, "RANK": str(r), "WORLD_SIZE": str(n),
-                                                  "STORE": os.path.join(tmp, "store")})
-                 for r in range(n)]
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")
+        }
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--rank"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **env,
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                    "STORE": os.path.join(tmp, "store"),
+                },
+            )
+            for r in range(n)
+        ]
         results = []
         deadline = time.monotonic() + timeout
         for r, p in enumerate(procs):
@@ -312,8 +380,14 @@ def launch(n: int, out: str, name: str = "engines", timeout: float = 100.0) -> d
             with open(os.path.join(out, f"{name}-tp{n}-rank{r}.log"), "w") as log:
                 log.write(stdout + "\n--- stderr\n" + stderr)
             lines = [line for line in stdout.splitlines() if line.startswith("{")]
-            results.append(json.loads(lines[-1]) if lines else
-                           {"rank": r, "error": f"exit {p.returncode} (killed after {timeout:.0f} s if -9): {stderr[-400:]}"})
+            results.append(
+                json.loads(lines[-1])
+                if lines
+                else {
+                    "rank": r,
+                    "error": f"exit {p.returncode} (killed after {timeout:.0f} s if -9): {stderr[-400:]}",
+                }
+            )
     summary = {"world_size": n, "harness": name, "ranks": results}
     with open(os.path.join(out, f"{name}-tp{n}.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -324,7 +398,9 @@ def table(summaries) -> int:
     failures = 0
     for s in summaries:
         r0 = s["ranks"][0]
-        print(f"== {s.get('harness', 'engines')} TP {s['world_size']}: {r0.get('device')} shared={r0.get('shared_gpu')} fallback={r0.get('fallback')}")
+        print(
+            f"== {s.get('harness', 'engines')} TP {s['world_size']}: {r0.get('device')} shared={r0.get('shared_gpu')} fallback={r0.get('fallback')}"
+        )
         for r in s["ranks"]:
             if "error" in r or r.get("disabled"):
                 failures += 1
@@ -332,20 +408,32 @@ def table(summaries) -> int:
         if "rows" not in r0:
             continue
         print(f"   {r0['log_line']}")
-        print(f"   drop in rank 0's GPU free memory around construction (every rank on that GPU): "
-              f"{r0['free_bytes_taken']} B; memory_footprint: "
-              f"{r0['footprint'].get('device_bytes')} device B; routes agree on all ranks: "
-              f"{all(r.get('routes_agree') for r in s['ranks'])}; graph error: {r0['graph_error']}")
-        print(f"   {'dtype':9} {'bytes':>9} {'route':14} {'eager':6} {'graph':6} {'eager us (rank 0)':>18}")
+        print(
+            f"   drop in rank 0's GPU free memory around construction (every rank on that GPU): "
+            f"{r0['free_bytes_taken']} B; memory_footprint: "
+            f"{r0['footprint'].get('device_bytes')} device B; routes agree on all ranks: "
+            f"{all(r.get('routes_agree') for r in s['ranks'])}; graph error: {r0['graph_error']}"
+        )
+        print(
+            f"   {'dtype':9} {'bytes':>9} {'route':14} {'eager':6} {'graph':6} {'eager us (rank 0)':>18}"
+        )
         for i, row in enumerate(r0["rows"]):
             eager = all(r.get("rows", [{}] * (i + 1))[i].get("eager_ok") for r in s["ranks"])
             graph = [r.get("rows", [{}] * (i + 1))[i].get("graph_ok") for r in s["ranks"]]
-            graph_text = "n/a" if all(g is None for g in graph) else ("ok" if all(graph) else "FAIL")
+            graph_text = (
+                "n/a" if all(g is None for g in graph) else ("ok" if all(graph) else "FAIL")
+            )
             failures += int(not eager) + int(graph_text == "FAIL")
-            print(f"   {row['dtype']:9} {row['bytes']:>9} {row['route']:14} {'ok' if eager else 'FAIL':6} "
-                  f"{graph_text:6} {row['eager_us']:>18}")
-        failures += int(not all(r.get("routes_agree") for r in s["ranks"])) + int(bool(r0["graph_error"]))
-    print(f"engines harness: {'all checks passed' if failures == 0 else f'{failures} check(s) failed'}")
+            print(
+                f"   {row['dtype']:9} {row['bytes']:>9} {row['route']:14} {'ok' if eager else 'FAIL':6} "
+                f"{graph_text:6} {row['eager_us']:>18}"
+            )
+        failures += int(not all(r.get("routes_agree") for r in s["ranks"])) + int(
+            bool(r0["graph_error"])
+        )
+    print(
+        f"engines harness: {'all checks passed' if failures == 0 else f'{failures} check(s) failed'}"
+    )
     return 1 if failures else 0
 
 
@@ -353,10 +441,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--timeout", type=float, default=100.0, help="seconds for all ranks of one TP size")
-    parser.add_argument("--cpu", action="store_true", help="dry run on tpar's CPU backend, no graph")
-    parser.add_argument("--sglang", action="store_true",
-                        help="SGLang's own GroupCoordinator (needs its sources and imports on PYTHONPATH)")
+    parser.add_argument(
+        "--timeout", type=float, default=100.0, help="seconds for all ranks of one TP size"
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="dry run on tpar's CPU backend, no graph"
+    )
+    parser.add_argument(
+        "--sglang",
+        action="store_true",
+        help="SGLang's own GroupCoordinator (needs its sources and imports on PYTHONPATH)",
+    )
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cpu:
@@ -367,7 +462,9 @@ def main() -> int:
         sglang_rank_main() if os.environ.get("HARNESS_SGLANG") == "1" else rank_main()
         return 0
     os.makedirs(args.out, exist_ok=True)
-    return table([launch(n, args.out, "sglang" if args.sglang else "engines", args.timeout) for n in args.tp])
+    return table(
+        [launch(n, args.out, "sglang" if args.sglang else "engines", args.timeout) for n in args.tp]
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ RANK_ENV = "TPAR_ENGINE_COMM_RANK"
 def rank_main(check, args):
     import numpy as np
     import torch
-
     import tpar
 
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -70,8 +69,12 @@ def rank_main(check, args):
         i = torch.arange(count, device="cuda", dtype=torch.int64)
         # Each rank's input as the rank holds it (rounded to dtype: 1/64 steps over [-8, 8) need
         # 9 bits, bf16 keeps 8), summed exactly, rounded once: what tpar computes.
-        s = sum(((((i * 7 + r * 13 + seed * 5) % 1024) - 512).to(torch.float64) / 64.0).to(dtype).to(torch.float64)
-                for r in members)
+        s = sum(
+            ((((i * 7 + r * 13 + seed * 5) % 1024) - 512).to(torch.float64) / 64.0)
+            .to(dtype)
+            .to(torch.float64)
+            for r in members
+        )
         return s.to(torch.float32).to(dtype)
 
     out = {"rank": rank, "check": check, "args": args}
@@ -82,8 +85,13 @@ def rank_main(check, args):
             # The engine's own NCCL (torch's ProcessGroupNCCL), created before measuring.
             import torch.distributed as dist
 
-            dist.init_process_group("nccl", init_method="file://" + args["store"], rank=rank, world_size=n,
-                                    device_id=torch.device("cuda", 0))
+            dist.init_process_group(
+                "nccl",
+                init_method="file://" + args["store"],
+                rank=rank,
+                world_size=n,
+                device_id=torch.device("cuda", 0),
+            )
             ones = torch.ones(1, device="cuda")
             dist.all_reduce(ones)
             nccl_arg = dist.group.WORLD
@@ -113,8 +121,12 @@ def rank_main(check, args):
         reported = total(fp["device_bytes"])
         # The modules are per process: each rank's own figure counts once per process, which
         # is what a process holds.
-        out.update(footprint=fp, reported_sum=reported, nccl_call=nccl_call,
-                   own_nccl_created=comm._comm.own_nccl_created)
+        out.update(
+            footprint=fp,
+            reported_sum=reported,
+            nccl_call=nccl_call,
+            own_nccl_created=comm._comm.own_nccl_created,
+        )
         if rank == 0:
             out["measured_drop"] = before - after
         plan = comm.plan(x.numel() * 4, "f32")
@@ -208,7 +220,9 @@ def rank_main(check, args):
             ya = values(count, it + 200)
             b.all_reduce(ya)  # the two interleaved on one stream as well
             torch.cuda.synchronize()
-            wrong += int(not torch.equal(xa, want(count, it))) + int(not torch.equal(xb, want(count, it + 100)))
+            wrong += int(not torch.equal(xa, want(count, it))) + int(
+                not torch.equal(xb, want(count, it + 100))
+            )
             wrong += int(not torch.equal(ya, want(count, it + 200)))
         a.close()
         c = tpar.Communicator(device=0, nccl="none", timeout=60)
@@ -259,11 +273,24 @@ def run_ranks(check, n, args, timeout=400):
     token = secrets.token_hex(16)
     procs = []
     for rank in range(n):
-        env = dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=token, RANK=str(rank),
-                   WORLD_SIZE=str(n), CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"))
+        env = dict(
+            os.environ,
+            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
+            TPAR_JOB_TOKEN=token,
+            RANK=str(rank),
+            WORLD_SIZE=str(n),
+            CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"),
+        )
         env[RANK_ENV] = "1"
-        procs.append(subprocess.Popen([sys.executable, __file__, check, json.dumps(args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, check, json.dumps(args)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     results, logs = [], []
     deadline = time.monotonic() + timeout
     for p in procs:
@@ -275,7 +302,9 @@ def run_ranks(check, n, args, timeout=400):
             text += "\nTIMEOUT"
         logs.append(text)
         line = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-        results.append(json.loads(line[-1][7:]) if line else {"error": f"rc {p.returncode}: {text[-800:]}"})
+        results.append(
+            json.loads(line[-1][7:]) if line else {"error": f"rc {p.returncode}: {text[-800:]}"}
+        )
     return results, logs
 
 
@@ -295,7 +324,10 @@ def main(checks):
         for n, mode in ((1, "none"), (1, "own"), (1, "borrowed"), (2, "none"), (2, "own")):
             store = os.path.join(tempfile.mkdtemp(prefix="tpar-store-"), "store")
             res, logs = run_ranks("footprint", n, {"nccl": mode, "store": store}, timeout=120)
-            record[f"footprint-{n}-{mode}"] = {"results": res, "log_tail": [log[-2000:] for log in logs]}
+            record[f"footprint-{n}-{mode}"] = {
+                "results": res,
+                "log_tail": [log[-2000:] for log in logs],
+            }
             r0 = res[0]
             if "error" in r0 or "measured_drop" not in r0:
                 row(f"footprint n={n} nccl={mode}", False, str(r0.get("error", r0))[:300])
@@ -303,10 +335,13 @@ def main(checks):
             drop, rep = r0["measured_drop"], r0["reported_sum"]
             fp = r0["footprint"]
             ok = abs(drop - rep) <= max(2 << 20, 0.02 * drop)
-            row(f"footprint n={n} nccl={mode}", ok,
+            row(
+                f"footprint n={n} nccl={mode}",
+                ok,
                 f"reported {mib(rep)} MiB (rank0: buffers {mib(fp['device_buffer_bytes'])}, modules "
                 f"{mib(fp['module_bytes'])}, nccl {mib(fp['nccl_bytes'])}) vs measured drop {mib(drop)} MiB; "
-                f"nccl call: {r0.get('nccl_call')}; own NCCL created: {r0.get('own_nccl_created')}")
+                f"nccl call: {r0.get('nccl_call')}; own NCCL created: {r0.get('own_nccl_created')}",
+            )
     if "leak" in checks:
         for n, cycles in ((1, 1000), (2, 100)):
             res, logs = run_ranks("leak", n, {"cycles": cycles}, timeout=200)
@@ -318,12 +353,18 @@ def main(checks):
             a, b = r0["at"]["10"], r0["at"][str(cycles)]
             # /dev/shm may only shrink: at cycle 10 a peer process can still be unlinking its
             # segment of the cycle before when rank 0 counts (seen once: 1 -> 0 at 2 ranks).
-            ok = (a["fds"], a["threads"]) == (b["fds"], b["threads"]) and b["shm"] <= a["shm"] and \
-                abs(a["free_device"] - b["free_device"]) <= 2 << 20
-            row(f"leak n={n} x{cycles}", ok,
+            ok = (
+                (a["fds"], a["threads"]) == (b["fds"], b["threads"])
+                and b["shm"] <= a["shm"]
+                and abs(a["free_device"] - b["free_device"]) <= 2 << 20
+            )
+            row(
+                f"leak n={n} x{cycles}",
+                ok,
                 f"cycle 10 -> {cycles}: fds {a['fds']}->{b['fds']}, threads {a['threads']}->{b['threads']}, "
                 f"RSS {a['rss_kib']}->{b['rss_kib']} KiB, shm {a['shm']}->{b['shm']}, free device "
-                f"{mib(a['free_device'])}->{mib(b['free_device'])} MiB, {r0['seconds']:.1f} s")
+                f"{mib(a['free_device'])}->{mib(b['free_device'])} MiB, {r0['seconds']:.1f} s",
+            )
     if "streams" in checks:
         for k in (2, 3):
             for graphed in (False, True):
@@ -331,15 +372,25 @@ def main(checks):
                 name = f"streams k={k} {'graph' if graphed else 'eager'}"
                 record[name] = {"results": res, "log_tail": [log[-2000:] for log in logs]}
                 bad = [r for r in res if "error" in r or r.get("wrong", 1) != 0]
-                row(name, not bad, "; ".join(f"rank {r.get('rank')}: {r.get('wrong', '?')} of {r.get('total', '?')} wrong"
-                                             + (f" {r['error'][:200]}" if "error" in r else "") for r in res))
+                row(
+                    name,
+                    not bad,
+                    "; ".join(
+                        f"rank {r.get('rank')}: {r.get('wrong', '?')} of {r.get('total', '?')} wrong"
+                        + (f" {r['error'][:200]}" if "error" in r else "")
+                        for r in res
+                    ),
+                )
     if "many" in checks:
         for n in (4,):  # 4 ranks: two communicators, two streams, and subgroups {0,1},{2,3},{0..3}
             res, logs = run_ranks("many", n, {}, timeout=150)
             record[f"many-{n}"] = {"results": res, "log_tail": [log[-2000:] for log in logs]}
             bad = [r for r in res if "error" in r or r.get("wrong", 1) != 0]
-            row(f"many communicators n={n}", not bad,
-                "; ".join(str(r.get("wrong", r.get("error", "?")))[:200] for r in res) + " wrong")
+            row(
+                f"many communicators n={n}",
+                not bad,
+                "; ".join(str(r.get("wrong", r.get("error", "?")))[:200] for r in res) + " wrong",
+            )
     if "initcost" in checks:
         for n in (4,):
             res, logs = run_ranks("initcost", n, {"groups": 8}, timeout=150)
@@ -350,8 +401,11 @@ def main(checks):
                 continue
             t = r0["seconds"]
             extra = sum(t) - t[0]
-            row(f"init cost n={n}", extra < 1.0,
-                f"first {t[0]:.2f} s, the other 7: {', '.join(f'{x:.2f}' for x in t[1:])} s (sum {extra:.2f} s more)")
+            row(
+                f"init cost n={n}",
+                extra < 1.0,
+                f"first {t[0]:.2f} s, the other 7: {', '.join(f'{x:.2f}' for x in t[1:])} s (sum {extra:.2f} s more)",
+            )
     with open(os.path.join(out_dir, "engine-comm.json"), "w") as f:
         json.dump({"rows": rows, "record": record}, f, indent=1)
     print("\n== engine-comm summary")

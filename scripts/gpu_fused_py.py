@@ -20,15 +20,14 @@ $OUT/fused-py.json.
 
 import argparse
 import json
+import multiprocessing
 import os
 import secrets
 import sys
 import tempfile
-import multiprocessing
 import time
 
 import torch
-
 import tpar
 import tpar.ops
 
@@ -49,34 +48,49 @@ def rank_main(rank, n, chain, hidden, token_list, directory, job, barrier, resul
     try:
         device = rank % torch.cuda.device_count()
         torch.cuda.set_device(device)
-        comm = tpar.Communicator(rank, n, device=device, rendezvous=os.path.join(directory, "rdv"), token=job,
-                                 timeout=60)
+        comm = tpar.Communicator(
+            rank, n, device=device, rendezvous=os.path.join(directory, "rdv"), token=job, timeout=60
+        )
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
             for tokens in token_list:
                 g = torch.Generator().manual_seed(tokens)
-                xs = [(torch.rand(tokens, hidden, generator=g) * 2 - 1).to(torch.bfloat16) for _ in range(n)]
+                xs = [
+                    (torch.rand(tokens, hidden, generator=g) * 2 - 1).to(torch.bfloat16)
+                    for _ in range(n)
+                ]
                 residual = (torch.rand(tokens, hidden, generator=g) * 4 - 2).to(torch.bfloat16)
                 weight = (torch.rand(hidden, generator=g) + 0.5).to(torch.bfloat16)
                 x, r, w = xs[rank].cuda(), residual.cuda(), weight.cuda()
                 # Correctness first: bitwise against tpar's CPU path, on every rank.
                 y, r_out = tpar.ops.fused_add_rms_norm(x, r, w, EPS, comm)
                 torch.cuda.synchronize()
-                want_y, want_r = comm.fused_add_rms_norm(xs[rank], residual.clone(), weight, EPS, in_place=False)
+                want_y, want_r = comm.fused_add_rms_norm(
+                    xs[rank], residual.clone(), weight, EPS, in_place=False
+                )
                 if not (torch.equal(y.cpu(), want_y) and torch.equal(r_out.cpu(), want_r)):
-                    raise AssertionError(f"rank {rank}: {tokens} tokens: fused result differs from the CPU path")
+                    raise AssertionError(
+                        f"rank {rank}: {tokens} tokens: fused result differs from the CPU path"
+                    )
                 plan = comm.fused_plan(tokens, hidden, torch.bfloat16, capturing=True)
                 ops = {
-                    "fused_add_rms_norm": lambda: tpar.ops.fused_add_rms_norm(x, r, w, EPS, comm),
-                    "all_reduce + torch norm": lambda: torch_add_rms_norm(tpar.ops.all_reduce(x, comm), r, w),
-                    "all_reduce alone": lambda: tpar.ops.all_reduce(x, comm),
+                    "fused_add_rms_norm": lambda x=x, r=r, w=w: tpar.ops.fused_add_rms_norm(
+                        x, r, w, EPS, comm
+                    ),
+                    "all_reduce + torch norm": lambda x=x, r=r, w=w: torch_add_rms_norm(
+                        tpar.ops.all_reduce(x, comm), r, w
+                    ),
+                    "all_reduce alone": lambda x=x: tpar.ops.all_reduce(x, comm),
                 }
                 for name, op in ops.items():
                     for _ in range(5):
                         op()
                     torch.cuda.synchronize()
                     barrier.wait()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start, end = (
+                        torch.cuda.Event(enable_timing=True),
+                        torch.cuda.Event(enable_timing=True),
+                    )
                     began = time.perf_counter()
                     start.record()
                     for _ in range(200):
@@ -87,7 +101,10 @@ def rank_main(rank, n, chain, hidden, token_list, directory, job, barrier, resul
                     eager_us = start.elapsed_time(end) * 1e3 / 200
                     barrier.wait()
                     graph = torch.cuda.CUDAGraph()
-                    with comm.capture(), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                    with (
+                        comm.capture(),
+                        torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"),
+                    ):
                         for _ in range(chain):
                             op()
                     barrier.wait()
@@ -103,15 +120,22 @@ def rank_main(rank, n, chain, hidden, token_list, directory, job, barrier, resul
                     comm.check()
                     del graph
                     rows.setdefault((tokens, name), []).append(
-                            {"rank": rank, "eager_us": eager_us, "eager_host_us": host_us, "graph_us": graph_us,
-                             "allreduce": comm.last_algorithm, "fused": plan[1], "plan": plan[2]})
+                        {
+                            "rank": rank,
+                            "eager_us": eager_us,
+                            "eager_host_us": host_us,
+                            "graph_us": graph_us,
+                            "allreduce": comm.last_algorithm,
+                            "fused": plan[1],
+                            "plan": plan[2],
+                        }
+                    )
         barrier.wait()
         comm.close()
         results_queue.put((rank, rows, None))
     except BaseException as e:  # noqa: BLE001 - reported by main, the other ranks stop on the barrier
         results_queue.put((rank, {}, f"rank {rank}: {type(e).__name__}: {e}"))
         barrier.abort()
-
 
 
 def main():
@@ -128,8 +152,13 @@ def main():
     spawn = multiprocessing.get_context("spawn")
     barrier, results_queue = spawn.Barrier(n), spawn.Queue()
 
-    procs = [spawn.Process(target=rank_main, args=(r, n, chain, hidden, token_list, directory, job, barrier,
-                                                    results_queue)) for r in range(n)]
+    procs = [
+        spawn.Process(
+            target=rank_main,
+            args=(r, n, chain, hidden, token_list, directory, job, barrier, results_queue),
+        )
+        for r in range(n)
+    ]
     for p in procs:
         p.start()
     rows, errors = {}, []
@@ -146,30 +175,55 @@ def main():
         sys.exit(1)
     device = torch.cuda.get_device_name(0)
     gpus = torch.cuda.device_count()
-    ranks_as = f"processes, one per GPU ({n} GPUs)" if gpus >= n else \
-        f"processes sharing {gpus} GPU(s), time-sliced by the driver: the timings are not a machine's"
+    ranks_as = (
+        f"processes, one per GPU ({n} GPUs)"
+        if gpus >= n
+        else f"processes sharing {gpus} GPU(s), time-sliced by the driver: the timings are not a machine's"
+    )
     results = []
     for (tokens, name), per_rank in sorted(rows.items()):
         worst = max(per_rank, key=lambda row: row["graph_us"])
-        results.append({"tokens": tokens, "hidden": hidden, "dtype": "bf16", "op": name, "ranks": n,
-                        "eager_us": max(r["eager_us"] for r in per_rank),
-                        "eager_host_us": max(r["eager_host_us"] for r in per_rank),
-                        "graph_us_per_op": worst["graph_us"], "allreduce": worst["allreduce"],
-                        "fused_plan": [worst["fused"], worst["plan"]]})
-    report = {"script": "scripts/gpu_fused_py.py", "device": device, "ranks": n, "ranks_as": ranks_as,
-              "chain": chain, "torch": torch.__version__, "tpar": tpar.__version__, "date": time.strftime("%Y-%m-%d"),
-              "timing": "eager: CUDA events around 200 back-to-back Python calls per rank (slowest rank); graph: a "
-                        f"chain of {chain} calls per rank in one graph, 20 replays, per op (slowest rank)",
-              "results": results}
+        results.append(
+            {
+                "tokens": tokens,
+                "hidden": hidden,
+                "dtype": "bf16",
+                "op": name,
+                "ranks": n,
+                "eager_us": max(r["eager_us"] for r in per_rank),
+                "eager_host_us": max(r["eager_host_us"] for r in per_rank),
+                "graph_us_per_op": worst["graph_us"],
+                "allreduce": worst["allreduce"],
+                "fused_plan": [worst["fused"], worst["plan"]],
+            }
+        )
+    report = {
+        "script": "scripts/gpu_fused_py.py",
+        "device": device,
+        "ranks": n,
+        "ranks_as": ranks_as,
+        "chain": chain,
+        "torch": torch.__version__,
+        "tpar": tpar.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "timing": "eager: CUDA events around 200 back-to-back Python calls per rank (slowest rank); graph: a "
+        f"chain of {chain} calls per rank in one graph, 20 replays, per op (slowest rank)",
+        "results": results,
+    }
     out = os.environ.get("OUT", ".")
     with open(os.path.join(out, "fused-py.json"), "w") as f:
         json.dump(report, f, indent=1)
-    print(f"== fused op from Python: {device}, {n} ranks as {ranks_as}, bf16 hidden {hidden}; us per op (slowest rank)")
+    print(
+        f"== fused op from Python: {device}, {n} ranks as {ranks_as}, bf16 hidden {hidden}; us per op (slowest rank)"
+    )
     print(f"{'tokens':>6}  {'op':<26} {'eager':>8} {'host':>8} {'graph':>8}  allreduce / path")
     for row in results:
         path = "fused" if row["fused_plan"][0] else "unfused"
-        print(f"{row['tokens']:>6}  {row['op']:<26} {row['eager_us']:>8.2f} {row['eager_host_us']:>8.2f} "
-              f"{row['graph_us_per_op']:>8.2f}  {row['allreduce']}" + (f" ({path})" if "fused_add" in row["op"] else ""))
+        print(
+            f"{row['tokens']:>6}  {row['op']:<26} {row['eager_us']:>8.2f} {row['eager_host_us']:>8.2f} "
+            f"{row['graph_us_per_op']:>8.2f}  {row['allreduce']}"
+            + (f" ({path})" if "fused_add" in row["op"] else "")
+        )
 
 
 if __name__ == "__main__":

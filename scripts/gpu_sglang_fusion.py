@@ -191,27 +191,51 @@ ca.close()
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sglang", type=pathlib.Path, default=ROOT / ".ci" / "engines" / "sglang-0.5.23-unpacked",
-                        help="folder holding SGLang 0.5.23's sglang/srt sources")
-    parser.add_argument("--per-gpu", action="store_true", help="rank r on GPU r (default: both ranks on GPU 0)")
+    parser.add_argument(
+        "--sglang",
+        type=pathlib.Path,
+        default=ROOT / ".ci" / "engines" / "sglang-0.5.23-unpacked",
+        help="folder holding SGLang 0.5.23's sglang/srt sources",
+    )
+    parser.add_argument(
+        "--per-gpu", action="store_true", help="rank r on GPU r (default: both ranks on GPU 0)"
+    )
     parser.add_argument("--timeout", type=int, default=200)
     args = parser.parse_args()
     if not (args.sglang / "sglang" / "srt" / "layers" / "flashinfer_comm_fusion.py").is_file():
-        print(f"error: no SGLang 0.5.23 sources under {args.sglang}; pass --sglang (the module doc says how to "
-              "unpack .ci/engines-gpu/sglang-0.5.23-src.zip)")
+        print(
+            f"error: no SGLang 0.5.23 sources under {args.sglang}; pass --sglang (the module doc says how to "
+            "unpack .ci/engines-gpu/sglang-0.5.23-src.zip)"
+        )
         return 2
     out = pathlib.Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     base = dict(os.environ)
-    base["PYTHONPATH"] = os.pathsep.join([str(args.sglang), str(ROOT / "tests" / "python")]
-                                         + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
+    base["PYTHONPATH"] = os.pathsep.join(
+        [str(args.sglang), str(ROOT / "tests" / "python")]
+        + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**base, "WORLD_SIZE": "2", "CASES": json.dumps(CASES), "SGLANG_ROOT": str(args.sglang),
-               "STORE": os.path.join(tmp, "store"), "PER_GPU": "1" if args.per_gpu else "0",
-               "REPLAYS": str(REPLAYS)}
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**env, "RANK": str(r)}) for r in range(2)]
+        env = {
+            **base,
+            "WORLD_SIZE": "2",
+            "CASES": json.dumps(CASES),
+            "SGLANG_ROOT": str(args.sglang),
+            "STORE": os.path.join(tmp, "store"),
+            "PER_GPU": "1" if args.per_gpu else "0",
+            "REPLAYS": str(REPLAYS),
+        }
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**env, "RANK": str(r)},
+            )
+            for r in range(2)
+        ]
         for r, p in enumerate(procs):
             try:
                 stdout, stderr = p.communicate(timeout=args.timeout)
@@ -225,8 +249,10 @@ def main() -> int:
                 print(f"rank {r} failed (rc {p.returncode}):\n{stderr[-3000:]}")
     (out / "sglang-fusion.json").write_text(json.dumps(reports, indent=1))
 
-    print("\n== SGLang's CUDA fused allreduce + RMSNorm entry on tpar (2 ranks, bf16, "
-          f"{'one GPU each' if args.per_gpu else 'sharing GPU 0'})")
+    print(
+        "\n== SGLang's CUDA fused allreduce + RMSNorm entry on tpar (2 ranks, bf16, "
+        f"{'one GPU each' if args.per_gpu else 'sharing GPU 0'})"
+    )
     if any(r is None for r in reports):
         print("FAILED: a rank did not report (see sglang-fusion-rank*.log)")
         return 1
@@ -238,39 +264,64 @@ def main() -> int:
             failures += 1
     if failures:
         return 1
-    hooks = r0["entry_is_tpar"] and r0["gate_is_tpar"] and r0["gate"] == {"sglang": False, "tpar": True}
-    print(f"hooks: entry tpar's {r0['entry_is_tpar']}, gate tpar's {r0['gate_is_tpar']}, "
-          f"gate at 8 tokens SGLang {r0['gate']['sglang']} / tpar {r0['gate']['tpar']}: {'ok' if hooks else 'FAIL'}")
+    hooks = (
+        r0["entry_is_tpar"] and r0["gate_is_tpar"] and r0["gate"] == {"sglang": False, "tpar": True}
+    )
+    print(
+        f"hooks: entry tpar's {r0['entry_is_tpar']}, gate tpar's {r0['gate_is_tpar']}, "
+        f"gate at 8 tokens SGLang {r0['gate']['sglang']} / tpar {r0['gate']['tpar']}: {'ok' if hooks else 'FAIL'}"
+    )
     failures += not hooks
     mark = lambda b: "ok" if b else "FAIL"  # noqa: E731
-    print(f"{'tokens x hidden':>16} {'plan (eager)':<22}{'tpar':>5}{'sgl AR':>7}{'residual':>9}{'norm':>6}"
-          f"{'inputs':>7}{'ranks':>6} {'plan (graph)':<22}{'graph':>6}{'g-ranks':>8}")
-    for a, b in zip(r0["rows"], r1["rows"]):
+    print(
+        f"{'tokens x hidden':>16} {'plan (eager)':<22}{'tpar':>5}{'sgl AR':>7}{'residual':>9}{'norm':>6}"
+        f"{'inputs':>7}{'ranks':>6} {'plan (graph)':<22}{'graph':>6}{'g-ranks':>8}"
+    )
+    for a, b in zip(r0["rows"], r1["rows"], strict=False):
         if "error" in a or "error" in b:
             print(f"{a['tokens']:>8} x {a['hidden']:<6} FAIL: {a.get('error') or b.get('error')}")
             failures += 1
             continue
-        calls = (a["tpar_calls"], a["sglang_allreduces"], a["norm_forwards"]) == (1, 0, 0) and \
-            (b["tpar_calls"], b["sglang_allreduces"], b["norm_forwards"]) == (1, 0, 0)
+        calls = (a["tpar_calls"], a["sglang_allreduces"], a["norm_forwards"]) == (1, 0, 0) and (
+            b["tpar_calls"],
+            b["sglang_allreduces"],
+            b["norm_forwards"],
+        ) == (1, 0, 0)
         in_kernel = a["plan"].endswith(" fused")
         residual = a["residual_bitwise"] and b["residual_bitwise"]
         norm = a["norm_ok"] and b["norm_ok"]
         inputs = a["inputs_unchanged"] and b["inputs_unchanged"]
         ranks = a["digest"] == b["digest"]
-        graph = a.get("graph_ok", False) and b.get("graph_ok", False) and a.get("graph_tpar_calls") == 2
-        graph_ranks = all(a.get(f"graph_digest_{i}") is not None and a.get(f"graph_digest_{i}") == b.get(f"graph_digest_{i}")
-                          for i in range(REPLAYS))
+        graph = (
+            a.get("graph_ok", False) and b.get("graph_ok", False) and a.get("graph_tpar_calls") == 2
+        )
+        graph_ranks = all(
+            a.get(f"graph_digest_{i}") is not None
+            and a.get(f"graph_digest_{i}") == b.get(f"graph_digest_{i}")
+            for i in range(REPLAYS)
+        )
         ok = [calls, in_kernel, residual, norm, inputs, ranks, graph, graph_ranks]
         failures += not all(ok)
-        print(f"{a['tokens']:>8} x {a['hidden']:<6} {a['plan']:<22}{mark(calls):>5}{a['sglang_allreduces']:>7}"
-              f"{mark(residual):>9}{mark(norm):>6}{mark(inputs):>7}{mark(ranks):>6} {a.get('graph_plan', '-'):<22}"
-              f"{mark(graph) if 'graph_error' not in a else 'ERR':>6}{mark(graph_ranks):>8}")
+        print(
+            f"{a['tokens']:>8} x {a['hidden']:<6} {a['plan']:<22}{mark(calls):>5}{a['sglang_allreduces']:>7}"
+            f"{mark(residual):>9}{mark(norm):>6}{mark(inputs):>7}{mark(ranks):>6} {a.get('graph_plan', '-'):<22}"
+            f"{mark(graph) if 'graph_error' not in a else 'ERR':>6}{mark(graph_ranks):>8}"
+        )
         if "graph_error" in a:
             print(f"   graph: {a['graph_error']}")
     d0, d1 = r0["decline"], r1["decline"]
-    decline = all((d["tpar_calls"], d["sglang_allreduces"], d["norm_forwards"]) == (0, 1, 1)
-                  and d["residual_bitwise"] and d["norm_ok"] for d in (d0, d1)) and d0["digest"] == d1["digest"]
-    print(f"decline (fp32 weight, 1 x 8192): SGLang's allreduce + norm, right result, ranks equal: {mark(decline)}")
+    decline = (
+        all(
+            (d["tpar_calls"], d["sglang_allreduces"], d["norm_forwards"]) == (0, 1, 1)
+            and d["residual_bitwise"]
+            and d["norm_ok"]
+            for d in (d0, d1)
+        )
+        and d0["digest"] == d1["digest"]
+    )
+    print(
+        f"decline (fp32 weight, 1 x 8192): SGLang's allreduce + norm, right result, ranks equal: {mark(decline)}"
+    )
     failures += not decline
     print(f"sglang-fusion: {'passed' if failures == 0 else f'{failures} failed'}")
     return 1 if failures else 0

@@ -150,17 +150,41 @@ def bundle(target: pathlib.Path) -> None:
             count += 1
     for wheel in sorted((ROOT / ".ci" / "engines-gpu" / "deps").glob("*.whl")):
         shutil.copy(wheel, deps / wheel.name)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--platform", "manylinux2014_x86_64", "-d", str(deps), "regex"],
-                   check=True)
-    print(f"{count} vLLM files -> {target / 'vllm-src.zip'}; {len(list(deps.glob('*.whl')))} wheels in {deps}")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--platform",
+            "manylinux2014_x86_64",
+            "-d",
+            str(deps),
+            "regex",
+        ],
+        check=True,
+    )
+    print(
+        f"{count} vLLM files -> {target / 'vllm-src.zip'}; {len(list(deps.glob('*.whl')))} wheels in {deps}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bundle", type=pathlib.Path, help="write the device machine's vLLM bundle here and stop")
-    parser.add_argument("--vllm", type=pathlib.Path, default=ROOT / ".ci" / "vllm-gpu" / "vllm-src.zip",
-                        help="vLLM's sources: a folder or vllm-src.zip")
+    parser.add_argument(
+        "--bundle", type=pathlib.Path, help="write the device machine's vLLM bundle here and stop"
+    )
+    parser.add_argument(
+        "--vllm",
+        type=pathlib.Path,
+        default=ROOT / ".ci" / "vllm-gpu" / "vllm-src.zip",
+        help="vLLM's sources: a folder or vllm-src.zip",
+    )
     parser.add_argument("--timeout", type=int, default=150)
     args = parser.parse_args()
     if args.bundle:
@@ -173,15 +197,30 @@ def main() -> int:
             zipfile.ZipFile(vllm_dir).extractall(os.path.join(tmp, "vllm-src"))
             vllm_dir = pathlib.Path(tmp, "vllm-src")
         base = dict(os.environ)
-        base["PYTHONPATH"] = os.pathsep.join([str(vllm_dir)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
+        base["PYTHONPATH"] = os.pathsep.join(
+            [str(vllm_dir)] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         results = {}
         for label, max_size in (("tpar", 8 << 20), ("over-max-size", 4 << 10)):
             cases = CASES if label == "tpar" else CASES[:1]
-            procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env={**base, "RANK": str(r), "WORLD_SIZE": "2", "MAX_SIZE": str(max_size),
-                                           "CASES": json.dumps(cases), "STORE": os.path.join(tmp, f"store-{label}"),
-                                           "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"inductor-{label}-{r}")})
-                     for r in range(2)]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env={
+                        **base,
+                        "RANK": str(r),
+                        "WORLD_SIZE": "2",
+                        "MAX_SIZE": str(max_size),
+                        "CASES": json.dumps(cases),
+                        "STORE": os.path.join(tmp, f"store-{label}"),
+                        "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"inductor-{label}-{r}"),
+                    },
+                )
+                for r in range(2)
+            ]
             ranks = []
             for r, p in enumerate(procs):
                 try:
@@ -189,7 +228,9 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     stdout, stderr = p.communicate()
-                (out / f"vllm-fusion-{label}-rank{r}.log").write_text(stdout + "\n--- stderr\n" + stderr)
+                (out / f"vllm-fusion-{label}-rank{r}.log").write_text(
+                    stdout + "\n--- stderr\n" + stderr
+                )
                 rows = [line[5:] for line in stdout.splitlines() if line.startswith("ROWS ")]
                 ranks.append(json.loads(rows[0]) if p.returncode == 0 and rows else None)
                 if ranks[-1] is None:
@@ -198,25 +239,33 @@ def main() -> int:
     (out / "vllm-fusion.json").write_text(json.dumps(results, indent=1))
     failures = 0
     print("\n== vLLM fusion pass on GPUs (2 ranks, bf16)")
-    print(f"{'run':<14}{'tokens x hidden':>16} {'path':<9}{'matched':>8}{'fused':>6}{'vllm AR':>8} "
-          f"{'residual':>9}{'norm':>6}{'ranks':>6}{'inductor':>9}{'graph':>6}")
+    print(
+        f"{'run':<14}{'tokens x hidden':>16} {'path':<9}{'matched':>8}{'fused':>6}{'vllm AR':>8} "
+        f"{'residual':>9}{'norm':>6}{'ranks':>6}{'inductor':>9}{'graph':>6}"
+    )
     for label, ranks in results.items():
         if any(r is None for r in ranks):
             print(f"{label:<14} FAILED (see vllm-fusion-{label}-rank*.log)")
             failures += 1
             continue
-        for row0, row1 in zip(*ranks):
+        for row0, row1 in zip(*ranks, strict=False):
             want_fused = (1, 0) if row0["path"] == "tpar" else (0, 1)
-            ok = [row0["matched"] == 1 and row1["matched"] == 1,
-                  (row0["fused_calls"], row0["vllm_allreduces"]) == want_fused,
-                  row0["residual_bitwise"] and row1["residual_bitwise"], row0["norm_ok"] and row1["norm_ok"],
-                  row0["digest"] == row1["digest"], row0["inductor"] and row1["inductor"],
-                  row0.get("graph_replay", True) and row1.get("graph_replay", True)]
+            ok = [
+                row0["matched"] == 1 and row1["matched"] == 1,
+                (row0["fused_calls"], row0["vllm_allreduces"]) == want_fused,
+                row0["residual_bitwise"] and row1["residual_bitwise"],
+                row0["norm_ok"] and row1["norm_ok"],
+                row0["digest"] == row1["digest"],
+                row0["inductor"] and row1["inductor"],
+                row0.get("graph_replay", True) and row1.get("graph_replay", True),
+            ]
             failures += not all(ok)
             mark = lambda b: "ok" if b else "FAIL"  # noqa: E731
-            print(f"{label:<14}{row0['tokens']:>8} x {row0['hidden']:<6} {row0['path']:<9}{mark(ok[0]):>8}"
-                  f"{mark(ok[1]):>6}{row0['vllm_allreduces']:>8} {mark(ok[2]):>9}{mark(ok[3]):>6}{mark(ok[4]):>6}"
-                  f"{mark(ok[5]):>9}{mark(ok[6]) if 'graph_replay' in row0 else '-':>6}")
+            print(
+                f"{label:<14}{row0['tokens']:>8} x {row0['hidden']:<6} {row0['path']:<9}{mark(ok[0]):>8}"
+                f"{mark(ok[1]):>6}{row0['vllm_allreduces']:>8} {mark(ok[2]):>9}{mark(ok[3]):>6}{mark(ok[4]):>6}"
+                f"{mark(ok[5]):>9}{mark(ok[6]) if 'graph_replay' in row0 else '-':>6}"
+            )
     print(f"vllm-fusion: {'passed' if failures == 0 else f'{failures} failed'}")
     return 1 if failures else 0
 

@@ -48,7 +48,18 @@ LAYERS = {
         # Vocabulary and the pure protocol: no I/O beyond the OS wrappers in sys.
         (
             "base",
-            ["error", "hash", "cache", "config", "dtype", "algorithm", "memory", "sys", "wait", "protocol"],
+            [
+                "error",
+                "hash",
+                "cache",
+                "config",
+                "dtype",
+                "algorithm",
+                "memory",
+                "sys",
+                "wait",
+                "protocol",
+            ],
             False,
         ),
         # Data about the machine, known inputs, pure numerics: no backend calls.
@@ -88,7 +99,9 @@ def code_only(text: str) -> str:
                     depth, i = depth - 1, i + 2
                 else:
                     i += 1
-        elif (m := re.compile(r'b?r(#*)"').match(text, i)) and (i == 0 or not text[i - 1].isalnum()):
+        elif (m := re.compile(r'b?r(#*)"').match(text, i)) and (
+            i == 0 or not text[i - 1].isalnum()
+        ):
             end = text.find('"' + m.group(1), m.end())
             out.append('""')
             i = n if end < 0 else end + 1 + len(m.group(1))
@@ -144,7 +157,9 @@ def without_test_items(code: str) -> tuple[str, set[str]]:
 
 USE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]*);")
 PATH = re.compile(r"(?<![\w:])(?:::)?([a-z_][a-z0-9_]*)((?:::[A-Za-z_]\w*)+)")
-DEFINES = r"\b(?:fn|struct|enum|union|trait|type|const|static|mod)\s+{name}\b|macro_rules!\s*{name}\b"
+DEFINES = (
+    r"\b(?:fn|struct|enum|union|trait|type|const|static|mod)\s+{name}\b|macro_rules!\s*{name}\b"
+)
 
 
 def split_use_alias(tree: str) -> str:
@@ -256,7 +271,10 @@ def load_workspace(root: str) -> dict[str, Module]:
                 child = m.group(1)
                 if child in test_files:
                     continue
-                for candidate in (os.path.join(folder, child + ".rs"), os.path.join(folder, child, "mod.rs")):
+                for candidate in (
+                    os.path.join(folder, child + ".rs"),
+                    os.path.join(folder, child, "mod.rs"),
+                ):
                     if os.path.exists(candidate):
                         pending.append((candidate, path + [child]))
                         break
@@ -279,7 +297,9 @@ class Resolver:
     def module(self, crate: str, path: list[str]) -> Module | None:
         return self.modules.get("::".join([crate] + path))
 
-    def resolve(self, current: Module, segs: list[str], seen: frozenset = frozenset(), depth: int = 0) -> str | None:
+    def resolve(
+        self, current: Module, segs: list[str], seen: frozenset = frozenset(), depth: int = 0
+    ) -> str | None:
         """The key of the file that defines what `segs`, written in `current`, names; None
         for what is outside the workspace (std, cudarc) or local to the file."""
         first, rest = segs[0], segs[1:]
@@ -490,7 +510,9 @@ def main() -> int:
         print(v)
     print(f"# modules in no layer: {len(unplaced)}")
     for m in sorted(unplaced):
-        print(f"{m} (add its crate to CRATES, its top-level module to LAYERS in scripts/import_graph.py)")
+        print(
+            f"{m} (add its crate to CRATES, its top-level module to LAYERS in scripts/import_graph.py)"
+        )
     return 1 if file_cycles or comp_cycles or violations or unplaced else 0
 
 

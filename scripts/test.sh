@@ -21,8 +21,19 @@ export TPAR_REQUIRE_NVRTC=1
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "== cargo clippy"
+echo "== cargo clippy (with the workspace lints: a SAFETY comment on every unsafe block and impl)"
 cargo clippy --workspace --all-targets --release -- -D warnings
+
+echo "== import graph: no file-level cycle, no upward import, crates in order (scripts/import_graph.py)"
+python3 scripts/import_graph.py --quiet
+
+echo "== ruff: lint and format of every Python file (ruff.toml)"
+if [ ! -x .ci/ruff/bin/ruff ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+    --target .ci/ruff "ruff==0.17.6"
+fi
+.ci/ruff/bin/ruff check .
+.ci/ruff/bin/ruff format --check .
 
 echo "== cargo test (release: the cross-process tests move megabytes between 8 ranks)"
 cargo test --workspace --release

@@ -12,7 +12,6 @@ from a graph or compiled, must equal it bit for bit.
 import hashlib
 
 import torch
-
 import tpar
 import tpar.ops
 from cuda_rank import device, fail, n, rank, refused, task
@@ -32,7 +31,9 @@ def operands(tokens, hidden, dtype, seed):
 
 def reference(comm, x, residual, weight):
     """tpar's CPU path on CPU copies (every rank calls it at the same point)."""
-    return comm.fused_add_rms_norm(x.cpu(), residual.cpu().clone(), weight.cpu(), EPS, in_place=False)
+    return comm.fused_add_rms_norm(
+        x.cpu(), residual.cpu().clone(), weight.cpu(), EPS, in_place=False
+    )
 
 
 def bits(t):
@@ -47,8 +48,10 @@ def same(got, want, what):
     bad = bits(got) != bits(want)
     if bool(bad.any()):
         first = int(bad.nonzero()[0])
-        fail(f"{what}: not bitwise equal to tpar's CPU path ({int(bad.sum())} differ); first at element {first}: "
-             f"got {got.cpu().view(-1)[first].item()}, want {want.view(-1)[first].item()}")
+        fail(
+            f"{what}: not bitwise equal to tpar's CPU path ({int(bad.sum())} differ); first at element {first}: "
+            f"got {got.cpu().view(-1)[first].item()}, want {want.view(-1)[first].item()}"
+        )
     digest.update(bits(got).numpy().tobytes())
 
 
@@ -56,23 +59,46 @@ def eager(comm):
     ran = set()
     # Processes sharing a GPU are time-sliced (milliseconds per call): a short sweep there.
     shared = n > torch.cuda.device_count()
-    shapes = [(1, 8192), (8, 8192), (3, 4099), (2, 20000)] if shared else \
-        [(1, 8192), (8, 8192), (3, 4099), (1, 2048), (64, 5120), (5, 7168), (2, 16384), (2, 20000), (1, 1)]
+    shapes = (
+        [(1, 8192), (8, 8192), (3, 4099), (2, 20000)]
+        if shared
+        else [
+            (1, 8192),
+            (8, 8192),
+            (3, 4099),
+            (1, 2048),
+            (64, 5120),
+            (5, 7168),
+            (2, 16384),
+            (2, 20000),
+            (1, 1),
+        ]
+    )
     dtypes = (torch.bfloat16, torch.float16, torch.float32)
     case = 0
     for dtype in dtypes:
         for tokens, hidden in shapes:
             for algorithm in (None, "one-shot", "two-shot"):
                 case += 1
-                if (tokens * hidden * dtype.itemsize > comm.max_bytes or
-                        comm.fused_plan(tokens, hidden, dtype)[0] == "nccl" and algorithm is None):
+                if (
+                    tokens * hidden * dtype.itemsize > comm.max_bytes
+                    or comm.fused_plan(tokens, hidden, dtype)[0] == "nccl"
+                    and algorithm is None
+                ):
                     continue
                 x, residual, weight = operands(tokens, hidden, dtype, case)
                 want_y, want_r = reference(comm, x, residual, weight)
                 xg, rg, wg = x.cuda(), residual.cuda(), weight.cuda()
                 in_place, out_is_x = case % 2 == 0, case % 3 == 0
-                y, r = comm.fused_add_rms_norm(xg, rg, wg, EPS, out=xg if out_is_x else None, in_place=in_place,
-                                               algorithm=algorithm)
+                y, r = comm.fused_add_rms_norm(
+                    xg,
+                    rg,
+                    wg,
+                    EPS,
+                    out=xg if out_is_x else None,
+                    in_place=in_place,
+                    algorithm=algorithm,
+                )
                 what = f"{tokens}x{hidden} {dtype} {algorithm or 'auto'} in_place={in_place} out=x:{out_is_x}"
                 if (r is rg) != in_place or (y is xg) != out_is_x:
                     fail(f"{what}: returned the wrong tensors")
@@ -142,14 +168,26 @@ def errors(comm):
     x = torch.ones(2, 64, dtype=torch.bfloat16, device="cuda")
     r = torch.ones(2, 64, dtype=torch.bfloat16, device="cuda")
     w = torch.ones(64, dtype=torch.bfloat16, device="cuda")
-    refused(lambda: comm.fused_add_rms_norm(x, r.cpu(), w), f"residual is on cpu but x is on cuda:{device}")
+    refused(
+        lambda: comm.fused_add_rms_norm(x, r.cpu(), w),
+        f"residual is on cpu but x is on cuda:{device}",
+    )
     refused(lambda: comm.fused_add_rms_norm(x, r, w[:63]), "it must be (64,)")
-    refused(lambda: comm.fused_add_rms_norm(x, r.float(), w), "residual is torch.float32 but x is torch.bfloat16")
+    refused(
+        lambda: comm.fused_add_rms_norm(x, r.float(), w),
+        "residual is torch.float32 but x is torch.bfloat16",
+    )
     refused(lambda: comm.fused_add_rms_norm(x, r, w, out=r), "overlaps residual")
-    refused(lambda: comm.fused_add_rms_norm(x, r, w, out=torch.empty(2, 32, dtype=x.dtype, device="cuda")),
-            "out has shape")
-    refused(lambda: comm.fused_add_rms_norm(x, torch.ones(64, 2, dtype=x.dtype, device="cuda").t(), w),
-            "residual is not contiguous")
+    refused(
+        lambda: comm.fused_add_rms_norm(
+            x, r, w, out=torch.empty(2, 32, dtype=x.dtype, device="cuda")
+        ),
+        "out has shape",
+    )
+    refused(
+        lambda: comm.fused_add_rms_norm(x, torch.ones(64, 2, dtype=x.dtype, device="cuda").t(), w),
+        "residual is not contiguous",
+    )
     refused(lambda: comm.fused_add_rms_norm(x, r, w, float("nan")), "eps=nan")
     refused(lambda: comm.fused_add_rms_norm(x, r, w, algorithm="ring"), "ring")
     print(f"ok errors; fused plan for 8 x 8192 bf16: {comm.fused_plan(8, 8192)}", flush=True)
@@ -163,7 +201,7 @@ with tpar.Communicator(device=device, timeout=task.get("timeout", 120)) as comm:
         elif step == "graph":
             graph(comm)
         elif step.startswith("compile-"):
-            compiled(comm, step[len("compile-"):])
+            compiled(comm, step[len("compile-") :])
         elif step == "errors":
             errors(comm)
     torch.cuda.synchronize()

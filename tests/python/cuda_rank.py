@@ -8,7 +8,6 @@ import os
 import sys
 
 import torch
-
 import tpar
 
 rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

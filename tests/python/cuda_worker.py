@@ -12,7 +12,6 @@ import functools
 import time
 
 import torch
-
 import tpar
 from cuda_rank import device, fail, n, rank, refused, task
 
@@ -37,15 +36,19 @@ def check(got, dtype, count, seed, algorithm, what):
     got = got.cpu()
     error = (got.float() - want.float()).abs()
     if algorithm == "nccl":
-        unit_roundoff = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+        unit_roundoff = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[
+            dtype
+        ]
         bad = (error > n * unit_roundoff * 8.0 * n) | error.isnan()
     else:
         bad = got != want  # bitwise for these exact inputs; a NaN is never equal
     if count and bool(bad.any()):
         first = int(bad.nonzero()[0])
-        fail(f"{what}: {count} {dtype} via {algorithm}: first wrong element {first}: "
-             f"got {got[first].item()}, want {want[first].item()} "
-             f"({int(bad.sum())} wrong, largest error {error.nan_to_num(float('inf')).max().item():g})")
+        fail(
+            f"{what}: {count} {dtype} via {algorithm}: first wrong element {first}: "
+            f"got {got[first].item()}, want {want[first].item()} "
+            f"({int(bad.sum())} wrong, largest error {error.nan_to_num(float('inf')).max().item():g})"
+        )
 
 
 def eager(comm):
@@ -119,7 +122,9 @@ def adapter(comm):
     ca = TparAllreduce(comm, max_bytes=1 << 20)
     x = values(rank, 4096, torch.bfloat16).cuda()
     assert ca.should_custom_ar(x)
-    assert not ca.should_custom_ar(torch.ones(1 << 20, dtype=torch.bfloat16, device="cuda")), "over max_bytes"
+    assert not ca.should_custom_ar(torch.ones(1 << 20, dtype=torch.bfloat16, device="cuda")), (
+        "over max_bytes"
+    )
     assert not ca.should_custom_ar(torch.ones(64, dtype=torch.int32, device="cuda"))
     assert not ca.should_custom_ar(torch.ones(64, 64, dtype=torch.bfloat16, device="cuda")[:, ::2])
     y = ca.custom_all_reduce(x)
@@ -133,11 +138,19 @@ def adapter(comm):
 
 
 def errors(comm):
-    refused(lambda: comm.all_reduce(torch.ones(8, dtype=torch.int32, device="cuda")), "float32, float16 or bfloat16")
+    refused(
+        lambda: comm.all_reduce(torch.ones(8, dtype=torch.int32, device="cuda")),
+        "float32, float16 or bfloat16",
+    )
     refused(lambda: comm.all_reduce(torch.ones(8, 8, device="cuda")[:, ::2]), "contiguous")
-    refused(lambda: comm.all_reduce(torch.ones(comm.max_bytes // 4 + 1, device="cuda")), "max_bytes")
+    refused(
+        lambda: comm.all_reduce(torch.ones(comm.max_bytes // 4 + 1, device="cuda")), "max_bytes"
+    )
     refused(lambda: comm.all_reduce(torch.ones(8, device="cuda"), algorithm="ring"), "ring")
-    refused(lambda: comm.all_reduce(torch.ones(8, device="cuda"), out=torch.ones(9, device="cuda")), "must match")
+    refused(
+        lambda: comm.all_reduce(torch.ones(8, device="cuda"), out=torch.ones(9, device="cuda")),
+        "must match",
+    )
     if torch.cuda.device_count() > 1:
         other = (device + 1) % torch.cuda.device_count()
         refused(lambda: comm.all_reduce(torch.ones(8, device=f"cuda:{other}")), f"cuda:{device}")
@@ -197,7 +210,7 @@ else:
             elif step == "graph":
                 graph(comm)
             elif step.startswith("compile-"):
-                compiled(comm, step[len("compile-"):])
+                compiled(comm, step[len("compile-") :])
             elif step == "adapter":
                 adapter(comm)
             elif step == "errors":

@@ -35,42 +35,58 @@ FUSIONS_ALLREDUCE = "sglang.srt.layers.layer_boundary.fusions.allreduce"
 LAYERNORM = "sglang.srt.layers.layernorm"
 MOE_UTILS = "sglang.srt.layers.moe.utils"
 
-_PACKAGES = ("sglang.srt.layers.layer_boundary", "sglang.srt.layers.layer_boundary.residual",
-             "sglang.srt.layers.layer_boundary.fusions", "sglang.srt.layers.moe")
+_PACKAGES = (
+    "sglang.srt.layers.layer_boundary",
+    "sglang.srt.layers.layer_boundary.residual",
+    "sglang.srt.layers.layer_boundary.fusions",
+    "sglang.srt.layers.moe",
+)
 
 # module -> (file in sglang/srt, top-level names cut from it, what stands in for its imports)
 _MODULES = {
-    ADD_NORM: ("layers/layer_boundary/residual/add_norm.py", ("FUSE_ALLREDUCE_MAX_BATCH_SIZE", "flashinfer_ar_fusion_applies"),
-               "import torch\n"
-               "from sglang.srt.layers.dp_attention import is_dp_attention_enabled\n"
-               "from sglang.srt.layers.flashinfer_comm_fusion import (\n"
-               "    is_flashinfer_allreduce_unavailable, uses_cutedsl_ar_fusion)\n"
-               "from sglang.srt.runtime_context import get_exec, get_parallel\n"
-               "_is_sm90_supported = _is_sm100_supported = False  # a GPU FlashInfer's fusion does not take\n"
-               "_is_flashinfer_available = False\n"
-               "_use_aiter = False\n"
-               "def aiter_ar_fusion_applies(input_tensor, forward_batch):\n"
-               "    return False\n"),
-    FUSIONS_ALLREDUCE: ("layers/layer_boundary/fusions/allreduce.py", ("fused_ffn_input", "flashinfer_preserves_residual"),
-                        "import torch\n"
-                        "from typing import Optional, Tuple\n"
-                        f"from {ADD_NORM} import aiter_ar_fusion_applies, flashinfer_ar_fusion_applies\n"
-                        "from sglang.srt.runtime_context import get_exec, get_parallel\n"
-                        "ForwardBatch = object\n"
-                        "_use_aiter = False\n"),
-    LAYERNORM: ("layers/layernorm.py", ("_forward_with_allreduce_fusion",),
-                "import torch\n"
-                "from typing import Optional, Tuple, Union\n"
-                "from sglang.srt.runtime_context import get_exec, get_parallel\n"
-                "_use_aiter = False\n"),
-    MOE_UTILS: (None, (),
-                "from sglang.srt.runtime_context import get_parallel\n"
-                "def can_merge_post_experts_all_reduce():\n"
-                "    return True\n"
-                "def post_experts_reduction_group():\n"
-                "    return get_parallel().tp_group\n"
-                "def deferred_post_experts_all_reduce(x):\n"
-                "    return get_parallel().tp_group.all_reduce(x)\n"),
+    ADD_NORM: (
+        "layers/layer_boundary/residual/add_norm.py",
+        ("FUSE_ALLREDUCE_MAX_BATCH_SIZE", "flashinfer_ar_fusion_applies"),
+        "import torch\n"
+        "from sglang.srt.layers.dp_attention import is_dp_attention_enabled\n"
+        "from sglang.srt.layers.flashinfer_comm_fusion import (\n"
+        "    is_flashinfer_allreduce_unavailable, uses_cutedsl_ar_fusion)\n"
+        "from sglang.srt.runtime_context import get_exec, get_parallel\n"
+        "_is_sm90_supported = _is_sm100_supported = False  # a GPU FlashInfer's fusion does not take\n"
+        "_is_flashinfer_available = False\n"
+        "_use_aiter = False\n"
+        "def aiter_ar_fusion_applies(input_tensor, forward_batch):\n"
+        "    return False\n",
+    ),
+    FUSIONS_ALLREDUCE: (
+        "layers/layer_boundary/fusions/allreduce.py",
+        ("fused_ffn_input", "flashinfer_preserves_residual"),
+        "import torch\n"
+        "from typing import Optional, Tuple\n"
+        f"from {ADD_NORM} import aiter_ar_fusion_applies, flashinfer_ar_fusion_applies\n"
+        "from sglang.srt.runtime_context import get_exec, get_parallel\n"
+        "ForwardBatch = object\n"
+        "_use_aiter = False\n",
+    ),
+    LAYERNORM: (
+        "layers/layernorm.py",
+        ("_forward_with_allreduce_fusion",),
+        "import torch\n"
+        "from typing import Optional, Tuple, Union\n"
+        "from sglang.srt.runtime_context import get_exec, get_parallel\n"
+        "_use_aiter = False\n",
+    ),
+    MOE_UTILS: (
+        None,
+        (),
+        "from sglang.srt.runtime_context import get_parallel\n"
+        "def can_merge_post_experts_all_reduce():\n"
+        "    return True\n"
+        "def post_experts_reduction_group():\n"
+        "    return get_parallel().tp_group\n"
+        "def deferred_post_experts_all_reduce(x):\n"
+        "    return get_parallel().tp_group.all_reduce(x)\n",
+    ),
 }
 
 
@@ -81,7 +97,11 @@ def cut(path: pathlib.Path, names) -> str:
     for node in ast.parse(text).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             name = node.name
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             name = node.targets[0].id
         else:
             continue
@@ -102,7 +122,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path, target=None):
         if fullname in _PACKAGES or fullname in _MODULES:
             # A loader per module, as the path finder gives each file its own.
-            return importlib.machinery.ModuleSpec(fullname, _Finder(self.srt), is_package=fullname in _PACKAGES)
+            return importlib.machinery.ModuleSpec(
+                fullname, _Finder(self.srt), is_package=fullname in _PACKAGES
+            )
         return None
 
     def create_module(self, spec):
@@ -115,7 +137,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return
         relative, names, prelude = _MODULES[name]
         source = prelude + ("\n" + cut(self.srt / relative, names) if relative else "")
-        module.__doc__ = f"Stand-in built from SGLang's {relative or '(none)'}: {', '.join(names) or 'helpers'}"
+        module.__doc__ = (
+            f"Stand-in built from SGLang's {relative or '(none)'}: {', '.join(names) or 'helpers'}"
+        )
         exec(compile(source, f"<{name} stand-in from {relative}>", "exec"), module.__dict__)
 
 
@@ -152,10 +176,13 @@ class RMSNormStandIn:
         x.copy_((y * self.weight.float()).to(x.dtype))
         return x, residual
 
-    def forward_with_allreduce_fusion(self, x, residual=None, post_residual_addition=None, use_attn_tp_group=True):
+    def forward_with_allreduce_fusion(
+        self, x, residual=None, post_residual_addition=None, use_attn_tp_group=True
+    ):
         layernorm = sys.modules[LAYERNORM]
-        return layernorm._forward_with_allreduce_fusion(self, x, residual, post_residual_addition, self.weight,
-                                                        use_attn_tp_group)
+        return layernorm._forward_with_allreduce_fusion(
+            self, x, residual, post_residual_addition, self.weight, use_attn_tp_group
+        )
 
 
 class PlanStandIn:

@@ -11,7 +11,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 import tpar
 
 WORKER = textwrap.dedent(
@@ -72,9 +71,22 @@ def run_job(n, task, timeout=120):
         token = secrets.token_hex(16)
         procs = []
         for rank in range(n):
-            env = dict(os.environ, TPAR_RENDEZVOUS=rendezvous, TPAR_JOB_TOKEN=token, RANK=str(rank), WORLD_SIZE=str(n))
-            procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(task)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env = dict(
+                os.environ,
+                TPAR_RENDEZVOUS=rendezvous,
+                TPAR_JOB_TOKEN=token,
+                RANK=str(rank),
+                WORLD_SIZE=str(n),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER, json.dumps(task)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
 
 
@@ -110,7 +122,11 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
             comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="ring")
         x = np.arange(5, dtype=np.float32)
         assert comm.all_reduce(x) is x and list(x) == [0, 1, 2, 3, 4]
-        assert comm.should_use(x) and comm.should_use(x, max_bytes=20) and not comm.should_use(x, max_bytes=19)
+        assert (
+            comm.should_use(x)
+            and comm.should_use(x, max_bytes=20)
+            and not comm.should_use(x, max_bytes=19)
+        )
         assert not comm.should_use(np.ones(4, dtype=np.int64)) and not comm.should_use([1.0, 2.0])
     with pytest.raises(tpar.TparError, match="closed"):
         comm.all_reduce(np.ones(4, dtype=np.float32))
@@ -129,7 +145,9 @@ def test_no_rank_environment_says_what_to_set(monkeypatch):
 
 
 def test_torch_cpu_tensors_reduce_like_arrays(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed here; the numpy tests cover the CPU path")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here; the numpy tests cover the CPU path"
+    )
     token = secrets.token_hex(16)
     with tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token) as comm:
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -140,8 +158,18 @@ def test_torch_cpu_tensors_reduce_like_arrays(tmp_path):
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_tensor_parallel_mlp_example_matches_the_unsharded_mlp(n):
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE")}
-    done = subprocess.run([sys.executable, example, "--world-size", str(n)], env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE")
+    }
+    done = subprocess.run(
+        [sys.executable, example, "--world-size", str(n)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"tp_mlp: {n} ranks" in done.stdout and "max relative error" in done.stdout, done.stdout
 
@@ -150,7 +178,9 @@ def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
     from tpar.adapter import TparAllreduce
 
     token = secrets.token_hex(16)
-    ca = TparAllreduce(tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token), max_bytes=1024)
+    ca = TparAllreduce(
+        tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token), max_bytes=1024
+    )
     small, large = np.arange(8, dtype=np.float32), np.ones(1024, dtype=np.float32)
     assert ca.should_custom_ar(small)
     assert not ca.should_custom_ar(large), "over max_bytes: the engine keeps its own path"
@@ -158,7 +188,9 @@ def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
     assert not ca.should_custom_ar(np.ones((4, 4), dtype=np.float32)[:, ::2])
     with ca.capture():
         out = ca.custom_all_reduce(small)
-    assert out is not small and np.array_equal(out, small), "one rank: the sum is the input, in a new array"
+    assert out is not small and np.array_equal(out, small), (
+        "one rank: the sum is the input, in a new array"
+    )
     with pytest.raises(tpar.TparError, match="should_custom_ar"):
         ca.custom_all_reduce(large)
     ca.close()
@@ -173,12 +205,16 @@ def test_the_torch_custom_op_runs_eagerly_and_under_torch_compile(tmp_path):
     # two tiny graphs here take to compile.
     torch._inductor.config.compile_threads = 1
     token = secrets.token_hex(16)
-    with tpar.Communicator(0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=token) as comm:
+    with tpar.Communicator(
+        0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=token
+    ) as comm:
         x = torch.arange(8, dtype=torch.float32)
         y = torch.ops.tpar.all_reduce(x, comm.handle)
         assert y is not x and torch.equal(y, x), "one rank: the sum is the input, in a new tensor"
         for backend in ("aot_eager", "inductor"):
-            step = torch.compile(lambda t: tpar.ops.all_reduce(t * 2, comm) + 1, fullgraph=True, backend=backend)
+            step = torch.compile(
+                lambda t: tpar.ops.all_reduce(t * 2, comm) + 1, fullgraph=True, backend=backend
+            )
             assert torch.equal(step(x), x * 2 + 1), backend
         checks = torch.library.opcheck(torch.ops.tpar.all_reduce.default, (x, comm.handle))
         assert set(checks.values()) == {"SUCCESS"}, checks
@@ -198,7 +234,9 @@ def test_device_names_are_read_like_torch_reads_them():
 
 
 def test_a_group_needs_torch_distributed_initialised(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed here; group= needs torch.distributed")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here; group= needs torch.distributed"
+    )
     if torch.distributed.is_initialized():
         pytest.skip("torch.distributed is already initialised in this process")
     with pytest.raises(tpar.TparError, match="init_process_group"):

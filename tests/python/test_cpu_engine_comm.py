@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 import pytest
-
 import tpar
 
 WORKER = textwrap.dedent(
@@ -141,10 +140,22 @@ def start_job(n, task):
     token = secrets.token_hex(16)
     procs = []
     for rank in range(n):
-        env = dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=token,
-                   RANK=str(rank), WORLD_SIZE=str(n))
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(task)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
+            TPAR_JOB_TOKEN=token,
+            RANK=str(rank),
+            WORLD_SIZE=str(n),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, json.dumps(task)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -164,7 +175,9 @@ def test_subgroups_of_a_world_of_four_via_members():
 
 
 def test_subgroups_of_a_world_of_four_via_torch_groups(tmp_path):
-    pytest.importorskip("torch", reason="torch is not installed here; group= needs torch.distributed")
+    pytest.importorskip(
+        "torch", reason="torch is not installed here; group= needs torch.distributed"
+    )
     store = str(tmp_path / "store")
     for code, output in finish(start_job(4, {"kind": "torch-groups", "store": store})):
         assert code == 0 and "OK" in output, output
@@ -202,7 +215,9 @@ def test_ctrl_c_interrupts_a_creation_waiting_for_a_missing_rank(tmp_path):
         except KeyboardInterrupt:
             print(f"INTERRUPTED {{time.monotonic() - start:.3f}}", flush=True)
     """)
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert "CREATING" in p.stdout.readline()
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
@@ -291,7 +306,13 @@ BAD = [
 
 @pytest.mark.parametrize("kwargs,says", BAD, ids=[str(k) for k, _ in BAD])
 def test_bad_arguments_are_refused_at_once_naming_them(tmp_path, kwargs, says):
-    args = dict(rank=0, world_size=1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16), timeout=5)
+    args = dict(
+        rank=0,
+        world_size=1,
+        rendezvous=str(tmp_path / "rdv"),
+        token=secrets.token_hex(16),
+        timeout=5,
+    )
     args.update(kwargs)
     rank, world_size = args.pop("rank"), args.pop("world_size")
     start = time.monotonic()
@@ -303,8 +324,17 @@ def test_bad_arguments_are_refused_at_once_naming_them(tmp_path, kwargs, says):
 
 
 def test_call_arguments_never_panic(tmp_path):
-    with tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)) as comm:
-        for bad in (None, 3, "x", [1.0], np.ones(3, dtype=np.int8), np.ones((3, 3), dtype=np.float32)[:, ::2]):
+    with tpar.Communicator(
+        0, 1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)
+    ) as comm:
+        for bad in (
+            None,
+            3,
+            "x",
+            [1.0],
+            np.ones(3, dtype=np.int8),
+            np.ones((3, 3), dtype=np.float32)[:, ::2],
+        ):
             with pytest.raises(tpar.TparError):
                 comm.all_reduce(bad)
         for nbytes in (-1, 1.5, "x"):
@@ -314,7 +344,9 @@ def test_call_arguments_never_panic(tmp_path):
             with pytest.raises(tpar.TparError, match="no GPU"):
                 comm.plan(1024)
         fp = comm.memory_footprint()
-        assert fp["nccl_bytes"] == 0 and fp["shared_host_bytes"] > 0 and fp["nccl_estimated"] is False
+        assert (
+            fp["nccl_bytes"] == 0 and fp["shared_host_bytes"] > 0 and fp["nccl_estimated"] is False
+        )
 
 
 def test_a_peer_timeout_names_the_python_argument():
@@ -331,8 +363,15 @@ def test_a_peer_timeout_names_the_python_argument():
         except tpar.TparError as e:
             print("ERROR", e)
     """)
-    ps = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True) for r in range(2)]
+    ps = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(r)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     out = [(p.wait(timeout=30), p.stdout.read()) for p in ps]
     assert "timeout= when creating the tpar.Communicator" in out[0][1], out
     assert "Config::" not in out[0][1], out

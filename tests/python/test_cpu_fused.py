@@ -14,7 +14,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 import tpar
 
 WORKER = textwrap.dedent(
@@ -106,10 +105,23 @@ WORKER = textwrap.dedent(
 def run_job(n, task, timeout=300):
     """Starts n worker processes as the ranks of one job and returns their (code, output)."""
     with tempfile.TemporaryDirectory(prefix="tpar-py-fused-") as tmp:
-        common = dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=secrets.token_hex(16),
-                      WORLD_SIZE=str(n), OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(task)], env=dict(common, RANK=str(r)),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+        common = dict(
+            os.environ,
+            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
+            TPAR_JOB_TOKEN=secrets.token_hex(16),
+            WORLD_SIZE=str(n),
+            OMP_NUM_THREADS="1",
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, json.dumps(task)],
+                env=dict(common, RANK=str(r)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(n)
+        ]
         return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
 
 
@@ -121,7 +133,7 @@ def test_every_rank_gets_the_reference_within_rounding_and_the_same_bits(n):
     digests = set()
     for rank, (code, output) in enumerate(results):
         assert code == 0, f"rank {rank}:\n{output}"
-        line = [l for l in output.splitlines() if l.startswith("DIGEST")]
+        line = [text for text in output.splitlines() if text.startswith("DIGEST")]
         assert line, output
         digests.add(line[0])
     assert len(digests) == 1, f"ranks disagree: {digests}"
@@ -136,7 +148,9 @@ def test_one_rank_against_a_hand_computed_row_and_leading_dimensions(tmp_path):
     with one_rank(tmp_path) as comm:
         x = np.array([[[3.0, 4.0]], [[0.0, 0.0]]], dtype=np.float32)  # (2, 1, 2): two tokens
         residual = np.array([[[0.0, 0.0]], [[1.0, -1.0]]], dtype=np.float32)
-        y, residual_out = comm.fused_add_rms_norm(x, residual, np.array([1.0, 2.0], dtype=np.float32), eps=0.0)
+        y, residual_out = comm.fused_add_rms_norm(
+            x, residual, np.array([1.0, 2.0], dtype=np.float32), eps=0.0
+        )
         assert residual_out is residual and residual.tolist() == [[[3.0, 4.0]], [[1.0, -1.0]]]
         # rms of (3, 4) is sqrt(12.5); of (1, -1) is 1.
         assert np.allclose(y, [[[3 / 12.5**0.5, 8 / 12.5**0.5]], [[1.0, -2.0]]], rtol=1e-6)
@@ -154,7 +168,10 @@ def test_bad_operands_are_refused_naming_the_problem(tmp_path):
         w = np.ones(8, dtype=np.float32)
         cases = [
             (dict(x=x, residual=np.ones((2, 9), np.float32), weight=w), "residual has shape"),
-            (dict(x=x, residual=r, weight=np.ones(9, np.float32)), r"must be \(8,\), the hidden size"),
+            (
+                dict(x=x, residual=r, weight=np.ones(9, np.float32)),
+                r"must be \(8,\), the hidden size",
+            ),
             (dict(x=x, residual=r.astype(np.float16), weight=w), "residual is f16 but x is f32"),
             (dict(x=x, residual=r, weight=w.astype(np.float16)), "weight is f16 but x is f32"),
             (dict(x=x.astype(np.int32), residual=r, weight=w), "float32, float16 or bfloat16"),
@@ -166,8 +183,14 @@ def test_bad_operands_are_refused_naming_the_problem(tmp_path):
             (dict(x=x, residual=r, weight=w, out=np.ones((2, 4), np.float32)), "out is"),
             (dict(x=x, residual=r, weight=w, algorithm="ring"), "unknown CPU algorithm"),
             (dict(x=np.float32(1.0), residual=r, weight=w), "scalar"),
-            (dict(x=np.ones((2, 0), np.float32), residual=np.ones((2, 0), np.float32),
-                  weight=np.ones(0, np.float32)), "hidden size of 0"),
+            (
+                dict(
+                    x=np.ones((2, 0), np.float32),
+                    residual=np.ones((2, 0), np.float32),
+                    weight=np.ones(0, np.float32),
+                ),
+                "hidden size of 0",
+            ),
         ]
         for kwargs, message in cases:
             before = r.copy()
@@ -186,7 +209,9 @@ def test_bad_operands_are_refused_naming_the_problem(tmp_path):
 
 
 def test_torch_cpu_tensors_and_mixed_kinds(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed here; the numpy tests cover the CPU path")
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed here; the numpy tests cover the CPU path"
+    )
     with one_rank(tmp_path) as comm:
         x = torch.randn(3, 64, dtype=torch.bfloat16)
         r = torch.randn(3, 64, dtype=torch.bfloat16)
@@ -196,10 +221,14 @@ def test_torch_cpu_tensors_and_mixed_kinds(tmp_path):
         want_r = (x.float() + r.float()).to(torch.bfloat16)
         assert torch.equal(r_out, want_r)
         v = want_r.float()
-        want_y = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16).float() * w.float()
+        want_y = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).to(
+            torch.bfloat16
+        ).float() * w.float()
         assert torch.allclose(y.float(), want_y, rtol=2 * 2.0**-8, atol=1e-3)
         with pytest.raises(tpar.TparError, match="residual is a ndarray but x is a Tensor"):
-            comm.fused_add_rms_norm(x, r.numpy() if r.dtype != torch.bfloat16 else np.ones((3, 64), np.float32), w)
+            comm.fused_add_rms_norm(
+                x, r.numpy() if r.dtype != torch.bfloat16 else np.ones((3, 64), np.float32), w
+            )
         with pytest.raises(tpar.TparError, match="residual is bf16 but x is f32"):
             comm.fused_add_rms_norm(x.float(), r, w.float())
 
@@ -209,7 +238,9 @@ def test_the_custom_ops_eagerly_under_opcheck_and_torch_compile(tmp_path):
     import tpar.ops
 
     torch._inductor.config.compile_threads = 1
-    with tpar.Communicator(0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)) as comm:
+    with tpar.Communicator(
+        0, 1, device="cpu", rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)
+    ) as comm:
         x = torch.randn(4, 48, dtype=torch.float32)
         r = torch.randn(4, 48, dtype=torch.float32)
         w = torch.rand(48) + 0.5
@@ -217,7 +248,9 @@ def test_the_custom_ops_eagerly_under_opcheck_and_torch_compile(tmp_path):
         y, r_out = torch.ops.tpar.fused_add_rms_norm(x, r, w, 1e-5, comm.handle)
         assert torch.equal(y, want_y) and torch.equal(r_out, want_r)
         assert r_out is not r and torch.equal(r, r), "functional: residual left as it was"
-        checks = torch.library.opcheck(torch.ops.tpar.fused_add_rms_norm.default, (x, r, w, 1e-5, comm.handle))
+        checks = torch.library.opcheck(
+            torch.ops.tpar.fused_add_rms_norm.default, (x, r, w, 1e-5, comm.handle)
+        )
         assert set(checks.values()) == {"SUCCESS"}, checks
 
         def layer(x, residual, weight):

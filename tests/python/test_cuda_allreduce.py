@@ -17,9 +17,14 @@ import tempfile
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the CUDA path of the package needs it")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: the CUDA path of the package needs it"
+)
 if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU visible to torch: the CUDA tests run on the GPU machine", allow_module_level=True)
+    pytest.skip(
+        "no CUDA GPU visible to torch: the CUDA tests run on the GPU machine",
+        allow_module_level=True,
+    )
 
 WORKER = os.path.join(os.path.dirname(__file__), "cuda_worker.py")
 
@@ -38,15 +43,31 @@ def run_job(n, task, timeout=600, worker=WORKER):
         logs = os.environ.get("TPAR_TEST_LOGS") or tmp
         os.makedirs(logs, exist_ok=True)
         tag = f"{task.get('kind', '-'.join(task.get('steps', [])))}-n{n}"
-        common = dict(os.environ, TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"), TPAR_JOB_TOKEN=secrets.token_hex(16),
-                      WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                      NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", PYTHONUNBUFFERED="1",
-                      TORCHINDUCTOR_COMPILE_THREADS="1")
+        common = dict(
+            os.environ,
+            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
+            TPAR_JOB_TOKEN=secrets.token_hex(16),
+            WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            NCCL_NVLS_ENABLE="0",
+            TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+            PYTHONUNBUFFERED="1",
+            TORCHINDUCTOR_COMPILE_THREADS="1",
+        )
         files = [open(os.path.join(logs, f"{tag}-rank{r}.log"), "w+") for r in range(n)]
-        procs = [subprocess.Popen([sys.executable, worker, json.dumps(task)], env=dict(common, RANK=str(r)),
-                                  stdout=f, stderr=subprocess.STDOUT, text=True) for r, f in enumerate(files)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, worker, json.dumps(task)],
+                env=dict(common, RANK=str(r)),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r, f in enumerate(files)
+        ]
         results = []
-        for p, f in zip(procs, files):
+        for p, f in zip(procs, files, strict=False):
             try:
                 p.wait(timeout=timeout)
                 note = ""
@@ -71,7 +92,14 @@ def assert_steps(results, *steps):
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_eager_graph_and_compile_give_exact_sums(n):
     steps = ["eager", "graph", "compile-aot_eager", "compile-inductor", "adapter"]
-    assert_steps(run_job(n, {"steps": steps}), "eager", "graph", "compile aot_eager", "compile inductor", "adapter")
+    assert_steps(
+        run_job(n, {"steps": steps}),
+        "eager",
+        "graph",
+        "compile aot_eager",
+        "compile inductor",
+        "adapter",
+    )
 
 
 def test_errors_name_the_problem_and_a_silent_rank():
@@ -87,9 +115,18 @@ def test_a_torch_distributed_group_builds_the_communicator():
 @pytest.mark.parametrize("n", [2, 4])
 def test_the_tensor_parallel_mlp_example_on_gpus_matches_the_unsharded_mlp(n):
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, example, "--world-size", str(n), "--device", "cuda"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN", "RANK", "WORLD_SIZE", "MASTER_PORT")
+    }
+    done = subprocess.run(
+        [sys.executable, example, "--world-size", str(n), "--device", "cuda"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"tp_mlp: {n} ranks" in done.stdout and "torch.distributed" in done.stdout, done.stdout
     print(done.stdout)

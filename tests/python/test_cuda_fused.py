@@ -14,9 +14,14 @@ import os
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the CUDA path of the package needs it")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: the CUDA path of the package needs it"
+)
 if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU visible to torch: the fused CUDA tests run on the GPU machine", allow_module_level=True)
+    pytest.skip(
+        "no CUDA GPU visible to torch: the fused CUDA tests run on the GPU machine",
+        allow_module_level=True,
+    )
 
 from test_cuda_allreduce import run_job  # noqa: E402 - after the skips, which it repeats
 

@@ -11,9 +11,14 @@ import threading
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: the CUDA path of the package needs it")
+torch = pytest.importorskip(
+    "torch", reason="torch is not installed: the CUDA path of the package needs it"
+)
 if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU visible to torch: the CUDA tests run on the GPU machine", allow_module_level=True)
+    pytest.skip(
+        "no CUDA GPU visible to torch: the CUDA tests run on the GPU machine",
+        allow_module_level=True,
+    )
 
 import tpar  # noqa: E402 - after the skips
 
@@ -23,8 +28,9 @@ def test_two_threads_on_one_gpu_are_refused_naming_the_fix():
 
     def rank_main(rank):
         try:
-            comm = tpar.Communicator(rank, 2, device=0, rendezvous=os.path.join(directory, "rdv"), token=job,
-                                     timeout=20)
+            comm = tpar.Communicator(
+                rank, 2, device=0, rendezvous=os.path.join(directory, "rdv"), token=job, timeout=20
+            )
             comm.close()
             outcome[rank] = "created"
         except tpar.TparError as e:
@@ -37,4 +43,6 @@ def test_two_threads_on_one_gpu_are_refused_naming_the_fix():
         t.join(timeout=60)
     assert not any(t.is_alive() for t in threads), "creation did not return within 60 s"
     for rank in range(2):
-        assert "threads of one process" in outcome[rank] and "one process per rank" in outcome[rank], outcome
+        assert (
+            "threads of one process" in outcome[rank] and "one process per rank" in outcome[rank]
+        ), outcome

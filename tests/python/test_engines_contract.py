@@ -29,7 +29,6 @@ import textwrap
 import zipfile
 
 import pytest
-
 from tpar.engines import TparCustomAllreduce, plugins
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -49,13 +48,27 @@ def _wheel(name: str) -> zipfile.ZipFile:
     if not found:
         WHEEL_DIR.mkdir(parents=True, exist_ok=True)
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--disable-pip-version-check",
-             f"{name}=={version}", "-d", str(WHEEL_DIR)],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--disable-pip-version-check",
+                f"{name}=={version}",
+                "-d",
+                str(WHEEL_DIR),
+            ],
+            capture_output=True,
+            text=True,
+        )
         found = sorted(WHEEL_DIR.glob(f"{name}-{version}-*.whl"))
         if not found:
-            pytest.skip(f"{name}=={version} wheel not in {WHEEL_DIR} and pip download failed: "
-                        f"{result.stderr.strip().splitlines()[-1:]}")
+            pytest.skip(
+                f"{name}=={version} wheel not in {WHEEL_DIR} and pip download failed: "
+                f"{result.stderr.strip().splitlines()[-1:]}"
+            )
     return zipfile.ZipFile(found[0])
 
 
@@ -66,7 +79,9 @@ def _tree(engine: str, path: str) -> ast.Module:
     key = (engine, path)
     if key not in _trees:
         with _wheel(engine) as wheel:
-            _trees[key] = ast.parse(wheel.read(path).decode(), filename=f"{engine}=={PINNED[engine]}:{path}")
+            _trees[key] = ast.parse(
+                wheel.read(path).decode(), filename=f"{engine}=={PINNED[engine]}:{path}"
+            )
     return _trees[key]
 
 
@@ -76,19 +91,28 @@ def _function(tree: ast.Module, class_name: str, function: str) -> ast.FunctionD
             for item in node.body:
                 if isinstance(item, ast.FunctionDef) and item.name == function:
                     return item
-    raise AssertionError(f"{class_name}.{function} not found: the engine moved it; re-read its source")
+    raise AssertionError(
+        f"{class_name}.{function} not found: the engine moved it; re-read its source"
+    )
 
 
 def _imports_of(function: ast.FunctionDef, module: str, name: str) -> ast.ImportFrom:
     for node in ast.walk(function):
-        if isinstance(node, ast.ImportFrom) and node.module == module and any(a.name == name for a in node.names):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == module
+            and any(a.name == name for a in node.names)
+        ):
             return node
     raise AssertionError(f"{function.name} no longer imports {name} from {module} inside it")
 
 
 def _calls(function: ast.AST, callee: str) -> list:
-    return [node for node in ast.walk(function)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == callee]
+    return [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == callee
+    ]
 
 
 def _bind_call(signature: inspect.Signature, call: ast.Call) -> None:
@@ -111,9 +135,14 @@ def _reads(tree: ast.AST, holder: str):
         if isinstance(node, ast.Attribute):
             value = node.value
             if (isinstance(value, ast.Name) and value.id == holder) or (
-                    isinstance(value, ast.Attribute) and value.attr == holder):
+                isinstance(value, ast.Attribute) and value.attr == holder
+            ):
                 read.add(node.attr)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("hasattr", "getattr"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("hasattr", "getattr")
+        ):
             if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
                 guarded.add(node.args[1].value)
     return read, guarded
@@ -121,7 +150,9 @@ def _reads(tree: ast.AST, holder: str):
 
 def _missing(reads) -> list:
     read, guarded = reads
-    return sorted(name for name in read if not hasattr(TparCustomAllreduce, name) and name not in guarded)
+    return sorted(
+        name for name in read if not hasattr(TparCustomAllreduce, name) and name not in guarded
+    )
 
 
 def _stand_in_package(tmp_path: pathlib.Path, module: str, body: str) -> None:
@@ -137,11 +168,19 @@ def _stand_in_package(tmp_path: pathlib.Path, module: str, body: str) -> None:
 
 
 def _run(tmp_path, code: str, **env) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "TPAR_ENGINE_HOOK")}
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "TPAR_ENGINE_HOOK")
+    }
     environment.update(env)
     environment["PYTHONPATH"] = str(tmp_path)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=environment, cwd=tmp_path, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+        timeout=120,
+    )
 
 
 # -- vLLM ------------------------------------------------------------------------------------
@@ -168,7 +207,12 @@ def test_tpar_accepts_every_parameter_of_vllms_class():
 def test_tpar_has_every_attribute_vllm_reads_on_its_custom_allreduce():
     communicator = _reads(_tree("vllm", VLLM_COMMUNICATOR), "ca_comm")
     parallel_state = _reads(_tree("vllm", VLLM_PARALLEL_STATE), "ca_comm")
-    assert {"disabled", "should_custom_ar", "custom_all_reduce", "custom_all_gather"} <= communicator[0]
+    assert {
+        "disabled",
+        "should_custom_ar",
+        "custom_all_reduce",
+        "custom_all_gather",
+    } <= communicator[0]
     assert "capture" in parallel_state[0]
     missing = _missing(communicator) + _missing(parallel_state)
     assert not missing, f"vLLM reads {missing} on ca_comm"
@@ -177,12 +221,16 @@ def test_tpar_has_every_attribute_vllm_reads_on_its_custom_allreduce():
 def test_vllm_plugin_swaps_the_class_vllms_own_import_statement_gets(tmp_path):
     init = _function(_tree("vllm", VLLM_COMMUNICATOR), "CudaCommunicator", "__init__")
     statement = ast.unparse(_imports_of(init, plugins.VLLM_MODULE, plugins.VLLM_SYMBOL))
-    _stand_in_package(tmp_path, plugins.VLLM_MODULE, """
+    _stand_in_package(
+        tmp_path,
+        plugins.VLLM_MODULE,
+        """
         class CustomAllreduce:
             @staticmethod
             def create_shared_buffer(size_in_bytes, group=None, uncached=False):
                 return ["engine helper", size_in_bytes]
-    """)
+    """,
+    )
     code = f"""
         from tpar.engines import plugins, TparCustomAllreduce
         plugins.vllm_plugin()
@@ -210,10 +258,16 @@ def test_sglang_dispatches_and_constructs_with_arguments_tpar_accepts():
     dispatch_calls = _calls(init, plugins.SGLANG_SYMBOL)
     assert dispatch_calls, "GroupCoordinator.__init__ no longer calls dispatch_custom_allreduce"
     # The class SGLang constructs is what the dispatch call was assigned to.
-    class_names = {target.id for node in ast.walk(init) if isinstance(node, ast.Assign)
-                   and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
-                   and node.value.func.id == plugins.SGLANG_SYMBOL
-                   for target in node.targets if isinstance(target, ast.Name)}
+    class_names = {
+        target.id
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == plugins.SGLANG_SYMBOL
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
     assert class_names, "the result of dispatch_custom_allreduce is no longer assigned to a name"
     construct_calls = [call for name in class_names for call in _calls(init, name)]
     assert construct_calls
@@ -243,13 +297,17 @@ def test_tpar_has_every_attribute_sglang_reads_on_its_custom_allreduce():
 def test_sglang_plugin_swaps_the_dispatch_sglangs_own_import_statement_gets(tmp_path):
     init = _function(_tree("sglang", SGLANG_PARALLEL_STATE), "GroupCoordinator", "__init__")
     statement = ast.unparse(_imports_of(init, plugins.SGLANG_MODULE, plugins.SGLANG_SYMBOL))
-    _stand_in_package(tmp_path, plugins.SGLANG_MODULE, """
+    _stand_in_package(
+        tmp_path,
+        plugins.SGLANG_MODULE,
+        """
         class CustomAllreduce:
             pass
 
         def dispatch_custom_allreduce(group, device):
             return CustomAllreduce
-    """)
+    """,
+    )
     code = f"""
         from tpar.engines import plugins, TparCustomAllreduce
         plugins.sglang_plugin()
@@ -267,10 +325,16 @@ def test_sglang_plugin_swaps_the_dispatch_sglangs_own_import_statement_gets(tmp_
 # -- the wheel: entry points and the .pth fallback -------------------------------------------
 
 
-@pytest.mark.parametrize("group, function", [("vllm.general_plugins", plugins.vllm_plugin),
-                                             ("sglang.srt.plugins", plugins.sglang_plugin)])
+@pytest.mark.parametrize(
+    "group, function",
+    [("vllm.general_plugins", plugins.vllm_plugin), ("sglang.srt.plugins", plugins.sglang_plugin)],
+)
 def test_installed_wheel_registers_the_entry_point(group, function):
-    found = [ep for ep in importlib.metadata.entry_points(group=group) if ep.dist and ep.dist.name == "tpar"]
+    found = [
+        ep
+        for ep in importlib.metadata.entry_points(group=group)
+        if ep.dist and ep.dist.name == "tpar"
+    ]
     assert len(found) == 1, f"tpar's wheel has no single {group} entry point: {found}"
     assert found[0].load() is function
 
@@ -279,7 +343,11 @@ def test_pth_hook_is_installed_and_swaps_only_when_asked(tmp_path):
     pth = pathlib.Path(sysconfig.get_paths()["purelib"]) / "tpar-engines.pth"
     assert pth.is_file(), f"the wheel did not install {pth}"
     _stand_in_package(tmp_path, plugins.VLLM_MODULE, "class CustomAllreduce:\n    pass\n")
-    _stand_in_package(tmp_path, plugins.SGLANG_MODULE, "def dispatch_custom_allreduce(group, device):\n    return None\n")
+    _stand_in_package(
+        tmp_path,
+        plugins.SGLANG_MODULE,
+        "def dispatch_custom_allreduce(group, device):\n    return None\n",
+    )
     # A fresh interpreter that never imports tpar itself: only the .pth can swap.
     code = f"""
         from {plugins.VLLM_MODULE} import CustomAllreduce
@@ -304,13 +372,23 @@ def test_sglangs_fused_entry_asks_the_custom_allreduce_with_the_arguments_tpar_t
     """The fused allreduce + residual + RMSNorm path tpar covers (see tpar.engines): SGLang's
     GroupCoordinator.fused_allreduce_rmsnorm calls ca_comm.fused_allreduce_rmsnorm(input_,
     residual_inp_, weight_, eps) and tpar's method takes exactly those."""
-    method = _function(_tree("sglang", SGLANG_PARALLEL_STATE), "GroupCoordinator", "fused_allreduce_rmsnorm")
-    calls = [node for node in ast.walk(method) if isinstance(node, ast.Call)
-             and isinstance(node.func, ast.Attribute) and node.func.attr == "fused_allreduce_rmsnorm"]
-    assert calls, "SGLang no longer asks its custom allreduce for fused_allreduce_rmsnorm: re-read parallel_state.py"
+    method = _function(
+        _tree("sglang", SGLANG_PARALLEL_STATE), "GroupCoordinator", "fused_allreduce_rmsnorm"
+    )
+    calls = [
+        node
+        for node in ast.walk(method)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "fused_allreduce_rmsnorm"
+    ]
+    assert calls, (
+        "SGLang no longer asks its custom allreduce for fused_allreduce_rmsnorm: re-read parallel_state.py"
+    )
     for call in calls:
-        inspect.signature(TparCustomAllreduce.fused_allreduce_rmsnorm).bind(None, *[None] * len(call.args),
-                                                                            **{k.arg: None for k in call.keywords})
+        inspect.signature(TparCustomAllreduce.fused_allreduce_rmsnorm).bind(
+            None, *[None] * len(call.args), **{k.arg: None for k in call.keywords}
+        )
 
 
 def test_the_fusion_paths_left_uncovered_still_bypass_the_custom_allreduce():
@@ -320,10 +398,14 @@ def test_the_fusion_paths_left_uncovered_still_bypass_the_custom_allreduce():
     path = "vllm/compilation/passes/fusion/allreduce_rms_fusion.py"
     vllm_pass = _source("vllm", path)
     assert "flashinfer_trtllm_fused_allreduce_norm" in vllm_pass
-    (fusion_pass,) = [node for node in ast.walk(_tree("vllm", path))
-                      if isinstance(node, ast.ClassDef) and node.name == "AllReduceFusionPass"]
+    (fusion_pass,) = [
+        node
+        for node in ast.walk(_tree("vllm", path))
+        if isinstance(node, ast.ClassDef) and node.name == "AllReduceFusionPass"
+    ]
     names = {n.attr for n in ast.walk(fusion_pass) if isinstance(n, ast.Attribute)} | {
-        n.id for n in ast.walk(fusion_pass) if isinstance(n, ast.Name)}
+        n.id for n in ast.walk(fusion_pass) if isinstance(n, ast.Name)
+    }
     assert not names & {"ca_comm", "device_communicator", "custom_all_reduce"}, names
     layernorm = _source("sglang", "sglang/srt/layers/layernorm.py")
     assert "flashinfer_allreduce_residual_rmsnorm(" in layernorm and "if _use_aiter:" in layernorm

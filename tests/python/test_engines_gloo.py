@@ -18,8 +18,11 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed: the gloo group tests need torch.distributed "
-                                    "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+pytest.importorskip(
+    "torch",
+    reason="torch is not installed: the gloo group tests need torch.distributed "
+    "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
+)
 
 WORKER = textwrap.dedent(
     """
@@ -97,10 +100,23 @@ WORKER = textwrap.dedent(
 def _run(n: int, scenario: str) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         store = os.path.join(tmp, "store")
-        env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")
+        }
         procs = [
-            subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**env, "RANK": str(r), "WORLD_SIZE": str(n), "SCENARIO": scenario, "STORE": store})
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **env,
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                    "SCENARIO": scenario,
+                    "STORE": store,
+                },
+            )
             for r in range(n)
         ]
         outputs = []
@@ -112,7 +128,11 @@ def _run(n: int, scenario: str) -> list:
 
 
 def _field(lines, key):
-    return [line.split(" ", 1)[1] if " " in line else "" for line in lines if line.split(" ", 1)[0] == key]
+    return [
+        line.split(" ", 1)[1] if " " in line else ""
+        for line in lines
+        if line.split(" ", 1)[0] == key
+    ]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -121,15 +141,24 @@ def test_every_rank_enables_routes_alike_and_reduces_out_of_place(n):
         assert _field(lines, "DISABLED") == ["False False"], lines
         assert _field(lines, "WARNINGS") == ["0"], lines
         info = _field(lines, "INFO")
-        assert len(info) == 1 and f"rank {rank} of {n}" in info[0] and "over 64 KiB engine NCCL" in info[0], info
+        assert (
+            len(info) == 1
+            and f"rank {rank} of {n}" in info[0]
+            and "over 64 KiB engine NCCL" in info[0]
+        ), info
         # f32 of 4 B .. 64 KiB go to tpar; 16385 floats are over max_size; int32 never.
         assert _field(lines, "ROUTES") == ["[1, 1, 1, 0, 0, 0] True"], lines
         assert _field(lines, "REDUCED") == ["1", "1000", "16384"], lines
         assert _field(lines, "DONE") == [""], lines
 
 
-@pytest.mark.parametrize("scenario, culprit, cause", [("preflight", 1, "no peer access to GPU 3 (test)"),
-                                                      ("veto", 2, "init self-test vetoed every path (test)")])
+@pytest.mark.parametrize(
+    "scenario, culprit, cause",
+    [
+        ("preflight", 1, "no peer access to GPU 3 (test)"),
+        ("veto", 2, "init self-test vetoed every path (test)"),
+    ],
+)
 def test_one_failing_rank_disables_every_rank_with_one_warning(scenario, culprit, cause):
     n = 3
     for rank, lines in enumerate(_run(n, scenario)):

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: these tests build torch tensors "
-                                            "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+torch = pytest.importorskip(
+    "torch",
+    reason="torch is not installed: these tests build torch tensors "
+    "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
+)
 
 from tpar.engines import TparCustomAllreduce  # noqa: E402
 
@@ -23,7 +26,9 @@ class PlanningComm:
 
     def plan(self, nbytes, dtype, capturing):
         self.asked.append((nbytes, str(dtype), capturing))
-        return ("one-shot" if nbytes <= 64 << 10 else "two-shot" if nbytes <= 1 << 20 else "nccl"), "test"
+        return (
+            "one-shot" if nbytes <= 64 << 10 else "two-shot" if nbytes <= 1 << 20 else "nccl"
+        ), "test"
 
     def should_use(self, tensor, max_bytes=None):
         return True
@@ -55,10 +60,10 @@ def enabled_object(max_size=4 << 20):
 def test_routes_follow_the_plan_and_are_asked_once_per_size():
     ca = enabled_object()
     bf16 = lambda n: torch.ones(n, dtype=torch.bfloat16)  # noqa: E731
-    assert ca.should_custom_ar(bf16(512))            # 1 KiB: one-shot
-    assert ca.should_custom_ar(bf16(256 << 10))      # 512 KiB: two-shot
-    assert not ca.should_custom_ar(bf16(1 << 20))    # 2 MiB: planned for NCCL, the engine's
-    assert not ca.should_custom_ar(bf16(4 << 20))    # 8 MiB: over max_size, not even planned
+    assert ca.should_custom_ar(bf16(512))  # 1 KiB: one-shot
+    assert ca.should_custom_ar(bf16(256 << 10))  # 512 KiB: two-shot
+    assert not ca.should_custom_ar(bf16(1 << 20))  # 2 MiB: planned for NCCL, the engine's
+    assert not ca.should_custom_ar(bf16(4 << 20))  # 8 MiB: over max_size, not even planned
     for _ in range(3):
         ca.should_custom_ar(bf16(512))
     assert [a[0] for a in ca.comm.asked] == [1024, 512 << 10, 2 << 20]
@@ -95,7 +100,7 @@ def test_custom_all_reduce_is_out_of_place_and_never_none_when_routed():
     assert y is not None and y.data_ptr() != x.data_ptr()
     assert torch.equal(x, torch.arange(64, dtype=torch.float32))
     assert torch.equal(y, x * 2)
-    (given, out), = ca.comm.reduced
+    ((given, out),) = ca.comm.reduced
     assert given is x and out is y
 
 
@@ -103,7 +108,10 @@ def test_log_line_names_the_route_per_size():
     ca = enabled_object()
     line = ca.describe()
     assert "rank 0 of 4" in line
-    assert "bf16 1 KiB-64 KiB one-shot, 128 KiB-1 MiB two-shot, 2 MiB-4 MiB engine NCCL; over 4 MiB engine NCCL" in line, line
+    assert (
+        "bf16 1 KiB-64 KiB one-shot, 128 KiB-1 MiB two-shot, 2 MiB-4 MiB engine NCCL; over 4 MiB engine NCCL"
+        in line
+    ), line
 
 
 def test_a_failing_plan_keeps_the_size_on_nccl_and_warns_once():

@@ -33,23 +33,42 @@ import zipfile
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WHEEL_DIR = pathlib.Path(os.environ.get("TPAR_ENGINE_WHEELS", ROOT / ".ci" / "engines"))
 VERSION = "0.5.23"
-DEPS = ("orjson", "psutil", "pybase64", "requests", "PIL", "starlette", "msgspec", "pydantic", "zmq", "tqdm",
-        "IPython", "aiohttp", "tvm_ffi")
+DEPS = (
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "PIL",
+    "starlette",
+    "msgspec",
+    "pydantic",
+    "zmq",
+    "tqdm",
+    "IPython",
+    "aiohttp",
+    "tvm_ffi",
+)
 
 
 @pytest.fixture(scope="module")
 def sglang_path() -> str:
     missing = [name for name in DEPS if importlib.util.find_spec(name) is None]
     if missing:
-        pytest.skip(f"SGLang's parallel_state needs {', '.join(missing)} (scripts/test.sh installs them into .ci/sglang-deps)")
+        pytest.skip(
+            f"SGLang's parallel_state needs {', '.join(missing)} (scripts/test.sh installs them into .ci/sglang-deps)"
+        )
     wheels = sorted(WHEEL_DIR.glob(f"sglang-{VERSION}-*.whl"))
     if not wheels:
-        pytest.skip(f"sglang-{VERSION} wheel not in {WHEEL_DIR} (test_engines_contract.py or scripts/test.sh downloads it)")
+        pytest.skip(
+            f"sglang-{VERSION} wheel not in {WHEEL_DIR} (test_engines_contract.py or scripts/test.sh downloads it)"
+        )
     target = WHEEL_DIR / f"sglang-{VERSION}-unpacked"
     if not (target / "sglang" / "srt" / "distributed" / "parallel_state.py").is_file():
         with zipfile.ZipFile(wheels[0]) as wheel:
@@ -128,12 +147,29 @@ WORKER = textwrap.dedent(
 
 def _run(sglang_path, n, scenario, **env):
     with tempfile.TemporaryDirectory() as tmp:
-        base = {k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")}
-        base["PYTHONPATH"] = os.pathsep.join([sglang_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**base, **env, "RANK": str(r), "WORLD_SIZE": str(n),
-                                                  "SCENARIO": scenario, "STORE": os.path.join(tmp, "store")})
-                 for r in range(n)]
+        base = {
+            k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")
+        }
+        base["PYTHONPATH"] = os.pathsep.join(
+            [sglang_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **base,
+                    **env,
+                    "RANK": str(r),
+                    "WORLD_SIZE": str(n),
+                    "SCENARIO": scenario,
+                    "STORE": os.path.join(tmp, "store"),
+                },
+            )
+            for r in range(n)
+        ]
         outputs = []
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=300)
@@ -155,7 +191,9 @@ def test_sglang_builds_tpar_through_its_plugin_loader_and_routes_to_it(sglang_pa
 
 def test_tpar_allreduce_0_keeps_sglangs_class(sglang_path):
     for lines, _ in _run(sglang_path, 2, "ok", TPAR_ALLREDUCE="0"):
-        assert lines and lines[0].startswith("CLASS ") and "TparCustomAllreduce" not in lines[0], lines
+        assert lines and lines[0].startswith("CLASS ") and "TparCustomAllreduce" not in lines[0], (
+            lines
+        )
 
 
 def test_one_failing_rank_leaves_sglang_on_its_own_path_on_every_rank(sglang_path):
@@ -163,4 +201,6 @@ def test_one_failing_rank_leaves_sglang_on_its_own_path_on_every_rank(sglang_pat
         assert "CLASS TparCustomAllreduce True" in lines, lines
         assert "ROUTE 1024 None []" in lines, lines
         assert "FUSED none" in lines, lines
-        assert err.count("tpar is off for this group") == 1 and "group rank 1 could not open it" in err, err[-2000:]
+        assert (
+            err.count("tpar is off for this group") == 1 and "group rank 1 could not open it" in err
+        ), err[-2000:]

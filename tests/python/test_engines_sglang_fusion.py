@@ -35,10 +35,11 @@ import tempfile
 import textwrap
 
 import pytest
-
 from test_engines_sglang import sglang_path  # noqa: F401  (the fixture: SGLang's wheel, unpacked)
 
-pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -186,13 +187,31 @@ WORKER = textwrap.dedent(
 
 def _run(sglang_path, scenario, **env):
     with tempfile.TemporaryDirectory() as tmp:
-        base = {k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")}
-        base["PYTHONPATH"] = os.pathsep.join([sglang_path, str(HERE)]
-                                             + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**base, **env, "RANK": str(r), "WORLD_SIZE": "2", "SCENARIO": scenario,
-                                                  "SGLANG_ROOT": sglang_path, "STORE": os.path.join(tmp, "store")})
-                 for r in range(2)]
+        base = {
+            k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")
+        }
+        base["PYTHONPATH"] = os.pathsep.join(
+            [sglang_path, str(HERE)]
+            + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **base,
+                    **env,
+                    "RANK": str(r),
+                    "WORLD_SIZE": "2",
+                    "SCENARIO": scenario,
+                    "SGLANG_ROOT": sglang_path,
+                    "STORE": os.path.join(tmp, "store"),
+                },
+            )
+            for r in range(2)
+        ]
         outputs = []
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=300)
@@ -225,10 +244,16 @@ def test_sglang_fused_entry_runs_tpars_fused_op(sglang_path):
             assert "tpar=0 sglang_ar=1 norm_fwd=1 checks=11011" in line, line
         assert any(line.startswith("TP NOT TPAR NONE 4x64") for line in lines), lines
         assert "takes tpar's fused allreduce + RMSNorm" in err, err[-2000:]
-        assert "Gemma's fp32 gamma" in err and "over tpar's max_size" in err and "is not an enabled tpar one" in err, err[-3000:]
+        assert (
+            "Gemma's fp32 gamma" in err
+            and "over tpar's max_size" in err
+            and "is not an enabled tpar one" in err
+        ), err[-3000:]
         assert err.count("over tpar's max_size") == 1, err[-3000:]
     # Both ranks hold the same bits.
-    assert [line.split("digest=")[1] for line in case_lines[0]] == [line.split("digest=")[1] for line in case_lines[1]]
+    assert [line.split("digest=")[1] for line in case_lines[0]] == [
+        line.split("digest=")[1] for line in case_lines[1]
+    ]
 
 
 def test_tpar_allreduce_0_leaves_sglangs_fused_path_alone(sglang_path):
@@ -258,23 +283,40 @@ def test_sglang_looks_the_hooked_names_up_where_the_hooks_replace_them(sglang_pa
 
     from tpar.engines import sglang_fusion
 
-    functions = {node.name: node for node in ast.walk(_tree(sglang_path, "layers/layernorm.py"))
-                 if isinstance(node, ast.FunctionDef)}
+    functions = {
+        node.name: node
+        for node in ast.walk(_tree(sglang_path, "layers/layernorm.py"))
+        if isinstance(node, ast.FunctionDef)
+    }
     caller = functions["_forward_with_allreduce_fusion"]
-    imports = [node for node in ast.walk(caller) if isinstance(node, ast.ImportFrom)
-               and node.module == sglang_fusion.FUSION_MODULE]
-    assert any(alias.name == sglang_fusion.FUSION_SYMBOL for node in imports for alias in node.names)
-    calls = [node for node in ast.walk(caller) if isinstance(node, ast.Call)
-             and getattr(node.func, "id", None) == sglang_fusion.FUSION_SYMBOL]
+    imports = [
+        node
+        for node in ast.walk(caller)
+        if isinstance(node, ast.ImportFrom) and node.module == sglang_fusion.FUSION_MODULE
+    ]
+    assert any(
+        alias.name == sglang_fusion.FUSION_SYMBOL for node in imports for alias in node.names
+    )
+    calls = [
+        node
+        for node in ast.walk(caller)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == sglang_fusion.FUSION_SYMBOL
+    ]
     assert len(calls) == 1
     ours = inspect.signature(sglang_fusion._make_fused(None, None)).parameters
     assert {k.arg for k in calls[0].keywords} <= set(ours), [k.arg for k in calls[0].keywords]
     assert "fused_result[0] is not None" in ast.unparse(caller)
 
-    entry = next(node for node in _tree(sglang_path, "layers/flashinfer_comm_fusion.py").body
-                 if isinstance(node, ast.FunctionDef) and node.name == sglang_fusion.FUSION_SYMBOL)
+    entry = next(
+        node
+        for node in _tree(sglang_path, "layers/flashinfer_comm_fusion.py").body
+        if isinstance(node, ast.FunctionDef) and node.name == sglang_fusion.FUSION_SYMBOL
+    )
     assert [a.arg for a in entry.args.args] == list(ours)
-    assert [ast.literal_eval(d) for d in entry.args.defaults] == [p.default for p in ours.values()][-len(entry.args.defaults):]
+    assert [ast.literal_eval(d) for d in entry.args.defaults] == [p.default for p in ours.values()][
+        -len(entry.args.defaults) :
+    ]
     assert "return (None, None)" in ast.unparse(entry)
 
     # Every module of SGLang that imports the gate or the entry by name.
@@ -287,9 +329,13 @@ def test_sglang_looks_the_hooked_names_up_where_the_hooks_replace_them(sglang_pa
                 continue
             for node in ast.walk(ast.parse(text)):
                 if isinstance(node, ast.ImportFrom) and any(a.name == symbol for a in node.names):
-                    module = "sglang.srt." + str(path.relative_to(srt).with_suffix("")).replace("/", ".")
+                    module = "sglang.srt." + str(path.relative_to(srt).with_suffix("")).replace(
+                        "/", "."
+                    )
                     binders.setdefault(symbol, set()).add((module, node.col_offset == 0))
-    assert binders[sglang_fusion.GATE_SYMBOL] == {(m, True) for m in sglang_fusion.GATE_IMPORTERS}, binders
+    assert binders[sglang_fusion.GATE_SYMBOL] == {
+        (m, True) for m in sglang_fusion.GATE_IMPORTERS
+    }, binders
     # The entry is imported only inside a function (looked up at call time), by layernorm.
     assert binders[sglang_fusion.FUSION_SYMBOL] == {("sglang.srt.layers.layernorm", False)}, binders
 
@@ -319,7 +365,9 @@ def test_import_hook_runs_each_modules_callbacks_once_when_one_loader_serves_sev
     seen = []
     try:
         for name in names:
-            plugins.when_imported(name, lambda module, name=name: seen.append((name, module.__name__)))
+            plugins.when_imported(
+                name, lambda module, name=name: seen.append((name, module.__name__))
+            )
         for name in reversed(names):  # the module hooked last is imported first
             __import__(name)
     finally:

@@ -22,7 +22,9 @@ import zipfile
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WHEEL_DIR = pathlib.Path(os.environ.get("TPAR_ENGINE_WHEELS", ROOT / ".ci" / "engines"))
@@ -34,10 +36,14 @@ DEPS = ("regex", "msgspec", "pydantic", "requests", "psutil", "zmq")
 def vllm_path() -> str:
     missing = [name for name in DEPS if importlib.util.find_spec(name) is None]
     if missing:
-        pytest.skip(f"vLLM's modules need {', '.join(missing)} (scripts/test.sh installs them into .ci/sglang-deps)")
+        pytest.skip(
+            f"vLLM's modules need {', '.join(missing)} (scripts/test.sh installs them into .ci/sglang-deps)"
+        )
     wheels = sorted(WHEEL_DIR.glob(f"vllm-{VERSION}-*.whl"))
     if not wheels:
-        pytest.skip(f"vllm-{VERSION} wheel not in {WHEEL_DIR} (test_engines_contract.py or scripts/test.sh downloads it)")
+        pytest.skip(
+            f"vllm-{VERSION} wheel not in {WHEEL_DIR} (test_engines_contract.py or scripts/test.sh downloads it)"
+        )
     target = WHEEL_DIR / f"vllm-{VERSION}-py"
     if not (target / ".complete").is_file():
         with zipfile.ZipFile(wheels[0]) as wheel:
@@ -63,17 +69,32 @@ CODE = textwrap.dedent(
 
 
 def _run(vllm_path, **env):
-    base = {k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "VLLM_PLUGINS", "TPAR_ENGINE_HOOK")}
-    base["PYTHONPATH"] = os.pathsep.join([vllm_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
-    result = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, env={**base, **env},
-                            timeout=300, cwd=ROOT)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TPAR_ALLREDUCE", "VLLM_PLUGINS", "TPAR_ENGINE_HOOK")
+    }
+    base["PYTHONPATH"] = os.pathsep.join(
+        [vllm_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", CODE],
+        capture_output=True,
+        text=True,
+        env={**base, **env},
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.splitlines(), result.stderr
 
 
 def test_vllms_plugin_loader_makes_its_custom_allreduce_tpars(vllm_path):
     lines, err = _run(vllm_path)
-    assert lines == ["TPAR True", "HELPER vllm.distributed.device_communicators.custom_all_reduce"], (lines, err[-2000:])
+    assert lines == [
+        "TPAR True",
+        "HELPER vllm.distributed.device_communicators.custom_all_reduce",
+    ], (lines, err[-2000:])
     assert "CustomAllreduce is tpar's" in err
 
 

@@ -44,7 +44,9 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)")
+pytest.importorskip(
+    "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
+)
 
 from test_engines_vllm import vllm_path  # noqa: E402,F401  (the fixture: vLLM's unpacked sources)
 
@@ -205,12 +207,27 @@ WORKER = textwrap.dedent(
 def _run(vllm_path, scenario, max_size=8 << 20):
     with tempfile.TemporaryDirectory() as tmp:
         base = dict(os.environ)
-        base["PYTHONPATH"] = os.pathsep.join([vllm_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p])
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, env={**base, "RANK": str(r), "WORLD_SIZE": "2", "SCENARIO": scenario,
-                                                  "MAX_SIZE": str(max_size), "STORE": os.path.join(tmp, "store"),
-                                                  "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"inductor{r}")})
-                 for r in range(2)]
+        base["PYTHONPATH"] = os.pathsep.join(
+            [vllm_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={
+                    **base,
+                    "RANK": str(r),
+                    "WORLD_SIZE": "2",
+                    "SCENARIO": scenario,
+                    "MAX_SIZE": str(max_size),
+                    "STORE": os.path.join(tmp, "store"),
+                    "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"inductor{r}"),
+                },
+            )
+            for r in range(2)
+        ]
         outputs = []
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=600)
@@ -232,23 +249,37 @@ def _pattern_body(tree: ast.Module, class_name: str | None) -> str:
     """The body of the ``pattern`` function (vLLM's: nested in ``<class_name>.register``)."""
     scope = tree
     if class_name is not None:
-        (scope,) = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name]
-    bodies = [ast.dump(ast.Module(body=n.body, type_ignores=[])) for n in ast.walk(scope)
-              if isinstance(n, ast.FunctionDef) and n.name == "pattern"]
-    assert len(bodies) == 1, f"expected one pattern function in {class_name or 'tpar'}, found {len(bodies)}"
+        (scope,) = [
+            n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name
+        ]
+    bodies = [
+        ast.dump(ast.Module(body=n.body, type_ignores=[]))
+        for n in ast.walk(scope)
+        if isinstance(n, ast.FunctionDef) and n.name == "pattern"
+    ]
+    assert len(bodies) == 1, (
+        f"expected one pattern function in {class_name or 'tpar'}, found {len(bodies)}"
+    )
     return bodies[0]
 
 
 def test_tpars_pattern_is_vllms_allreduce_fused_add_rms_norm_pattern(vllm_path):
     vllm_tree = _SelfEpsilon().visit(ast.parse(pathlib.Path(vllm_path, VLLM_FUSION).read_text()))
     tpar_tree = ast.parse(TPAR_PASS.read_text())
-    assert _pattern_body(tpar_tree, None) == _pattern_body(vllm_tree, "AllReduceFusedAddRMSNormPattern"), (
-        "vLLM's AllReduceFusedAddRMSNormPattern matches something else now: re-read allreduce_rms_fusion.py")
+    assert _pattern_body(tpar_tree, None) == _pattern_body(
+        vllm_tree, "AllReduceFusedAddRMSNormPattern"
+    ), (
+        "vLLM's AllReduceFusedAddRMSNormPattern matches something else now: re-read allreduce_rms_fusion.py"
+    )
     register = pathlib.Path(vllm_path, VLLM_FUSION).read_text()
     assert "for epsilon in [1e-5, 1e-6]:" in register and "first_return_only" in register
     backends = pathlib.Path(vllm_path, VLLM_BACKENDS).read_text()
-    assert "self.pass_manager.add(\n                    self.compilation_config.inductor_compile_config[self.pass_key]" in backends, (
-        "vLLM no longer adds inductor_compile_config['post_grad_custom_post_pass'] to its pass manager")
+    assert (
+        "self.pass_manager.add(\n                    self.compilation_config.inductor_compile_config[self.pass_key]"
+        in backends
+    ), (
+        "vLLM no longer adds inductor_compile_config['post_grad_custom_post_pass'] to its pass manager"
+    )
 
 
 def test_pass_by_name_is_resolved_the_way_vllm_resolves_it(vllm_path):
@@ -281,30 +312,48 @@ def test_compilation_config_puts_the_pass_in_vllms_hook(vllm_path):
         """
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([vllm_path] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [vllm_path] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[0] == "CONFIG 3 False TparAllReduceFusionPass True {'fuse_allreduce_rms': False}", lines
+    assert (
+        lines[0] == "CONFIG 3 False TparAllReduceFusionPass True {'fuse_allreduce_rms': False}"
+    ), lines
     assert lines[1] == "KEPT {'fuse_allreduce_rms': True, 'eliminate_noops': True}", lines
     assert lines[2] == "PICKLE TparAllReduceFusionPass True 64", lines
-    assert lines[3].startswith("REFUSED inductor_compile_config['post_grad_custom_post_pass'] already holds"), lines
+    assert lines[3].startswith(
+        "REFUSED inductor_compile_config['post_grad_custom_post_pass'] already holds"
+    ), lines
 
 
 def test_the_pass_rewrites_vllms_allreduce_and_norm_into_tpars_fused_op(vllm_path):
     outputs = _run(vllm_path, "fuse")
     digests = set()
     for lines, err in outputs:
-        assert ("REWRITE 1 [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default']") in lines, "\n".join(lines) + err[-3000:]
-        assert "UNFUSED CALLS 0 1" in lines, "\n".join(lines)  # the plain graph: vLLM's allreduce, no fused op
-        assert "FUSED CALLS 1 0" in lines, "\n".join(lines)  # the rewritten one: tpar's fused op, no vLLM allreduce
+        assert ("REWRITE 1 [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default']") in lines, (
+            "\n".join(lines) + err[-3000:]
+        )
+        assert "UNFUSED CALLS 0 1" in lines, "\n".join(
+            lines
+        )  # the plain graph: vLLM's allreduce, no fused op
+        assert "FUSED CALLS 1 0" in lines, "\n".join(
+            lines
+        )  # the rewritten one: tpar's fused op, no vLLM allreduce
         assert "RESIDUAL BITWISE True" in lines, "\n".join(lines)
         assert "NORM WITHIN TWO ROUNDINGS True" in lines, "\n".join(lines)
         assert "AS TPAR'S OP True" in lines, "\n".join(lines)
-        assert "NORM ONLY REWRITE 1 [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default']" in lines, "\n".join(lines)
+        assert (
+            "NORM ONLY REWRITE 1 [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default']" in lines
+        ), "\n".join(lines)
         assert "NORM ONLY CALLS 1 0 True" in lines, "\n".join(lines)
         assert "INDUCTOR 1 1 0 True True" in lines, "\n".join(lines)
-        assert "BY NAME [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default'] 1 0" in lines, "\n".join(lines)
+        assert "BY NAME [] ['tpar.vllm_all_reduce_fused_add_rms_norm.default'] 1 0" in lines, (
+            "\n".join(lines)
+        )
         assert "GEMMA WEIGHT REWRITE 0" in lines, "\n".join(lines)
         digests |= {line for line in lines if line.startswith("DIGEST")}
     assert len(digests) == 1, f"the ranks got different bits: {digests}"
@@ -315,7 +364,11 @@ def test_the_rewritten_graph_falls_back_to_vllms_sequence(vllm_path):
         # matched, tpar fused calls, vLLM allreduce calls, bitwise equal to the unfused graph
         assert "DECLINED 1 0 1 True" in lines, "\n".join(lines) + err[-3000:]
         assert "RAISED 1 1 1 True" in lines, "\n".join(lines) + err[-3000:]
-        assert err.count("tpar's fused allreduce + RMSNorm failed on group tp:0 (TparError: refused (test))") == 1, err[-3000:]
+        assert (
+            err.count(
+                "tpar's fused allreduce + RMSNorm failed on group tp:0 (TparError: refused (test))"
+            )
+            == 1
+        ), err[-3000:]
         assert "NOT TPAR REWRITE 0" in lines, "\n".join(lines)
         assert "tpar's vLLM fusion pass rewrites nothing" in err, err[-3000:]
-

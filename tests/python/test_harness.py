@@ -11,7 +11,6 @@ import tempfile
 import textwrap
 
 import pytest
-
 import tpar
 
 WORKER = textwrap.dedent(
@@ -37,15 +36,28 @@ def run_job(n, task, timeout=180):
         token = secrets.token_hex(16)
         procs = []
         for rank in range(n):
-            env = dict(os.environ, TPAR_RENDEZVOUS=rendezvous, TPAR_JOB_TOKEN=token, RANK=str(rank), WORLD_SIZE=str(n))
-            procs.append(subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(task)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            env = dict(
+                os.environ,
+                TPAR_RENDEZVOUS=rendezvous,
+                TPAR_JOB_TOKEN=token,
+                RANK=str(rank),
+                WORLD_SIZE=str(n),
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", WORKER, json.dumps(task)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
 
 
 def report_of(output):
-    line = next(l for l in output.splitlines() if l.startswith("REPORT "))
-    return json.loads(line[len("REPORT "):])
+    line = next(text for text in output.splitlines() if text.startswith("REPORT "))
+    return json.loads(line[len("REPORT ") :])
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -66,11 +78,20 @@ def test_verify_on_the_cpu_backend_checks_every_row_on_every_rank(n):
 
 
 def test_verify_without_the_timeout_case_has_only_sweep_rows():
-    task = {"backend": "cpu", "counts": [5], "dtypes": ["f16"], "algorithms": ["one-shot"], "timeout_case": False}
+    task = {
+        "backend": "cpu",
+        "counts": [5],
+        "dtypes": ["f16"],
+        "algorithms": ["one-shot"],
+        "timeout_case": False,
+    }
     for code, output in run_job(2, task):
         assert code == 0, output
         rows = report_of(output)["rows"]
-        assert [(r["case"], r["placement"]) for r in rows] == [("one-shot", "out of place"), ("one-shot", "in place")]
+        assert [(r["case"], r["placement"]) for r in rows] == [
+            ("one-shot", "out of place"),
+            ("one-shot", "in place"),
+        ]
 
 
 def test_verify_refuses_what_it_cannot_run_with_the_fix(tmp_path):
@@ -87,8 +108,15 @@ def test_verify_refuses_what_it_cannot_run_with_the_fix(tmp_path):
 
 
 def test_verify_alone_passes_on_one_rank(tmp_path):
-    report = tpar.verify(backend="cpu", counts=[3, 100], dtypes=["f32"], rank=0, world_size=1,
-                         rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16))
+    report = tpar.verify(
+        backend="cpu",
+        counts=[3, 100],
+        dtypes=["f32"],
+        rank=0,
+        world_size=1,
+        rendezvous=str(tmp_path / "rdv"),
+        token=secrets.token_hex(16),
+    )
     # One rank has no peer to time out: the sweep rows only.
     assert report["failed"] == 0 and len(report["rows"]) == 2 * 2 * 2, report
 
@@ -104,19 +132,37 @@ def test_tune_without_a_gpu_says_why(tmp_path):
     if gpu_visible():
         pytest.skip("a GPU is visible: the no-GPU error path is not reachable here")
     with pytest.raises(tpar.TparError, match="none is usable here"):
-        tpar.tune(rank=0, world_size=1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16))
+        tpar.tune(
+            rank=0, world_size=1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)
+        )
     with pytest.raises(tpar.TparError, match="whole number of bf16 elements"):
         tpar.tune(sizes=[3])
 
 
 def test_verify_and_tune_on_a_gpu(tmp_path):
     if not gpu_visible():
-        pytest.skip("no GPU visible (nvidia-smi): tpar.verify(backend='cuda') and tpar.tune run on the GPU machine")
+        pytest.skip(
+            "no GPU visible (nvidia-smi): tpar.verify(backend='cuda') and tpar.tune run on the GPU machine"
+        )
     token = secrets.token_hex(16)
-    report = tpar.verify(backend="cuda", counts=[7, 4099], dtypes=["bf16"], replays=10, rank=0, world_size=1,
-                         rendezvous=str(tmp_path / "rdv"), token=token)
+    report = tpar.verify(
+        backend="cuda",
+        counts=[7, 4099],
+        dtypes=["bf16"],
+        replays=10,
+        rank=0,
+        world_size=1,
+        rendezvous=str(tmp_path / "rdv"),
+        token=token,
+    )
     assert report["failed"] == 0 and report["passed"] > 0, report
-    tuned = tpar.tune(sizes=[4096, 65536], iters=10, rank=0, world_size=1,
-                      rendezvous=str(tmp_path / "rdv2"), token=token)
+    tuned = tpar.tune(
+        sizes=[4096, 65536],
+        iters=10,
+        rank=0,
+        world_size=1,
+        rendezvous=str(tmp_path / "rdv2"),
+        token=token,
+    )
     assert tuned["written_to"] and os.path.exists(tuned["written_to"]), tuned
     assert tuned["entries"] and tuned["entries"][-1][0] == 2**64 - 1, tuned

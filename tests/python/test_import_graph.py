@@ -92,7 +92,9 @@ def test_a_lower_crate_using_a_higher_one_and_an_unplaced_module_are_found(tmp_p
     files["crates/tpar/src/gadget.rs"] = "pub fn g() { tpar_harness::bench::run() }\n"
     code, out = check(workspace(tmp_path, files))
     assert code == 1
-    assert "tpar::gadget -> tpar_harness::bench  (upward: crate tpar -> crate tpar_harness)" in out, out
+    assert (
+        "tpar::gadget -> tpar_harness::bench  (upward: crate tpar -> crate tpar_harness)" in out
+    ), out
     assert "tpar::gadget (add its crate to CRATES, its top-level module to LAYERS" in out, out
     assert "tpar_harness::bench ->" not in out, out  # downward across crates is fine
 

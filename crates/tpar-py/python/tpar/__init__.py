@@ -31,27 +31,43 @@ import warnings
 import weakref
 
 from ._tpar import Comm as _Comm
-from ._tpar import TparError
-from ._tpar import __version__
-from ._tpar import environment  # the set-up `import tpar` ran: NVRTC found, CUDA_DEVICE_MAX_CONNECTIONS
-from ._tpar import tune, verify  # the harness: `tpar tune` and `tpar selftest` for one rank
+from ._tpar import (  # the harness: `tpar tune` and `tpar selftest` for one rank
+    TparError,
+    __version__,
+    environment,
+    tune,
+    verify,
+)  # the set-up `import tpar` ran: NVRTC found, CUDA_DEVICE_MAX_CONNECTIONS
 
-__all__ = ["Communicator", "TparError", "__version__", "environment", "tune", "verify"]  # tpar.adapter, tpar.ops: see there
+__all__ = [
+    "Communicator",
+    "TparError",
+    "__version__",
+    "environment",
+    "tune",
+    "verify",
+]  # tpar.adapter, tpar.ops: see there
 
 _CPU_ALGORITHMS = ("one-shot", "two-shot")
-_TORCH_DTYPES = {"torch.float32": ("f32", 4), "torch.float16": ("f16", 2), "torch.bfloat16": ("bf16", 2)}
+_TORCH_DTYPES = {
+    "torch.float32": ("f32", 4),
+    "torch.float16": ("f16", 2),
+    "torch.bfloat16": ("bf16", 2),
+}
 _NUMPY_DTYPES = {"float32": ("f32", 4), "float16": ("f16", 2), "bfloat16": ("bf16", 2)}
 
 # Live communicators by handle, so that torch.ops.tpar.all_reduce (which takes plain values)
 # can find its communicator.
-_live: "weakref.WeakValueDictionary[int, Communicator]" = weakref.WeakValueDictionary()
+_live: weakref.WeakValueDictionary[int, Communicator] = weakref.WeakValueDictionary()
 _handles = itertools.count(1)
 
 
-def _lookup(handle: int) -> "Communicator":
+def _lookup(handle: int) -> Communicator:
     comm = _live.get(handle)
     if comm is None:
-        raise TparError(f"no open tpar communicator has handle {handle}; it was closed or never created")
+        raise TparError(
+            f"no open tpar communicator has handle {handle}; it was closed or never created"
+        )
     return comm
 
 
@@ -67,14 +83,18 @@ def _describe_host(array):
             raise TparError("tensor is not contiguous; call .contiguous() first")
         dtype = _TORCH_DTYPES.get(str(array.dtype))
         if dtype is None:
-            raise TparError(f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16")
+            raise TparError(
+                f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16"
+            )
         return dtype[0], dtype[1], array.data_ptr(), array.numel(), True
     if type(array).__module__.startswith("numpy"):
         if not array.flags["C_CONTIGUOUS"]:
             raise TparError("array is not C-contiguous; use numpy.ascontiguousarray first")
         dtype = _NUMPY_DTYPES.get(str(array.dtype))
         if dtype is None:
-            raise TparError(f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16")
+            raise TparError(
+                f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16"
+            )
         address = array.__array_interface__["data"][0]
         return dtype[0], dtype[1], address, array.size, bool(array.flags["WRITEABLE"])
     raise TparError(f"cannot reduce a {type(array).__name__}: pass a torch tensor or a numpy array")
@@ -99,7 +119,9 @@ def _cuda_ordinal(device):
         return torch.cuda.current_device() if torch is not None else 0
     if name.startswith("cuda:") and name[5:].isdigit():
         return int(name[5:])
-    raise TparError(f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device")
+    raise TparError(
+        f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device"
+    )
 
 
 def _integer(name, value, low=0, allow_none=True, high=1 << 31):
@@ -108,7 +130,11 @@ def _integer(name, value, low=0, allow_none=True, high=1 << 31):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        if type(value).__module__.startswith("numpy") and hasattr(value, "item") and isinstance(value.item(), int):
+        if (
+            type(value).__module__.startswith("numpy")
+            and hasattr(value, "item")
+            and isinstance(value.item(), int)
+        ):
             value = value.item()
         else:
             raise TparError(f"{name}={value!r}: give an integer")
@@ -142,7 +168,9 @@ def _nccl_choice(nccl):
     torch ProcessGroupNCCL (borrowed: tpar's NCCL calls then cost no memory)."""
     if isinstance(nccl, str):
         if nccl not in ("own", "none"):
-            raise TparError(f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)")
+            raise TparError(
+                f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)"
+            )
         return nccl
     if isinstance(nccl, int) and not isinstance(nccl, bool):
         if nccl <= 0:
@@ -157,11 +185,16 @@ def _nccl_choice(nccl):
         except Exception as e:  # noqa: BLE001 - any failure means the pointer is not reachable
             raise TparError(
                 f"nccl=<{type(nccl).__name__}>: cannot reach its NCCL communicator ({e}); this torch does not "
-                "expose it: pass nccl='none' and keep NCCL-sized calls on the group, or an ncclComm_t address") from e
+                "expose it: pass nccl='none' and keep NCCL-sized calls on the group, or an ncclComm_t address"
+            ) from e
         if not address:
-            raise TparError("nccl=<ProcessGroup>: its NCCL communicator is not created yet; run one collective on it first")
+            raise TparError(
+                "nccl=<ProcessGroup>: its NCCL communicator is not created yet; run one collective on it first"
+            )
         return int(address)
-    raise TparError(f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)")
+    raise TparError(
+        f"nccl={nccl!r}: use 'own', 'none', a torch ProcessGroupNCCL or an ncclComm_t address (int)"
+    )
 
 
 def _join_group(group, rank, world_size):
@@ -171,12 +204,18 @@ def _join_group(group, rank, world_size):
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise TparError("group=...: torch.distributed is not initialised; call torch.distributed.init_process_group first")
+        raise TparError(
+            "group=...: torch.distributed is not initialised; call torch.distributed.init_process_group first"
+        )
     group_rank, group_size = dist.get_rank(group), dist.get_world_size(group)
     if group_rank < 0:
         raise TparError("group=...: this process is not a member of that group")
-    if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
-        raise TparError(f"rank/world_size ({rank}/{world_size}) disagree with the group ({group_rank}/{group_size})")
+    if (rank is not None and rank != group_rank) or (
+        world_size is not None and world_size != group_size
+    ):
+        raise TparError(
+            f"rank/world_size ({rank}/{world_size}) disagree with the group ({group_rank}/{group_size})"
+        )
     owned = None
     message = [None]
     if group_rank == 0:
@@ -224,13 +263,28 @@ class Communicator:
     on every rank).
     """
 
-    def __init__(self, rank=None, world_size=None, device=None, *, group=None, rendezvous=None, token=None,
-                 max_bytes=64 << 20, timeout=30.0, chunk_bytes=None, members=None, nccl="none"):
+    def __init__(
+        self,
+        rank=None,
+        world_size=None,
+        device=None,
+        *,
+        group=None,
+        rendezvous=None,
+        token=None,
+        max_bytes=64 << 20,
+        timeout=30.0,
+        chunk_bytes=None,
+        members=None,
+        nccl="none",
+    ):
         self._comm = None
         rank = _integer("rank", rank)
         world_size = _integer("world_size", world_size, low=1)
         if rank is not None and world_size is not None and rank >= world_size:
-            raise TparError(f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}")
+            raise TparError(
+                f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}"
+            )
         timeout = _seconds("timeout", timeout)
         chunk_bytes = _integer("chunk_bytes", chunk_bytes, low=64, allow_none=True, high=1 << 30)
         self.max_bytes = _integer("max_bytes", max_bytes, low=1, high=1 << 62)
@@ -240,7 +294,9 @@ class Communicator:
             raise TparError(f"rendezvous={rendezvous!r}: give a directory path")
         if members is not None:
             if group is not None:
-                raise TparError("pass either group= or members=, not both (a torch group already names its members)")
+                raise TparError(
+                    "pass either group= or members=, not both (a torch group already names its members)"
+                )
             members = [_integer("members[]", m, allow_none=False) for m in members]
         nccl = _nccl_choice(nccl)
         owned = None
@@ -254,8 +310,17 @@ class Communicator:
         self.last_fused_path = None
         self._capturing = False
         try:
-            self._comm = _Comm(rank, world_size, None if rendezvous is None else os.fspath(rendezvous), token,
-                               timeout, chunk_bytes, self._device, members, nccl)
+            self._comm = _Comm(
+                rank,
+                world_size,
+                None if rendezvous is None else os.fspath(rendezvous),
+                token,
+                timeout,
+                chunk_bytes,
+                self._device,
+                members,
+                nccl,
+            )
             if group is not None:
                 # Every rank has mapped what it needs: the directory can go.
                 self._comm.barrier()
@@ -296,7 +361,9 @@ class Communicator:
             return self._all_reduce_cuda(tensor, out, algorithm)
         algorithm = algorithm or "one-shot"
         if algorithm not in _CPU_ALGORITHMS:
-            raise TparError(f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}")
+            raise TparError(
+                f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}"
+            )
         dtype, _, address, count, writeable = _describe_host(tensor)
         if out is None:
             if not writeable:
@@ -304,10 +371,14 @@ class Communicator:
             self._comm.all_reduce_ptr(dtype, None, address, count, algorithm)
             return tensor
         if _is_torch(out) and out.device.type != "cpu":
-            raise TparError(f"out is on {out.device} but the input is on the CPU; they must be on the same device")
+            raise TparError(
+                f"out is on {out.device} but the input is on the CPU; they must be on the same device"
+            )
         out_dtype, _, out_address, out_count, out_writeable = _describe_host(out)
         if (out_dtype, out_count) != (dtype, count):
-            raise TparError(f"out holds {out_count} {out_dtype} elements, input {count} {dtype}; they must match")
+            raise TparError(
+                f"out holds {out_count} {out_dtype} elements, input {count} {dtype}; they must match"
+            )
         if not out_writeable:
             raise TparError("out is read-only")
         self._comm.all_reduce_ptr(dtype, address, out_address, count, algorithm)
@@ -317,8 +388,10 @@ class Communicator:
         """Why this communicator cannot reduce the CUDA ``tensor``, or None when it can. A forced
         ``algorithm`` is checked by the call itself (with its own reason), not by the plan."""
         if self._device is None:
-            return (f"tensor on {tensor.device} but this communicator has no GPU: "
-                    f"create it with device={tensor.device.index} (or device='cuda:{tensor.device.index}')")
+            return (
+                f"tensor on {tensor.device} but this communicator has no GPU: "
+                f"create it with device={tensor.device.index} (or device='cuda:{tensor.device.index}')"
+            )
         if tensor.device.index != self._device:
             return f"tensor on {tensor.device} but this communicator's GPU is cuda:{self._device}; move the tensor or use that GPU's communicator"
         dtype = _TORCH_DTYPES.get(str(tensor.dtype))
@@ -329,8 +402,10 @@ class Communicator:
         limit = self.max_bytes if max_bytes is None else min(max_bytes, self.max_bytes or max_bytes)
         size = tensor.numel() * dtype[1]
         if limit is not None and size > limit:
-            return (f"tensor of {size} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= "
-                    "when creating the Communicator, or reduce larger tensors with torch.distributed")
+            return (
+                f"tensor of {size} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= "
+                "when creating the Communicator, or reduce larger tensors with torch.distributed"
+            )
         import torch
 
         if algorithm is not None:
@@ -352,19 +427,24 @@ class Communicator:
             if not _is_torch(out) or out.device != tensor.device:
                 raise TparError(f"out must be a tensor on {tensor.device}, like the input")
             if out.dtype != tensor.dtype or out.numel() != count:
-                raise TparError(f"out holds {out.numel()} {out.dtype} elements, input {count} {tensor.dtype}; they must match")
+                raise TparError(
+                    f"out holds {out.numel()} {out.dtype} elements, input {count} {tensor.dtype}; they must match"
+                )
             if not out.is_contiguous():
                 raise TparError("out is not contiguous")
             source, target = tensor.data_ptr(), out
         stream = torch.cuda.current_stream(tensor.device).cuda_stream
         capturing = self._capturing or torch.cuda.is_current_stream_capturing()
         self.last_algorithm = self._comm.all_reduce_cuda(
-            dtype, source, target.data_ptr(), count, stream, capturing, algorithm)
+            dtype, source, target.data_ptr(), count, stream, capturing, algorithm
+        )
         return target
 
     # -- fused allreduce + residual add + RMSNorm --------------------------------------------
 
-    def fused_add_rms_norm(self, x, residual, weight, eps=1e-6, *, out=None, in_place=True, algorithm=None):
+    def fused_add_rms_norm(
+        self, x, residual, weight, eps=1e-6, *, out=None, in_place=True, algorithm=None
+    ):
         """The allreduce of ``x`` fused with the residual add and RMSNorm that follow it in a
         transformer layer; returns ``(y, residual_out)``.
 
@@ -403,20 +483,28 @@ class Communicator:
             return self._fused_cuda(x, residual, weight, eps, out, in_place, algorithm)
         algorithm = algorithm or "one-shot"
         if algorithm not in _CPU_ALGORITHMS:
-            raise TparError(f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}")
+            raise TparError(
+                f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}"
+            )
         tokens, hidden = self._fused_shape(x, residual, weight)
         eps = _eps(eps)
         described = {}
         for name, value in (("x", x), ("residual", residual), ("weight", weight)):
             if _is_torch(value) != torch_input:
-                raise TparError(f"{name} is a {type(value).__name__} but x is a {type(x).__name__}; pass one kind")
+                raise TparError(
+                    f"{name} is a {type(value).__name__} but x is a {type(x).__name__}; pass one kind"
+                )
             if _is_torch(value) and value.device.type != "cpu":
-                raise TparError(f"{name} is on {value.device} but x is on the CPU; they must be on the same device")
+                raise TparError(
+                    f"{name} is on {value.device} but x is on the CPU; they must be on the same device"
+                )
             described[name] = _describe_host(value)
         dtype = described["x"][0]
         for name in ("residual", "weight"):
             if described[name][0] != dtype:
-                raise TparError(f"{name} is {described[name][0]} but x is {dtype}; all operands must have one dtype")
+                raise TparError(
+                    f"{name} is {described[name][0]} but x is {dtype}; all operands must have one dtype"
+                )
         if in_place and not described["residual"][4]:
             raise TparError("residual is read-only; pass in_place=False or a writeable array")
         residual_out = None
@@ -429,13 +517,23 @@ class Communicator:
                 raise TparError(f"out must be a {type(x).__name__} on the CPU, like x")
             out_dtype, _, _, out_count, out_writeable = _describe_host(out)
             if out_dtype != dtype or tuple(out.shape) != tuple(x.shape):
-                raise TparError(f"out is {tuple(out.shape)} {out_dtype}, x {tuple(x.shape)} {dtype}; they must match")
+                raise TparError(
+                    f"out is {tuple(out.shape)} {out_dtype}, x {tuple(x.shape)} {dtype}; they must match"
+                )
             if not out_writeable:
                 raise TparError("out is read-only")
         self._comm.fused_add_rms_norm_ptr(
-            dtype, tokens, hidden, described["x"][2], described["residual"][2],
-            None if residual_out is None else _describe_host(residual_out)[2], described["weight"][2],
-            _describe_host(out)[2], eps, algorithm)
+            dtype,
+            tokens,
+            hidden,
+            described["x"][2],
+            described["residual"][2],
+            None if residual_out is None else _describe_host(residual_out)[2],
+            described["weight"][2],
+            _describe_host(out)[2],
+            eps,
+            algorithm,
+        )
         return out, (residual if residual_out is None else residual_out)
 
     @staticmethod
@@ -445,10 +543,14 @@ class Communicator:
         if len(shape) == 0:
             raise TparError("x is a scalar; give it the shape (tokens, hidden)")
         if tuple(residual.shape) != shape:
-            raise TparError(f"residual has shape {tuple(residual.shape)} but x has {shape}; they must match")
+            raise TparError(
+                f"residual has shape {tuple(residual.shape)} but x has {shape}; they must match"
+            )
         hidden = shape[-1]
         if tuple(weight.shape) != (hidden,):
-            raise TparError(f"weight has shape {tuple(weight.shape)}; it must be ({hidden},), the hidden size of x")
+            raise TparError(
+                f"weight has shape {tuple(weight.shape)}; it must be ({hidden},), the hidden size of x"
+            )
         tokens = 1
         for d in shape[:-1]:
             tokens *= d
@@ -461,16 +563,24 @@ class Communicator:
 
         tokens, hidden = self._fused_shape(x, residual, weight)
         eps = _eps(eps)
-        for name, value in (("residual", residual), ("weight", weight)) + ((("out", out),) if out is not None else ()):
+        for name, value in (("residual", residual), ("weight", weight)) + (
+            (("out", out),) if out is not None else ()
+        ):
             if not _is_torch(value) or value.device != x.device:
                 where = value.device if _is_torch(value) else f"a {type(value).__name__}"
-                raise TparError(f"{name} is on {where} but x is on {x.device}; they must be on the same device")
+                raise TparError(
+                    f"{name} is on {where} but x is on {x.device}; they must be on the same device"
+                )
             if value.dtype != x.dtype:
-                raise TparError(f"{name} is {value.dtype} but x is {x.dtype}; all operands must have one dtype")
+                raise TparError(
+                    f"{name} is {value.dtype} but x is {x.dtype}; all operands must have one dtype"
+                )
             if not value.is_contiguous():
                 raise TparError(f"{name} is not contiguous; call .contiguous() first")
         if out is not None and tuple(out.shape) != tuple(x.shape):
-            raise TparError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; they must match")
+            raise TparError(
+                f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; they must match"
+            )
         why = self._cuda_refusal(x, algorithm=algorithm)
         if why:
             raise TparError(why.replace("tensor ", "x ", 1))
@@ -480,9 +590,19 @@ class Communicator:
         stream = torch.cuda.current_stream(x.device).cuda_stream
         capturing = self._capturing or torch.cuda.is_current_stream_capturing()
         choice, fused, reason = self._comm.fused_add_rms_norm_cuda(
-            dtype, tokens, hidden, x.data_ptr(), residual.data_ptr(),
-            None if residual_out is None else residual_out.data_ptr(), weight.data_ptr(), y.data_ptr(),
-            eps, stream, capturing, algorithm)
+            dtype,
+            tokens,
+            hidden,
+            x.data_ptr(),
+            residual.data_ptr(),
+            None if residual_out is None else residual_out.data_ptr(),
+            weight.data_ptr(),
+            y.data_ptr(),
+            eps,
+            stream,
+            capturing,
+            algorithm,
+        )
         self.last_algorithm = choice
         self.last_fused_path = (fused, reason)
         return y, (residual if residual_out is None else residual_out)

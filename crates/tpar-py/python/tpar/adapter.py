@@ -47,7 +47,9 @@ class TparAllreduce:
         """Returns a new tensor (or array) holding the sum of ``input`` over all ranks; the
         input is left as it was. Raises TparError where ``should_custom_ar`` would say False."""
         if not self.should_custom_ar(input):
-            raise TparError("custom_all_reduce called on an input should_custom_ar refuses; call should_custom_ar first")
+            raise TparError(
+                "custom_all_reduce called on an input should_custom_ar refuses; call should_custom_ar first"
+            )
         if type(input).__module__.startswith("torch") and input.device.type == "cuda":
             from . import ops
 

@@ -34,18 +34,24 @@ from . import _lookup
 
 _LIB = torch.library.Library("tpar", "DEF")  # noqa: TOR901 (kept alive by the module)
 _LIB.define("all_reduce(Tensor tensor, int comm_handle) -> Tensor")
-_LIB.define("fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, int comm_handle)"
-            " -> (Tensor, Tensor)")
-_LIB.define("fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, int comm_handle)"
-            " -> ()")
+_LIB.define(
+    "fused_add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps, int comm_handle)"
+    " -> (Tensor, Tensor)"
+)
+_LIB.define(
+    "fused_add_rms_norm_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, int comm_handle)"
+    " -> ()"
+)
 
 
 def _implements(name: str):
     """Registers the decorated function as op ``name``'s kernel for every backend (the
     communicator decides what it can run, and says so)."""
+
     def register(fn):
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
         return fn
+
     return register
 
 
@@ -69,28 +75,34 @@ def all_reduce(tensor: torch.Tensor, comm) -> torch.Tensor:
 
 
 @_implements("fused_add_rms_norm")
-def _fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                        comm_handle: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     comm = _lookup(comm_handle)
-    return comm.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
-                                   in_place=False)
+    return comm.fused_add_rms_norm(
+        x.contiguous(), residual.contiguous(), weight.contiguous(), eps, in_place=False
+    )
 
 
 @torch.library.register_fake("tpar::fused_add_rms_norm", lib=_LIB)
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-      comm_handle: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(
-        residual, memory_format=torch.contiguous_format)
+        residual, memory_format=torch.contiguous_format
+    )
 
 
 @_implements("fused_add_rms_norm_")
-def _fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                         comm_handle: int) -> None:
+def _fused_add_rms_norm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
+) -> None:
     comm = _lookup(comm_handle)
     if not (x.is_contiguous() and residual.is_contiguous()):
         # The results must land in the caller's tensors: compute into contiguous copies.
-        y, residual_out = comm.fused_add_rms_norm(x.contiguous(), residual.contiguous(), weight.contiguous(), eps,
-                                                  in_place=False)
+        y, residual_out = comm.fused_add_rms_norm(
+            x.contiguous(), residual.contiguous(), weight.contiguous(), eps, in_place=False
+        )
         x.copy_(y)
         residual.copy_(residual_out)
         return
@@ -98,12 +110,15 @@ def _fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.
 
 
 @torch.library.register_fake("tpar::fused_add_rms_norm_", lib=_LIB)
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int) -> None:
+def _(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
+) -> None:
     return None
 
 
-def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                       comm) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, residual_out)`` as new tensors: ``residual_out = allreduce(x) + residual`` and
     ``y = rmsnorm(residual_out) * weight`` over the ranks of ``comm`` (a
     :class:`tpar.Communicator`), through ``torch.ops.tpar.fused_add_rms_norm``; exact
@@ -111,7 +126,9 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return torch.ops.tpar.fused_add_rms_norm(x, residual, weight, float(eps), comm.handle)
 
 
-def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm) -> None:
+def fused_add_rms_norm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm
+) -> None:
     """In place, as the engines' ``fused_add_rms_norm``: ``x`` becomes ``y`` and ``residual``
     becomes ``residual_out`` (``torch.ops.tpar.fused_add_rms_norm_``)."""
     torch.ops.tpar.fused_add_rms_norm_(x, residual, weight, float(eps), comm.handle)

@@ -33,7 +33,9 @@ if not logger.handlers:
     # worker writes to say tpar took its group would be dropped (Python prints only warnings
     # when nothing is configured).
     _handler = logging.StreamHandler(sys.stderr)
-    _handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [tpar] %(message)s", "%m-%d %H:%M:%S"))
+    _handler.setFormatter(
+        logging.Formatter("%(levelname)s %(asctime)s [tpar] %(message)s", "%m-%d %H:%M:%S")
+    )
     logger.addHandler(_handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -77,8 +79,11 @@ def group_vote(group, failure: str | None):
         row[1 : 1 + len(encoded)] = torch.tensor(list(encoded), dtype=torch.uint8)
     rows = [torch.zeros_like(row) for _ in range(dist.get_world_size(group))]
     dist.all_gather(rows, row, group=group)
-    failed = [(rank, bytes(r[1:].tolist()).rstrip(b"\0").decode("utf-8", "replace"))
-              for rank, r in enumerate(rows) if int(r[0]) == 1]
+    failed = [
+        (rank, bytes(r[1:].tolist()).rstrip(b"\0").decode("utf-8", "replace"))
+        for rank, r in enumerate(rows)
+        if int(r[0]) == 1
+    ]
     rank, reason = failed[0]
     return rank, reason, len(failed)
 
@@ -159,7 +164,11 @@ class TparCustomAllreduce:
             logger.warning(
                 "tpar is off for this group of %d ranks: group rank %d%s could not open it: %s. "
                 "Every rank keeps the engine's NCCL for every size.",
-                self.world_size, rank, others, reason)
+                self.world_size,
+                rank,
+                others,
+                reason,
+            )
             return
         self.disabled = False
         self.original_disabled = False
@@ -219,10 +228,13 @@ class TparCustomAllreduce:
                 spans.append([size, size, name])
         text = ", ".join(
             f"{_format_bytes(lo)}{'' if lo == hi else '-' + _format_bytes(hi)} {'engine NCCL' if n == 'nccl' else n}"
-            for lo, hi, n in spans)
+            for lo, hi, n in spans
+        )
         where = f"cuda:{self.device.index}" if self._cuda else "cpu"
-        return (f"tpar took the allreduce of this group (rank {self.rank} of {self.world_size}, {where}): "
-                f"bf16 {text}; over {_format_bytes(self.max_size)} engine NCCL")
+        return (
+            f"tpar took the allreduce of this group (rank {self.rank} of {self.world_size}, {where}): "
+            f"bf16 {text}; over {_format_bytes(self.max_size)} engine NCCL"
+        )
 
     def _plan_name(self, nbytes: int, dtype, capturing: bool) -> str:
         """tpar's algorithm for the size, or "nccl" for one the engine's NCCL should take."""
@@ -237,8 +249,12 @@ class TparCustomAllreduce:
             # The engine's NCCL is always correct; say so once rather than fail the call.
             if not self._plan_warned:
                 self._plan_warned = True
-                logger.warning("tpar could not plan %d bytes of %s (%s); such sizes stay on the engine's NCCL",
-                               nbytes, dtype, error)
+                logger.warning(
+                    "tpar could not plan %d bytes of %s (%s); such sizes stay on the engine's NCCL",
+                    nbytes,
+                    dtype,
+                    error,
+                )
             return "nccl"
         return "nccl" if str(algorithm).startswith("nccl") else str(algorithm)
 
@@ -258,13 +274,17 @@ class TparCustomAllreduce:
         nbytes = inp.numel() * inp.element_size()
         if nbytes == 0 or nbytes > self.max_size or not inp.is_contiguous():
             return False
-        if inp.device.type != self.device.type or (self._cuda and inp.device.index != self.device.index):
+        if inp.device.type != self.device.type or (
+            self._cuda and inp.device.index != self.device.index
+        ):
             return False
         capturing = self._IS_CAPTURING or (inp.is_cuda and torch.cuda.is_current_stream_capturing())
         key = (inp.dtype, nbytes, capturing)
         route = self._routes.get(key)
         if route is None:
-            route = self._plan_name(nbytes, inp.dtype, capturing) != "nccl" and self.comm.should_use(inp)
+            route = self._plan_name(
+                nbytes, inp.dtype, capturing
+            ) != "nccl" and self.comm.should_use(inp)
             self._routes[key] = route
         return route
 
@@ -292,16 +312,22 @@ class TparCustomAllreduce:
         if residual is None or not self.should_custom_ar(input_):
             return None
         hidden = input_.shape[-1] if input_.dim() else None
-        if (tuple(residual.shape) != tuple(input_.shape) or tuple(weight.shape) != (hidden,)
-                or residual.dtype != input_.dtype or weight.dtype != input_.dtype
-                or residual.device != input_.device or weight.device != input_.device):
+        if (
+            tuple(residual.shape) != tuple(input_.shape)
+            or tuple(weight.shape) != (hidden,)
+            or residual.dtype != input_.dtype
+            or weight.dtype != input_.dtype
+            or residual.device != input_.device
+            or weight.device != input_.device
+        ):
             return None
         if input_.is_cuda:
             from .. import ops
 
             return ops.fused_add_rms_norm(input_, residual, weight, float(eps), self.comm)
-        return self.comm.fused_add_rms_norm(input_, residual.contiguous(), weight.contiguous(), float(eps),
-                                            in_place=False)
+        return self.comm.fused_add_rms_norm(
+            input_, residual.contiguous(), weight.contiguous(), float(eps), in_place=False
+        )
 
     def custom_all_gather(self, inp):
         """None: tpar has no all-gather, so the engine uses its NCCL."""

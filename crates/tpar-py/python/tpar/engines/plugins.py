@@ -99,12 +99,21 @@ def _swap_vllm(module) -> None:
     original = getattr(module, VLLM_SYMBOL)
     if getattr(original, "_tpar", False):
         return
-    helpers = {name: staticmethod(getattr(original, name)) for name in _VLLM_CLASS_HELPERS if hasattr(original, name)}
-    replacement = type(VLLM_SYMBOL, (TparCustomAllreduce,),
-                       {"_tpar": True, "engine_original": original, "__module__": __name__, **helpers})
+    helpers = {
+        name: staticmethod(getattr(original, name))
+        for name in _VLLM_CLASS_HELPERS
+        if hasattr(original, name)
+    }
+    replacement = type(
+        VLLM_SYMBOL,
+        (TparCustomAllreduce,),
+        {"_tpar": True, "engine_original": original, "__module__": __name__, **helpers},
+    )
     originals[f"{module.__name__}.{VLLM_SYMBOL}"] = original
     setattr(module, VLLM_SYMBOL, replacement)
-    logger.info("vLLM: %s.%s is tpar's (TPAR_ALLREDUCE=0 keeps vLLM's)", module.__name__, VLLM_SYMBOL)
+    logger.info(
+        "vLLM: %s.%s is tpar's (TPAR_ALLREDUCE=0 keeps vLLM's)", module.__name__, VLLM_SYMBOL
+    )
 
 
 def _swap_sglang(module) -> None:
@@ -120,7 +129,11 @@ def _swap_sglang(module) -> None:
     dispatch_custom_allreduce.engine_original = original
     originals[f"{module.__name__}.{SGLANG_SYMBOL}"] = original
     setattr(module, SGLANG_SYMBOL, dispatch_custom_allreduce)
-    logger.info("SGLang: %s.%s returns tpar's class (TPAR_ALLREDUCE=0 keeps SGLang's)", module.__name__, SGLANG_SYMBOL)
+    logger.info(
+        "SGLang: %s.%s returns tpar's class (TPAR_ALLREDUCE=0 keeps SGLang's)",
+        module.__name__,
+        SGLANG_SYMBOL,
+    )
 
 
 def vllm_plugin() -> None:

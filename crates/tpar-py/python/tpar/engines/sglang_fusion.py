@@ -78,7 +78,10 @@ FUSION_MODULE = "sglang.srt.layers.flashinfer_comm_fusion"
 FUSION_SYMBOL = "flashinfer_allreduce_residual_rmsnorm"
 GATE_MODULE = "sglang.srt.layers.layer_boundary.residual.add_norm"
 GATE_SYMBOL = "flashinfer_ar_fusion_applies"
-GATE_IMPORTERS = ("sglang.srt.layers.layer_boundary.fusions.allreduce", "sglang.srt.layers.layer_boundary.exit")
+GATE_IMPORTERS = (
+    "sglang.srt.layers.layer_boundary.fusions.allreduce",
+    "sglang.srt.layers.layer_boundary.exit",
+)
 """Modules that bind ``flashinfer_ar_fusion_applies`` by name at import (``from add_norm import``)."""
 
 # The engine's functions replaced, by "module.name" (for tests and to undo), and the wrappers.
@@ -102,13 +105,21 @@ def _operand_refusal(custom: TparCustomAllreduce, x, residual, weight):
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return "dtype", f"input dtype {x.dtype}"
     if residual.dtype != x.dtype or weight.dtype != x.dtype:
-        return "mixed", (f"residual {residual.dtype} / weight {weight.dtype} beside input {x.dtype} "
-                         "(e.g. Gemma's fp32 gamma)")
+        return "mixed", (
+            f"residual {residual.dtype} / weight {weight.dtype} beside input {x.dtype} "
+            "(e.g. Gemma's fp32 gamma)"
+        )
     if tuple(residual.shape) != tuple(x.shape) or tuple(weight.shape) != (x.shape[1],):
-        return "shapes", f"residual {tuple(residual.shape)} / weight {tuple(weight.shape)} for input {tuple(x.shape)}"
+        return (
+            "shapes",
+            f"residual {tuple(residual.shape)} / weight {tuple(weight.shape)} for input {tuple(x.shape)}",
+        )
     nbytes = x.numel() * x.element_size()
     if nbytes > custom.max_size:
-        return "size", f"{x.shape[0]} x {x.shape[1]} {x.dtype} is {nbytes} bytes, over tpar's max_size {custom.max_size}"
+        return (
+            "size",
+            f"{x.shape[0]} x {x.shape[1]} {x.dtype} is {nbytes} bytes, over tpar's max_size {custom.max_size}",
+        )
     return None
 
 
@@ -128,11 +139,16 @@ def tpar_fused(fusion_module, x, residual, weight, eps, use_attn_tp_group: bool)
     try:
         coordinator = _fusion_coordinator(fusion_module, use_attn_tp_group)
     except Exception as error:
-        return None, (f"group-{group_name}", f"SGLang's {group_name} group could not be resolved "
-                                             f"({type(error).__name__}: {error})")
+        return None, (
+            f"group-{group_name}",
+            f"SGLang's {group_name} group could not be resolved ({type(error).__name__}: {error})",
+        )
     custom = tpar_allreduce_of(coordinator)
     if custom is None:
-        return None, (f"not-tpar-{group_name}", f"the {group_name} group's custom allreduce is not an enabled tpar one")
+        return None, (
+            f"not-tpar-{group_name}",
+            f"the {group_name} group's custom allreduce is not an enabled tpar one",
+        )
     refusal = _operand_refusal(custom, x, residual, weight)
     if refusal is not None:
         return None, refusal
@@ -140,39 +156,69 @@ def tpar_fused(fusion_module, x, residual, weight, eps, use_attn_tp_group: bool)
         fused = custom.fused_allreduce_rmsnorm(x, residual, weight, eps)
     except Exception as error:
         # The model must keep running: SGLang's unfused path is always correct.
-        log_once(("sglang", "error", type(error).__name__),
-                  "tpar's fused allreduce + RMSNorm failed on SGLang's %s group (%s: %s); this call runs "
-                  "SGLang's path (a rank whose call did not fail ran tpar's: if that happened, this group's "
-                  "ranks no longer agree)", group_name, type(error).__name__, error, warning=True)
+        log_once(
+            ("sglang", "error", type(error).__name__),
+            "tpar's fused allreduce + RMSNorm failed on SGLang's %s group (%s: %s); this call runs "
+            "SGLang's path (a rank whose call did not fail ran tpar's: if that happened, this group's "
+            "ranks no longer agree)",
+            group_name,
+            type(error).__name__,
+            error,
+            warning=True,
+        )
         return None, None
     if fused is None:
-        return None, ("plan", f"tpar's plan gives {x.shape[0]} x {x.shape[1]} {x.dtype} to the engine's NCCL")
+        return None, (
+            "plan",
+            f"tpar's plan gives {x.shape[0]} x {x.shape[1]} {x.dtype} to the engine's NCCL",
+        )
     return fused, None
 
 
 def _make_fused(fusion_module, original):
-    def flashinfer_allreduce_residual_rmsnorm(input_tensor, residual, weight, eps=1e-6, max_token_num=2048,
-                                              use_oneshot=None, trigger_completion_at_end=False, fp32_acc=True,
-                                              use_attn_tp_group=True):
+    def flashinfer_allreduce_residual_rmsnorm(
+        input_tensor,
+        residual,
+        weight,
+        eps=1e-6,
+        max_token_num=2048,
+        use_oneshot=None,
+        trigger_completion_at_end=False,
+        fp32_acc=True,
+        use_attn_tp_group=True,
+    ):
         """tpar's fused allreduce + residual + RMSNorm where tpar serves the group and takes the
         operands; SGLang's own function (FlashInfer, or ``(None, None)``) otherwise."""
-        fused, refusal = tpar_fused(fusion_module, input_tensor, residual, weight, eps, use_attn_tp_group)
+        fused, refusal = tpar_fused(
+            fusion_module, input_tensor, residual, weight, eps, use_attn_tp_group
+        )
         if fused is not None:
             norm_out, residual_out = fused
             return norm_out, residual_out
         if refusal is not None:
             kind, reason = refusal
-            log_once(("sglang", "decline", kind), "SGLang's fused allreduce + RMSNorm stays SGLang's (FlashInfer's where "
-                      "it applies, else allreduce then its norm) for %s; logged once", reason)
+            log_once(
+                ("sglang", "decline", kind),
+                "SGLang's fused allreduce + RMSNorm stays SGLang's (FlashInfer's where "
+                "it applies, else allreduce then its norm) for %s; logged once",
+                reason,
+            )
         engine_gate = originals.get(f"{GATE_MODULE}.{GATE_SYMBOL}")
         if engine_gate is not None and not engine_gate(input_tensor.shape[0]):
             # SGLang would not have called its function for this batch (only tpar's gate admitted
             # it): decline as that function declines, and SGLang runs its unfused sequence.
             return None, None
-        return original(input_tensor=input_tensor, residual=residual, weight=weight, eps=eps,
-                        max_token_num=max_token_num, use_oneshot=use_oneshot,
-                        trigger_completion_at_end=trigger_completion_at_end, fp32_acc=fp32_acc,
-                        use_attn_tp_group=use_attn_tp_group)
+        return original(
+            input_tensor=input_tensor,
+            residual=residual,
+            weight=weight,
+            eps=eps,
+            max_token_num=max_token_num,
+            use_oneshot=use_oneshot,
+            trigger_completion_at_end=trigger_completion_at_end,
+            fp32_acc=fp32_acc,
+            use_attn_tp_group=use_attn_tp_group,
+        )
 
     flashinfer_allreduce_residual_rmsnorm._tpar = True
     flashinfer_allreduce_residual_rmsnorm.engine_original = original
@@ -217,8 +263,12 @@ def wrap_fusion(module) -> None:
     originals[f"{module.__name__}.{FUSION_SYMBOL}"] = original
     replacements[f"{module.__name__}.{FUSION_SYMBOL}"] = replacement
     setattr(module, FUSION_SYMBOL, replacement)
-    logger.info("SGLang: %s.%s takes tpar's fused allreduce + RMSNorm where tpar serves the group "
-                "(TPAR_ALLREDUCE=0 keeps SGLang's)", module.__name__, FUSION_SYMBOL)
+    logger.info(
+        "SGLang: %s.%s takes tpar's fused allreduce + RMSNorm where tpar serves the group "
+        "(TPAR_ALLREDUCE=0 keeps SGLang's)",
+        module.__name__,
+        FUSION_SYMBOL,
+    )
 
 
 def wrap_gate(module) -> None:

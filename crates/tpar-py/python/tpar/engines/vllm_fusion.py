@@ -54,9 +54,8 @@ from __future__ import annotations
 import torch
 import torch._inductor.pattern_matcher as pm
 import torch.fx as fx
-from torch._inductor.pattern_matcher import PatternMatcherPass
-
 import vllm.ir.ops
+from torch._inductor.pattern_matcher import PatternMatcherPass
 from vllm.compilation.passes.inductor_pass import InductorPass, enable_fake_mode
 from vllm.distributed import parallel_state, tensor_model_parallel_all_reduce
 
@@ -81,8 +80,13 @@ def tpar_allreduce_of(group_name: str) -> TparCustomAllreduce | None:
     return enabled_tpar(getattr(communicator, "ca_comm", None))
 
 
-def _unfused(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float,
-             group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _unfused(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's own sequence, as the graph held it before the rewrite."""
     reduced = torch.ops.vllm.all_reduce(input, group_name=group_name)
     norm, residual_out = _IR_FUSED_ADD_RMS_NORM(reduced, residual, weight, epsilon)
@@ -90,18 +94,29 @@ def _unfused(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 @torch.library.custom_op("tpar::vllm_all_reduce_fused_add_rms_norm", mutates_args=())
-def _all_reduce_fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                   epsilon: float, group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _all_reduce_fused_add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     custom = tpar_allreduce_of(group_name)
     if custom is not None:
         try:
             fused = custom.fused_allreduce_rmsnorm(input, residual, weight, epsilon)
         except Exception as error:
             # The model must keep running: vLLM's path is always correct.
-            log_once(("vllm", group_name, type(error).__name__),
-                     "tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); this call runs vLLM's "
-                     "allreduce and norm (a rank whose call did not fail ran tpar's: if that happened, this "
-                     "group's ranks no longer agree)", group_name, type(error).__name__, error, warning=True)
+            log_once(
+                ("vllm", group_name, type(error).__name__),
+                "tpar's fused allreduce + RMSNorm failed on group %s (%s: %s); this call runs vLLM's "
+                "allreduce and norm (a rank whose call did not fail ran tpar's: if that happened, this "
+                "group's ranks no longer agree)",
+                group_name,
+                type(error).__name__,
+                error,
+                warning=True,
+            )
             fused = None
         if fused is not None:
             norm, residual_out = fused
@@ -110,18 +125,32 @@ def _all_reduce_fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, 
 
 
 @_all_reduce_fused_add_rms_norm.register_fake
-def _(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float,
-      group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(input, memory_format=torch.contiguous_format),
-            torch.empty_like(residual, memory_format=torch.contiguous_format))
+def _(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format),
+        torch.empty_like(residual, memory_format=torch.contiguous_format),
+    )
 
 
-def all_reduce_fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                                  epsilon: float, group_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def all_reduce_fused_add_rms_norm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    epsilon: float,
+    group_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm, residual_out)`` of vLLM's ``fused_add_rms_norm(all_reduce(input), residual,
     weight, epsilon)`` on the group ``group_name``: tpar's fused op where tpar takes the call,
     vLLM's unfused sequence otherwise (the module doc says when)."""
-    return torch.ops.tpar.vllm_all_reduce_fused_add_rms_norm(input, residual, weight, float(epsilon), group_name)
+    return torch.ops.tpar.vllm_all_reduce_fused_add_rms_norm(
+        input, residual, weight, float(epsilon), group_name
+    )
 
 
 def _norm_input_weight_dtype_match(match: pm.Match) -> bool:
@@ -138,24 +167,36 @@ def _norm_input_weight_dtype_match(match: pm.Match) -> bool:
 def _register(patterns: PatternMatcherPass, epsilon: float, group_name: str) -> None:
     """vLLM's AllReduceFusedAddRMSNormPattern (both registrations), replaced by tpar's op."""
 
-    def pattern(residual: torch.Tensor, input: torch.Tensor,
-                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def pattern(
+        residual: torch.Tensor, input: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         allreduce_output = tensor_model_parallel_all_reduce(input)
         rms, residual = vllm.ir.ops.fused_add_rms_norm(allreduce_output, residual, weight, epsilon)
         return rms, residual
 
-    def replacement(residual: torch.Tensor, input: torch.Tensor,
-                    weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        fused = torch.ops.tpar.vllm_all_reduce_fused_add_rms_norm.default(input, residual, weight, epsilon,
-                                                                          group_name)
+    def replacement(
+        residual: torch.Tensor, input: torch.Tensor, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        fused = torch.ops.tpar.vllm_all_reduce_fused_add_rms_norm.default(
+            input, residual, weight, epsilon, group_name
+        )
         return fused[0], fused[1]
 
     # vLLM's example inputs: (5, 16) activations and a (16,) weight; the dtype does not
     # matter to the traced pattern (both ops are opaque), bf16 as vLLM's usual model dtype.
-    inputs = [torch.empty(5, 16, dtype=torch.bfloat16), torch.empty(5, 16, dtype=torch.bfloat16),
-              torch.empty(16, dtype=torch.bfloat16)]
-    pm.register_replacement(pattern, replacement, inputs, pm.fwd_only, patterns,
-                            extra_check=_norm_input_weight_dtype_match)
+    inputs = [
+        torch.empty(5, 16, dtype=torch.bfloat16),
+        torch.empty(5, 16, dtype=torch.bfloat16),
+        torch.empty(16, dtype=torch.bfloat16),
+    ]
+    pm.register_replacement(
+        pattern,
+        replacement,
+        inputs,
+        pm.fwd_only,
+        patterns,
+        extra_check=_norm_input_weight_dtype_match,
+    )
 
     # The end of a graph, where the residual is not used again: only the norm is returned.
     def pattern_norm_only(residual, input, weight):
@@ -164,8 +205,14 @@ def _register(patterns: PatternMatcherPass, epsilon: float, group_name: str) -> 
     def replacement_norm_only(residual, input, weight):
         return replacement(residual, input, weight)[0]
 
-    pm.register_replacement(pattern_norm_only, replacement_norm_only, inputs, pm.fwd_only, patterns,
-                            extra_check=_norm_input_weight_dtype_match)
+    pm.register_replacement(
+        pattern_norm_only,
+        replacement_norm_only,
+        inputs,
+        pm.fwd_only,
+        patterns,
+        extra_check=_norm_input_weight_dtype_match,
+    )
 
 
 class TparAllReduceFusionPass(InductorPass):
@@ -193,8 +240,12 @@ class TparAllReduceFusionPass(InductorPass):
         if group.world_size <= 1 or tpar_allreduce_of(group.unique_name) is None:
             if not self._skip_logged:
                 self._skip_logged = True
-                logger.info("tpar's vLLM fusion pass rewrites nothing: the TP group %s (%d ranks) has no "
-                            "enabled tpar custom allreduce", group.unique_name, group.world_size)
+                logger.info(
+                    "tpar's vLLM fusion pass rewrites nothing: the TP group %s (%d ranks) has no "
+                    "enabled tpar custom allreduce",
+                    group.unique_name,
+                    group.world_size,
+                )
             return None
         if self._patterns is None or self._group_name != group.unique_name:
             self._group_name = group.unique_name
@@ -218,7 +269,9 @@ class TparAllReduceFusionPass(InductorPass):
             self.matched_count = 0
             return
         self.matched_count = patterns.apply(graph)
-        logger.debug("tpar's vLLM fusion pass rewrote %d allreduce + RMSNorm pairs", self.matched_count)
+        logger.debug(
+            "tpar's vLLM fusion pass rewrote %d allreduce + RMSNorm pairs", self.matched_count
+        )
 
     def uuid(self) -> str:
         # The compiled graph depends on this module's code (patterns and replacement).
@@ -247,8 +300,10 @@ def compilation_config(base: dict | None = None) -> dict:
     inductor = dict(config.get("inductor_compile_config") or {})
     existing = inductor.get(PASS_KEY)
     if existing is not None and not isinstance(existing, TparAllReduceFusionPass):
-        raise ValueError(f"inductor_compile_config[{PASS_KEY!r}] already holds {existing!r}; vLLM runs one pass "
-                         "there: remove it, or call tpar's pass from yours")
+        raise ValueError(
+            f"inductor_compile_config[{PASS_KEY!r}] already holds {existing!r}; vLLM runs one pass "
+            "there: remove it, or call tpar's pass from yours"
+        )
     inductor[PASS_KEY] = existing or TparAllReduceFusionPass()
     config["inductor_compile_config"] = inductor
     pass_config = config.get("pass_config")
