@@ -55,6 +55,7 @@ LAYERS = {
                 "config",
                 "dtype",
                 "algorithm",
+                "islands",
                 "memory",
                 "sys",
                 "wait",

@@ -632,9 +632,9 @@ fn bench_step_checks_its_input_and_says_what_it_needs() {
         text(&out.stderr)
     );
     let (out, _) = run(tpar().args([
-        "bench", "step", "--config", &config, "--tp", "2", "--algos", "ring",
+        "bench", "step", "--config", &config, "--tp", "2", "--algos", "rings",
     ]));
-    assert!(text(&out.stderr).contains("ring"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("rings"), "{}", text(&out.stderr));
     let (out, _) = run(tpar().args([
         "bench",
         "step",

@@ -257,8 +257,8 @@ fn bench_fused_takes_one_algorithm_and_tokens_in_range() {
     assert!(line.contains("one algorithm at a time"), "{line}");
     let line = assert_refused(&words("bench --fused --algos one-shot-pull"), &[]);
     assert!(line.contains("one-shot-pull has no fused kernel"), "{line}");
-    let line = assert_refused(&words("bench --fused --algos ring"), &[]);
-    assert!(line.contains("unknown algorithm 'ring'"), "{line}");
+    let line = assert_refused(&words("bench --fused --algos rings"), &[]);
+    assert!(line.contains("unknown algorithm 'rings'"), "{line}");
     for bad in ["0", "513", "x", "4,,8", "4,4"] {
         let line = assert_refused(&words(&format!("bench --fused --tokens {bad}")), &[]);
         assert!(line.contains("--tokens"), "{bad}: {line}");

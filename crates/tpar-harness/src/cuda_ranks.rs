@@ -56,7 +56,7 @@ pub fn stream_is_capturing(stream: &CudaStream) -> bool {
 #[macro_export]
 macro_rules! route_names {
     () => {
-        "one-shot, two-shot, one-shot-pull, host-staged, nccl, auto"
+        "one-shot, two-shot, one-shot-pull, host-staged, staged, staged-pull, islands, islands-pull, ring, nccl, auto"
     };
 }
 pub const ROUTE_NAMES: &str = route_names!();
@@ -547,7 +547,7 @@ mod route_name_tests {
             assert_eq!(parse_selection(name).unwrap().name(), *name);
         }
         assert!(parse_selection(" ").is_err());
-        let err = parse_selection("ring").unwrap_err().to_string();
+        let err = parse_selection("rings").unwrap_err().to_string();
         assert!(err.contains(ROUTE_NAMES), "{err}");
         assert_eq!(
             exact_sums(2, &verify::QUICK_CHECK),

@@ -28,14 +28,36 @@ pub enum Algorithm {
     /// One-shot push through pinned host memory mapped into every GPU (GPU only: for machines
     /// with no peer-to-peer access at all).
     HostStaged,
+    /// One-shot's data in n-1 paced steps: in step s rank r pushes its input to rank r+s and
+    /// waits for rank r-s's before its next push, so each rank has one outbound and one
+    /// inbound stream at a time (PCIe fabrics whose posted writes collapse under fan-out).
+    Staged,
+    /// The staged schedule read instead of written: in step s rank r reads rank r-s's
+    /// published input (fabrics where writes collapse and reads hold).
+    StagedPull,
+    /// Hierarchical over islands of ranks (a PCIe switch, a root complex, a socket): a
+    /// one-shot inside each island, an exchange of island partial sums between partner ranks of
+    /// different islands (over P2P, or through pinned host memory where islands have no P2P
+    /// between them), then an all-gather inside each island. See [`crate::protocol::schedule`].
+    Islands,
+    /// The islands schedule with every exchange read instead of written.
+    IslandsPull,
+    /// Ring reduce-scatter then ring all-gather, n-1 steps each, with LL lines: each rank talks
+    /// to its two ring neighbours only (larger messages on PCIe fabrics).
+    Ring,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::OneShotPull,
         Algorithm::HostStaged,
+        Algorithm::Staged,
+        Algorithm::StagedPull,
+        Algorithm::Islands,
+        Algorithm::IslandsPull,
+        Algorithm::Ring,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +66,11 @@ impl Algorithm {
             Algorithm::TwoShot => "two-shot",
             Algorithm::OneShotPull => "one-shot-pull",
             Algorithm::HostStaged => "host-staged",
+            Algorithm::Staged => "staged",
+            Algorithm::StagedPull => "staged-pull",
+            Algorithm::Islands => "islands",
+            Algorithm::IslandsPull => "islands-pull",
+            Algorithm::Ring => "ring",
         }
     }
 
@@ -54,6 +81,11 @@ impl Algorithm {
             Algorithm::TwoShot => 2,
             Algorithm::OneShotPull => 3,
             Algorithm::HostStaged => 4,
+            Algorithm::Staged => 5,
+            Algorithm::StagedPull => 6,
+            Algorithm::Islands => 7,
+            Algorithm::IslandsPull => 8,
+            Algorithm::Ring => 9,
         }
     }
 
@@ -78,7 +110,8 @@ impl FromStr for Algorithm {
             .find(|a| a.name() == wanted || a.name().replace('-', "") == wanted)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged"
+                    "unknown algorithm '{s}'; expected one of: {}",
+                    Algorithm::ALL.map(Algorithm::name).join(", ")
                 ))
             })
     }
@@ -92,11 +125,16 @@ pub enum Choice {
 }
 
 impl Choice {
-    pub const ALL: [Choice; 5] = [
-        Choice::Tpar(Algorithm::OneShot),
-        Choice::Tpar(Algorithm::TwoShot),
-        Choice::Tpar(Algorithm::OneShotPull),
-        Choice::Tpar(Algorithm::HostStaged),
+    pub const ALL: [Choice; 10] = [
+        Choice::Tpar(Algorithm::ALL[0]),
+        Choice::Tpar(Algorithm::ALL[1]),
+        Choice::Tpar(Algorithm::ALL[2]),
+        Choice::Tpar(Algorithm::ALL[3]),
+        Choice::Tpar(Algorithm::ALL[4]),
+        Choice::Tpar(Algorithm::ALL[5]),
+        Choice::Tpar(Algorithm::ALL[6]),
+        Choice::Tpar(Algorithm::ALL[7]),
+        Choice::Tpar(Algorithm::ALL[8]),
         Choice::Nccl,
     ];
 
@@ -130,7 +168,8 @@ impl FromStr for Choice {
         }
         s.parse::<Algorithm>().map(Choice::Tpar).map_err(|_| {
             Error::InvalidArgument(format!(
-                "unknown algorithm '{s}'; expected one of: one-shot, two-shot, one-shot-pull, host-staged, nccl"
+                "unknown algorithm '{s}'; expected one of: {}, nccl",
+                Algorithm::ALL.map(Algorithm::name).join(", ")
             ))
         })
     }
@@ -165,13 +204,18 @@ pub enum Selection {
 
 impl Selection {
     /// Every selection: `auto`, then every choice.
-    pub const ALL: [Selection; 6] = [
+    pub const ALL: [Selection; 11] = [
         Selection::Auto,
         Selection::Forced(Choice::ALL[0]),
         Selection::Forced(Choice::ALL[1]),
         Selection::Forced(Choice::ALL[2]),
         Selection::Forced(Choice::ALL[3]),
         Selection::Forced(Choice::ALL[4]),
+        Selection::Forced(Choice::ALL[5]),
+        Selection::Forced(Choice::ALL[6]),
+        Selection::Forced(Choice::ALL[7]),
+        Selection::Forced(Choice::ALL[8]),
+        Selection::Forced(Choice::ALL[9]),
     ];
 
     pub fn name(self) -> &'static str {
@@ -260,12 +304,12 @@ mod tests {
             Selection::parse_from("X", Some("nccl")).unwrap().forced(),
             Some(Choice::Nccl)
         );
-        let err = Selection::parse_from("TPAR_ALGO", Some("ring"))
+        let err = Selection::parse_from("TPAR_ALGO", Some("rings"))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("TPAR_ALGO=ring: ")
-                && err.contains("unknown algorithm 'ring'")
+            err.contains("TPAR_ALGO=rings: ")
+                && err.contains("unknown algorithm 'rings'")
                 && err.contains("nccl"),
             "{err}"
         );

@@ -26,6 +26,10 @@ pub struct Config {
     /// (the one path for GPUs without peer access). Default on: it costs one inbox of shared
     /// host memory per rank and no device memory. The CPU backend has no other kind of inbox.
     pub host_staged: bool,
+    /// The islands the islands algorithms reduce over. `None`: what the machine says (on CUDA
+    /// the GPUs' PCIe switches, root complexes, sockets and peer access; the CPU backend one
+    /// island), else [`crate::islands::ENV_ISLANDS`]. Every rank must give the same partition.
+    pub islands: Option<crate::islands::Islands>,
 }
 
 impl Config {
@@ -68,6 +72,7 @@ impl Default for Config {
             timeout: Self::DEFAULT_TIMEOUT,
             chunk_bytes: None,
             host_staged: true,
+            islands: None,
         }
     }
 }

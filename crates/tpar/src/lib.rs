@@ -17,8 +17,8 @@
 //! - [`environment`]: the process set-up every entry runs before CUDA (the `tpar` command at
 //!   start, Python at import): NVRTC found where it is installed, `CUDA_DEVICE_MAX_CONNECTIONS`.
 //! - [`verify`]: the one numerical check (known inputs, exact sums) behind every self-test.
-//! - [`dtype`], [`algorithm`], [`memory`], [`error`], [`cache`], [`config`]: the small
-//!   vocabulary types, the settings every rank of a communicator agrees on, and the cache root.
+//! - [`dtype`], [`algorithm`], [`islands`], [`memory`], [`error`], [`cache`], [`config`]: the
+//!   small vocabulary types, the settings every rank of a communicator agrees on, and the cache root.
 //!
 //! What measures and checks a machine (bench, selftest, tune, doctor, the bench step with
 //! cuBLAS) and capacity planning are the `tpar-harness` crate, built on this one: an engine
@@ -37,6 +37,7 @@ pub mod dtype;
 pub mod environment;
 pub mod error;
 pub mod hash;
+pub mod islands;
 pub mod launch;
 pub mod memory;
 pub mod norm;
@@ -53,6 +54,7 @@ pub use communicator::Communicator;
 pub use config::Config;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
+pub use islands::Islands;
 pub use memory::MemoryFootprint;
 pub use rendezvous::{RankEnv, Rendezvous};
 pub use sys::{dir_writable, free_bytes, host_name};

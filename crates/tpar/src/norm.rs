@@ -89,10 +89,14 @@ pub struct FusedDecision {
     pub reason: String,
 }
 
-/// Whether tpar has a fused kernel for `algorithm`: every one but pull, whose fused kernel
-/// (one block per row, 93012b5) was slower than the pull and the separate norm kernel.
+/// Whether tpar has a fused kernel for `algorithm`: one-shot, two-shot and host-staged. Pull's
+/// (one block per row, 93012b5) was slower than the pull and the separate norm kernel; the
+/// PCIe-fabric algorithms (staged, islands, ring) run the allreduce and the separate kernel.
 pub const fn has_fused_kernel(algorithm: Algorithm) -> bool {
-    !matches!(algorithm, Algorithm::OneShotPull)
+    matches!(
+        algorithm,
+        Algorithm::OneShot | Algorithm::TwoShot | Algorithm::HostStaged
+    )
 }
 
 /// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
@@ -117,11 +121,12 @@ pub fn plan(
         Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
             "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
         )),
-        Some(a) if !has_fused_kernel(a) => unfused(
+        Some(Algorithm::OneShotPull) => unfused(
             "no fused pull kernel: one that gave each row a block (93012b5) was slower than the pull and \
              this kernel at 1 and 32 tokens on one H200 (bench/README.md, \"Fourth session\")"
                 .to_owned(),
         ),
+        Some(a) if !has_fused_kernel(a) => unfused(format!("{a} has no fused kernel")),
         Some(a) => FusedDecision {
             fused: true,
             reason: format!(
@@ -310,9 +315,9 @@ mod tests {
                 for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
                     let p = plan(algorithm, dtype, hidden, 65536);
                     assert!(!p.reason.is_empty());
-                    // Every tpar algorithm but pull has a fused kernel; NCCL has none.
-                    let expect_fused = algorithm.is_some_and(|a| a != Algorithm::OneShotPull)
-                        && hidden <= MAX_HIDDEN;
+                    // One-shot, two-shot and host-staged have a fused kernel; NCCL has none.
+                    let expect_fused =
+                        algorithm.is_some_and(has_fused_kernel) && hidden <= MAX_HIDDEN;
                     assert_eq!(
                         p.fused, expect_fused,
                         "{algorithm:?} {dtype} {hidden}: {p:?}"

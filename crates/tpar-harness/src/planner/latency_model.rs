@@ -145,6 +145,18 @@ pub fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64, placement: Placement
             }
             Choice::Tpar(Algorithm::TwoShot) => 2.0 * (n - 1.0) / n * 2.0 * bytes,
             Choice::Tpar(Algorithm::HostStaged) => n * 2.0 * bytes,
+            // The staged schedules move one-shot's bytes, in n-1 paced steps.
+            Choice::Tpar(Algorithm::Staged) | Choice::Tpar(Algorithm::StagedPull) => {
+                (n - 1.0) * 2.0 * bytes
+            }
+            // Islands of n/2 (the common 4+4): a one-shot inside the island, f32 partials of
+            // 1/(n/2) of the message across, the island's all-gather.
+            Choice::Tpar(Algorithm::Islands) | Choice::Tpar(Algorithm::IslandsPull) => {
+                let m = (n / 2.0).max(1.0);
+                (m - 1.0) * 2.0 * bytes + 4.0 * bytes / m + (m - 1.0) / m * 2.0 * bytes
+            }
+            // Reduce-scatter with f32 partials (twice the bytes of 16-bit data), then all-gather.
+            Choice::Tpar(Algorithm::Ring) => (n - 1.0) / n * (4.0 + 2.0) * bytes,
         },
         Placement::SharedGpu => match choice {
             // NCCL's ring moves 2 (n-1)/n of the message per rank, n ranks on the one GPU.
@@ -158,6 +170,13 @@ pub fn bottleneck_bytes(choice: Choice, n: f64, bytes: f64, placement: Placement
             // Over PCIe, per direction: n x n x 2B written to host memory (and as much read
             // back).
             Choice::Tpar(Algorithm::HostStaged) => 2.0 * n * n * bytes,
+            Choice::Tpar(Algorithm::Staged) => 4.0 * n * n * bytes,
+            Choice::Tpar(Algorithm::StagedPull) => n * bytes + n * n * bytes,
+            Choice::Tpar(Algorithm::Islands) | Choice::Tpar(Algorithm::IslandsPull) => {
+                let m = (n / 2.0).max(1.0);
+                4.0 * n * m * bytes + 8.0 * n * bytes
+            }
+            Choice::Tpar(Algorithm::Ring) => 12.0 * n * bytes,
         },
     }
 }

@@ -752,7 +752,7 @@ mod tests {
                 ),
             ]
         );
-        assert!(merge_findings(vec![rank(&[("ring", "?")])]).is_err());
+        assert!(merge_findings(vec![rank(&[("rings", "?")])]).is_err());
     }
 
     #[test]
@@ -788,7 +788,7 @@ mod tests {
             forced_choice(Some("host-staged")).unwrap(),
             Some(Choice::Tpar(Algorithm::HostStaged))
         );
-        let err = forced_choice(Some("ring")).unwrap_err().to_string();
-        assert!(err.contains("TPAR_ALGO=ring"), "{err}");
+        let err = forced_choice(Some("rings")).unwrap_err().to_string();
+        assert!(err.contains("TPAR_ALGO=rings"), "{err}");
     }
 }

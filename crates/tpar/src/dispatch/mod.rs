@@ -470,6 +470,6 @@ mod tests {
                 format!("\"{}\"", c.name())
             );
         }
-        assert!("ring".parse::<Choice>().is_err());
+        assert!("rings".parse::<Choice>().is_err());
     }
 }

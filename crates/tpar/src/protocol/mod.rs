@@ -12,3 +12,4 @@ pub mod header;
 pub mod layout;
 pub mod line;
 pub mod reduce;
+pub mod schedule;

@@ -100,6 +100,7 @@ const SMALL_CHUNKS: Config = Config {
     timeout: Duration::from_secs(20),
     chunk_bytes: Some(256),
     host_staged: false,
+    islands: None,
 };
 
 #[test]

@@ -101,6 +101,9 @@ impl CudaCommunicator {
                 Err("host-staged inboxes were not built (Config::host_staged is off)".into())
             }
             Algorithm::HostStaged => Ok(()),
+            _ if KernelId::allreduce(algorithm, DType::F32).is_none() => {
+                Err(format!("the CUDA backend has no {algorithm} kernel"))
+            }
             _ => self.peer_access.clone(),
         }
     }
@@ -160,7 +163,10 @@ impl CudaCommunicator {
         driver::bind(&self.ctx)?;
         let dtype = operands.dtype();
         let count = operands.count();
-        let function = self.kernels.get(KernelId::allreduce(algorithm, dtype));
+        let function = self.kernels.get(
+            KernelId::allreduce(algorithm, dtype)
+                .expect("supports() refused kernel-less algorithms"),
+        );
         let header = self.next_call(count as u64, dtype, algorithm);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a

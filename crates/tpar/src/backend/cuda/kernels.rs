@@ -196,12 +196,18 @@ impl KernelId {
         ]
     };
 
-    /// The allreduce kernel of `algorithm` on `dtype`.
-    pub const fn allreduce(algorithm: Algorithm, dtype: DType) -> KernelId {
+    /// The allreduce kernel of `algorithm` on `dtype`, or None where the CUDA backend has no
+    /// kernel for it.
+    pub const fn allreduce(algorithm: Algorithm, dtype: DType) -> Option<KernelId> {
         match algorithm {
-            Algorithm::OneShot | Algorithm::HostStaged => KernelId::OneShotPush(dtype),
-            Algorithm::TwoShot => KernelId::TwoShotPush(dtype),
-            Algorithm::OneShotPull => KernelId::OneShotPull(dtype),
+            Algorithm::OneShot | Algorithm::HostStaged => Some(KernelId::OneShotPush(dtype)),
+            Algorithm::TwoShot => Some(KernelId::TwoShotPush(dtype)),
+            Algorithm::OneShotPull => Some(KernelId::OneShotPull(dtype)),
+            Algorithm::Staged
+            | Algorithm::StagedPull
+            | Algorithm::Islands
+            | Algorithm::IslandsPull
+            | Algorithm::Ring => None,
         }
     }
 
@@ -314,9 +320,9 @@ pub const ANATOMY_KERNELS: [&str; ANATOMY_RUNGS] = [
 
 /// The source file and function name of the kernel for `algorithm` on `dtype`, for code that
 /// loads a module itself (the CLI's anatomy ladder); communicators use [`KernelId`].
-pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> (&'static str, String) {
-    let id = KernelId::allreduce(algorithm, dtype);
-    (id.file(), id.name().to_owned())
+pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> Option<(&'static str, String)> {
+    let id = KernelId::allreduce(algorithm, dtype)?;
+    Some((id.file(), id.name().to_owned()))
 }
 
 #[cfg(test)]
@@ -518,7 +524,9 @@ mod tests {
         }
         for a in Algorithm::ALL {
             for d in DType::ALL {
-                let (file, function) = kernel_for(a, d);
+                let Some((file, function)) = kernel_for(a, d) else {
+                    continue;
+                };
                 let source = SOURCES.iter().find(|(f, _)| *f == file).unwrap().1;
                 assert!(kernel_names(source).contains(&function), "{function}");
             }

@@ -48,7 +48,8 @@ impl StandaloneKernels {
             Module::load(ctx, &cubin)
         };
         let ladder_module = load(kernels::ANATOMY_SOURCE)?;
-        let (push_file, push_name) = kernels::kernel_for(Algorithm::OneShot, DType::Bf16);
+        let (push_file, push_name) =
+            kernels::kernel_for(Algorithm::OneShot, DType::Bf16).expect("one-shot has a kernel");
         let push_source = kernels::SOURCES
             .iter()
             .find(|(f, _)| *f == push_file)
