@@ -2,10 +2,10 @@
 //! one process on GPU 0; each rank's stream captures a chain of [`CHAIN`] kernels into its own
 //! graph, the graphs are replayed together, and the replay time over the chain is the cost per
 //! call in a graph, as an engine's decode graph sees it. The kernels form a ladder
-//! (`anatomy.cu`), each adding one piece of the one-shot push call of commit 44ef54a to the one
-//! before, and the last rows run the current one-shot kernel itself; every row is timed with
-//! and without programmatic dependent launch (PDL). The difference between two rows is what the
-//! piece between them costs.
+//! (`anatomy.cu`) built from the allreduce kernels' own primitives (prims.cuh), each adding one
+//! step of the one-shot call to the one before, and the last rows run the one-shot kernel
+//! itself; every row is timed with and without programmatic dependent launch (PDL). The
+//! difference between two rows is what the step between them costs.
 
 use std::sync::Arc;
 
@@ -23,23 +23,20 @@ use tpar::backend::cuda::standalone::{StandaloneKernel, StandaloneKernels, Stand
 pub const CHAIN: usize = 100;
 /// The largest payload timed.
 const MAX_BYTES: usize = 256 << 10;
-const PAYLOADS: [usize; 3] = [4 << 10, 32 << 10, 256 << 10];
-const PRODUCTION_PAYLOADS: [usize; 4] = [0, 4 << 10, 32 << 10, 256 << 10];
+const PRODUCTION_PAYLOADS: [usize; 5] = [0, 4 << 10, 32 << 10, 42 << 10, 256 << 10];
 
 /// What each rung adds (index = rung).
 const RUNGS: [&str; kernels::ANATOMY_RUNGS] = [
     "empty kernel",
     "+ call counter read/publish",
-    "+ header push and check",
-    "+ one line to each peer, and its wait",
-    "+ payload (8-byte LL lines, 44ef54a)",
-    "+ end-of-call bookkeeping (44ef54a)",
+    "+ call header pushed (never waited for)",
+    "+ one unit to each peer, and one reduced from each",
 ];
 
 #[derive(Serialize, Clone, Debug)]
 pub struct AnatomyRow {
     pub world_size: usize,
-    /// Rung of the ladder (0..=5), or 6 for the current one-shot kernel.
+    /// Rung of the ladder (0..ANATOMY_RUNGS), or ANATOMY_RUNGS for the one-shot kernel.
     pub rung: usize,
     pub piece: String,
     pub bytes: usize,
@@ -242,17 +239,13 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
     for pdl in [false, true] {
         let mut empty = 0.0;
         // (rung, function, bytes, threads needed, whether the output is checked)
-        let mut plan: Vec<(usize, StandaloneKernel, usize, usize, bool)> =
-            (0..4).map(|r| (r, bench.ladder[r], 0, 1, false)).collect();
-        for rung in [4, 5] {
-            for bytes in PAYLOADS {
-                plan.push((rung, bench.ladder[rung], bytes, bytes / 4, true));
-            }
-        }
-        let wide = bench.ranks.layout().payload_lines % 2 == 0;
+        let mut plan: Vec<(usize, StandaloneKernel, usize, usize, bool)> = (0
+            ..kernels::ANATOMY_RUNGS)
+            .map(|r| (r, bench.ladder[r], 0, 1, false))
+            .collect();
         for bytes in PRODUCTION_PAYLOADS {
-            let lines = bytes.div_ceil(4);
-            let threads = if wide { lines.div_ceil(2) } else { lines };
+            // A thread per 16-byte LL line (8 bytes of data).
+            let threads = bytes.div_ceil(8);
             plan.push((
                 kernels::ANATOMY_RUNGS,
                 bench.production,

@@ -1,7 +1,11 @@
 //! `tpar selftest --backend cuda`: every algorithm x dtype x element count x placement, eager
 //! and replayed from a CUDA graph, each compared bitwise with the exact sum (the kernels
-//! accumulate in fp32 in rank order, as the reference does); a graph replayed 1000 times with
-//! new inputs each time; and a peer-timeout case after which a fresh group must pass.
+//! accumulate in fp32, in the order protocol::schedule gives each algorithm; the inputs are
+//! small integers, whose sums are exact in any order); the islands algorithms over every
+//! partition of `Islands::test_partitions`; a graph replayed 1000 times with new inputs each
+//! time; and, for every algorithm, a silent peer (every other rank must name it within the
+//! deadline) and a mismatched call (every rank must report it), after which fresh groups must
+//! pass.
 //! Rows are counted across ranks (a row fails when any rank got a wrong bit); the caller
 //! prints them.
 
@@ -9,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use tpar::check::{fill_expected, fill_input};
 use tpar::dispatch::Choice;
-use tpar::Config;
 use tpar::{Algorithm, DType};
+use tpar::{Config, Error, Islands};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
 use super::known::KnownData;
@@ -72,109 +76,45 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
     };
 
     if plan.timeout_case {
-        let mut group = make(Config {
+        let world_size = make(Config {
             timeout: CASE_DEADLINE,
             host_staged: false,
             ..Config::default()
-        })?;
-        let silent = group.world_size - 1;
-        let mut buffers = group.buffers(4096)?;
-        let start = Instant::now();
-        for i in 0..group.comms.len() {
-            if group.ranks[i] != silent {
-                group.queue(
-                    i,
-                    &group.streams[i],
-                    &mut buffers,
-                    Some(0),
-                    DType::F32,
-                    1024,
-                    Selection::Forced(Choice::Tpar(Algorithm::OneShot)),
-                )?;
-            }
+        })?
+        .world_size;
+        for &algo in &plan.algorithms {
+            let (silent, mismatch) = failure_rows(make, algo, world_size)?;
+            leader |= silent.leader;
+            rows.push(silent.row);
+            rows.push(mismatch);
         }
-        let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
-        let bad = group.total(bad)?;
-        leader |= group.is_leader();
-        record(
-            &mut rows,
-            [
-                "peer timeout",
-                "-",
-                "-",
-                "-",
-                &format!("rank {silent} silent"),
-            ],
-            bad,
-            detail,
-        );
     }
 
-    // A fresh group: the GPU and the process must be fine after the timeout.
+    // A fresh group: the GPU and the process must be fine after the failures.
     let mut group = make(Config {
         timeout: plan.timeout,
         ..Config::default()
     })?;
     leader |= group.is_leader();
-    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
-    for &dtype in &plan.dtypes {
-        let known = group.known(dtype, max_count, SEEDS);
-        let mut buffers = group.buffers(max_count * dtype.size())?;
-        group.upload_inputs(&buffers, &known, max_count)?;
-        for &algo in &plan.algorithms {
-            if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
-                record(
-                    &mut rows,
-                    [algo.name(), dtype.name(), "-", "-", "-"],
-                    0,
-                    format!(" (skipped: {why})"),
-                );
-                continue;
-            }
-            for &count in &plan.counts {
-                let count_text = count.to_string();
-                for in_place in [false, true] {
-                    let placement = if in_place { "in place" } else { "out of place" };
-                    let case = [algo.name(), dtype.name(), &count_text, placement];
-                    // Eager: the one numerical check, two calls with different inputs.
-                    let spec = CheckSpec {
-                        dtype,
-                        counts: &[count],
-                        calls: 2,
-                        in_place,
-                        seeds: SEEDS,
-                    };
-                    let findings = verify::check(&group, algo, &spec)?;
-                    say_findings(&findings, dtype);
-                    record_case(&mut rows, &mut group, case, "eager", findings.len() as u64)?;
-
-                    // Graph: captured once, replayed with new data in the same buffers.
-                    let graph = group.capture(|i, stream| -> Result<()> {
-                        group.queue(
-                            i,
-                            stream,
-                            &mut buffers,
-                            (!in_place).then_some(0),
-                            dtype,
-                            count,
-                            Selection::Forced(Choice::Tpar(algo)),
-                        )
-                    })?;
-                    let mut wrong = 0;
-                    for variant in 0..2 {
-                        for (b, k) in buffers.iter().zip(&known) {
-                            b.inputs[0].upload(k.input(variant, count))?;
-                        }
-                        prepare_output(&buffers, &known, count, variant, in_place)?;
-                        graph.launch()?;
-                        group.synchronize()?;
-                        wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
-                    }
-                    drop(graph);
-                    group.upload_inputs(&buffers, &known, max_count)?;
-                    record_case(&mut rows, &mut group, case, "graph", wrong)?;
-                }
-            }
+    let world_size = group.world_size;
+    for &algo in &plan.algorithms {
+        if !matches!(algo, Algorithm::Islands | Algorithm::IslandsPull) {
+            sweep(&mut group, algo, algo.name(), plan, &mut rows)?;
+            continue;
+        }
+        for islands in Islands::test_partitions(world_size) {
+            let mut island_group = make(Config {
+                timeout: plan.timeout,
+                islands: Some(islands),
+                ..Config::default()
+            })?;
+            sweep(
+                &mut island_group,
+                algo,
+                &format!("{algo} [{islands}]"),
+                plan,
+                &mut rows,
+            )?;
         }
     }
 
@@ -245,6 +185,193 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
         )?);
     }
     Ok(Sweep { rows, leader })
+}
+
+/// The rows of `algo` on `group` (labelled `label`): every dtype x count x placement, eager
+/// (the one numerical check, two calls with different inputs) and replayed from a graph.
+fn sweep(
+    group: &mut CudaRanks,
+    algo: Algorithm,
+    label: &str,
+    plan: &CudaSelftestSettings,
+    rows: &mut Vec<SelftestRow>,
+) -> Result<()> {
+    if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
+        rows.push(SelftestRow::tallied(
+            [label, "-", "-", "-", "-"].map(String::from).to_vec(),
+            0,
+            format!(" (skipped: {why})"),
+        ));
+        return Ok(());
+    }
+    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
+    for &dtype in &plan.dtypes {
+        let known = group.known(dtype, max_count, SEEDS);
+        let mut buffers = group.buffers(max_count * dtype.size())?;
+        group.upload_inputs(&buffers, &known, max_count)?;
+        for &count in &plan.counts {
+            let count_text = count.to_string();
+            for in_place in [false, true] {
+                let placement = if in_place { "in place" } else { "out of place" };
+                let case = [label, dtype.name(), &count_text, placement];
+                let spec = CheckSpec {
+                    dtype,
+                    counts: &[count],
+                    calls: 2,
+                    in_place,
+                    seeds: SEEDS,
+                };
+                let findings = verify::check(group, algo, &spec)?;
+                say_findings(&findings, dtype);
+                record_case(rows, group, case, "eager", findings.len() as u64)?;
+
+                // Graph: captured once, replayed with new data in the same buffers.
+                let graph = group.capture(|i, stream| -> Result<()> {
+                    group.queue(
+                        i,
+                        stream,
+                        &mut buffers,
+                        (!in_place).then_some(0),
+                        dtype,
+                        count,
+                        Selection::Forced(Choice::Tpar(algo)),
+                    )
+                })?;
+                let mut wrong = 0;
+                for variant in 0..2 {
+                    for (b, k) in buffers.iter().zip(&known) {
+                        b.inputs[0].upload(k.input(variant, count))?;
+                    }
+                    prepare_output(&buffers, &known, count, variant, in_place)?;
+                    graph.launch()?;
+                    group.synchronize()?;
+                    wrong += group.wrong_outputs(&buffers, &known, count, variant, dtype)?;
+                }
+                drop(graph);
+                group.upload_inputs(&buffers, &known, max_count)?;
+                record_case(rows, group, case, "graph", wrong)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A row and whether this process holds rank 0.
+struct LedRow {
+    row: SelftestRow,
+    leader: bool,
+}
+
+/// The failure rows of `algo`: the last rank stays silent while the others call (each must
+/// report a timeout naming it within the deadline and a grace), and rank 0 calls 1000 bf16
+/// elements while the others call 2000 (each must report a mismatched call). The islands
+/// algorithms run them over two halves, where a rank waits for ranks of its own island, of
+/// the other, and for results that depend on both.
+fn failure_rows(
+    make: MakeGroup<'_>,
+    algo: Algorithm,
+    world_size: usize,
+) -> Result<(LedRow, SelftestRow)> {
+    let config = |world_size: usize| Config {
+        timeout: CASE_DEADLINE,
+        host_staged: algo == Algorithm::HostStaged,
+        islands: matches!(algo, Algorithm::Islands | Algorithm::IslandsPull)
+            .then(|| Islands::from_sizes(&[world_size / 2, world_size - world_size / 2]).ok())
+            .flatten(),
+        ..Config::default()
+    };
+    let forced = Selection::Forced(Choice::Tpar(algo));
+
+    let mut group = make(config(world_size))?;
+    let leader = group.is_leader();
+    let silent = group.world_size - 1;
+    let row_of = |kind: &str, cells: &str, bad: u64, detail: String| {
+        SelftestRow::tallied(
+            [
+                format!("{algo} {kind}"),
+                "bf16".into(),
+                cells.into(),
+                "-".into(),
+                "eager".into(),
+            ]
+            .to_vec(),
+            bad,
+            detail,
+        )
+    };
+    let silent_row = if let Err(why) = group.supports(forced) {
+        row_of("peer timeout", "-", 0, format!(" (skipped: {why})"))
+    } else {
+        let mut buffers = group.buffers(4096)?;
+        let start = Instant::now();
+        for i in 0..group.comms.len() {
+            if group.ranks[i] != silent {
+                group.queue(
+                    i,
+                    &group.streams[i],
+                    &mut buffers,
+                    Some(0),
+                    DType::Bf16,
+                    2048,
+                    forced,
+                )?;
+            }
+        }
+        let (bad, detail) = group.tally_silent_peer(silent, start, CASE_DEADLINE);
+        let bad = group.total(bad)?;
+        row_of(
+            "peer timeout",
+            &format!("2048, rank {silent} silent"),
+            bad,
+            detail,
+        )
+    };
+    drop(group);
+
+    let mut group = make(config(world_size))?;
+    let mismatch_row = if let Err(why) = group.supports(forced) {
+        row_of("mismatch", "-", 0, format!(" (skipped: {why})"))
+    } else {
+        let mut buffers = group.buffers(4000)?;
+        for i in 0..group.comms.len() {
+            let count = if group.ranks[i] == 0 { 1000 } else { 2000 };
+            group.queue(
+                i,
+                &group.streams[i],
+                &mut buffers,
+                Some(0),
+                DType::Bf16,
+                count,
+                forced,
+            )?;
+        }
+        let (mut bad, mut detail) = (0, String::new());
+        for (i, comm) in group.comms.iter().enumerate() {
+            match comm.cuda().synchronize(&group.streams[i]) {
+                Err(e @ Error::CallMismatch { .. }) => {
+                    if group.ranks[i] == 0 {
+                        detail = format!(" (rank 0: {e})");
+                    }
+                }
+                other => {
+                    bad += 1;
+                    detail = format!(
+                        ": rank {}: expected a mismatch, got {other:?}",
+                        group.ranks[i]
+                    );
+                }
+            }
+        }
+        let bad = group.total(bad)?;
+        row_of("mismatch", "1000 vs 2000", bad, detail)
+    };
+    Ok((
+        LedRow {
+            row: silent_row,
+            leader,
+        },
+        mismatch_row,
+    ))
 }
 
 /// In place: the output starts as the input. Out of place: poisoned, so that an unwritten

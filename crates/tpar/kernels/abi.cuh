@@ -26,6 +26,11 @@ typedef long long i64;
 #define TPAR_ALGO_TWO_SHOT 2
 #define TPAR_ALGO_ONE_SHOT_PULL 3
 #define TPAR_ALGO_HOST_STAGED 4
+#define TPAR_ALGO_STAGED 5
+#define TPAR_ALGO_STAGED_PULL 6
+#define TPAR_ALGO_ISLANDS 7
+#define TPAR_ALGO_ISLANDS_PULL 8
+#define TPAR_ALGO_RING 9
 
 // Error word (host-mapped u64): code | peer << 8 | phase << 16 | field << 24 | detail << 32,
 // where for a mismatch `field` is the header word that differed and `detail` the peer's value
@@ -36,11 +41,20 @@ typedef long long i64;
 #define TPAR_ERR_DETAIL_SHIFT 32
 #define TPAR_ERR_TIMEOUT 1
 #define TPAR_ERR_MISMATCH 2
+// The field of a mismatch another rank found and passed on in its notice (prims.cuh, give_up):
+// the detail is the rank that found it.
+#define TPAR_FIELD_NOTICE 7
 #define TPAR_PHASE_HEADER 1
 #define TPAR_PHASE_ONE_SHOT 2
 #define TPAR_PHASE_REDUCE_SCATTER 3
 #define TPAR_PHASE_ALL_GATHER 4
 #define TPAR_PHASE_PULL_FLAG 5
+#define TPAR_PHASE_STAGED 6
+#define TPAR_PHASE_ISLANDS_INSIDE 7
+#define TPAR_PHASE_ISLANDS_ACROSS 8
+#define TPAR_PHASE_ISLANDS_GATHER 9
+#define TPAR_PHASE_RING_REDUCE 10
+#define TPAR_PHASE_RING_GATHER 11
 
 // Kernel arguments, passed by value. Field order and types match `KernelArgs` in
 // crates/tpar/src/backend/cuda/kernels.rs.
@@ -55,10 +69,18 @@ struct TparArgs {
                         // then TPAR_STATE_EXCHANGE_LINES lines (fused.cuh, norm_exchange_lines)
     u64* error;         // this rank's error word, in host-mapped memory
     u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
+    // Islands: every rank's inbox for the exchange between islands (pinned host memory where
+    // the islands have no peer access between them, else the same as `inboxes`).
+    u64* cross_inboxes[TPAR_MAX_RANKS];
     u32 rank;
     u32 world_size;
     u32 chunk;
     u32 algo;
+    // The call's identity (layout.cuh: call_hash), never 0: every LL line carries it.
+    u32 call_hash;
+    u32 reserved;
+    // Islands: the island of each rank, numbered by their lowest rank (crate::islands).
+    unsigned char island_of[TPAR_MAX_RANKS];
 };
 
 // The kernels of one algorithm body, one per dtype: NAME_f32, NAME_f16 and NAME_bf16, each
@@ -75,12 +97,3 @@ struct TparArgs {
     extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(ARGS args) {             \
         BODY<TPAR_DTYPE_BF16>(args);                                                                 \
     }
-
-// The same for a ladder of variants (anatomy.cu's rungs): NAME_0 .. NAME_5 running BODY<rung>.
-#define TPAR_KERNELS_PER_RUNG(NAME, BODY, ARGS)                                                       \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_0(ARGS args) { BODY<0>(args); } \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_1(ARGS args) { BODY<1>(args); } \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_2(ARGS args) { BODY<2>(args); } \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_3(ARGS args) { BODY<3>(args); } \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_4(ARGS args) { BODY<4>(args); } \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_5(ARGS args) { BODY<5>(args); }

@@ -1,6 +1,6 @@
 // Fused one-shot push allreduce + residual add + RMSNorm (also host-staged, with the inboxes in
 // pinned host memory). The push and the wait are one-shot's (16-byte LL lines, the data its
-// own signal, tags by epoch, triple buffers), but the slot is laid out by rows: row r of the
+// own signal, carrying the call's identity; triple buffers), but the slot is laid out by rows: row r of the
 // launch starts at quad r * row_quads, so rows never share a line.
 //
 // A row is spread over `blocks_per_row` blocks, as the plain one-shot spreads its lines: block
@@ -51,13 +51,10 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         load_pair<DT>((const char*)n.residual + first_row * row_bytes, q0, n.hidden, words, &r0, &r1);
         load_pair<DT>(n.weight, q0, n.hidden, words, &w0, &w1);
     }
-    const EpochTicket ticket = begin_epoch(a);
-    const u64 epoch = ticket.epoch;
-    const u32 tag = tag_for_epoch(epoch);
-    const u64 start = now_ns();
-    const int code = DT | TPAR_HEADER_FUSED;
-    push_header(a, epoch, tag, code);
-    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
+    const u32 tag = call.tag;
+    const u32 everyone = all_ranks(a);
+    const u64 my_slot = slot_payload(a, call.epoch, a.rank);
     for (u64 row = first_row; row < n.rows; row += row_stride) {
         const char* x = (const char*)a.input + row * row_bytes;
         for (u32 j = 0; j < mine; ++j) {
@@ -65,9 +62,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             if (q >= quads) continue;
             u32 p0 = x0, p1 = x1;
             if (row != first_row || j != 0) load_pair<DT>(x, q, n.hidden, words, &p0, &p1);
-            for (u32 p = 0; p < a.world_size; ++p) {
-                if (p != a.rank) st_wide(a.inboxes[p] + my_slot + 2 * (row * quads + q), tag, p0, p1);
-            }
+            push_unit_to(a, call, everyone, my_slot + 2 * (row * quads + q), p0, p1);
         }
     }
     u64* const exchange = norm_exchange_lines(a);
@@ -88,8 +83,8 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                     load_pair<DT>(residual, q, n.hidden, words, &res0, &res1);
                 }
                 float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                ok = reduce_wide_quad<DT>(a, epoch, tag, start, code, TPAR_PHASE_ONE_SHOT,
-                                          TPAR_HEADER_LINES + 2 * (row * quads + q), own0, own1, ok, acc);
+                // After a failed wait the thread stops waiting but goes on to every barrier.
+                if (ok) ok = reduce_unit<DT>(a, call, everyone, row * quads + q, own0, own1, TPAR_PHASE_ONE_SHOT, acc);
                 round_quad<DT>(acc);  // the allreduce's result, rounded once
                 u32 o0, o1;
                 partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
@@ -128,7 +123,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                     if ((u32)(v >> 32) == tag) {
                         bits = (u32)v;
                     } else if (ok) {
-                        ok = wait_line(a, p, tag, a.rank, TPAR_PHASE_ONE_SHOT, start, &bits);
+                        ok = wait_line(a, call, p, TPAR_PHASE_ONE_SHOT, &bits);
                     }
                 }
                 const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
@@ -157,8 +152,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         }
         __syncthreads();  // the shared sums are reused by the next row
     }
-    if (ok) check_header(a, epoch, tag, code, start);
-    end_epoch(a, ticket);
+    end_call(a, call);
 }
 
 extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }

@@ -1,11 +1,9 @@
 // One-shot pull with epoch flags, for platforms where reading a peer's memory beats writing
 // to it. Each block copies its share of the input into this rank's own pull buffer (plain
-// data, rotated by epoch), fences, and raises its flag to the epoch; then it waits for every
-// rank's flag of the same block (a thread per rank, at once) and reads the same share from
-// each, summing in rank order.
-// The flag is written after the data by the data's owner into its own memory, and read before
-// the data by the reader: the acquire/release pair orders them. The call header travels as LL
-// lines as in the push algorithms (begin_call), so mismatches are caught.
+// data, rotated by epoch) and raises its flag (publish_flag: the epoch and the call hash);
+// then it waits for every rank's flag of the same block (a thread per rank, at once:
+// wait_flag, which also checks the peer called with the same arguments) and reads the same
+// share from each, summing in rank order (pull_reduce).
 #include "tpar_ll.cuh"
 
 // Words a thread reduces at once, and ranks whose words it loads at once: every load of a
@@ -14,31 +12,11 @@
 #define TPAR_PULL_WORDS 4
 #define TPAR_PULL_RANKS 8
 
+// This block's lines [first, last) of every rank's published input, summed in rank order
+// into the output.
 template <int DT>
-__device__ void oneshot_pull(const TparArgs& a) {
-    const Call call = begin_call(a, DT);
-    const u64 lines = words_for<DT>(a.count);
-    // Block b owns lines [b * per_block, (b + 1) * per_block): the same split on every rank.
-    const u64 per_block = (lines + gridDim.x - 1) / gridDim.x;
-    const u64 first = (u64)blockIdx.x * per_block;
-    const u64 last = min(lines, first + per_block);
-
-    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
-    for (u64 i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        st_release_sys(pull_flag(a.inboxes[a.rank], a, blockIdx.x), call.epoch);
-    }
-    // Thread r waits for rank r's flag of this block (acquire), all ranks at once; the barrier
-    // passes what each acquired on to every thread of the block. Block 0 also checks the
-    // peers' call headers.
-    bool ok = check_header(a, call.epoch, call.tag, DT, call.start);
-    if (ok && threadIdx.x < a.world_size && threadIdx.x != a.rank) {
-        ok = wait_flag(a, pull_flag(a.inboxes[threadIdx.x], a, blockIdx.x), call.epoch, threadIdx.x,
-                       TPAR_PHASE_PULL_FLAG, call.start);
-    }
-    if (!__syncthreads_and(ok)) goto done;
+__device__ __forceinline__ void pull_reduce(const TparArgs& a, const Call& call, u64 first, u64 last) {
+    const u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
     for (u64 base = first + threadIdx.x; base < last; base += (u64)blockDim.x * TPAR_PULL_WORDS) {
         float acc[TPAR_PULL_WORDS][2];
         for (u32 g = 0; g < a.world_size; g += TPAR_PULL_RANKS) {
@@ -73,7 +51,27 @@ __device__ void oneshot_pull(const TparArgs& a) {
             if (i < last) store_word<DT>(a.output, i, a.count, Lanes<DT>::pack(acc[k]));
         }
     }
-done:
+}
+
+template <int DT>
+__device__ void oneshot_pull(const TparArgs& a) {
+    const Call call = begin_call(a, DT);
+    const u64 lines = words_for<DT>(a.count);
+    // Block b owns lines [b * per_block, (b + 1) * per_block): the same split on every rank.
+    const u64 per_block = (lines + gridDim.x - 1) / gridDim.x;
+    const u64 first = (u64)blockIdx.x * per_block;
+    const u64 last = min(lines, first + per_block);
+
+    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
+    for (u64 i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
+    publish_flag(a, call, 0);
+    // Thread r waits for rank r's flag of this block, all ranks at once; the barrier passes
+    // what each acquired on to every thread of the block.
+    bool ok = true;
+    if (threadIdx.x < a.world_size && threadIdx.x != a.rank) {
+        ok = wait_flag(a, call, threadIdx.x, 0, blockIdx.x, TPAR_PHASE_PULL_FLAG);
+    }
+    if (__syncthreads_and(ok)) pull_reduce<DT>(a, call, first, last);
     end_call(a, call);
 }
 

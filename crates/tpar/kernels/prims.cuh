@@ -1,10 +1,14 @@
-// prims.cuh: the steps every tpar algorithm is a sequence of. A call takes the next epoch
-// and pushes its call header to its peers (begin_call), pushes its data, waits for its peers'
-// lines (every wait takes the one deadline step, keep_waiting: on time, or the error word
-// names the peer and the phase), reduces them in rank order (reduce_line; oneshot_push.cu keeps its wide-line reduce inline, as
-// its PTX must stay as measured), checks
-// the peers' headers (check_header) and publishes the epoch (end_call). The algorithms in the
-// .cu files choose which lines go where; how a step is done is written here once.
+// prims.cuh: the steps every tpar algorithm is a sequence of, as NCCL writes its prims. A call
+// takes the next epoch and pushes its call header beside its data (begin_call; the header is
+// never waited for: the call's identity travels in every line, layout.cuh); then it pushes
+// units to a set of peers (push_unit_to), waits for and reduces units from a set of peers in
+// rank order (reduce_unit), gathers units that one owner reduced (gather_unit), or, in the pull
+// algorithms, publishes plain data behind a flag (publish_flag) and reads it after the flag
+// (wait_flag); and it publishes its epoch at the end (end_call). Every wait takes the one
+// deadline step, keep_waiting: on time, or the error word names the peer and the phase, and a
+// wait that is slow compares the peer's call header with ours so that a mismatched call is
+// named as such. The algorithms in the .cu files choose which units go where; how a step is
+// done is written here once.
 #pragma once
 
 #include "abi.cuh"
@@ -20,9 +24,10 @@
 // the epoch, and it may publish the new one. The add is issued at the start and its result
 // used only at the end, so its round trip overlaps the call instead of following it, and it
 // is relaxed: the add's address depends on the value read (its top bit, zero for any epoch below
-// 2^63, which the assembler cannot fold away), so the GPU cannot perform the add before the read, and the publishing store
-// depends on the add's result, and GPUs do not perform stores speculatively. No fence, no
-// barrier at the end. A single-block grid needs no add at all. Every thread must call it.
+// 2^63, which the assembler cannot fold away), so the GPU cannot perform the add before the
+// read, and the publishing store depends on the add's result, and GPUs do not perform stores
+// speculatively. No fence, no barrier at the end. A single-block grid needs no add at all.
+// Every thread must call it.
 struct EpochTicket {
     u64 epoch;
     u32 arrived;
@@ -61,7 +66,6 @@ __device__ __forceinline__ void end_epoch(const TparArgs& a, const EpochTicket& 
     }
 }
 
-
 // ---- errors and deadlines ----
 
 __device__ TPAR_SLOW_PATH void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
@@ -82,19 +86,19 @@ struct PollPolicy {
     u32 check_mask;
 };
 
-// The policy of waits for LL lines and headers. Between polls of host memory a waiting thread
-// sleeps a little: thousands of spinning threads would otherwise flood the PCIe link that the
-// data they wait for must cross; in device memory it polls back to back a while first (see
-// tuning.cuh for both).
-__device__ __forceinline__ PollPolicy ll_polls(const TparArgs& a) {
+// The policy of waits for LL lines. Between polls of host memory a waiting thread sleeps a
+// little: thousands of spinning threads would otherwise flood the PCIe link that the data they
+// wait for must cross; in device memory it polls back to back a while first (see tuning.cuh
+// for both).
+__device__ __forceinline__ PollPolicy ll_polls(bool host) {
     PollPolicy policy;
-    policy.max_pause_ns = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
-    policy.free_polls = a.algo == TPAR_ALGO_HOST_STAGED ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
+    policy.max_pause_ns = host ? TPAR_POLL_SLEEP_MAX_NS : TPAR_DEVICE_POLL_SLEEP_MAX_NS;
+    policy.free_polls = host ? TPAR_HOST_FREE_POLLS : TPAR_DEVICE_FREE_POLLS;
     policy.check_mask = 255u;
     return policy;
 }
 
-// The pull algorithm's flag waits, as they have always polled: back to back, the deadline read
+// The pull algorithms' flag waits, as they have always polled: back to back, the deadline read
 // every 1024 polls.
 __device__ __forceinline__ PollPolicy pull_flag_polls() {
     PollPolicy policy;
@@ -110,7 +114,7 @@ struct NoSlowCheck {
 
 // The state of one wait, and the one step every wait takes between two polls that missed:
 //   Wait w = begin_wait(policy);
-//   while (!arrived) { if (!keep_waiting(a, w, start, peer, phase, slow_check)) return false; poll; }
+//   while (!arrived) { if (!keep_waiting(a, call, w, peer, phase, slow_check)) return false; poll; }
 // so the pauses, the deadline and the error word are handled here once for every wait.
 struct Wait {
     PollPolicy policy;
@@ -123,13 +127,107 @@ __device__ __forceinline__ Wait begin_wait(PollPolicy policy) {
     w.pause = 32;
     return w;
 }
+// ---- a call's beginning and end, and its header ----
+
+// One call of a kernel: its epoch (begin_epoch), the tag of the epoch, the identity every line
+// of the call carries beside the tag (tag ^ call_hash), when its deadline started, and the
+// code its header carries (the dtype, with flags such as TPAR_HEADER_FUSED).
+struct Call {
+    EpochTicket ticket;
+    u64 epoch;
+    u32 tag;
+    u32 id;
+    u64 start;
+    int code;
+};
+
+// Where `peer` and this rank exchange lines: the exchange between islands goes through
+// `cross_inboxes` (pinned host memory where islands have no peer access), everything else
+// through `inboxes`. For every algorithm but the islands ones the host passes the same array
+// twice.
+__device__ __forceinline__ u64* inbox_of(const TparArgs& a, u32 owner, u32 other) {
+    return a.island_of[owner] == a.island_of[other] ? a.inboxes[owner] : a.cross_inboxes[owner];
+}
+// Whether lines from `peer` reach this rank through host memory (polled with pauses).
+__device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
+    return a.algo == TPAR_ALGO_HOST_STAGED ||
+           (a.island_of[peer] != a.island_of[a.rank] && a.cross_inboxes[a.rank] != a.inboxes[a.rank]);
+}
+
+// Block 0 pushes this rank's header (4 LL lines) into stage-one slot `rank` of every peer's
+// inbox. Nobody waits for it: a peer reads it only to name a mismatch.
+__device__ __forceinline__ void push_header(const TparArgs& a, const Call& call) {
+    if (blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES / 2) {
+        const u32 w0 = header_word(a, 2 * threadIdx.x, call.code);
+        const u32 w1 = header_word(a, 2 * threadIdx.x + 1, call.code);
+        for (u32 p = 0; p < a.world_size; ++p) {
+            if (p != a.rank) {
+                st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 2 * threadIdx.x, call.tag,
+                        call.id, w0, w1);
+            }
+        }
+    }
+}
+
+// What every call begins with (every thread must call it): the next epoch (see begin_epoch),
+// its tag and identity, the start of the call's deadline, and this rank's call header pushed to
+// every peer (`code`: the dtype code, with flags such as TPAR_HEADER_FUSED for other calls).
+__device__ __forceinline__ Call begin_call(const TparArgs& a, int code) {
+    Call call;
+    call.ticket = begin_epoch(a);
+    call.epoch = call.ticket.epoch;
+    call.tag = tag_for_epoch(call.epoch);
+    call.id = call.tag ^ a.call_hash;
+    call.start = now_ns();
+    call.code = code;
+    push_header(a, call);
+    return call;
+}
+// What every call ends with, failed or not (every thread must reach it): the epoch published.
+__device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { end_epoch(a, call.ticket); }
+
+// ---- giving up, and telling the peers why ----
+
+// Word 7 of a rank's call header is 0 while the call runs; a rank that gives up rewrites the
+// header's last line with TPAR_NOTICE | code << 8 | the rank that caused it, so that peers
+// waiting for it name the cause instead of it (keep_waiting, HeaderMatches).
+#define TPAR_NOTICE 0x80000000u
+
+__device__ __forceinline__ const u64* peer_header(const TparArgs& a, const Call& call, u32 peer) {
+    return inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
+}
+// Whether `peer`'s call header of this epoch has arrived (it began this call).
+__device__ TPAR_SLOW_PATH bool header_arrived(const TparArgs& a, const Call& call, u32 peer) {
+    return ld_wide(peer_header(a, call, peer) + 2).t0 == call.tag;
+}
+// `peer`'s notice of this epoch (0: none).
+__device__ TPAR_SLOW_PATH u32 notice_of(const TparArgs& a, const Call& call, u32 peer) {
+    const Wide v = ld_wide(peer_header(a, call, peer) + 6);
+    return v.t0 == call.tag && (v.w1 & TPAR_NOTICE) ? v.w1 : 0u;
+}
+// Reports the failure in this rank's error word and tells every peer (its header's last line).
+__device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 code, u32 peer, u32 phase, u32 field,
+                                       u32 detail) {
+    report_error(a, code, peer, phase, field, detail);
+    const u32 word = TPAR_NOTICE | (code << 8) | peer;
+    for (u32 p = 0; p < a.world_size; ++p) {
+        if (p != a.rank) {
+            st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 6, call.tag, call.id, a.call_hash,
+                    word);
+        }
+    }
+}
+
 // Pauses as the policy says, and on every deadline check first runs `slow_check()` (false: it
-// found, and reported, a failure of its own), then past the deadline reports a timeout of
-// `peer` in `phase`, and gives up quietly if the error word is already set (another thread
-// failed: this call is over). False when the wait is over without its data; the error word is
-// then set.
+// found, and reported, a failure of its own), then past the deadline gives up on `peer` in
+// `phase` (give_up: the error word, and a notice to the peers), and gives up quietly if the
+// error word is already set (another thread failed: this call is over). A peer whose header has
+// arrived began this call and may itself be waiting for a third rank: it gets a grace of an
+// eighth of the deadline to say so (its notice, which the slow check reads), so that every rank
+// names the rank that was the cause, not the one it happened to wait for. False when the wait is
+// over without its data; the error word is then set.
 template <typename SlowCheck>
-__device__ __forceinline__ bool keep_waiting(const TparArgs& a, Wait& w, u64 start, u32 peer, u32 phase,
+__device__ __forceinline__ bool keep_waiting(const TparArgs& a, const Call& call, Wait& w, u32 peer, u32 phase,
                                              SlowCheck slow_check) {
     if (w.policy.max_pause_ns > 0 && w.spins >= w.policy.free_polls) {
         __nanosleep(w.pause);
@@ -137,209 +235,245 @@ __device__ __forceinline__ bool keep_waiting(const TparArgs& a, Wait& w, u64 sta
     }
     if ((++w.spins & w.policy.check_mask) == 0) {
         if (!slow_check()) return false;
-        if (now_ns() - start > a.timeout_ns) { report_error(a, TPAR_ERR_TIMEOUT, peer, phase, 0, 0); return false; }
+        const u64 waited = now_ns() - call.start;
+        if (waited > a.timeout_ns) {
+            const bool grace = peer != a.rank && waited <= a.timeout_ns + a.timeout_ns / 8 && header_arrived(a, call, peer);
+            if (!grace) {
+                give_up(a, call, TPAR_ERR_TIMEOUT, peer, phase, 0, 0);
+                return false;
+            }
+        }
         if (ld_sys(a.error) != 0) return false;
     }
     return true;
 }
 
-// Waits until the line at `p` carries `tag`, and gives its payload word.
-__device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase,
-                                          u64 start, u32* word) {
-    u64 v = ld_sys(p);
-    Wait w = begin_wait(ll_polls(a));
-    while ((u32)(v >> 32) != tag) {
-        if (!keep_waiting(a, w, start, peer, phase, NoSlowCheck())) return false;
-        v = ld_sys(p);
+// The peer's call header in this rank's inbox, if it has arrived for this epoch (its first
+// halves carry the epoch's tag; the identity may differ, which is the point): 0 when it matches
+// ours or has not arrived, else the index of the first word that differs, with the peer's value
+// in *theirs. The op (dtype, algorithm, fused) is compared first, so that a count that differs
+// is read knowing what the count counts; then count, chunk and call hash.
+__device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, const Call& call, u32 peer, u32* theirs) {
+    const u64* slot = inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
+    u32 words[8];
+    for (int line = 1; line < TPAR_HEADER_LINES / 2; ++line) {
+        const Wide v = ld_wide(slot + 2 * line);
+        if (v.t0 != call.tag) return 0;
+        words[2 * line] = v.w0;
+        words[2 * line + 1] = v.w1;
     }
-    *word = (u32)v;
-    return true;
-}
-
-// Waits until the flag at `p`, written with release by its owner after its data, reaches
-// `epoch` (acquire: the owner's data is then visible).
-__device__ __forceinline__ bool wait_flag(const TparArgs& a, const u64* p, u64 epoch, u32 peer, u32 phase,
-                                          u64 start) {
-    Wait w = begin_wait(pull_flag_polls());
-    while ((i64)(ld_acquire_sys(p) - epoch) < 0) {
-        if (!keep_waiting(a, w, start, peer, phase, NoSlowCheck())) return false;
-    }
-    return true;
-}
-
-// Line `i` of every rank's stage-one slot, summed in rank order into `acc`; this rank's own
-// term is `own` (read from its input, not through its inbox). All loads are issued before any
-// is checked, so the peers' latencies overlap instead of adding up.
-template <int DT>
-__device__ __forceinline__ bool reduce_line(const TparArgs& a, u64 epoch, u32 tag, u64 i, u32 phase, u64 start,
-                                            u32 own, float* acc) {
-    const u64* inbox = a.inboxes[a.rank];
-    u64 v[TPAR_MAX_RANKS];
-#pragma unroll
-    for (u32 r = 0; r < TPAR_MAX_RANKS; ++r) {
-        if (r < a.world_size && r != a.rank) v[r] = ld_sys(inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i);
-    }
-#pragma unroll
-    for (u32 r = 0; r < TPAR_MAX_RANKS; ++r) {
-        if (r >= a.world_size) break;
-        u32 w = own;
-        if (r != a.rank) {
-            if ((u32)(v[r] >> 32) == tag) {
-                w = (u32)v[r];
-            } else if (!wait_line(a, inbox + stage_one_slot(a, epoch, r) + TPAR_HEADER_LINES + i, tag, r, phase, start, &w)) {
-                return false;
-            }
-        }
-        float x[2];
-        Lanes<DT>::unpack(w, x);
-        for (int k = 0; k < Lanes<DT>::PER_WORD; ++k) acc[k] = (r == 0) ? x[k] : acc[k] + x[k];
-    }
-    return true;
-}
-
-// ---- the call header ----
-
-// Block 0 pushes this rank's header into stage-one slot `rank` of every peer's inbox.
-__device__ __forceinline__ void push_header(const TparArgs& a, u64 epoch, u32 tag, int dtype) {
-    if (blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES) {
-        u64 line = pack_line(tag, header_word(a, threadIdx.x, dtype));
-        for (u32 p = 0; p < a.world_size; ++p) {
-            if (p != a.rank) st_sys(a.inboxes[p] + stage_one_slot(a, epoch, a.rank) + threadIdx.x, line);
-        }
-    }
-}
-
-// Words 2..5 of the peer's call header in this rank's inbox (the ones compared), all in flight
-// at once.
-__device__ __forceinline__ void load_header_words(const TparArgs& a, u64 epoch, u32 peer, u64* words) {
-    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
-    for (int i = 0; i < 4; ++i) words[i] = ld_sys(slot + 2 + i);
-}
-
-// Block 0, thread `peer`: compares the peer's header with ours (words 2..5: count, dtype and
-// algorithm, chunk) and reports the first word that differs with the peer's value. The four
-// words are polled together: waiting for each in turn cost a round trip apiece in host memory.
-__device__ TPAR_SLOW_PATH bool check_header(const TparArgs& a, u64 epoch, u32 tag, int dtype, u64 start) {
-    if (blockIdx.x != 0 || threadIdx.x >= a.world_size || threadIdx.x == a.rank) return true;
-    u32 peer = threadIdx.x;
-    u64 v[4];
-    if (a.algo != TPAR_ALGO_HOST_STAGED && !TPAR_HEADER_BATCH_POLL) {
-        const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
-        load_header_words(a, epoch, peer, v);  // all in flight at once, then each awaited
-        for (int i = 2; i <= 5; ++i) {
-            u32 w = (u32)v[i - 2];
-            if ((u32)(v[i - 2] >> 32) != tag && !wait_line(a, slot + i, tag, peer, TPAR_PHASE_HEADER, start, &w)) return false;
-            if (w != header_word(a, i, dtype)) {
-                report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
-                return false;
-            }
-        }
-        return true;
-    }
-    Wait w = begin_wait(ll_polls(a));
-    for (;;) {
-        load_header_words(a, epoch, peer, v);
-        bool all = true;
-        for (int i = 0; i < 4; ++i) all = all && (u32)(v[i] >> 32) == tag;
-        if (all) break;
-        if (!keep_waiting(a, w, start, peer, TPAR_PHASE_HEADER, NoSlowCheck())) return false;
-    }
-    for (int i = 2; i <= 5; ++i) {
-        u32 w = (u32)v[i - 2];
-        if (w != header_word(a, i, dtype)) {
-            report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, i, w);
-            return false;
-        }
-    }
-    return true;
-}
-
-// The peer's call header in this rank's inbox, if it has arrived for this epoch: 0 when it
-// matches ours (or has not arrived yet), else the first differing word's index with the
-// peer's value in *theirs.
-__device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, u64 epoch, u32 tag, int dtype, u32 peer,
-                                                 u32* theirs) {
-    const u64* slot = a.inboxes[a.rank] + stage_one_slot(a, epoch, peer);
-    u64 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = ld_sys(slot + 2 + i);
-    for (int i = 2; i <= 5; ++i) {
-        if ((u32)(v[i - 2] >> 32) != tag) return 0;
-        if ((u32)v[i - 2] != header_word(a, i, dtype)) {
-            *theirs = (u32)v[i - 2];
+    const int order[5] = {4, 2, 3, 5, 6};
+    for (int k = 0; k < 5; ++k) {
+        const int i = order[k];
+        if (words[i] != header_word(a, i, call.code)) {
+            *theirs = words[i];
             return (u32)i;
         }
     }
     return 0;
 }
 
-// Spins until the wide line at `p` carries `tag` in both halves. The first polls run without
-// pause (see TPAR_DEVICE_FREE_POLLS); once the wait is slow, the peer's header is compared
-// with ours on every deadline check, so a mismatched call (different size, dtype or algorithm,
-// whose lines never come) is named as such instead of timing out.
-// The slow check of a wait for a peer's data: the peer's header, compared with ours.
+// The slow check of a wait for a peer's data: the peer's notice (it gave up: name the rank it
+// names), then the peer's header, compared with ours.
 struct HeaderMatches {
     const TparArgs& a;
-    u64 epoch;
-    u32 tag;
-    int dtype;
+    const Call& call;
     u32 peer;
+    u32 phase;
     __device__ bool operator()() const {
-        u32 theirs = 0, field = header_difference(a, epoch, tag, dtype, peer, &theirs);
+        const u32 notice = notice_of(a, call, peer);
+        if (notice != 0) {
+            const u32 code = (notice >> 8) & 0xff, cause = notice & 0xff;
+            if (code == TPAR_ERR_MISMATCH) {
+                give_up(a, call, TPAR_ERR_MISMATCH, cause, TPAR_PHASE_HEADER, TPAR_FIELD_NOTICE, peer);
+            } else {
+                give_up(a, call, TPAR_ERR_TIMEOUT, cause, phase, 0, 0);
+            }
+            return false;
+        }
+        u32 theirs = 0, field = header_difference(a, call, peer, &theirs);
         if (field != 0) {
-            report_error(a, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, field, theirs);
+            give_up(a, call, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, field, theirs);
             return false;
         }
         return true;
     }
 };
-__device__ TPAR_SLOW_PATH bool wait_wide(const TparArgs& a, const u64* p, u32 tag, u32 peer, u32 phase, u64 start,
-                                          u64 epoch, int dtype, Wide* out, u64* header_polls) {
+
+// ---- waiting for lines ----
+
+// Spins until the LL line at `p` carries this call's tag and identity, and gives it. Once the
+// wait is slow the peer's header is compared with ours on every deadline check, so a mismatched
+// call (whose lines never satisfy the wait) is named as such instead of timing out.
+__device__ TPAR_SLOW_PATH bool wait_unit(const TparArgs& a, const Call& call, const u64* p, u32 peer, u32 phase,
+                                         Wide* out) {
     Wide v = ld_wide(p);
-    Wait w = begin_wait(ll_polls(a));
-    while (!wide_has(v, tag)) {
-        if (!keep_waiting(a, w, start, peer, phase, HeaderMatches{a, epoch, tag, dtype, peer})) return false;
-        // header_polls, when given, are block 0's thread `peer`'s words of that peer's header.
-        if (header_polls) load_header_words(a, epoch, threadIdx.x, header_polls);
+    Wait w = begin_wait(ll_polls(from_host(a, peer)));
+    while (!wide_has(v, call.tag, call.id)) {
+        if (!keep_waiting(a, call, w, peer, phase, HeaderMatches{a, call, peer, phase})) return false;
         v = ld_wide(p);
     }
     *out = v;
     return true;
 }
 
-// ---- a call's beginning and end ----
-
-// What every call begins with (every thread must call it): the next epoch (see begin_epoch),
-// its tag, the start of the call's deadline, and this rank's call header pushed to every peer
-// (`header_code`: the dtype code, with flags such as TPAR_HEADER_FUSED for other calls).
-struct Call {
-    EpochTicket ticket;
-    u64 epoch;
-    u32 tag;
-    u64 start;
-};
-__device__ __forceinline__ Call begin_call(const TparArgs& a, int header_code) {
-    Call call;
-    call.ticket = begin_epoch(a);
-    call.epoch = call.ticket.epoch;
-    call.tag = tag_for_epoch(call.epoch);
-    call.start = now_ns();
-    push_header(a, call.epoch, call.tag, header_code);
-    return call;
+// Waits until the narrow line at `p` (written by this rank's own blocks) carries the call's
+// tag, and gives its payload word.
+__device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const Call& call, const u64* p, u32 phase, u32* word) {
+    u64 v = ld_sys(p);
+    Wait w = begin_wait(ll_polls(false));
+    while ((u32)(v >> 32) != call.tag) {
+        if (!keep_waiting(a, call, w, a.rank, phase, NoSlowCheck())) return false;
+        v = ld_sys(p);
+    }
+    *word = (u32)v;
+    return true;
 }
-// What every call ends with, failed or not (every thread must reach it): the epoch published.
-__device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { end_epoch(a, call.ticket); }
+
+// ---- pushing ----
+
+// Unit `u` ({w0, w1}) to line `line` (counted from the inbox's start) of every rank in `mask`
+// but this one, through the inboxes each pair exchanges on (inbox_of).
+__device__ __forceinline__ void push_unit_to(const TparArgs& a, const Call& call, u32 mask, u64 line, u32 w0, u32 w1) {
+    for (u32 p = 0; p < a.world_size; ++p) {
+        if (p != a.rank && (mask >> p & 1u)) st_wide(inbox_of(a, p, a.rank) + line, call.tag, call.id, w0, w1);
+    }
+}
+// The same to one rank.
+__device__ __forceinline__ void push_unit(const TparArgs& a, const Call& call, u32 to, u64 line, u32 w0, u32 w1) {
+    st_wide(inbox_of(a, to, a.rank) + line, call.tag, call.id, w0, w1);
+}
+
+// Every rank but this one.
+__device__ __forceinline__ u32 all_ranks(const TparArgs& a) { return a.world_size >= 32 ? ~0u : (1u << a.world_size) - 1; }
+
+// ---- f32 partials (the islands' exchange, the ring's reduce-scatter) ----
+
+// Wide lines a unit's f32 partial takes: one for f32 data (two elements), two for 16-bit data
+// (four elements). A partial region of `units` units takes 2 * PARTIAL_LINES * units lines.
+template <int DT> struct Partial {
+    static const int LINES = DT == TPAR_DTYPE_F32 ? 1 : 2;
+};
+// Unit u's partial (acc[0 .. 2 * PER_WORD]) to line `base + 2 * LINES * u` of rank `to`.
+template <int DT>
+__device__ __forceinline__ void push_partial(const TparArgs& a, const Call& call, u32 to, u64 base, u64 u,
+                                             const float* acc) {
+    u64* p = inbox_of(a, to, a.rank) + base + 2 * Partial<DT>::LINES * u;
+    st_wide(p, call.tag, call.id, __float_as_uint(acc[0]), __float_as_uint(acc[1]));
+    if (Partial<DT>::LINES == 2) st_wide(p + 2, call.tag, call.id, __float_as_uint(acc[2]), __float_as_uint(acc[3]));
+}
+// Unit u's partial from `peer`, at line `base + 2 * LINES * u` of this rank's inbox for it.
+template <int DT>
+__device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call, u32 peer, u64 base, u64 u, u32 phase,
+                                             float* out) {
+    const u64* p = inbox_of(a, a.rank, peer) + base + 2 * Partial<DT>::LINES * u;
+    Wide v = ld_wide(p), v2 = {0u, 0u, 0u, 0u};
+    if (Partial<DT>::LINES == 2) v2 = ld_wide(p + 2);
+    if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, peer, phase, &v)) return false;
+    if (Partial<DT>::LINES == 2 && !wide_has(v2, call.tag, call.id) && !wait_unit(a, call, p + 2, peer, phase, &v2)) {
+        return false;
+    }
+    out[0] = __uint_as_float(v.w0);
+    out[1] = __uint_as_float(v.w1);
+    out[2] = __uint_as_float(v2.w0);
+    out[3] = __uint_as_float(v2.w1);
+    return true;
+}
 
 // ---- reduction in rank order ----
 
-// Wide line `line` (counted from the slot's start) of the stage-one slot of every peer of the
-// group g .. g + TPAR_RANK_GROUP - 1 (this rank's own left out) into v: every load is issued
-// before any is checked, so their latencies overlap; the groups bound the registers.
-__device__ __forceinline__ void load_wide_group(const TparArgs& a, const u64* inbox, u64 epoch, u32 g, u64 line,
-                                                Wide* v) {
+// Unit u of every rank of `mask` summed in rank order into acc (f32, 2 * PER_WORD elements):
+// rank r's term from line `slot_payload(epoch, r) + 2u` of this rank's inbox, this rank's own
+// from {own0, own1} (read from its input, never through its inbox). The peers are taken in
+// groups of TPAR_RANK_GROUP, every line of a group loaded before any is checked, so their
+// latencies overlap; the groups bound the registers. False once a wait has failed (the error
+// word set); acc then holds what arrived.
+template <int DT>
+__device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call, u32 mask, u64 u, u32 own0, u32 own1,
+                                            u32 phase, float* acc) {
+    bool first = true;
+    for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
+        Wide v[TPAR_RANK_GROUP];
 #pragma unroll
-    for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-        const u32 r = g + k;
-        if (r < a.world_size && r != a.rank) v[k] = ld_wide(inbox + stage_one_slot(a, epoch, r) + line);
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r < a.world_size && r != a.rank && (mask >> r & 1u)) {
+                v[k] = ld_wide(inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u);
+            }
+        }
+#pragma unroll
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r >= a.world_size) break;
+            if (!(mask >> r & 1u)) continue;
+            u32 w0 = own0, w1 = own1;
+            if (r != a.rank) {
+                if (!wide_has(v[k], call.tag, call.id)) {
+                    Wide got;  // the slow path, out of line
+                    const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
+                    if (!wait_unit(a, call, p, r, phase, &got)) return false;
+                    v[k] = got;
+                }
+                w0 = v[k].w0;
+                w1 = v[k].w1;
+            }
+            float x[4];
+            Lanes<DT>::unpack(w0, x);
+            Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = first ? x[e] : acc[e] + x[e];
+            first = false;
+        }
+    }
+    return true;
+}
+
+// ---- gathering ----
+
+// Unit u of the gather slot, reduced by `owner`: waits for it and gives its words.
+__device__ __forceinline__ bool gather_unit(const TparArgs& a, const Call& call, u32 owner, u64 u, u32 phase, u32* w0,
+                                            u32* w1) {
+    const u64* p = inbox_of(a, a.rank, owner) + gather_slot(a, call.epoch) + 2 * u;
+    Wide v = ld_wide(p);
+    if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, owner, phase, &v)) return false;
+    *w0 = v.w0;
+    *w1 = v.w1;
+    return true;
+}
+
+// ---- the pull algorithms' flags ----
+
+// After every thread of the block has written its part of what `phase` publishes: the block's
+// flag of `phase` in this epoch's buffer, the call hash first, the epoch last with release (the
+// fence makes the block's plain stores visible to peers' reads first). Every thread must call it.
+__device__ __forceinline__ void publish_flag(const TparArgs& a, const Call& call, u32 phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64* flag = pull_flag(a.inboxes[a.rank], a, call.epoch, phase, blockIdx.x);
+        __threadfence_system();
+        st_sys(flag + 1, a.call_hash);
+        st_release_sys(flag, call.epoch);
     }
 }
 
+// Waits until `peer`'s flag of `phase` for `block` carries this epoch (acquire: its data is
+// then visible), then checks that the peer called with the same arguments (the hash beside the
+// epoch); a different hash is named from the peer's header as a mismatch.
+__device__ TPAR_SLOW_PATH bool wait_flag(const TparArgs& a, const Call& call, u32 peer, u32 phase, u32 block,
+                                         u32 wait_phase) {
+    const u64* flag = pull_flag(a.inboxes[peer], a, call.epoch, phase, block);
+    Wait w = begin_wait(pull_flag_polls());
+    while (ld_acquire_sys(flag) != call.epoch) {
+        if (!keep_waiting(a, call, w, peer, wait_phase, HeaderMatches{a, call, peer, wait_phase})) return false;
+    }
+    if ((u32)ld_sys(flag + 1) == a.call_hash) return true;
+    // Another call: its header names what differs (it travels beside the flag; wait for it).
+    Wait h = begin_wait(pull_flag_polls());
+    for (;;) {
+        u32 theirs = 0, field = header_difference(a, call, peer, &theirs);
+        if (field != 0) {
+            give_up(a, call, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, field, theirs);
+            return false;
+        }
+        if (!keep_waiting(a, call, h, peer, wait_phase, NoSlowCheck())) return false;
+    }
+}

@@ -8,13 +8,13 @@
 // phase, thread t quad t of each, so a thread reads back only what it wrote itself or what
 // arrived in its inbox: in place (y over x, residual_out over residual) stays safe.
 //   Stage 1, reduce-scatter: every rank pushes each unit's x quads to the unit's owner as
-//     16-byte LL lines (the data its own signal, tags by epoch), into its stage-one slot of
+//     16-byte LL lines (the data its own signal, with the call's identity), into its stage-one slot of
 //     the owner's inbox at the quad's position in the launch (row r starts at quad
 //     r * row_quads, as in fused_oneshot.cu). The owner sums in rank order (its own term from
 //     its input), rounds once, adds its residual, rounds, and folds the segment's
 //     sum-of-squares tree (fused.cuh, norm.rs); it then pushes the rounded residual_out quads
 //     into every rank's gather slot (its own included) and the segment's sum, one LL line,
-//     to every rank (below).
+//     to every rank (below; its own through its own inbox too).
 //   Stage 2, all-gather: every rank, per unit, reads the row's segment sums in segment order
 //     (the same bits on every rank) for 1 / rms, and the unit's residual_out quads from its
 //     gather slot, and stores residual_out and y.
@@ -27,7 +27,7 @@
 // units p owns (and never pushes to itself), and this unit is the owner's. So the launch
 // carries as many rows as one-shot's (norm::rows_per_chunk) and the gather slot only quads.
 //
-// Every wait has the call's deadline (wait_wide / wait_line, phases REDUCE_SCATTER and
+// Every wait has the call's deadline (wait_unit, phases REDUCE_SCATTER and
 // ALL_GATHER), the reduce-scatter's an eighth of the timeout earlier: a rank waiting in the
 // all-gather for an owner that waits for a silent peer then finds the owner's error (the
 // silent peer named) instead of timing out first and naming the owner. After a failed wait
@@ -63,28 +63,27 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
     if (blockIdx.x < units && quad_of(blockIdx.x) < quads) {
         load_pair<DT>(x_of(blockIdx.x), quad_of(blockIdx.x), n.hidden, words, &x0, &x1);
     }
-    const int code = DT | TPAR_HEADER_FUSED;
-    const Call call = begin_call(a, code);
+    const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
     const u64 epoch = call.epoch;
-    const u32 tag = call.tag;
-    const u64 start = call.start;
-    const u64 scatter_start = start - a.timeout_ns / 8;  // see the top of this file
+    Call scatter = call;  // the reduce-scatter's waits end earlier: see the top of this file
+    scatter.start = call.start - a.timeout_ns / 8;
     u64* const own = a.inboxes[a.rank];
     const u64 gather = gather_slot(a, epoch);
-    // Unit u's segment sum in rank p's inbox (see the top of this file).
-    auto sum_line = [&](u32 p, u32 owner, u64 u) {
+    // Unit u's segment sum, as a line offset in the owner's stage-one slot of every inbox (see
+    // the top of this file).
+    auto sum_line = [&](u32 owner, u64 u) {
         const u64 first_line = 2 * ((u / segments) * quads + (u % segments) * TPAR_NORM_THREADS);
-        return a.inboxes[p] + stage_one_slot(a, epoch, owner) + TPAR_HEADER_LINES + first_line;
+        return slot_payload(a, epoch, owner) + first_line;
     };
 
     // Stage 1: x to the owners.
-    const u64 my_slot = stage_one_slot(a, epoch, a.rank) + TPAR_HEADER_LINES;
+    const u64 my_slot = slot_payload(a, epoch, a.rank);
     for (u64 u = blockIdx.x; u < units; u += grid) {
         const u32 owner = owner_of_line(units, ranks, u);
         if (owner == a.rank || quad_of(u) >= quads) continue;
         u32 p0 = x0, p1 = x1;
         if (u != blockIdx.x) load_pair<DT>(x_of(u), quad_of(u), n.hidden, words, &p0, &p1);
-        st_wide(a.inboxes[owner] + my_slot + line_of(u), tag, p0, p1);
+        push_unit(a, call, owner, my_slot + line_of(u), p0, p1);
     }
 
     // Stage 1, the owner: reduce, residual add, the segment's sum of squares; push both.
@@ -97,13 +96,14 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
             if (u != blockIdx.x) load_pair<DT>(x_of(u), q, n.hidden, words, &own0, &own1);
             load_pair<DT>((const char*)n.residual + (u / segments) * row_bytes, q, n.hidden, words, &res0, &res1);
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            ok = reduce_wide_quad<DT>(a, epoch, tag, scatter_start, code, TPAR_PHASE_REDUCE_SCATTER,
-                                      TPAR_HEADER_LINES + line_of(u), own0, own1, ok, acc);
+            // After a failed wait the thread stops waiting but goes on to every barrier.
+            if (ok) ok = reduce_unit<DT>(a, scatter, all_ranks(a), line_of(u) / 2, own0, own1,
+                                         TPAR_PHASE_REDUCE_SCATTER, acc);
             round_quad<DT>(acc);  // the allreduce's result, rounded once
             u32 o0, o1;
             partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
             if (ok) {
-                for (u32 p = 0; p < ranks; ++p) st_wide(a.inboxes[p] + gather + line_of(u), tag, o0, o1);
+                for (u32 p = 0; p < ranks; ++p) st_wide(a.inboxes[p] + gather + line_of(u), call.tag, call.id, o0, o1);
             }
         }
         norm_warp_fold(0, partial);
@@ -111,8 +111,9 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
         if (warp == 0) {
             const float s = norm_segment_fold(0);
             if (lane == 0 && all_ok) {
-                const u64 line = pack_line(tag, __float_as_uint(s));
-                for (u32 p = 0; p < ranks; ++p) st_sys(sum_line(p, a.rank, u), line);
+                for (u32 p = 0; p < ranks; ++p) {
+                    st_wide(a.inboxes[p] + sum_line(a.rank, u), call.tag, call.id, __float_as_uint(s), 0u);
+                }
             }
         }
         __syncthreads();  // the warp sums are reused by the next unit
@@ -134,20 +135,17 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
             if (lane < segments) {
                 const u64 k = row * segments + lane;  // the row's lane-th unit
                 const u32 k_owner = owner_of_line(units, ranks, k);
-                const u64* p = sum_line(a.rank, k_owner, k);
-                const u64 s = ld_sys(p);
-                if ((u32)(s >> 32) == tag) {
-                    bits = (u32)s;
-                } else if (ok) {
-                    ok = wait_line(a, p, tag, k_owner, TPAR_PHASE_ALL_GATHER, start, &bits);
-                }
+                const u64* p = own + sum_line(k_owner, k);
+                Wide s = ld_wide(p);
+                if (!wide_has(s, call.tag, call.id) && ok) ok = wait_unit(a, call, p, k_owner, TPAR_PHASE_ALL_GATHER, &s);
+                bits = s.w0;
             }
             const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
             if (lane == 0) tpar_norm_inv = i;
         }
-        if (q < quads && !wide_has(v, tag)) {
+        if (q < quads && !wide_has(v, call.tag, call.id)) {
             Wide got = {0u, 0u, 0u, 0u};
-            if (ok) ok = wait_wide(a, line, tag, owner, TPAR_PHASE_ALL_GATHER, start, epoch, code, &got, nullptr);
+            if (ok) ok = wait_unit(a, call, line, owner, TPAR_PHASE_ALL_GATHER, &got);
             v = got;
         }
         __syncthreads();
@@ -162,7 +160,6 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
         }
         __syncthreads();  // tpar_norm_inv is reused by the next unit
     }
-    if (ok) check_header(a, epoch, tag, code, start);
     end_call(a, call);
 }
 

@@ -199,6 +199,37 @@ impl Islands {
         self.island_of
     }
 
+    /// The partitions a self-test sweeps the islands algorithms over for `world_size` ranks:
+    /// one island, two halves (the larger second for an odd count), one rank and the rest, two
+    /// and two and the rest, and every other rank (interleaved), each where it fits, without
+    /// repeats.
+    pub fn test_partitions(world_size: usize) -> Vec<Islands> {
+        let n = world_size;
+        let mut sizes: Vec<Vec<usize>> = vec![vec![n]];
+        if n >= 2 {
+            sizes.push(vec![n / 2, n - n / 2]);
+            sizes.push(vec![1, n - 1]);
+        }
+        if n >= 5 {
+            sizes.push(vec![2, 2, n - 4]);
+        }
+        let mut partitions: Vec<Islands> = sizes
+            .iter()
+            .filter_map(|s| Islands::from_sizes(s).ok())
+            .collect();
+        if n >= 4 {
+            let interleaved: Vec<usize> = (0..n).map(|r| r % 2).collect();
+            partitions.extend(Islands::from_island_of(&interleaved).ok());
+        }
+        let mut unique = Vec::new();
+        for p in partitions {
+            if !unique.contains(&p) {
+                unique.push(p);
+            }
+        }
+        unique
+    }
+
     /// Whether the islands are contiguous in rank order (then [`fmt::Display`] writes sizes).
     fn contiguous(&self) -> bool {
         (1..self.world_size()).all(|r| {
@@ -281,6 +312,23 @@ mod tests {
             assert!(err.contains(want) && err.contains("4+4"), "{text}: {err}");
         }
         assert!(Islands::from_sizes(&[16, 1]).is_err());
+    }
+
+    #[test]
+    fn self_tests_sweep_uneven_and_interleaved_partitions() {
+        let eight: Vec<String> = Islands::test_partitions(8)
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(eight, ["8", "4+4", "1+7", "2+2+4", "0,2,4,6:1,3,5,7"]);
+        let two: Vec<String> = Islands::test_partitions(2)
+            .iter()
+            .map(|p| p.to_string())
+            .collect();
+        assert_eq!(two, ["2", "1+1"]);
+        // 3: one island, and 1+2 (the halves and one-and-the-rest coincide).
+        assert_eq!(Islands::test_partitions(3).len(), 2);
+        assert_eq!(Islands::test_partitions(1).len(), 1);
     }
 
     #[test]

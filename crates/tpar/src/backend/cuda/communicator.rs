@@ -10,15 +10,16 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::errors;
-use super::kernels::{KernelArgs, KernelId, MAX_RANKS, THREADS};
+use super::kernels::{call_hash, KernelArgs, KernelId, MAX_RANKS, THREADS};
 use super::loader::KernelSet;
 use super::span::{DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::islands::Islands;
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout};
-use crate::protocol::line::lines_for_bytes;
+use crate::protocol::schedule::{units_for_bytes, UNIT_BYTES};
 
 /// One rank's endpoint of a CUDA allreduce group.
 pub struct CudaCommunicator {
@@ -36,6 +37,14 @@ pub struct CudaCommunicator {
     pub(super) host_inboxes: Option<[u64; MAX_RANKS]>,
     /// Device memory algorithms need every peer's device memory reachable (P2P or same GPU).
     pub(super) peer_access: std::result::Result<(), String>,
+    /// The islands the islands algorithms reduce over (every rank agreed on them).
+    pub(super) islands: Islands,
+    /// Whether the islands' exchange goes through the host-staged inboxes (islands without
+    /// peer access between them, or forced by `TPAR_ISLANDS_CROSS=host`), and why not where
+    /// it cannot run: islands need peer access inside each island.
+    pub(super) islands_path: std::result::Result<bool, String>,
+    /// Peers whose device memory this rank could not map (no peer access).
+    pub(super) unreachable_peers: Vec<usize>,
     pub(super) peer_device_mappings: Vec<IpcMapping>,
     pub(super) peer_host_mappings: Vec<RegisteredSegment>,
     /// Ranks of other processes on this rank's GPU: without MPS the driver time-slices
@@ -63,6 +72,8 @@ pub(super) struct Owned {
 pub(super) struct Status {
     poisoned: Option<String>,
     last_call: Option<CallHeader>,
+    /// Whether the last call was a fused one (its header counts rows, not elements).
+    last_fused: bool,
 }
 
 impl CudaCommunicator {
@@ -104,6 +115,7 @@ impl CudaCommunicator {
             _ if KernelId::allreduce(algorithm, DType::F32).is_none() => {
                 Err(format!("the CUDA backend has no {algorithm} kernel"))
             }
+            Algorithm::Islands | Algorithm::IslandsPull => self.islands_path.clone().map(|_| ()),
             _ => self.peer_access.clone(),
         }
     }
@@ -119,7 +131,13 @@ impl CudaCommunicator {
         if word == 0 {
             return Ok(());
         }
-        let error = errors::decode(word, self.rank, status.last_call, self.timeout);
+        let error = errors::decode(
+            word,
+            self.rank,
+            status.last_call,
+            status.last_fused,
+            self.timeout,
+        );
         status.poisoned = Some(error.to_string());
         Err(error)
     }
@@ -167,7 +185,7 @@ impl CudaCommunicator {
             KernelId::allreduce(algorithm, dtype)
                 .expect("supports() refused kernel-less algorithms"),
         );
-        let header = self.next_call(count as u64, dtype, algorithm);
+        let header = self.next_call(count as u64, dtype, algorithm, false);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
             // copy (a memcpy node in a captured graph) is all the work there is.
@@ -187,24 +205,18 @@ impl CudaCommunicator {
             return Ok(());
         }
         let (input, output) = (operands.input(), operands.output());
-        for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
+        for (index, elements) in chunks(count, self.launch_elements(algorithm, dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
-            let lines = lines_for_bytes(elements.len() * dtype.size()) as u32;
             let args = self.kernel_args(
                 algorithm,
                 index,
                 (input + offset, output + offset),
                 elements.len() as u64,
-                header.count,
+                (header.count, u32::from(dtype.code())),
             );
+            let threads = threads_needed(algorithm, elements.len() * dtype.size(), self.world_size);
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                launch_shape(
-                    algorithm,
-                    lines,
-                    self.layout.payload_lines,
-                    self.max_blocks,
-                    pdl_supported,
-                )
+                launch_shape(threads, self.max_blocks, pdl_supported)
             });
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
@@ -215,8 +227,15 @@ impl CudaCommunicator {
     }
 
     /// Numbers the next call and remembers its header (what a mismatch or a timeout names).
-    pub(crate) fn next_call(&self, count: u64, dtype: DType, algorithm: Algorithm) -> CallHeader {
+    pub(crate) fn next_call(
+        &self,
+        count: u64,
+        dtype: DType,
+        algorithm: Algorithm,
+        fused: bool,
+    ) -> CallHeader {
         let mut status = self.status.lock().expect("status lock");
+        status.last_fused = fused;
         let seq = status.last_call.map_or(1, |c| c.seq.wrapping_add(1));
         let header = CallHeader {
             seq,
@@ -229,16 +248,35 @@ impl CudaCommunicator {
         header
     }
 
+    /// Elements of `dtype` one launch of `algorithm` carries: a chunk, or fewer where the
+    /// algorithm's f32 partials must fit a slot (islands, ring: protocol::schedule).
+    pub(crate) fn launch_elements(&self, algorithm: Algorithm, dtype: DType) -> usize {
+        let units = launch_units(algorithm, dtype, self.layout.payload_lines, &self.islands);
+        units * UNIT_BYTES / dtype.size()
+    }
+
     /// The argument block of one chunk of a call on `algorithm`: this rank's buffers and the
-    /// inboxes the algorithm uses (host-staged: pinned host memory; else device memory).
+    /// inboxes the algorithm uses (host-staged: pinned host memory; else device memory; the
+    /// islands' exchange through either), the islands, and the call's identity from the count
+    /// of the whole call and its header code (the dtype, with the op's flags).
     pub(crate) fn kernel_args(
         &self,
         algorithm: Algorithm,
         chunk: usize,
         (input, output): (u64, u64),
         count: u64,
-        total_count: u64,
+        (total_count, header_code): (u64, u32),
     ) -> KernelArgs {
+        let inboxes = match algorithm {
+            Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
+            _ => self.device_inboxes,
+        };
+        let cross_inboxes = match (algorithm, &self.islands_path) {
+            (Algorithm::Islands | Algorithm::IslandsPull, Ok(true)) => {
+                self.host_inboxes.expect("a host path implies host inboxes")
+            }
+            _ => inboxes,
+        };
         KernelArgs {
             input,
             output,
@@ -248,15 +286,21 @@ impl CudaCommunicator {
             timeout_ns: self.timeout.as_nanos() as u64,
             state: self.own.state.ptr(),
             error: self.own.error.device_ptr(),
-            inboxes: match algorithm {
-                Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
-                _ => self.device_inboxes,
-            },
+            inboxes,
+            cross_inboxes,
             rank: self.rank as u32,
             world_size: self.world_size as u32,
             chunk: chunk as u32,
             algo: u32::from(algorithm.code()),
+            call_hash: call_hash(total_count, header_code, algorithm, chunk as u32),
+            reserved: 0,
+            island_of: self.islands.island_of_ranks(),
         }
+    }
+
+    /// The islands this communicator's islands algorithms reduce over.
+    pub fn islands(&self) -> Islands {
+        self.islands
     }
 
     /// The grid and PDL choice for this rank's next kernel, given `shape(pdl_supported)`, and
@@ -290,10 +334,14 @@ impl CudaCommunicator {
             state: 0,
             error: 0,
             inboxes: [0; MAX_RANKS],
+            cross_inboxes: [0; MAX_RANKS],
             rank: 0,
             world_size: 0,
             chunk: 0,
             algo: 0,
+            call_hash: 0,
+            reserved: 0,
+            island_of: [0; MAX_RANKS],
         };
         let f = self.kernels.get(KernelId::Empty);
         // SAFETY: the empty kernel touches nothing.
@@ -301,26 +349,55 @@ impl CudaCommunicator {
     }
 }
 
-/// Blocks and whether to use programmatic dependent launch for one chunk of `lines` 8-byte
-/// lines. One-shot (and host-staged) carries two words per thread in 16-byte lines when the
-/// slots are 16-byte aligned (`payload_lines` even), so it needs half the threads. With PDL a
-/// rank's next kernel can be resident while this one spins, so with PDL a kernel gets half the
-/// co-resident blocks. PDL is used where that half gives each thread at most twice its lines.
-/// At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01) the choice was close
-/// and went either way with the build: 32 blocks with PDL 3.96 us against 64 without 6.08
-/// (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks with PDL lost
-/// clearly to 32 without (7.5 against 5.8).
-pub(crate) fn launch_shape(
+/// Threads one launch of `algorithm` over `bytes` needs: a thread per unit (16-byte LL line)
+/// for the push algorithms and islands-pull, a thread per 4-byte word for one-shot pull and
+/// staged pull (plain data), a thread per unit of the largest ring chunk for the ring.
+pub(crate) fn threads_needed(algorithm: Algorithm, bytes: usize, world_size: usize) -> u32 {
+    let units = units_for_bytes(bytes);
+    let threads = match algorithm {
+        Algorithm::OneShotPull | Algorithm::StagedPull => 2 * units,
+        Algorithm::Ring => units.div_ceil(world_size.max(1)),
+        _ => units,
+    };
+    threads as u32
+}
+
+/// Units one launch of `algorithm` on `dtype` carries with slots of `payload_lines` 8-byte
+/// lines: a whole slot (half as many units: 16-byte lines), except where f32 partials must fit
+/// a slot: the islands' exchange puts a range of the smallest island's split there (two lines
+/// a unit for 16-bit data), the ring a chunk of 1/n.
+pub(crate) fn launch_units(
     algorithm: Algorithm,
-    lines: u32,
+    dtype: DType,
     payload_lines: usize,
-    max_blocks: u32,
-    pdl_supported: bool,
-) -> (u32, bool) {
-    let wide =
-        matches!(algorithm, Algorithm::OneShot | Algorithm::HostStaged) && payload_lines % 2 == 0;
-    let threads_needed = if wide { lines.div_ceil(2) } else { lines };
-    let blocks = threads_needed.div_ceil(THREADS).max(1);
+    islands: &Islands,
+) -> usize {
+    let slot_units = payload_lines / 2;
+    let partial_lines = if dtype == DType::F32 { 2 } else { 4 };
+    let per_partial_slot = payload_lines / partial_lines;
+    let limited = match algorithm {
+        Algorithm::Islands => {
+            let smallest = (0..islands.count())
+                .map(|i| islands.size(i))
+                .min()
+                .unwrap_or(1);
+            smallest * per_partial_slot
+        }
+        Algorithm::Ring => islands.world_size().max(1) * per_partial_slot,
+        _ => slot_units,
+    };
+    limited.min(slot_units).max(1)
+}
+
+/// Blocks and whether to use programmatic dependent launch for a launch of `threads` threads.
+/// With PDL a rank's next kernel can be resident while this one spins, so with PDL a kernel
+/// gets half the co-resident blocks. PDL is used where that half gives each thread at most
+/// twice its units. At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01)
+/// the choice was close and went either way with the build: 32 blocks with PDL 3.96 us against
+/// 64 without 6.08 (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks
+/// with PDL lost clearly to 32 without (7.5 against 5.8).
+pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
+    let blocks = threads.div_ceil(THREADS).max(1);
     let half = max_blocks / 2;
     let pdl = pdl_supported && half >= 1 && blocks <= 2 * half;
     (blocks.min(if pdl { half } else { max_blocks }), pdl)
@@ -331,44 +408,76 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pdl_where_half_the_grid_suffices_and_wide_lines_halve_the_threads() {
-        // 4 KiB of bf16: 1024 lines, 512 wide lines: one block.
-        assert_eq!(
-            launch_shape(Algorithm::OneShot, 1024, 65536, 32, true),
-            (1, true)
-        );
-        assert_eq!(
-            launch_shape(Algorithm::TwoShot, 1024, 65536, 32, false),
-            (2, false)
-        );
-        // An odd payload_lines keeps 8-byte lines.
-        assert_eq!(
-            launch_shape(Algorithm::OneShot, 1024, 65535, 32, false),
-            (2, false)
-        );
+    fn pdl_where_half_the_grid_suffices() {
+        // 4 KiB: 512 units, one block.
+        let four_k = threads_needed(Algorithm::OneShot, 4096, 2);
+        assert_eq!(four_k, 512);
+        assert_eq!(launch_shape(four_k, 32, true), (1, true));
+        assert_eq!(threads_needed(Algorithm::TwoShot, 4096, 2), 512);
+        // Pull reads words: twice the threads.
+        assert_eq!(threads_needed(Algorithm::OneShotPull, 4096, 2), 1024);
+        // The ring takes its largest chunk: 8 ranks, 4 KiB: 64 units.
+        assert_eq!(threads_needed(Algorithm::Ring, 4096, 8), 64);
         // 32 KiB: 8 blocks, within half of 16.
         assert_eq!(
-            launch_shape(Algorithm::OneShot, 8192, 65536, 16, true),
+            launch_shape(threads_needed(Algorithm::OneShot, 32 << 10, 2), 16, true),
             (8, true)
         );
-        // 256 KiB: 64 blocks; with 64 co-resident, 32 with PDL (two lines a thread); with
+        // 256 KiB: 64 blocks; with 64 co-resident, 32 with PDL (two units a thread); with
         // 32, 32 without PDL rather than 16 with it.
-        assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 64, true),
-            (32, true)
-        );
-        assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 32, true),
-            (32, false)
-        );
-        assert_eq!(
-            launch_shape(Algorithm::OneShot, 65536, 65536, 64, false),
-            (64, false)
-        );
+        let big = threads_needed(Algorithm::OneShot, 256 << 10, 2);
+        assert_eq!(launch_shape(big, 64, true), (32, true));
+        assert_eq!(launch_shape(big, 32, true), (32, false));
+        assert_eq!(launch_shape(big, 64, false), (64, false));
         // One co-resident block: no PDL, so no second grid waits beside it.
+        assert_eq!(launch_shape(four_k, 1, true), (1, false));
+    }
+
+    #[test]
+    fn partials_fit_their_slots() {
+        let payload_lines = 65536; // a 256 KiB chunk
+        let eight = Islands::single(8);
         assert_eq!(
-            launch_shape(Algorithm::HostStaged, 1024, 65536, 1, true),
-            (1, false)
+            launch_units(Algorithm::OneShot, DType::Bf16, payload_lines, &eight),
+            32768
         );
+        // Ring: a chunk's bf16 partials take four lines a unit: 8 x 16384 > a slot.
+        assert_eq!(
+            launch_units(Algorithm::Ring, DType::Bf16, payload_lines, &eight),
+            32768
+        );
+        let two = Islands::single(2);
+        assert_eq!(
+            launch_units(Algorithm::Ring, DType::Bf16, payload_lines, &two),
+            32768
+        );
+        // Islands with an island of one: that member's range is the whole launch, its
+        // partial twice a slot for 16-bit data: half a slot per launch; f32 fits.
+        let lonely = Islands::parse("1+7", 8).unwrap();
+        assert_eq!(
+            launch_units(Algorithm::Islands, DType::Bf16, payload_lines, &lonely),
+            16384
+        );
+        assert_eq!(
+            launch_units(Algorithm::Islands, DType::F32, payload_lines, &lonely),
+            32768
+        );
+        let halves = Islands::parse("4+4", 8).unwrap();
+        assert_eq!(
+            launch_units(Algorithm::Islands, DType::Bf16, payload_lines, &halves),
+            32768
+        );
+        // An odd slot: the ring's largest chunk still fits.
+        for world in 2..=16 {
+            // Slots of a chunk of at least Config::MIN_CHUNK_BYTES (16 lines).
+            for lines in [16, 18, 22, 65534, 65538] {
+                let islands = Islands::single(world);
+                let units = launch_units(Algorithm::Ring, DType::Bf16, lines, &islands);
+                assert!(
+                    4 * units.div_ceil(world) <= lines,
+                    "{world} {lines}: {units}"
+                );
+            }
+        }
     }
 }

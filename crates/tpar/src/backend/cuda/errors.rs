@@ -21,10 +21,15 @@ const PHASE: (u32, u64) = (ERR_PHASE_SHIFT, 0xff);
 const FIELD: (u32, u64) = (ERR_FIELD_SHIFT, 0xff);
 const DETAIL: (u32, u64) = (ERR_DETAIL_SHIFT, 0xffff_ffff);
 
-/// The call header's words (`header_word` in the kernels) that a mismatch can name.
+/// The call header's words (`header_word` in the kernels) that a mismatch can name. The
+/// kernels compare the op (word 4) first, so a differing count is read knowing the op.
 const HEADER_COUNT_LOW: u64 = 2;
+const HEADER_COUNT_HIGH: u64 = 3;
 const HEADER_DTYPE_AND_ALGORITHM: u64 = 4;
 const HEADER_CHUNK: u64 = 5;
+const HEADER_CALL_HASH: u64 = 6;
+/// A mismatch another rank found and passed on (`TPAR_FIELD_NOTICE`): the detail is that rank.
+pub(super) const FIELD_NOTICE: u64 = 7;
 
 /// Set in header word 4 by fused calls (`TPAR_HEADER_FUSED` in fused.cuh).
 pub(super) const HEADER_FUSED: u32 = 0x1_0000;
@@ -43,11 +48,13 @@ fn part(word: u64, (shift, mask): (u32, u64)) -> u64 {
 }
 
 /// What a call of `rank` should report for error `word` (non-zero), given the header of its
-/// last call and the kernels' `timeout`.
+/// last call (`fused`: a fused call, whose header counts rows and their length) and the
+/// kernels' `timeout`.
 pub(super) fn decode(
     word: u64,
     rank: usize,
     last_call: Option<CallHeader>,
+    fused: bool,
     timeout: Duration,
 ) -> Error {
     let peer = part(word, PEER) as usize;
@@ -66,7 +73,11 @@ pub(super) fn decode(
             mine: last_call.map_or_else(|| "another call".to_owned(), |c| c.describe()),
             peer,
             theirs: match field {
+                // A fused call's header carries its rows and their length (fused.rs).
+                HEADER_COUNT_LOW if fused => format!("{detail} rows (tokens)"),
+                HEADER_COUNT_HIGH if fused => format!("rows of {detail} elements (hidden size)"),
                 HEADER_COUNT_LOW => format!("{detail} elements (low 32 bits of its count)"),
+                HEADER_COUNT_HIGH => format!("a count whose high 32 bits are {detail}"),
                 HEADER_DTYPE_AND_ALGORITHM => format!(
                     "dtype {} with algorithm {}{}",
                     DType::from_code(detail as u8).map_or("?", DType::name),
@@ -74,6 +85,10 @@ pub(super) fn decode(
                     header_note(detail)
                 ),
                 HEADER_CHUNK => format!("chunk {detail}"),
+                HEADER_CALL_HASH => format!("a call whose identity differs ({detail:#010x})"),
+                FIELD_NOTICE => {
+                    format!("arguments that rank {detail} found different from its own")
+                }
                 _ => format!("header word {field} = {detail:#x}"),
             },
         },
@@ -92,7 +107,7 @@ mod tests {
     fn words_decode_into_named_errors() {
         let timeout = Duration::from_secs(3);
         let word = ERR_TIMEOUT | 3 << ERR_PEER_SHIFT | PHASE_ALL_GATHER << ERR_PHASE_SHIFT;
-        match decode(word, 1, None, timeout) {
+        match decode(word, 1, None, false, timeout) {
             Error::PeerTimeout {
                 peer,
                 phase,
@@ -113,15 +128,24 @@ mod tests {
                 | detail << ERR_DETAIL_SHIFT
         };
         let word = mismatch(2, HEADER_DTYPE_AND_ALGORITHM, bf16_one_shot);
-        let text = decode(word, 0, None, timeout).to_string();
+        let text = decode(word, 0, None, false, timeout).to_string();
         assert!(
             text.contains("dtype bf16 with algorithm one-shot"),
             "{text}"
         );
         let word = mismatch(1, HEADER_COUNT_LOW, 77);
-        let text = decode(word, 0, None, timeout).to_string();
+        let text = decode(word, 0, None, false, timeout).to_string();
         assert!(text.contains("77 elements"), "{text}");
-        assert!(decode(0x99, 0, None, timeout)
+        // A fused call's header counts rows: the peer passed 2 rows, not 2 elements.
+        let text = decode(word, 0, None, true, timeout).to_string();
+        assert!(text.contains("77 rows (tokens)"), "{text}");
+        let word = mismatch(1, HEADER_COUNT_HIGH, 4096);
+        let text = decode(word, 0, None, true, timeout).to_string();
+        assert!(text.contains("rows of 4096 elements"), "{text}");
+        let word = mismatch(3, FIELD_NOTICE, 5);
+        let text = decode(word, 0, None, false, timeout).to_string();
+        assert!(text.contains("that rank 5 found different"), "{text}");
+        assert!(decode(0x99, 0, None, false, timeout)
             .to_string()
             .contains("unknown error word 0x99"));
     }

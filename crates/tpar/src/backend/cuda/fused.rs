@@ -10,8 +10,10 @@
 
 use cudarc::driver::CudaStream;
 
+use super::errors::HEADER_FUSED;
 use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
 use super::span::FusedOperands;
+use super::threads_needed;
 // The fused op's operands are defined with the other operands, in `span.rs`.
 pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use super::{driver, launch_shape, CudaCommunicator};
@@ -19,7 +21,6 @@ use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::norm::{self, FusedDecision};
-use crate::protocol::line::lines_for_bytes;
 
 /// The epilogue's operands (`struct TparNormArgs` in fused.cuh), passed by value.
 #[repr(C)]
@@ -104,7 +105,7 @@ impl CudaCommunicator {
             .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
         driver::bind(&self.ctx)?;
         let function = self.kernels.get(kernel);
-        self.next_call(call.elements() as u64, call.dtype, algorithm);
+        self.next_call(call.elements() as u64, call.dtype, algorithm, true);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let segments = norm::row_segments(call.dtype, call.hidden) as u32;
@@ -145,7 +146,10 @@ impl CudaCommunicator {
                 index,
                 (call.x + offset, 0),
                 (rows * call.hidden) as u64,
-                call.tokens as u64 | (call.hidden as u64) << 32,
+                (
+                    call.tokens as u64 | (call.hidden as u64) << 32,
+                    u32::from(call.dtype.code()) | HEADER_FUSED,
+                ),
             ),
             norm: NormArgs {
                 sum: 0,
@@ -181,17 +185,10 @@ impl CudaCommunicator {
     /// Blocks of the last launch of a tpar allreduce of the call's elements on `algorithm`.
     fn last_chunk_grid(&self, call: &FusedCall, algorithm: Algorithm) -> u32 {
         let elements = call.elements();
-        let per_chunk = self.layout.chunk_elements(call.dtype);
+        let per_chunk = self.launch_elements(algorithm, call.dtype);
         let last = elements - (elements.div_ceil(per_chunk).max(1) - 1) * per_chunk;
-        let lines = lines_for_bytes(last * call.dtype.size()) as u32;
-        launch_shape(
-            algorithm,
-            lines,
-            self.layout.payload_lines,
-            self.max_blocks,
-            false,
-        )
-        .0
+        let threads = threads_needed(algorithm, last * call.dtype.size(), self.world_size);
+        launch_shape(threads, self.max_blocks, false).0
     }
 
     /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output,
@@ -317,7 +314,7 @@ fn fused_shape(units: u32, spread: u32, max_blocks: u32, pdl_supported: bool) ->
 
 #[cfg(test)]
 mod tests {
-    use super::super::errors::{header_note, HEADER_FUSED};
+    use super::super::errors::header_note;
     use super::super::kernels;
     use super::*;
 

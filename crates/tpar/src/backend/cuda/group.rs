@@ -14,12 +14,14 @@ use serde::{Deserialize, Serialize};
 use super::check_available;
 use super::communicator::{CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
-use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, STATE_BYTES};
+use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES};
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::islands::Islands;
 use crate::memory::MemoryFootprint;
 use crate::protocol::layout::{InboxLayout, BUFFERS};
+use crate::protocol::schedule::UNIT_BYTES;
 use crate::rendezvous::{from_hex, to_hex, Rendezvous};
 use crate::sys::SharedSegment;
 
@@ -110,10 +112,99 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
 /// The host-mapped error word of one rank.
 const ERROR_WORD_BYTES: usize = 4096;
 
+/// The inbox layout of a CUDA group: slots of whole 16-byte LL lines (the chunk rounded up to
+/// [`UNIT_BYTES`]), so that every line of every slot is 16-byte aligned.
+pub(crate) fn cuda_layout(world_size: usize, config: &Config) -> InboxLayout {
+    InboxLayout::new(
+        world_size,
+        config.cuda_chunk_bytes().next_multiple_of(UNIT_BYTES),
+    )
+}
+
+/// The LL inbox, then the pull algorithms' region: a plain buffer per epoch and a flag per
+/// buffer, phase and block (layout.cuh).
 fn device_inbox_bytes(layout: &InboxLayout) -> usize {
     layout.total_bytes()
         + BUFFERS * layout.payload_lines * 4
-        + MAX_BLOCKS as usize * FLAG_STRIDE_BYTES
+        + BUFFERS * PULL_PHASES * MAX_BLOCKS as usize * FLAG_STRIDE_BYTES
+}
+
+/// The variable that says how the islands' exchange travels: `auto` (the default: through
+/// peer access where the islands have it, else through the host-staged inboxes), `host`
+/// (always through the host: what a machine without P2P between its islands does, to check
+/// on one that has it) or `p2p`.
+pub const ENV_ISLANDS_CROSS: &str = "TPAR_ISLANDS_CROSS";
+
+/// How the islands' exchange should travel, as [`ENV_ISLANDS_CROSS`] says: `Some(true)`
+/// through the host, `Some(false)` over peer access, `None` whichever the machine allows.
+fn islands_cross_setting() -> Result<Option<bool>> {
+    match std::env::var(ENV_ISLANDS_CROSS)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+    {
+        None | Some("") | Some("auto") => Ok(None),
+        Some("host") => Ok(Some(true)),
+        Some("p2p") => Ok(Some(false)),
+        Some(other) => Err(Error::InvalidArgument(format!(
+            "{ENV_ISLANDS_CROSS}={other}: expected auto, host or p2p"
+        ))),
+    }
+}
+
+/// The islands of a group of `world_size` ranks: [`Config::islands`], else
+/// `TPAR_ISLANDS`, else one island.
+fn group_islands(world_size: usize, config: &Config) -> Result<Islands> {
+    let islands = match config.islands {
+        Some(islands) => islands,
+        None => Islands::from_env(world_size)?.unwrap_or_else(|| Islands::single(world_size)),
+    };
+    if islands.world_size() != world_size {
+        return Err(Error::InvalidArgument(format!(
+            "the islands {islands} describe {} ranks, the group has {world_size}",
+            islands.world_size()
+        )));
+    }
+    Ok(islands)
+}
+
+/// How the islands algorithms' exchange between islands travels (`Ok(true)`: through the
+/// host-staged inboxes), or why they cannot run: they need peer access between the members of
+/// each island; between islands they use it where every pair has it and `forced` does not say
+/// otherwise, else the host-staged inboxes.
+fn islands_path(
+    islands: &Islands,
+    unreachable: impl Fn(usize, usize) -> bool,
+    host_inboxes: bool,
+    forced: Option<bool>,
+) -> std::result::Result<bool, String> {
+    let n = islands.world_size();
+    let pairs = || (0..n).flat_map(|a| (a + 1..n).map(move |b| (a, b)));
+    if let Some((a, b)) =
+        pairs().find(|&(a, b)| islands.island_of(a) == islands.island_of(b) && unreachable(a, b))
+    {
+        return Err(format!(
+            "ranks {a} and {b} share island {} of {islands} but have no peer access to each other's memory",
+            islands.island_of(a)
+        ));
+    }
+    let across_reachable = pairs().all(|(a, b)| !unreachable(a, b));
+    let host = match forced {
+        Some(host) => host,
+        None => !across_reachable,
+    };
+    if host && !host_inboxes {
+        return Err(
+            "the exchange between islands needs the host-staged inboxes (Config::host_staged is off)"
+                .into(),
+        );
+    }
+    if !host && !across_reachable {
+        return Err(format!(
+            "{ENV_ISLANDS_CROSS}=p2p, but some islands of {islands} have no peer access between them"
+        ));
+    }
+    Ok(host)
 }
 
 impl Owned {
@@ -151,6 +242,10 @@ struct CudaRecord {
     host_segment: Option<String>,
     /// The host-staged inbox as GPUs address it: valid in this process only.
     host_inbox_ptr: u64,
+    /// The islands this rank was given and how it would send between them
+    /// ([`ENV_ISLANDS_CROSS`]): every rank must agree.
+    islands: String,
+    islands_cross: Option<bool>,
 }
 
 /// What `cuMemAlloc` takes from free device memory for an allocation: whole 2 MiB pages.
@@ -192,9 +287,11 @@ impl Member {
     }
 
     /// What peers need to know of this rank; `ipc`: peers in other processes will map it.
-    fn record(&self, layout: &InboxLayout, ipc: bool) -> Result<CudaRecord> {
+    fn record(&self, layout: &InboxLayout, ipc: bool, config: &Config) -> Result<CudaRecord> {
         let host = self.own.host_inbox.as_ref();
         Ok(CudaRecord {
+            islands: group_islands(layout.world_size, config)?.to_string(),
+            islands_cross: islands_cross_setting()?,
             pid: std::process::id(),
             device_uuid: driver::device_uuid(&self.ctx)?,
             capacity: self.kernels.sm_count * self.kernels.blocks_per_sm,
@@ -223,7 +320,16 @@ impl Member {
         group_key: String,
     ) -> Result<CudaCommunicator> {
         let Member { ctx, kernels, own } = self;
-        let layout = InboxLayout::new(records.len(), config.cuda_chunk_bytes());
+        let layout = cuda_layout(records.len(), config);
+        let islands = group_islands(records.len(), config)?;
+        if let Some((peer, r)) = records.iter().enumerate().find(|(_, r)| {
+            (&r.islands, r.islands_cross) != (&records[rank].islands, records[rank].islands_cross)
+        }) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {peer} was given the islands {} ({ENV_ISLANDS_CROSS} {:?}), rank {rank} {} ({:?}); every rank must give the same (Config::islands, TPAR_ISLANDS, {ENV_ISLANDS_CROSS})",
+                r.islands, r.islands_cross, records[rank].islands, records[rank].islands_cross
+            )));
+        }
         let mut sharers: HashMap<&str, u32> = HashMap::new();
         for r in records {
             *sharers.entry(r.device_uuid.as_str()).or_default() += 1;
@@ -246,6 +352,7 @@ impl Member {
         let mut peer_device_mappings = Vec::new();
         let mut peer_host_mappings = Vec::new();
         let mut peer_access: std::result::Result<(), String> = Ok(());
+        let mut unreachable = Vec::new();
         for (peer, record) in records.iter().enumerate() {
             let in_process = peer == rank || record.pid == pid;
             device_inboxes[peer] = match (&record.inbox_ipc, in_process) {
@@ -266,6 +373,7 @@ impl Member {
                             ptr
                         }
                         Err(e) => {
+                            unreachable.push(peer);
                             if peer_access.is_ok() {
                                 peer_access = Err(format!("rank {rank} cannot map rank {peer}'s device memory through CUDA IPC ({e}): no peer access between their GPUs; host-staged runs without it"));
                             }
@@ -300,6 +408,17 @@ impl Member {
             own,
             device_inboxes,
             host_inboxes: config.host_staged.then_some(host_inboxes),
+            islands_path: islands_path(
+                &islands,
+                |a, b| {
+                    (a == rank && unreachable.contains(&b))
+                        || (b == rank && unreachable.contains(&a))
+                },
+                config.host_staged,
+                records[rank].islands_cross,
+            ),
+            islands,
+            unreachable_peers: unreachable,
             peer_access,
             peer_device_mappings,
             peer_host_mappings,
@@ -335,7 +454,7 @@ impl CudaCommunicator {
     pub fn new_local_group(devices: &[usize], config: Config) -> Result<Vec<CudaCommunicator>> {
         let world_size = devices.len();
         check_world(world_size)?;
-        let layout = InboxLayout::new(world_size, config.cuda_chunk_bytes());
+        let layout = cuda_layout(world_size, &config);
         let token = crate::rendezvous::random_token()?;
         let mut members = Vec::with_capacity(world_size);
         for (rank, device) in devices.iter().enumerate() {
@@ -346,7 +465,7 @@ impl CudaCommunicator {
                 )
             });
             let mut member = Member::create(*device, &layout, host)?;
-            members.push(member.record(&layout, false).map(|record| {
+            members.push(member.record(&layout, false, &config).map(|record| {
                 if let Some(h) = member.own.host_inbox.as_mut() {
                     h.segment_mut().unlink(); // this process holds the only mapping it needs
                 }
@@ -355,6 +474,10 @@ impl CudaCommunicator {
         }
         let contexts: Vec<Arc<CudaContext>> = members.iter().map(|(m, _)| m.ctx.clone()).collect();
         let peer_access = enable_peer_access(&contexts);
+        let unreachable = |a: usize, b: usize| {
+            contexts[a].ordinal() != contexts[b].ordinal()
+                && !driver::can_access_peer(&contexts[a], &contexts[b]).unwrap_or(false)
+        };
         let records: Vec<CudaRecord> = members.iter().map(|(_, r)| r.clone()).collect();
         let key = group_key("local ", &records, &config);
         members
@@ -363,6 +486,12 @@ impl CudaCommunicator {
             .map(|(rank, (member, _))| {
                 let mut comm = member.join(rank, &records, &config, key.clone())?;
                 comm.peer_access = peer_access.clone();
+                comm.islands_path = islands_path(
+                    &comm.islands,
+                    unreachable,
+                    config.host_staged,
+                    records[rank].islands_cross,
+                );
                 Ok(comm)
             })
             .collect()
@@ -376,13 +505,16 @@ impl CudaCommunicator {
         let instance = rendezvous.next_instance();
         let rank = rendezvous.rank();
         check_world(rendezvous.world_size())?;
-        let layout = InboxLayout::new(rendezvous.world_size(), config.cuda_chunk_bytes());
+        let layout = cuda_layout(rendezvous.world_size(), &config);
         let host = config
             .host_staged
             .then(|| rendezvous.shm_name(&format!("cuda-{instance}-r{rank}")));
         let member = Member::create(device, &layout, host)?;
         let key = format!("cuda-{instance}");
-        rendezvous.publish(&format!("{key}-buffers"), &member.record(&layout, true)?)?;
+        rendezvous.publish(
+            &format!("{key}-buffers"),
+            &member.record(&layout, true, &config)?,
+        )?;
         let records: Vec<CudaRecord> =
             rendezvous.gather(&format!("{key}-buffers"), config.timeout)?;
         refuse_threads_sharing_a_gpu(
@@ -395,12 +527,24 @@ impl CudaCommunicator {
         // GPUs without peer access cannot map each other's memory: then only host-staged (and
         // NCCL) can run, which every rank must know alike. Also the barrier after which the
         // segments may be unlinked.
-        rendezvous.publish(&format!("{key}-mapped"), &comm.peer_access.as_ref().err())?;
-        let everyone: Vec<Option<String>> =
+        // Each rank also says which peers' memory it could not map, so that every rank
+        // decides the islands' path from the same pairs.
+        let unreachable_here: Vec<usize> = comm.unreachable_peers.clone();
+        rendezvous.publish(
+            &format!("{key}-mapped"),
+            &(comm.peer_access.as_ref().err(), &unreachable_here),
+        )?;
+        let everyone: Vec<(Option<String>, Vec<usize>)> =
             rendezvous.gather(&format!("{key}-mapped"), config.timeout)?;
-        if let Some(why) = everyone.into_iter().flatten().next() {
+        if let Some(why) = everyone.iter().find_map(|(why, _)| why.clone()) {
             comm.peer_access = Err(why);
         }
+        comm.islands_path = islands_path(
+            &comm.islands,
+            |a, b| everyone[a].1.contains(&b) || everyone[b].1.contains(&a),
+            config.host_staged,
+            records[rank].islands_cross,
+        );
         if let Some(h) = comm.own.host_inbox.as_mut() {
             h.segment_mut().unlink();
         }
@@ -410,7 +554,7 @@ impl CudaCommunicator {
     /// What a rank of a `world_size` group with `config` will allocate, before creating it
     /// (so that an engine can subtract it from its KV-cache budget first).
     pub fn planned_footprint(world_size: usize, config: &Config) -> MemoryFootprint {
-        let layout = InboxLayout::new(world_size, config.cuda_chunk_bytes());
+        let layout = cuda_layout(world_size, config);
         let host = if config.host_staged {
             layout.total_bytes() as u64
         } else {

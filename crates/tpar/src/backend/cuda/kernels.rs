@@ -27,7 +27,7 @@ pub const HEADERS: [(&str, &str); 8] = [
 ];
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 13] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -40,6 +40,18 @@ pub const SOURCES: [(&str, &str); 8] = [
         "oneshot_pull.cu",
         include_str!("../../../kernels/oneshot_pull.cu"),
     ),
+    // The PCIe-fabric algorithms (protocol::schedule).
+    ("staged.cu", include_str!("../../../kernels/staged.cu")),
+    (
+        "staged_pull.cu",
+        include_str!("../../../kernels/staged_pull.cu"),
+    ),
+    ("islands.cu", include_str!("../../../kernels/islands.cu")),
+    (
+        "islands_pull.cu",
+        include_str!("../../../kernels/islands_pull.cu"),
+    ),
+    ("ring.cu", include_str!("../../../kernels/ring.cu")),
     ("floor.cu", include_str!("../../../kernels/floor.cu")),
     ("probe.cu", include_str!("../../../kernels/probe.cu")),
     // Fused allreduce + residual add + RMSNorm (backend/cuda/fused.rs).
@@ -61,7 +73,7 @@ pub const SOURCES: [(&str, &str); 8] = [
 /// communicator. Its kernels are `tpar_anatomy_<rung>` for rungs `0..ANATOMY_RUNGS`.
 pub const ANATOMY_SOURCE: (&str, &str) =
     ("anatomy.cu", include_str!("../../../kernels/anatomy.cu"));
-pub const ANATOMY_RUNGS: usize = 6;
+pub const ANATOMY_RUNGS: usize = 4;
 
 /// Architectures tpar builds for (compute capability x 10): Ampere to Blackwell.
 pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
@@ -70,8 +82,10 @@ pub const ARCHITECTURES: [u32; 6] = [80, 86, 89, 90, 100, 120];
 pub const MAX_RANKS: usize = crate::algorithm::MAX_RANKS;
 /// Mirrors `TPAR_MAX_BLOCKS`.
 pub const MAX_BLOCKS: u32 = 64;
-/// Mirrors the 128-byte flag stride of the pull algorithm (`TPAR_FLAG_STRIDE_U64` u64s).
+/// Mirrors the 128-byte flag stride of the pull algorithms (`TPAR_FLAG_STRIDE_U64` u64s).
 pub const FLAG_STRIDE_BYTES: usize = 128;
+/// Mirrors `TPAR_PULL_PHASES`: flags per buffer and block of the pull algorithms.
+pub const PULL_PHASES: usize = 3;
 /// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// A rank's device state (`TparArgs::state`): the epoch of its last launch, the blocks done,
@@ -95,6 +109,12 @@ pub const PHASE_ONE_SHOT: u64 = 2;
 pub const PHASE_REDUCE_SCATTER: u64 = 3;
 pub const PHASE_ALL_GATHER: u64 = 4;
 pub const PHASE_PULL_FLAG: u64 = 5;
+pub const PHASE_STAGED: u64 = 6;
+pub const PHASE_ISLANDS_INSIDE: u64 = 7;
+pub const PHASE_ISLANDS_ACROSS: u64 = 8;
+pub const PHASE_ISLANDS_GATHER: u64 = 9;
+pub const PHASE_RING_REDUCE: u64 = 10;
+pub const PHASE_RING_GATHER: u64 = 11;
 
 /// What a user reads for a phase code of the error word.
 pub fn phase_name(code: u64) -> &'static str {
@@ -104,6 +124,12 @@ pub fn phase_name(code: u64) -> &'static str {
         PHASE_REDUCE_SCATTER => "two-shot reduce-scatter",
         PHASE_ALL_GATHER => "two-shot all-gather",
         PHASE_PULL_FLAG => "pull: waiting for the peer's flag",
+        PHASE_STAGED => "staged receive",
+        PHASE_ISLANDS_INSIDE => "islands: the island's inputs",
+        PHASE_ISLANDS_ACROSS => "islands: another island's partial",
+        PHASE_ISLANDS_GATHER => "islands: the island's results",
+        PHASE_RING_REDUCE => "ring reduce-scatter",
+        PHASE_RING_GATHER => "ring all-gather",
         _ => "unknown phase",
     }
 }
@@ -121,10 +147,36 @@ pub struct KernelArgs {
     pub state: u64,
     pub error: u64,
     pub inboxes: [u64; MAX_RANKS],
+    /// Islands: every rank's inbox for the exchange between islands (host-mapped where the
+    /// islands have no peer access between them); otherwise the same as `inboxes`.
+    pub cross_inboxes: [u64; MAX_RANKS],
     pub rank: u32,
     pub world_size: u32,
     pub chunk: u32,
     pub algo: u32,
+    /// The call's identity every LL line carries ([`call_hash`]).
+    pub call_hash: u32,
+    pub reserved: u32,
+    /// The island of each rank (crate::islands::Islands::island_of_ranks).
+    pub island_of: [u8; MAX_RANKS],
+}
+
+/// The identity of one launch of a call (`TparArgs::call_hash`; header word 6): a hash of the
+/// header words a peer must agree on (count, dtype with the op's flags, algorithm, chunk),
+/// never 0. Every LL line of the launch carries `tag ^ call_hash` beside its tag, so a line
+/// from a peer that called with other arguments never satisfies a wait (layout.cuh).
+pub fn call_hash(total_count: u64, header_code: u32, algorithm: Algorithm, chunk: u32) -> u32 {
+    let words = [
+        total_count as u32,
+        (total_count >> 32) as u32,
+        header_code | u32::from(algorithm.code()) << 8,
+        chunk,
+    ];
+    let h = crate::hash::fnv1a(words.iter().flat_map(|w| w.to_le_bytes()));
+    match (h ^ (h >> 32)) as u32 {
+        0 => 1,
+        folded => folded,
+    }
 }
 
 /// Every kernel a communicator launches, as a key built once: the loader looks each one up
@@ -136,6 +188,11 @@ pub enum KernelId {
     OneShotPush(DType),
     TwoShotPush(DType),
     OneShotPull(DType),
+    StagedPush(DType),
+    StagedPull(DType),
+    IslandsPush(DType),
+    IslandsPull(DType),
+    Ring(DType),
     /// Allreduce + residual add + RMSNorm in one kernel (`fused_oneshot.cu`).
     FusedOneShot(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
@@ -165,7 +222,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 21;
+    pub const COUNT: usize = 36;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -190,6 +247,21 @@ impl KernelId {
             FusedTwoShot(F32),
             FusedTwoShot(F16),
             FusedTwoShot(Bf16),
+            StagedPush(F32),
+            StagedPush(F16),
+            StagedPush(Bf16),
+            StagedPull(F32),
+            StagedPull(F16),
+            StagedPull(Bf16),
+            IslandsPush(F32),
+            IslandsPush(F16),
+            IslandsPush(Bf16),
+            IslandsPull(F32),
+            IslandsPull(F16),
+            IslandsPull(Bf16),
+            Ring(F32),
+            Ring(F16),
+            Ring(Bf16),
             Empty,
             ProbeCopy,
             ProbePingpong,
@@ -203,11 +275,11 @@ impl KernelId {
             Algorithm::OneShot | Algorithm::HostStaged => Some(KernelId::OneShotPush(dtype)),
             Algorithm::TwoShot => Some(KernelId::TwoShotPush(dtype)),
             Algorithm::OneShotPull => Some(KernelId::OneShotPull(dtype)),
-            Algorithm::Staged
-            | Algorithm::StagedPull
-            | Algorithm::Islands
-            | Algorithm::IslandsPull
-            | Algorithm::Ring => None,
+            Algorithm::Staged => Some(KernelId::StagedPush(dtype)),
+            Algorithm::StagedPull => Some(KernelId::StagedPull(dtype)),
+            Algorithm::Islands => Some(KernelId::IslandsPush(dtype)),
+            Algorithm::IslandsPull => Some(KernelId::IslandsPull(dtype)),
+            Algorithm::Ring => Some(KernelId::Ring(dtype)),
         }
     }
 
@@ -220,9 +292,14 @@ impl KernelId {
             KernelId::FusedOneShot(d) => 9 + dtype_index(d),
             KernelId::AddRmsNorm(d) => 12 + dtype_index(d),
             KernelId::FusedTwoShot(d) => 15 + dtype_index(d),
-            KernelId::Empty => 18,
-            KernelId::ProbeCopy => 19,
-            KernelId::ProbePingpong => 20,
+            KernelId::StagedPush(d) => 18 + dtype_index(d),
+            KernelId::StagedPull(d) => 21 + dtype_index(d),
+            KernelId::IslandsPush(d) => 24 + dtype_index(d),
+            KernelId::IslandsPull(d) => 27 + dtype_index(d),
+            KernelId::Ring(d) => 30 + dtype_index(d),
+            KernelId::Empty => 33,
+            KernelId::ProbeCopy => 34,
+            KernelId::ProbePingpong => 35,
         }
     }
 
@@ -277,6 +354,39 @@ impl KernelId {
                     "tpar_fused_twoshot_bf16",
                 ],
             ),
+            KernelId::StagedPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_staged_push_f32",
+                    "tpar_staged_push_f16",
+                    "tpar_staged_push_bf16",
+                ],
+            ),
+            KernelId::StagedPull(d) => by_dtype(
+                d,
+                [
+                    "tpar_staged_pull_f32",
+                    "tpar_staged_pull_f16",
+                    "tpar_staged_pull_bf16",
+                ],
+            ),
+            KernelId::IslandsPush(d) => by_dtype(
+                d,
+                [
+                    "tpar_islands_push_f32",
+                    "tpar_islands_push_f16",
+                    "tpar_islands_push_bf16",
+                ],
+            ),
+            KernelId::IslandsPull(d) => by_dtype(
+                d,
+                [
+                    "tpar_islands_pull_f32",
+                    "tpar_islands_pull_f16",
+                    "tpar_islands_pull_bf16",
+                ],
+            ),
+            KernelId::Ring(d) => by_dtype(d, ["tpar_ring_f32", "tpar_ring_f16", "tpar_ring_bf16"]),
             KernelId::Empty => "tpar_empty",
             KernelId::ProbeCopy => "tpar_probe_copy",
             KernelId::ProbePingpong => "tpar_probe_pingpong",
@@ -292,6 +402,11 @@ impl KernelId {
             KernelId::FusedOneShot(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
+            KernelId::StagedPush(_) => "staged.cu",
+            KernelId::StagedPull(_) => "staged_pull.cu",
+            KernelId::IslandsPush(_) => "islands.cu",
+            KernelId::IslandsPull(_) => "islands_pull.cu",
+            KernelId::Ring(_) => "ring.cu",
             KernelId::Empty => "floor.cu",
             KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
         }
@@ -314,8 +429,6 @@ pub const ANATOMY_KERNELS: [&str; ANATOMY_RUNGS] = [
     "tpar_anatomy_1",
     "tpar_anatomy_2",
     "tpar_anatomy_3",
-    "tpar_anatomy_4",
-    "tpar_anatomy_5",
 ];
 
 /// The source file and function name of the kernel for `algorithm` on `dtype`, for code that
@@ -429,13 +542,18 @@ mod tests {
             (Algorithm::TwoShot, "TPAR_ALGO_TWO_SHOT"),
             (Algorithm::OneShotPull, "TPAR_ALGO_ONE_SHOT_PULL"),
             (Algorithm::HostStaged, "TPAR_ALGO_HOST_STAGED"),
+            (Algorithm::Staged, "TPAR_ALGO_STAGED"),
+            (Algorithm::StagedPull, "TPAR_ALGO_STAGED_PULL"),
+            (Algorithm::Islands, "TPAR_ALGO_ISLANDS"),
+            (Algorithm::IslandsPull, "TPAR_ALGO_ISLANDS_PULL"),
+            (Algorithm::Ring, "TPAR_ALGO_RING"),
         ] {
             assert_eq!(define(name), u64::from(a.code()), "{name}");
         }
-        // The argument block: 8 u64, MAX_RANKS pointers, 4 u32.
+        assert_eq!(define("TPAR_PULL_PHASES"), PULL_PHASES as u64);
         assert_eq!(
-            std::mem::size_of::<KernelArgs>(),
-            8 * 8 + MAX_RANKS * 8 + 16
+            define("TPAR_FIELD_NOTICE"),
+            super::super::errors::FIELD_NOTICE
         );
     }
 
@@ -444,13 +562,12 @@ mod tests {
 
     /// The instantiation macros of `abi.cuh`: a line `MACRO(stem, body, Args)` in a source declares
     /// one kernel `stem_<suffix>` per suffix.
-    const INSTANTIATION_MACROS: [&str; 2] = ["TPAR_KERNELS_PER_DTYPE", "TPAR_KERNELS_PER_RUNG"];
+    const INSTANTIATION_MACROS: [&str; 1] = ["TPAR_KERNELS_PER_DTYPE"];
 
     /// The suffixes `macro_name` appends to its stem: the dtype names, or the anatomy rungs.
     fn instantiation_suffixes(macro_name: &str) -> Vec<String> {
         match macro_name {
             "TPAR_KERNELS_PER_DTYPE" => DType::ALL.iter().map(|d| d.name().to_owned()).collect(),
-            "TPAR_KERNELS_PER_RUNG" => (0..ANATOMY_RUNGS).map(|r| r.to_string()).collect(),
             other => unreachable!("{other} is not an instantiation macro"),
         }
     }
@@ -630,6 +747,12 @@ mod tests {
             ("TPAR_PHASE_REDUCE_SCATTER", PHASE_REDUCE_SCATTER),
             ("TPAR_PHASE_ALL_GATHER", PHASE_ALL_GATHER),
             ("TPAR_PHASE_PULL_FLAG", PHASE_PULL_FLAG),
+            ("TPAR_PHASE_STAGED", PHASE_STAGED),
+            ("TPAR_PHASE_ISLANDS_INSIDE", PHASE_ISLANDS_INSIDE),
+            ("TPAR_PHASE_ISLANDS_ACROSS", PHASE_ISLANDS_ACROSS),
+            ("TPAR_PHASE_ISLANDS_GATHER", PHASE_ISLANDS_GATHER),
+            ("TPAR_PHASE_RING_REDUCE", PHASE_RING_REDUCE),
+            ("TPAR_PHASE_RING_GATHER", PHASE_RING_GATHER),
         ];
         // Every TPAR_PHASE_ the headers define is one of these: a phase added on the kernel
         // side alone would reach users as "unknown phase".
@@ -690,6 +813,7 @@ mod tests {
             t if t.ends_with('*') => 8,
             "u64" => 8,
             "u32" => 4,
+            "unsigned char" => 1,
             other => panic!("no size known for the C type {other:?}: add it here"),
         }
     }
@@ -723,6 +847,11 @@ mod tests {
                 std::mem::offset_of!(KernelArgs, inboxes),
                 8 * MAX_RANKS,
             ),
+            (
+                "cross_inboxes",
+                std::mem::offset_of!(KernelArgs, cross_inboxes),
+                8 * MAX_RANKS,
+            ),
             ("rank", std::mem::offset_of!(KernelArgs, rank), 4),
             (
                 "world_size",
@@ -731,6 +860,13 @@ mod tests {
             ),
             ("chunk", std::mem::offset_of!(KernelArgs, chunk), 4),
             ("algo", std::mem::offset_of!(KernelArgs, algo), 4),
+            ("call_hash", std::mem::offset_of!(KernelArgs, call_hash), 4),
+            ("reserved", std::mem::offset_of!(KernelArgs, reserved), 4),
+            (
+                "island_of",
+                std::mem::offset_of!(KernelArgs, island_of),
+                MAX_RANKS,
+            ),
         ];
         let mut c = Vec::new();
         let (mut offset, mut align) = (0usize, 1usize);

@@ -146,10 +146,19 @@ impl StandaloneRanks {
             state: m.state.ptr(),
             error: m.error.device_ptr(),
             inboxes,
+            cross_inboxes: inboxes,
             rank: rank as u32,
             world_size: self.ranks.len() as u32,
             chunk: 0,
             algo: u32::from(Algorithm::OneShot.code()),
+            call_hash: kernels::call_hash(
+                (bytes / 2) as u64,
+                u32::from(DType::Bf16.code()),
+                Algorithm::OneShot,
+                0,
+            ),
+            reserved: 0,
+            island_of: [0; MAX_RANKS],
         }
     }
 
