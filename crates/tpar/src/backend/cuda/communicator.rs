@@ -115,7 +115,16 @@ impl CudaCommunicator {
             _ if KernelId::allreduce(algorithm, DType::F32).is_none() => {
                 Err(format!("the CUDA backend has no {algorithm} kernel"))
             }
-            Algorithm::Islands | Algorithm::IslandsPull => self.islands_path.clone().map(|_| ()),
+            Algorithm::Islands => self.islands_path.clone().map(|_| ()),
+            // The pull form reads the other islands' memory: it needs peer access between them.
+            Algorithm::IslandsPull => match &self.islands_path {
+                Ok(false) => Ok(()),
+                Ok(true) => Err(format!(
+                    "islands-pull reads the other islands' memory, which needs peer access between the islands of {}; islands exchanges through host memory there",
+                    self.islands
+                )),
+                Err(why) => Err(why.clone()),
+            },
             _ => self.peer_access.clone(),
         }
     }
