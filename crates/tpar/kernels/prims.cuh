@@ -157,7 +157,7 @@ __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
 // Block 0 pushes this rank's header (4 LL lines) into stage-one slot `rank` of every peer's
 // inbox. Nobody waits for it: a peer reads it only to name a mismatch.
 __device__ __forceinline__ void push_header(const TparArgs& a, const Call& call) {
-    if (blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES / 2) {
+    if (TPAR_PUSH_HEADER && blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES / 2) {
         const u32 w0 = header_word(a, 2 * threadIdx.x, call.code);
         const u32 w1 = header_word(a, 2 * threadIdx.x + 1, call.code);
         for (u32 p = 0; p < a.world_size; ++p) {
@@ -392,6 +392,19 @@ template <int DT>
 __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call, u32 mask, u64 u, u32 own0, u32 own1,
                                             u32 phase, float* acc) {
     bool first = true;
+    if (TPAR_HOST_WARP_POLL && a.algo == TPAR_ALGO_HOST_STAGED) {
+        // One lane of the warp polls its line of each peer; the others load once it is there.
+        const u32 active = __activemask();
+        if ((threadIdx.x & 31) == (u32)(__ffs(active) - 1)) {
+            for (u32 r = 0; r < a.world_size; ++r) {
+                if (r == a.rank || !(mask >> r & 1u)) continue;
+                const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
+                Wide v = ld_wide(p);
+                if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, r, phase, &v)) break;
+            }
+        }
+        __syncwarp(active);
+    }
     for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
         Wide v[TPAR_RANK_GROUP];
 #pragma unroll
