@@ -16,6 +16,8 @@
 // earlier loop, so the loops cannot deadlock. Partials from island J land in stage-one slot
 // `sender` of the receiver, at the unit's index within the receiver's range (the host keeps a
 // launch's ranges within a slot).
+// Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
+#define TPAR_ISLANDS_KERNEL 1
 #include "tpar_ll.cuh"
 
 template <int DT>

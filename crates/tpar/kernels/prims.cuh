@@ -141,37 +141,47 @@ struct Call {
     int code;
 };
 
-// Where `peer` and this rank exchange lines: the exchange between islands goes through
-// `cross_inboxes` (pinned host memory where islands have no peer access), everything else
-// through `inboxes`. For every algorithm but the islands ones the host passes the same array
-// twice.
+// Where `owner`'s inbox is, as this rank exchanges lines with `other` through it: the exchange
+// between islands goes through `cross_inboxes` (pinned host memory where islands have no peer
+// access), everything else through `inboxes`. Only the islands kernels define
+// TPAR_ISLANDS_KERNEL before including this header; every other kernel addresses `inboxes`
+// alone, with no per-line test of the islands (measured: the test and the larger argument
+// reads cost registers and spills in the one-shot kernels).
+#ifndef TPAR_ISLANDS_KERNEL
+#define TPAR_ISLANDS_KERNEL 0
+#endif
 __device__ __forceinline__ u64* inbox_of(const TparArgs& a, u32 owner, u32 other) {
+    if (!TPAR_ISLANDS_KERNEL) return a.inboxes[owner];
     return a.island_of[owner] == a.island_of[other] ? a.inboxes[owner] : a.cross_inboxes[owner];
 }
 // Whether lines from `peer` reach this rank through host memory (polled with pauses).
 __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
-    return a.algo == TPAR_ALGO_HOST_STAGED ||
-           (a.island_of[peer] != a.island_of[a.rank] && a.cross_inboxes[a.rank] != a.inboxes[a.rank]);
+    if (!TPAR_ISLANDS_KERNEL) return a.algo == TPAR_ALGO_HOST_STAGED;
+    return a.island_of[peer] != a.island_of[a.rank] && a.cross_inboxes[a.rank] != a.inboxes[a.rank];
 }
 
-// Block 0 pushes this rank's header (4 LL lines) into stage-one slot `rank` of every peer's
-// inbox. Nobody waits for it: a peer reads it only to name a mismatch.
-__device__ __forceinline__ void push_header(const TparArgs& a, const Call& call) {
-    if (TPAR_PUSH_HEADER && blockIdx.x == 0 && threadIdx.x < TPAR_HEADER_LINES / 2) {
-        const u32 w0 = header_word(a, 2 * threadIdx.x, call.code);
-        const u32 w1 = header_word(a, 2 * threadIdx.x + 1, call.code);
+// This rank's call header (4 LL lines) into stage-one slot `rank` of every peer's inbox, by the
+// calling thread. Only a thread whose wait has turned slow pushes it (keep_waiting), or one
+// that found a peer's call different (wait_flag): a call whose lines all arrive in time never
+// writes it, and a peer reads it only to name a mismatch or to see that this rank began the
+// call. Pushing it at the start of every call cost 0.4-0.5 us at 2 ranks on one H200
+// (2026-12-02, bench/README.md).
+__device__ TPAR_SLOW_PATH void push_header(const TparArgs& a, const Call& call) {
+    for (u32 line = 0; line < TPAR_HEADER_LINES / 2; ++line) {
+        const u32 w0 = header_word(a, 2 * line, call.code);
+        const u32 w1 = header_word(a, 2 * line + 1, call.code);
         for (u32 p = 0; p < a.world_size; ++p) {
             if (p != a.rank) {
-                st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 2 * threadIdx.x, call.tag,
-                        call.id, w0, w1);
+                st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 2 * line, call.tag, call.id,
+                        w0, w1);
             }
         }
     }
 }
 
 // What every call begins with (every thread must call it): the next epoch (see begin_epoch),
-// its tag and identity, the start of the call's deadline, and this rank's call header pushed to
-// every peer (`code`: the dtype code, with flags such as TPAR_HEADER_FUSED for other calls).
+// its tag and identity, the start of the call's deadline (`code`: the dtype code, with flags
+// such as TPAR_HEADER_FUSED for other calls, for the header a slow wait pushes).
 __device__ __forceinline__ Call begin_call(const TparArgs& a, int code) {
     Call call;
     call.ticket = begin_epoch(a);
@@ -180,7 +190,6 @@ __device__ __forceinline__ Call begin_call(const TparArgs& a, int code) {
     call.id = call.tag ^ a.call_hash;
     call.start = now_ns();
     call.code = code;
-    push_header(a, call);
     return call;
 }
 // What every call ends with, failed or not (every thread must reach it): the epoch published.
@@ -218,14 +227,32 @@ __device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 
     }
 }
 
-// Pauses as the policy says, and on every deadline check first runs `slow_check()` (false: it
-// found, and reported, a failure of its own), then past the deadline gives up on `peer` in
-// `phase` (give_up: the error word, and a notice to the peers), and gives up quietly if the
+// The step of a wait that missed for a while (every `check_mask + 1` polls), out of line: the
+// first time, this rank's call header is pushed (the wait is slow: a peer may need it to name
+// a mismatch, or to see that this rank began the call); then `slow_check()` (false: it found,
+// and reported, a failure of its own); then, past the deadline, it gives up on `peer` in
+// `phase` (give_up: the error word, and a notice to the peers), and it gives up quietly if the
 // error word is already set (another thread failed: this call is over). A peer whose header has
 // arrived began this call and may itself be waiting for a third rank: it gets a grace of an
 // eighth of the deadline to say so (its notice, which the slow check reads), so that every rank
-// names the rank that was the cause, not the one it happened to wait for. False when the wait is
-// over without its data; the error word is then set.
+// names the rank that was the cause, not the one it happened to wait for.
+template <typename SlowCheck>
+__device__ TPAR_SLOW_PATH bool slow_step(const TparArgs& a, const Call& call, bool first, u32 peer, u32 phase,
+                                       SlowCheck slow_check) {
+    if (first) push_header(a, call);
+    if (!slow_check()) return false;
+    const u64 waited = now_ns() - call.start;
+    if (waited > a.timeout_ns) {
+        const bool grace = peer != a.rank && waited <= a.timeout_ns + a.timeout_ns / 8 && header_arrived(a, call, peer);
+        if (!grace) {
+            give_up(a, call, TPAR_ERR_TIMEOUT, peer, phase, 0, 0);
+            return false;
+        }
+    }
+    return ld_sys(a.error) == 0;
+}
+// Pauses as the policy says, and every `check_mask + 1` polls takes the slow step (above).
+// False when the wait is over without its data; the error word is then set.
 template <typename SlowCheck>
 __device__ __forceinline__ bool keep_waiting(const TparArgs& a, const Call& call, Wait& w, u32 peer, u32 phase,
                                              SlowCheck slow_check) {
@@ -234,16 +261,7 @@ __device__ __forceinline__ bool keep_waiting(const TparArgs& a, const Call& call
         w.pause = w.pause < w.policy.max_pause_ns ? w.pause * 2 : w.policy.max_pause_ns;
     }
     if ((++w.spins & w.policy.check_mask) == 0) {
-        if (!slow_check()) return false;
-        const u64 waited = now_ns() - call.start;
-        if (waited > a.timeout_ns) {
-            const bool grace = peer != a.rank && waited <= a.timeout_ns + a.timeout_ns / 8 && header_arrived(a, call, peer);
-            if (!grace) {
-                give_up(a, call, TPAR_ERR_TIMEOUT, peer, phase, 0, 0);
-                return false;
-            }
-        }
-        if (ld_sys(a.error) != 0) return false;
+        return slow_step(a, call, w.spins == w.policy.check_mask + 1, peer, phase, slow_check);
     }
     return true;
 }
@@ -391,20 +409,7 @@ __device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call
 template <int DT>
 __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call, u32 mask, u64 u, u32 own0, u32 own1,
                                             u32 phase, float* acc) {
-    bool first = true;
-    if (TPAR_HOST_WARP_POLL && a.algo == TPAR_ALGO_HOST_STAGED) {
-        // One lane of the warp polls its line of each peer; the others load once it is there.
-        const u32 active = __activemask();
-        if ((threadIdx.x & 31) == (u32)(__ffs(active) - 1)) {
-            for (u32 r = 0; r < a.world_size; ++r) {
-                if (r == a.rank || !(mask >> r & 1u)) continue;
-                const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
-                Wide v = ld_wide(p);
-                if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, r, phase, &v)) break;
-            }
-        }
-        __syncwarp(active);
-    }
+    const u32 first = __ffs(mask) - 1;  // the lowest rank of the set: its term starts the sum
     for (u32 g = 0; g < a.world_size; g += TPAR_RANK_GROUP) {
         Wide v[TPAR_RANK_GROUP];
 #pragma unroll
@@ -433,8 +438,7 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
             float x[4];
             Lanes<DT>::unpack(w0, x);
             Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
-            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = first ? x[e] : acc[e] + x[e];
-            first = false;
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = r == first ? x[e] : acc[e] + x[e];
         }
     }
     return true;
@@ -479,7 +483,9 @@ __device__ TPAR_SLOW_PATH bool wait_flag(const TparArgs& a, const Call& call, u3
         if (!keep_waiting(a, call, w, peer, wait_phase, HeaderMatches{a, call, peer, wait_phase})) return false;
     }
     if ((u32)ld_sys(flag + 1) == a.call_hash) return true;
-    // Another call: its header names what differs (it travels beside the flag; wait for it).
+    // Another call: its header names what differs. The peer pushes it once it finds this
+    // rank's call different in turn, which needs this rank's header too.
+    push_header(a, call);
     Wait h = begin_wait(pull_flag_polls());
     for (;;) {
         u32 theirs = 0, field = header_difference(a, call, peer, &theirs);

@@ -49,19 +49,6 @@
 #ifndef TPAR_HEADER_BATCH_POLL
 #define TPAR_HEADER_BATCH_POLL 0
 #endif
-// Whether a warp that reads peers' lines from host memory (host-staged, the islands' exchange
-// through the host) first lets one lane poll its line of each peer and the others load theirs
-// only once it has arrived: a peer's warp writes its 32 lines with one store instruction, so
-// they arrive together, and the 31 polls that would read stale lines over PCIe (the link the
-// data itself must cross) are saved. Each line is still checked, and waited for if late.
-#ifndef TPAR_HOST_WARP_POLL
-#define TPAR_HOST_WARP_POLL 0
-#endif
-// Experiment only (never in a release: a mismatched call then times out instead of being
-// named): 0 leaves the call header out, to measure what pushing it costs.
-#ifndef TPAR_PUSH_HEADER
-#define TPAR_PUSH_HEADER 1
-#endif
 // Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
 // common world sizes in one round trip within 64 registers.
 #ifndef TPAR_RANK_GROUP
