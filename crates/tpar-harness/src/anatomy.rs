@@ -242,18 +242,18 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
     for pdl in [false, true] {
         let mut empty = 0.0;
         // (rung, function, bytes, threads needed, whether the output is checked)
-        let mut plan: Vec<(usize, StandaloneKernel, usize, usize, bool)> =
+        let mut launches: Vec<(usize, StandaloneKernel, usize, usize, bool)> =
             (0..4).map(|r| (r, bench.ladder[r], 0, 1, false)).collect();
         for rung in [4, 5] {
             for bytes in PAYLOADS {
-                plan.push((rung, bench.ladder[rung], bytes, bytes / 4, true));
+                launches.push((rung, bench.ladder[rung], bytes, bytes / 4, true));
             }
         }
         let wide = bench.ranks.layout().payload_lines % 2 == 0;
         for bytes in PRODUCTION_PAYLOADS {
             let lines = bytes.div_ceil(4);
             let threads = if wide { lines.div_ceil(2) } else { lines };
-            plan.push((
+            launches.push((
                 kernels::ANATOMY_RUNGS,
                 bench.production,
                 bytes,
@@ -261,7 +261,7 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
                 bytes > 0,
             ));
         }
-        for (rung, f, bytes, threads, checked) in plan {
+        for (rung, f, bytes, threads, checked) in launches {
             let grid = bench.grid(threads, pdl);
             let (p50, p99) = bench
                 .time(f, bytes, grid, pdl)
