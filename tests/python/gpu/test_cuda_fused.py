@@ -4,26 +4,16 @@
 two-shot (allreduce + norm kernel), in place and not; a captured CUDA graph replayed with new
 data (functional and in-place ops); torch.compile(fullgraph=True); the errors. Every result is
 checked bit for bit against tpar's CPU path of the op and across ranks. Each rank runs
-tests/python/cuda_fused_worker.py.
+cuda_fused_worker.py.
 
-Skipped, with the reason, where torch or a GPU is missing (test_cpu_fused.py covers the op on
-the CPU backend there).
+Part of the GPU suite (conftest.py: skipped, with the reason, where torch or a GPU is missing;
+test_cpu_fused.py covers the op on the CPU backend there).
 """
 
 import os
 
 import pytest
-
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed: the CUDA path of the package needs it"
-)
-if not torch.cuda.is_available():
-    pytest.skip(
-        "no CUDA GPU visible to torch: the fused CUDA tests run on the GPU machine",
-        allow_module_level=True,
-    )
-
-from test_cuda_allreduce import run_job  # noqa: E402 - after the skips, which it repeats
+from jobs import run_worker
 
 WORKER = os.path.join(os.path.dirname(__file__), "cuda_fused_worker.py")
 
@@ -42,10 +32,12 @@ def digests_agree(results, *steps):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_fused_op_eager_graph_and_compiled_match_the_cpu_path_bitwise_on_every_rank(n):
+def test_fused_op_eager_graph_and_compiled_match_the_cpu_path_bitwise_on_every_rank(n, gpu_out):
     steps = ["eager", "graph", "compile-inductor"]
-    digests_agree(run_job(n, {"steps": steps}, worker=WORKER), "eager", "graph", "compile inductor")
+    digests_agree(
+        run_worker(n, WORKER, {"steps": steps}, gpu_out), "eager", "graph", "compile inductor"
+    )
 
 
-def test_fused_op_errors_name_the_problem():
-    digests_agree(run_job(2, {"steps": ["errors"]}, worker=WORKER), "errors")
+def test_fused_op_errors_name_the_problem(gpu_out):
+    digests_agree(run_worker(2, WORKER, {"steps": ["errors"]}, gpu_out), "errors")

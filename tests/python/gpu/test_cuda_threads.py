@@ -1,7 +1,8 @@
 """Ranks as threads of one process on one GPU are refused at creation with an error that names
 the cause and the fix (they would share one CUDA context, whose synchronising calls deadlock
 against a peer's waiting kernel: on one H200 such ranks timed out in the init self-test and then
-faulted the context). Skipped where torch or a GPU is missing.
+faulted the context). Part of the GPU suite (conftest.py: skipped, with
+the reason, where torch or a GPU is missing).
 """
 
 import os
@@ -9,21 +10,10 @@ import secrets
 import tempfile
 import threading
 
-import pytest
-
-torch = pytest.importorskip(
-    "torch", reason="torch is not installed: the CUDA path of the package needs it"
-)
-if not torch.cuda.is_available():
-    pytest.skip(
-        "no CUDA GPU visible to torch: the CUDA tests run on the GPU machine",
-        allow_module_level=True,
-    )
-
-import tpar  # noqa: E402 - after the skips
-
 
 def test_two_threads_on_one_gpu_are_refused_naming_the_fix():
+    import tpar
+
     directory, job, outcome = tempfile.mkdtemp(), secrets.token_hex(8), {}
 
     def rank_main(rank):

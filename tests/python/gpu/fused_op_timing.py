@@ -8,14 +8,14 @@ CUDA context). For bf16, hidden 8192, 1 and 8 tokens, per rank and per op:
 - graph: one CUDA graph per rank holding a chain of 50 calls, replayed, divided by 50 (what the
   op adds inside an engine's decode graph);
 
-for `tpar.ops.fused_add_rms_norm` (fused kernel where the plan allows), `tpar.ops.all_reduce`
+for `tpar.ops.fused_add_rms_norm` (fused kernel where its decision says), `tpar.ops.all_reduce`
 followed by torch's residual add + RMSNorm written in eager torch ops (several kernels: the
 unfused sequence as plain PyTorch runs it; `tpar bench --fused` times the unfused sequence with
 tpar's one-kernel norm), and `tpar.ops.all_reduce` alone. Before timing, each rank's fused
-result is checked bit for bit against tpar's CPU path. Prints a table last; writes
-$OUT/fused-py.json.
+result is checked bit for bit against tpar's CPU path (a difference ends the run with exit 1).
+Prints a table last; writes $OUT/fused-py.json. Run by test_cuda_fused_timing.py:
 
-    python3 scripts/gpu_fused_py.py [--world-size 2] [--chain 50]
+    python3 tests/python/gpu/fused_op_timing.py [--world-size 2] [--chain 50]
 """
 
 import argparse
@@ -72,7 +72,7 @@ def rank_main(rank, n, chain, hidden, token_list, directory, job, barrier, resul
                     raise AssertionError(
                         f"rank {rank}: {tokens} tokens: fused result differs from the CPU path"
                     )
-                plan = comm.fused_plan(tokens, hidden, torch.bfloat16, capturing=True)
+                decision = comm.fused_plan(tokens, hidden, torch.bfloat16, capturing=True)
                 ops = {
                     "fused_add_rms_norm": lambda x=x, r=r, w=w: tpar.ops.fused_add_rms_norm(
                         x, r, w, EPS, comm
@@ -126,8 +126,8 @@ def rank_main(rank, n, chain, hidden, token_list, directory, job, barrier, resul
                             "eager_host_us": host_us,
                             "graph_us": graph_us,
                             "allreduce": comm.last_algorithm,
-                            "fused": plan[1],
-                            "plan": plan[2],
+                            "fused": decision[1],
+                            "reason": decision[2],
                         }
                     )
         barrier.wait()
@@ -194,11 +194,11 @@ def main():
                 "eager_host_us": max(r["eager_host_us"] for r in per_rank),
                 "graph_us_per_op": worst["graph_us"],
                 "allreduce": worst["allreduce"],
-                "fused_plan": [worst["fused"], worst["plan"]],
+                "fused_plan": [worst["fused"], worst["reason"]],
             }
         )
     report = {
-        "script": "scripts/gpu_fused_py.py",
+        "script": "tests/python/gpu/fused_op_timing.py",
         "device": device,
         "ranks": n,
         "ranks_as": ranks_as,

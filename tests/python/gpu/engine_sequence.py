@@ -1,6 +1,6 @@
-#!/usr/bin/env python3
-"""Replays vLLM's (0.33) and SGLang's (0.5.23) calling sequence for their custom allreduce
-against tpar.engines on GPUs, without the engines installed (the device has no network).
+"""One rank replaying vLLM's (0.33) and SGLang's (0.5.23) calling sequence for their custom
+allreduce against tpar.engines on GPUs, run by test_cuda_engine_sequence.py as a script (one
+process per rank; `--sglang` for SGLang's own code). Prints `REPORT {json}` at the end.
 
 Per rank, in the engines' order:
 1. torch.distributed world, the group's CPU (gloo) group and its device (NCCL) group, as
@@ -17,20 +17,18 @@ Per rank, in the engines' order:
 
 The fallback for sizes tpar leaves to the engine is torch's own NCCL group when each rank has
 its own GPU. NCCL refuses two ranks on one GPU, so where ranks share a GPU the fallback is a
-gloo allreduce of a CPU copy, eager only (a size routed there is left out of the graph and
+gloo allreduce of a CPU copy, eager only (a size sent there is left out of the graph and
 reported so). Inputs are small integers, exact in every dtype, so every result is checked
 bitwise against the known sum.
 
-``python3 scripts/engine_harness.py --tp 2 4 --out DIR`` launches the ranks (rank r on GPU
-r % visible GPUs), writes DIR/engines-tp<N>.json and prints a table last.
+With ``--sglang``, SGLang 0.5.23's own code (its sources and pure-Python imports on PYTHONPATH)
+instead: its plugin loader finds tpar's entry point, its GroupCoordinator builds the "tp" group,
+and its ``all_reduce`` (eager) and ``graph_capture`` with a CUDA graph run every size.
 """
 
-import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 # (dtype, elements): from a decode step's few KiB to the engines' 8 MiB max_size and over it.
@@ -47,25 +45,21 @@ CASES = [
 REPLAYS = 10
 
 
-class _NoGraph(Exception):
-    """Nothing to capture (the CPU dry run)."""
-
-
 def rank_main() -> None:
     import torch
     import torch.distributed as dist
     from tpar.engines import plugins
 
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    # --cpu: a dry run of this script on tpar's CPU backend (no graph), for machines without a GPU.
-    cpu = os.environ.get("HARNESS_CPU") == "1"
-    gpus = 0 if cpu else torch.cuda.device_count()
-    device = torch.device("cpu") if cpu else torch.device("cuda", rank % gpus)
-    if not cpu:
-        torch.cuda.set_device(device)
+    gpus = torch.cuda.device_count()
+    device = torch.device("cuda", rank % gpus)
+    torch.cuda.set_device(device)
     shared = gpus < n
-    sync = (lambda: None) if cpu else torch.cuda.synchronize
-    free = (lambda: 0) if cpu else (lambda: torch.cuda.mem_get_info(device)[0])
+    sync = torch.cuda.synchronize
+
+    def free():
+        return torch.cuda.mem_get_info(device)[0]
+
     dist.init_process_group(
         "gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n
     )
@@ -100,7 +94,7 @@ def rank_main() -> None:
     report["disabled"] = ca.disabled
     report["log_line"] = ca.describe() if not ca.disabled else None
     if ca.disabled:
-        print(json.dumps(report), flush=True)
+        print("REPORT " + json.dumps(report), flush=True)
         return
 
     def fallback(x):
@@ -133,20 +127,18 @@ def rank_main() -> None:
     def expected(count, dtype, seed):
         return sum(values(r, count, dtype, seed).float() for r in range(n)).to(dtype)
 
-    routes, rows = [], []
+    # Which sizes tpar takes (the rest go to the engine's fallback): every rank must agree.
+    taken, rows = [], []
     for dtype_name, count in CASES:
-        dtype = getattr(torch, dtype_name)
-        x = values(rank, count, dtype, 0)
-        route = ca.should_custom_ar(x)
-        name = ca._plan_name(count * x.element_size(), dtype, False) if route else "engine NCCL"
-        routes.append(int(route))
-        rows.append({"dtype": dtype_name, "bytes": count * x.element_size(), "route": name})
-    everyone = [torch.zeros(len(routes), dtype=torch.int32) for _ in range(n)]
-    dist.all_gather(everyone, torch.tensor(routes, dtype=torch.int32), group=cpu_group)
-    report["routes_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
+        x = values(rank, count, getattr(torch, dtype_name), 0)
+        taken.append(int(ca.should_custom_ar(x)))
+        rows.append({"dtype": dtype_name, "bytes": count * x.element_size()})
+    everyone = [torch.zeros(len(taken), dtype=torch.int32) for _ in range(n)]
+    dist.all_gather(everyone, torch.tensor(taken, dtype=torch.int32), group=cpu_group)
+    report["ranks_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
 
     # Eager warm-up and check, outside capture (the engines' dummy runs before capture).
-    for row, (dtype_name, count) in zip(rows, CASES, strict=False):
+    for row, on_tpar, (dtype_name, count) in zip(rows, taken, CASES, strict=True):
         dtype = getattr(torch, dtype_name)
         x = values(rank, count, dtype, 1)
         before = x.clone()
@@ -163,17 +155,14 @@ def rank_main() -> None:
             and y.data_ptr() != x.data_ptr()
         )
         row["eager_us"] = round(sorted(times)[1], 1)
+        row["runs"] = ca.comm.last_algorithm if on_tpar else "the engine's fallback"
 
     # The engines' graph_capture: ca.capture() around a side stream; warm-up inside, then one
     # graph of every size it can hold, replayed with new data.
-    in_graph = (
-        [] if cpu else [i for i, r in enumerate(rows) if routes[i] or device_group is not None]
-    )
+    in_graph = [i for i in range(len(rows)) if taken[i] or device_group is not None]
     statics = {i: values(rank, CASES[i][1], getattr(torch, CASES[i][0]), 2) for i in in_graph}
     graph_error = None
     try:
-        if not in_graph:
-            raise _NoGraph
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -197,8 +186,6 @@ def rank_main() -> None:
                 )
                 rows[i]["graph_ok"] = rows[i].get("graph_ok", True) and bool(ok)
         ca.comm.check()
-    except _NoGraph:
-        pass
     except Exception as error:  # reported in the table, not hidden
         graph_error = f"{type(error).__name__}: {error}"
     for i, row in enumerate(rows):
@@ -207,7 +194,7 @@ def rank_main() -> None:
     report["rows"] = rows
     ca.close()
     dist.destroy_process_group()
-    print(json.dumps(report), flush=True)
+    print("REPORT " + json.dumps(report), flush=True)
 
 
 def sglang_rank_main() -> None:
@@ -266,7 +253,7 @@ def sglang_rank_main() -> None:
         report["error"] = (
             f"SGLang built {type(ca).__name__}, disabled={getattr(ca, 'disabled', None)}"
         )
-        print(json.dumps(report), flush=True)
+        print("REPORT " + json.dumps(report), flush=True)
         return
     report["footprint"] = ca.memory_footprint()
     report["log_line"] = ca.describe()
@@ -287,7 +274,7 @@ def sglang_rank_main() -> None:
         for d, c in CASES
         if not shared or ca.should_custom_ar(values(rank, c, getattr(torch, d), 0))
     ]
-    rows, routes = [], []
+    rows, taken = [], []
     for dtype_name, count in cases:
         dtype = getattr(torch, dtype_name)
         x = values(rank, count, dtype, 1)
@@ -301,25 +288,24 @@ def sglang_rank_main() -> None:
             torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e6)
         took = len(calls) - before
-        routes.append(int(method == "ca"))
+        taken.append(int(method == "ca"))
         rows.append(
             {
                 "dtype": dtype_name,
                 "bytes": count * x.element_size(),
-                "route": f"ca (tpar x{took})"
-                if method == "ca" and took == 3
-                else f"{method} (tpar x{took})",
+                # SGLang's method, and how many of the 3 calls reached tpar.
+                "runs": f"{method} (tpar x{took})",
                 "eager_ok": bool(torch.equal(y, expected(count, dtype, 1))),
                 "eager_us": round(sorted(times)[1], 1),
             }
         )
-    everyone = [torch.zeros(len(routes), dtype=torch.int32) for _ in range(n)]
-    dist.all_gather(everyone, torch.tensor(routes, dtype=torch.int32), group=group.cpu_group)
-    report["routes_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
+    everyone = [torch.zeros(len(taken), dtype=torch.int32) for _ in range(n)]
+    dist.all_gather(everyone, torch.tensor(taken, dtype=torch.int32), group=group.cpu_group)
+    report["ranks_agree"] = all(torch.equal(e, everyone[0]) for e in everyone)
 
     # The graph holds the sizes SGLang gives tpar: its table has torch.distributed (the NCCL
     # fallback without pynccl) disabled in graph mode.
-    graphed = [i for i, routed in enumerate(routes) if routed]
+    graphed = [i for i, on_tpar in enumerate(taken) if on_tpar]
     graph_error = None
     statics = [values(rank, cases[i][1], getattr(torch, cases[i][0]), 2) for i in graphed]
     try:
@@ -346,126 +332,8 @@ def sglang_rank_main() -> None:
         row.setdefault("graph_ok", False if i in graphed else None)
     report["graph_error"] = graph_error
     report["rows"] = rows
-    print(json.dumps(report), flush=True)
-
-
-def launch(n: int, out: str, name: str = "engines", timeout: float = 100.0) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")
-        }
-        procs = [
-            subprocess.Popen(
-                [sys.executable, __file__, "--rank"],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={
-                    **env,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(n),
-                    "STORE": os.path.join(tmp, "store"),
-                },
-            )
-            for r in range(n)
-        ]
-        results = []
-        deadline = time.monotonic() + timeout
-        for r, p in enumerate(procs):
-            try:
-                stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                stdout, stderr = p.communicate()
-            with open(os.path.join(out, f"{name}-tp{n}-rank{r}.log"), "w") as log:
-                log.write(stdout + "\n--- stderr\n" + stderr)
-            lines = [line for line in stdout.splitlines() if line.startswith("{")]
-            results.append(
-                json.loads(lines[-1])
-                if lines
-                else {
-                    "rank": r,
-                    "error": f"exit {p.returncode} (killed after {timeout:.0f} s if -9): {stderr[-400:]}",
-                }
-            )
-    summary = {"world_size": n, "harness": name, "ranks": results}
-    with open(os.path.join(out, f"{name}-tp{n}.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    return summary
-
-
-def table(summaries) -> int:
-    failures = 0
-    for s in summaries:
-        r0 = s["ranks"][0]
-        print(
-            f"== {s.get('harness', 'engines')} TP {s['world_size']}: {r0.get('device')} shared={r0.get('shared_gpu')} fallback={r0.get('fallback')}"
-        )
-        for r in s["ranks"]:
-            if "error" in r or r.get("disabled"):
-                failures += 1
-                print(f"   rank {r['rank']}: {'DISABLED' if r.get('disabled') else r.get('error')}")
-        if "rows" not in r0:
-            continue
-        print(f"   {r0['log_line']}")
-        print(
-            f"   drop in rank 0's GPU free memory around construction (every rank on that GPU): "
-            f"{r0['free_bytes_taken']} B; memory_footprint: "
-            f"{r0['footprint'].get('device_bytes')} device B; routes agree on all ranks: "
-            f"{all(r.get('routes_agree') for r in s['ranks'])}; graph error: {r0['graph_error']}"
-        )
-        print(
-            f"   {'dtype':9} {'bytes':>9} {'route':14} {'eager':6} {'graph':6} {'eager us (rank 0)':>18}"
-        )
-        for i, row in enumerate(r0["rows"]):
-            eager = all(r.get("rows", [{}] * (i + 1))[i].get("eager_ok") for r in s["ranks"])
-            graph = [r.get("rows", [{}] * (i + 1))[i].get("graph_ok") for r in s["ranks"]]
-            graph_text = (
-                "n/a" if all(g is None for g in graph) else ("ok" if all(graph) else "FAIL")
-            )
-            failures += int(not eager) + int(graph_text == "FAIL")
-            print(
-                f"   {row['dtype']:9} {row['bytes']:>9} {row['route']:14} {'ok' if eager else 'FAIL':6} "
-                f"{graph_text:6} {row['eager_us']:>18}"
-            )
-        failures += int(not all(r.get("routes_agree") for r in s["ranks"])) + int(
-            bool(r0["graph_error"])
-        )
-    print(
-        f"engines harness: {'all checks passed' if failures == 0 else f'{failures} check(s) failed'}"
-    )
-    return 1 if failures else 0
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument(
-        "--timeout", type=float, default=100.0, help="seconds for all ranks of one TP size"
-    )
-    parser.add_argument(
-        "--cpu", action="store_true", help="dry run on tpar's CPU backend, no graph"
-    )
-    parser.add_argument(
-        "--sglang",
-        action="store_true",
-        help="SGLang's own GroupCoordinator (needs its sources and imports on PYTHONPATH)",
-    )
-    parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.cpu:
-        os.environ["HARNESS_CPU"] = "1"
-    if args.sglang:
-        os.environ["HARNESS_SGLANG"] = "1"
-    if args.rank:
-        sglang_rank_main() if os.environ.get("HARNESS_SGLANG") == "1" else rank_main()
-        return 0
-    os.makedirs(args.out, exist_ok=True)
-    return table(
-        [launch(n, args.out, "sglang" if args.sglang else "engines", args.timeout) for n in args.tp]
-    )
+    print("REPORT " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sglang_rank_main() if sys.argv[1:] == ["--sglang"] else rank_main()

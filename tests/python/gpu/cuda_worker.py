@@ -154,7 +154,7 @@ def errors(comm):
     if torch.cuda.device_count() > 1:
         other = (device + 1) % torch.cuda.device_count()
         refused(lambda: comm.all_reduce(torch.ones(8, device=f"cuda:{other}")), f"cuda:{device}")
-    print(f"ok errors; plan for 42 KB bf16: {comm.plan(43008, torch.bfloat16)}", flush=True)
+    print("ok errors", flush=True)
     # A silent rank: the others' kernels give up at the deadline and the next call says who.
     x = torch.ones(4096, device="cuda")
     comm.all_reduce(x)
