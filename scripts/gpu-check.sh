@@ -23,7 +23,8 @@
 #                                            (SGLang 0.5.23's Python sources and the cp312 wheels
 #                                            of what its parallel_state imports) and .ci/vllm-gpu
 #                                            (vLLM 0.33.0's Python sources and the wheels its IR
-#                                            imports); the machine cannot download them itself
+#                                            imports; about 32 and 27 MB); the machine cannot
+#                                            download them itself
 #   scripts/gpu-check.sh [--dry-run] OUTDIR [GROUP...] [-- PYTEST_ARGS...]
 #                                            on the GPU machine: run GROUPs (default: all four),
 #                                            write OUTDIR/gpu-check.json, gpu-check.txt and
@@ -112,6 +113,11 @@ prepare_engines() {
   rm -rf .ci/engines-gpu && mkdir -p .ci/engines-gpu/deps
   python3 -m pip download --quiet "${cp312[@]}" -d .ci/engines-gpu/deps orjson psutil pybase64 requests \
     pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp apache-tvm-ffi
+  # What the GPU machine's image already holds (its package list of 2026-11-17) stays behind:
+  # carried, these 12 MB would push a call's working tree over its 64 MiB.
+  local on_image=(pillow aiohttp aiosignal aiohappyeyeballs attrs multidict frozenlist propcache yarl
+    pygments psutil requests urllib3 charset_normalizer idna certifi tqdm)
+  for name in "${on_image[@]}"; do rm -f .ci/engines-gpu/deps/"$name"-*.whl; done
   python3 - .ci/engines-gpu/sglang-0.5.23-src.zip .ci/engines/sglang-0.5.23-*.whl <<'EOF'
 import sys, zipfile
 out, wheel = sys.argv[1], sys.argv[2]
