@@ -227,23 +227,12 @@ def sglang_rank_main() -> None:
     dist.init_process_group(
         "gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n
     )
-    from sglang.srt.distributed import parallel_state as ps
+    from sglang_group import tp_group
     from tpar.engines import TparCustomAllreduce
 
     torch.cuda.synchronize()
     free_before = torch.cuda.mem_get_info()[0]
-    group = ps.GroupCoordinator(
-        [list(range(n))],
-        rank % gpus,
-        "nccl",
-        use_pynccl=False,
-        use_mscclpp=False,
-        use_custom_allreduce=True,
-        use_torch_symm_mem_all_reduce=False,
-        use_hpu_communicator=False,
-        use_xpu_communicator=False,
-        group_name="tp",
-    )
+    group = tp_group(n, rank % gpus)
     torch.cuda.synchronize()
     ca = group.ca_comm
     report["free_bytes_taken"] = free_before - torch.cuda.mem_get_info()[0]

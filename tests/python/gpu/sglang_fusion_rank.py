@@ -48,7 +48,7 @@ load_plugins()  # SGLang's own loader: tpar's entry point from the installed whe
 dist.init_process_group(
     "gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n
 )
-from sglang.srt.distributed import parallel_state as ps
+from sglang_group import tp_group
 from sglang.srt.runtime_context import get_parallel
 import sglang.srt.layers.flashinfer_comm_fusion as fcf
 import sglang.srt.layers.layer_boundary.fusions.allreduce as fusions
@@ -56,18 +56,7 @@ import sglang.srt.layers.layernorm  # noqa: F401
 import tpar.ops
 from tpar.engines import TparCustomAllreduce
 
-group = ps.GroupCoordinator(
-    [list(range(n))],
-    gpu,
-    "nccl",
-    use_pynccl=False,
-    use_mscclpp=False,
-    use_custom_allreduce=True,
-    use_torch_symm_mem_all_reduce=False,
-    use_hpu_communicator=False,
-    use_xpu_communicator=False,
-    group_name="tp",
-)
+group = tp_group(n, gpu)
 ca = group.ca_comm
 report = {
     "rank": rank,
