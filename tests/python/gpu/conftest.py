@@ -58,7 +58,7 @@ def _gpu_count() -> tuple[int, str]:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
+        if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.gpu)
 
 
