@@ -35,9 +35,12 @@
 # With the device tool (each call carries the working tree plus the named ignored paths, 64 MiB
 # in all; only 8 files come back from $OUT, so everything is packed into three):
 #   here:  scripts/gpu-check.sh --prepare   (and once: scripts/gpu-check.sh --prepare-engines)
-#   run:   command "bash scripts/gpu-check.sh $OUT cli python", carry [".ci/gpu"]
-#          command "bash scripts/gpu-check.sh $OUT engines",     carry [".ci/gpu", ".ci/engines-gpu"]
-#          command "bash scripts/gpu-check.sh $OUT vllm",        carry [".ci/gpu", ".ci/vllm-gpu"]
+#   run:   command "bash scripts/gpu-check.sh $OUT cli",     carry [".ci/gpu"]
+#          command "bash scripts/gpu-check.sh $OUT python",  carry [".ci/gpu"]
+#          command "bash scripts/gpu-check.sh $OUT engines", carry [".ci/gpu", ".ci/engines-gpu"]
+#          command "bash scripts/gpu-check.sh $OUT vllm",    carry [".ci/gpu", ".ci/vllm-gpu"]
+# (one group a call keeps each inside the 10 minutes; the JSON is rewritten after each group,
+# so a call stopped at its limit still returns the groups before).
 # The machine's checkout has no .git: the commit comes from .ci/gpu/COMMIT (written by --prepare).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -214,23 +217,12 @@ export TPAR_ENGINE_DEPS=$deps
 # test's ranks, still skips).
 export TPAR_GPU_REQUIRED=1
 
-declare -A rcs seconds
-for group in "${groups[@]}"; do
-  read -ra tests <<<"$(group_tests "$group")"
-  mkdir -p "$work/$group"
-  began=$SECONDS
-  echo "== $group: ${tests[*]}"
-  TPAR_GPU_OUT=$work/$group timeout -k 10 "$(group_limit "$group")" python3 -m pytest -rs -v \
-    -p no:cacheprovider --durations=0 --junitxml="$work/$group/junit.xml" \
-    "${tests[@]}" "${pytest_args[@]}" >"$work/$group/pytest.log" 2>&1
-  rcs[$group]=$?
-  seconds[$group]=$((SECONDS - began))
-  grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|^=+ .*(passed|failed|error|skipped)' "$work/$group/pytest.log" | tail -n 40
-done
-
 commit=$(head -1 "$carry/COMMIT" 2>/dev/null || "$TPAR_BIN" --version 2>/dev/null || echo unknown)
-groups_json=$(for g in "${groups[@]}"; do printf '%s %s %s\n' "$g" "${rcs[$g]}" "${seconds[$g]}"; done)
-COMMAND="scripts/gpu-check.sh $out ${groups[*]}${pytest_args[*]:+ -- ${pytest_args[*]}}" \
+# Writes gpu-check.json, gpu-check.txt and the packed logs for the groups run so far: after each
+# group, so that a call stopped at its time limit still returns what ran before.
+record() {
+  groups_json=$(for g in "${finished[@]}"; do printf '%s %s %s\n' "$g" "${rcs[$g]}" "${seconds[$g]}"; done)
+  COMMAND="scripts/gpu-check.sh $out ${groups[*]}${pytest_args[*]:+ -- ${pytest_args[*]}}" \
   COMMIT="$commit" BUILD="$(sed -n '2,$p' "$carry/COMMIT" 2>/dev/null | tr '\n' ' ')" \
   DATE="$start_date" GROUPS_RC="$groups_json" WORK="$work" OUTDIR="$out" python3 - <<'EOF'
 import json, os, platform, subprocess
@@ -294,8 +286,26 @@ for c in checks:
 lines.append(", ".join(f"{v} {k}" for k, v in counts.items()))
 with open(os.path.join(out, "gpu-check.txt"), "w") as f:
     f.write("\n".join(lines) + "\n")
-print("\n".join(lines))
 EOF
-tar czf "$out/gpu-check-logs.tar.gz" -C "$work" . 2>/dev/null
+  tar czf "$out/gpu-check-logs.tar.gz" -C "$work" . 2>/dev/null
+}
+
+declare -A rcs seconds
+finished=()
+for group in "${groups[@]}"; do
+  read -ra tests <<<"$(group_tests "$group")"
+  mkdir -p "$work/$group"
+  began=$SECONDS
+  echo "== $group: ${tests[*]}"
+  TPAR_GPU_OUT=$work/$group timeout -k 10 "$(group_limit "$group")" python3 -m pytest -rs -v \
+    -p no:cacheprovider --durations=0 --junitxml="$work/$group/junit.xml" \
+    "${tests[@]}" "${pytest_args[@]}" >"$work/$group/pytest.log" 2>&1
+  rcs[$group]=$?
+  seconds[$group]=$((SECONDS - began))
+  grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|^=+ .*(passed|failed|error|skipped)' "$work/$group/pytest.log" | tail -n 40
+  finished+=("$group")
+  record
+done
+cat "$out/gpu-check.txt"
 for group in "${groups[@]}"; do [ "${rcs[$group]}" = 0 ] || exit 1; done
 exit 0
