@@ -1,211 +1,311 @@
 #!/usr/bin/env bash
-# The GPU checks, for the device machine (no cargo there: carry a built target/release/tpar,
-# and for `python` the wheel in .ci/wheels). Each step's log and JSON go to /tmp/gpu-out/<mode>;
-# after each mode its folder is packed into $OUT/gpu-<mode>.tar.gz (only 8 files come back), and a
-# summary is printed at the end. Several modes may be given: scripts/gpu-check.sh python step
-#   smoke | full | tools | auto : the one-GPU checks of the CUDA backend, doctor/tune, dispatch
-#   multi  : one process per GPU against NCCL on a multi-GPU machine (issue 7); WORLD_SIZES="8"
-#            and MULTI_ALGOS=one-shot,two-shot,nccl,auto narrow it to fit one call
-#   oneshot: one-shot across GPUs with and without pauses between polls (the 200-400 us state)
-#   tune   : tpar tune and doctor with one process per GPU
-#   python : the Python package's CUDA tests and examples/tp_mlp.py, ranks sharing GPU 0 and
-#            (with several GPUs) one per GPU
-#   step   : tpar bench step on the model fixtures (norms separate and fused into the allreduce)
-#   harness: issue 17's harness in the library, under 5 minutes on one GPU: selftest -n 2 and
-#            -n 8 (the sweep, its fused rows, the one check), doctor (its quick check), bench,
-#            --anatomy, --fused, bench step, tune, then tpar.verify/tpar.tune from Python (needs
-#            the wheel in .ci/wheels); compare the logs with the same mode on the parent commit
-#   config : the config branch (one Config, one Span type, selftest rows, cuda_rank.py), < 5 min
-#   cli    : issue 17's CLI moves (launcher, reports, printers in the library and tpar-report),
-#            each CUDA path of the binary once, under 4 minutes on one GPU: selftest threads and
-#            --processes, bench threads (JSON, plot) and --processes, --anatomy, --fused, bench
-#            step, tune, doctor; JSON and SVG in $OUT/gpu-cli.tar.gz
-#   fused-py : the fused allreduce + residual + RMSNorm from Python (issue 15): CUDA tests at 2
-#            ranks sharing GPU 0 and a timing of the op eager/graph (scripts/gpu_fused_py.py)
-#   engine-comm : issue 12 on GPU 0 (needs torch and the wheel in .ci/wheels): footprint reported
-#            vs measured drop in free device memory (1 and 2 ranks, nccl own/none), 1,000
-#            create/use/close cycles, calls from 2 and 3 streams eager and in one graph, several
-#            communicators and subgroups, init cost of 8 groups; table last, JSON in $OUT
+# The GPU test suite in one command, for the GPU machine (Ubuntu 24.04, python3 3.12 with torch
+# and pytest, NVIDIA driver; no cargo, no network). What it runs is tests/python/gpu (every
+# test there is marked `gpu` and skips, saying why, where there is no GPU: CI collects it):
+#   cli     the `tpar` binary on every CUDA path (selftest as threads and processes, bench with
+#           JSON and plot, processes, a forced algorithm, --anatomy, --fused, bench step, doctor,
+#           tune) and the Rust span tests (crates/tpar/tests/cuda_spans.rs, ignored by cargo
+#           test, run here as a prebuilt binary with --ignored); about 4 minutes on one H200
+#   python  the Python package on CUDA tensors (allreduce, fused op, threads refused, the fused
+#           op timed from Python) and tpar.verify/tpar.tune on a GPU; about 4 minutes
+#   engines an engine-grade communicator (footprint, leaks, streams, subgroups, init cost),
+#           vLLM's and SGLang's calling sequence, SGLang's fused entry; needs .ci/engines-gpu
+#           for the SGLang parts; about 6 minutes
+#   vllm    tpar's vLLM fusion pass with vLLM's own code; needs .ci/vllm-gpu; about 4 minutes
+# (times: the old scripts' logs of the same checks on one H200, bench/results). Tests that need
+# one GPU per rank (`gpus(2)`) skip on a one-GPU machine.
+#
+# Usage
+#   scripts/gpu-check.sh --prepare           on the dev machine: build what runs there into
+#                                            .ci/gpu (tpar, cuda_spans, the wheel, COMMIT;
+#                                            about 12 MB, binaries without debug info)
+#   scripts/gpu-check.sh --prepare-engines   on the dev machine, downloads once: .ci/engines-gpu
+#                                            (SGLang 0.5.23's Python sources and the cp312 wheels
+#                                            of what its parallel_state imports) and .ci/vllm-gpu
+#                                            (vLLM 0.33.0's Python sources and the wheels its IR
+#                                            imports; about 32 and 27 MB); the machine cannot
+#                                            download them itself
+#   scripts/gpu-check.sh [--dry-run] OUTDIR [GROUP...] [-- PYTEST_ARGS...]
+#                                            on the GPU machine: run GROUPs (default: all four),
+#                                            write OUTDIR/gpu-check.json, gpu-check.txt and
+#                                            gpu-check-logs.tar.gz (every test's log and JSON);
+#                                            exit 1 if a test failed. --dry-run lists what would
+#                                            run and collects the tests, touching no GPU.
+#
+# With the device tool (each call carries the working tree plus the named ignored paths, 64 MiB
+# in all; only 8 files come back from $OUT, so everything is packed into three):
+#   here:  scripts/gpu-check.sh --prepare   (and once: scripts/gpu-check.sh --prepare-engines)
+#   run:   command "bash scripts/gpu-check.sh $OUT cli",     carry [".ci/gpu"]
+#          command "bash scripts/gpu-check.sh $OUT python",  carry [".ci/gpu"]
+#          command "bash scripts/gpu-check.sh $OUT engines", carry [".ci/gpu", ".ci/engines-gpu"]
+#          command "bash scripts/gpu-check.sh $OUT vllm",    carry [".ci/gpu", ".ci/vllm-gpu"]
+# (one group a call keeps each inside the 10 minutes; the JSON is rewritten after each group,
+# so a call stopped at its limit still returns the groups before).
+# The machine's checkout has no .git: the commit comes from .ci/gpu/COMMIT (written by --prepare).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export TPAR_CACHE_DIR=/tmp/tpar-cache PYTHONUNBUFFERED=1
-tpar=./target/release/tpar
-modes=("${@:-full}")
-root=/tmp/gpu-out
-summary=()
-step() { # name, timeout seconds, command...
-  local name=$1 limit=$2; shift 2
-  local start=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-34s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$(grep -E '^selftest:|passed|failed' "$out/$name.log" | tail -1 | cut -c1-90)")")
+cd "$(dirname "$0")/.."
+carry=${TPAR_GPU_CARRY:-.ci/gpu}
+all_groups=(cli python engines vllm)
+
+group_tests() {
+  case $1 in
+    cli) echo tests/python/gpu/test_cli_cuda.py ;;
+    python)
+      echo tests/python/gpu/test_cuda_allreduce.py tests/python/gpu/test_cuda_fused.py \
+        tests/python/gpu/test_cuda_threads.py tests/python/gpu/test_cuda_fused_timing.py \
+        tests/python/test_harness.py::test_verify_and_tune_on_a_gpu
+      ;;
+    engines)
+      echo tests/python/gpu/test_cuda_engine_comm.py tests/python/gpu/test_cuda_engine_sequence.py \
+        tests/python/gpu/test_cuda_sglang_fusion.py
+      ;;
+    vllm) echo tests/python/gpu/test_cuda_vllm_fusion.py ;;
+    *) return 1 ;;
+  esac
 }
-gpus=$(nvidia-smi -L | wc -l)
-models=crates/tpar-harness/fixtures/models
-for mode in "${modes[@]}"; do
-out=$root/$mode; mkdir -p "$out"
-sizes=0,4K,8K,16K,32K,42K,64K,128K,256K,1M,4M,8M
-if [ "$mode" = tools ]; then
-  logs=$out; out_final=$out
-  step selftest-1 120 $tpar selftest --backend cuda -n 1 --counts 0,7,4099,70001 --replays 20
-  step doctor 120 $tpar doctor
-  cp $logs/doctor.log $out_final/doctor.txt
-  $tpar doctor --json > $out_final/doctor.json 2>/dev/null
-  step tune-8 300 $tpar tune --world-size 8 --json "$out_final/tune-8.json"
-  step doctor-8-tuned 120 $tpar doctor -n 8
-  cat $logs/tune-8.log $logs/doctor-8-tuned.log > $out_final/tune-8-and-doctor.txt
-  step bench-nccl-1 200 $tpar bench --backend cuda -n 1 --sizes 4K,32K,256K,1M,4M,16M,64M --json "$out_final/bench-cuda-1-nccl.json" --plot "$out_final/bench-cuda-1.svg"
-  step bench-plot-2 200 $tpar bench --backend cuda -n 2 --sizes 4K,16K,42K,128K,512K,2M,8M --json "$out_final/bench-cuda-2-plot.json" --plot "$out_final/bench-cuda-2.svg"
-elif [ "$mode" = auto ]; then
-  # The one call behind which the dispatcher picks tpar or NCCL (and TPAR_ALGO forces).
-  step selftest-processes-4 200 $tpar selftest --backend cuda -n 4 --processes --counts 0,7,4099,65541 --replays 20
-  step bench-auto-1 120 $tpar bench --backend cuda -n 1 --sizes 4K,256K,16M --json "$out/bench-auto-1.json"
-  step bench-auto-8 120 $tpar bench --backend cuda -n 8 --sizes 4K,42K,256K,4M --algos auto,one-shot,two-shot --json "$out/bench-auto-8.json"
-  TPAR_ALGO=host-staged step bench-forced-host-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K --algos auto
-  TPAR_ALGO=nccl step bench-forced-nccl-2 120 $tpar bench --backend cuda -n 2 --sizes 4K --algos auto
-elif [ "$mode" = multi ]; then
-  # One process per GPU: tpar's algorithms beside NCCL in the same run, then host-staged
-  # against NCCL without P2P (its shared-memory path through host memory: the same wires).
-  nvidia-smi topo -m > $out/topo.txt 2>&1
-  step doctor 60 $tpar doctor
-  $tpar doctor --json > $out/doctor.json 2>/dev/null
-  RUST_LOG=${RUST_LOG:-info} step selftest-$gpus-processes 150 $tpar selftest --backend cuda -n $gpus --processes --counts 0,7,4099,65541 --replays 20
-  # WORLD_SIZES picks the sweeps (all three take longer than one 10-minute call on 8 GPUs).
-  for ws in ${WORLD_SIZES:-2 4 8}; do
-    [ $ws -le $gpus ] || continue
-    step bench-$ws-processes 200 $tpar bench --backend cuda -n $ws --processes --algos ${MULTI_ALGOS:-one-shot,two-shot,one-shot-pull,host-staged,nccl,auto} \
-      --sizes 1K,4K,16K,32K,42K,64K,256K,1M,4M,16M,64M --iters 30 --json "$out/bench-$ws-processes.json" --plot "$out/bench-$ws-processes.svg"
-    NCCL_P2P_DISABLE=1 step bench-$ws-processes-no-p2p 100 $tpar bench --backend cuda -n $ws --processes --algos host-staged,nccl \
-      --sizes 4K,16K,42K,64K,256K --iters 30 --json "$out/bench-$ws-processes-no-p2p.json" --plot "$out/bench-$ws-processes-no-p2p.svg"
+
+# Seconds a group may run before it is stopped (a device call has 10 minutes).
+group_limit() {
+  case $1 in
+    cli) echo 420 ;; python) echo 420 ;; engines) echo 540 ;; vllm) echo 420 ;;
+  esac
+}
+
+prepare() {
+  set -e
+  mkdir -p "$carry"
+  echo "== cargo build --release -p tpar-cli"
+  cargo build --release -p tpar-cli
+  echo "== the Rust span tests' binary (cargo test --no-run)"
+  local spans
+  spans=$(cargo test --release -p tpar --test cuda_spans --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda_spans":
+        print(m["executable"])')
+  [ -x "$spans" ] || { echo "no cuda_spans test binary came out of cargo test --no-run" >&2; exit 1; }
+  strip --strip-debug -o "$carry/tpar" target/release/tpar
+  strip --strip-debug -o "$carry/cuda_spans" "$spans"
+  echo "== the wheel (maturin, in .ci/venv)"
+  if [ ! -x .ci/venv/bin/maturin ]; then
+    python3 -m venv .ci/venv
+    .ci/venv/bin/python -m pip install --quiet --disable-pip-version-check maturin
+  fi
+  rm -f "$carry"/tpar-*.whl
+  .ci/venv/bin/maturin build --release --quiet -m crates/tpar-py/Cargo.toml -o "$carry"
+  {
+    git rev-parse HEAD
+    git status --porcelain --untracked-files=no | grep -q . && echo "dirty: uncommitted changes in the build"
+    date -u +%Y-%m-%dT%H:%M:%SZ
+  } >"$carry/COMMIT"
+  du -sh "$carry"
+  ls -la "$carry"
+}
+
+prepare_engines() {
+  set -e
+  mkdir -p .ci/engines
+  for engine in vllm==0.33.0 sglang==0.5.23; do
+    ls .ci/engines/"${engine%%==*}"-"${engine##*==}"-*.whl >/dev/null 2>&1 ||
+      python3 -m pip download --quiet --no-deps "$engine" -d .ci/engines
   done
-elif [ "$mode" = tune ]; then
-  step tune-$gpus 150 $tpar tune -n $gpus --processes --iters 20 --sizes 4K,16K,64K,256K,1M,4M,16M --json "$out/tune-$gpus.json"
-  step doctor-tuned 60 $tpar doctor -n $gpus
-elif [ "$mode" = oneshot ]; then
-  # One-shot across GPUs: does polling device memory slow the peers' incoming writes? The same
-  # rows with pauses between polls, in processes and with every rank in one process.
-  ( sleep 15; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv ) > $out/compute-apps.txt 2>&1 &
-  n=$(( gpus < 4 ? gpus : 4 ))
-  for ns in 0 256 2048; do
-    TPAR_KERNEL_DEFINES="-DTPAR_DEVICE_POLL_SLEEP_MAX_NS=$ns" step oneshot-$n-processes-pause$ns 90 $tpar bench --backend cuda -n $n --processes \
-      --algos one-shot,two-shot,nccl --sizes 16K,32K,42K,64K,256K --iters 30 --json "$out/oneshot-$n-processes-pause$ns.json"
+  local cp312=(--only-binary=:all: --python-version 3.12 --implementation cp
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64)
+  echo "== .ci/engines-gpu: SGLang's sources and JIT headers (none of its cp311 binaries), its imports for cp312"
+  rm -rf .ci/engines-gpu && mkdir -p .ci/engines-gpu/deps
+  python3 -m pip download --quiet "${cp312[@]}" -d .ci/engines-gpu/deps orjson psutil pybase64 requests \
+    pillow starlette msgspec pydantic pyzmq tqdm ipython aiohttp apache-tvm-ffi
+  # What the GPU machine's image already holds (its package list of 2026-11-17) stays behind:
+  # carried, these 12 MB would push a call's working tree over its 64 MiB.
+  local on_image=(pillow aiohttp aiosignal aiohappyeyeballs attrs multidict frozenlist propcache yarl
+    pygments psutil requests urllib3 charset_normalizer idna certifi tqdm)
+  for name in "${on_image[@]}"; do rm -f .ci/engines-gpu/deps/"$name"-*.whl; done
+  python3 - .ci/engines-gpu/sglang-0.5.23-src.zip .ci/engines/sglang-0.5.23-*.whl <<'EOF'
+import sys, zipfile
+out, wheel = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+    for name in src.namelist():
+        jit = name.startswith("sglang/kernels/jit/") and ("/include/" in name or "/csrc/" in name)
+        if (name.startswith("sglang/") and name.endswith(".py")) or jit:
+            dst.writestr(name, src.read(name))
+EOF
+  echo "== .ci/vllm-gpu: vLLM's Python files, the same imports and regex (its IR needs it)"
+  rm -rf .ci/vllm-gpu && mkdir -p .ci/vllm-gpu/deps
+  cp .ci/engines-gpu/deps/*.whl .ci/vllm-gpu/deps/
+  python3 -m pip download --quiet --no-deps "${cp312[@]}" -d .ci/vllm-gpu/deps regex
+  python3 - .ci/vllm-gpu/vllm-src.zip .ci/engines/vllm-0.33.0-*.whl <<'EOF'
+import sys, zipfile
+out, wheel = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+    for name in src.namelist():
+        if name.startswith("vllm/") and name.endswith(".py"):
+            dst.writestr(name, src.read(name))
+EOF
+  du -sh .ci/engines-gpu .ci/vllm-gpu
+}
+
+case ${1:-} in
+  --prepare) prepare; exit ;;
+  --prepare-engines) prepare_engines; exit ;;
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+
+dry=0
+if [ "${1:-}" = --dry-run ]; then dry=1; shift; fi
+out=${1:-}
+[ -n "$out" ] || { echo "usage: scripts/gpu-check.sh [--dry-run] OUTDIR [GROUP...] [-- PYTEST_ARGS...] (--help says more)" >&2; exit 2; }
+shift
+groups=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+  group_tests "$1" >/dev/null || { echo "unknown group '$1'; the groups are: ${all_groups[*]}" >&2; exit 2; }
+  groups+=("$1"); shift
+done
+[ "${1:-}" = -- ] && shift
+pytest_args=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=("${all_groups[@]}")
+
+# What the tests find: the carried binaries (else a local build), the wheel, the bundles.
+export TPAR_BIN=$PWD/$carry/tpar TPAR_CUDA_SPANS=$PWD/$carry/cuda_spans
+[ -x "$TPAR_BIN" ] || TPAR_BIN=$PWD/target/release/tpar
+wheel=$(ls "$carry"/tpar-*.whl .ci/wheels/tpar-*.whl 2>/dev/null | head -1)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 TPAR_CACHE_DIR=${TPAR_CACHE_DIR:-/tmp/tpar-gpu-check-cache}
+work=${TPAR_GPU_WORK:-/tmp/tpar-gpu-check}
+
+if [ $dry = 1 ]; then
+  echo "tpar binary:      $TPAR_BIN $([ -x "$TPAR_BIN" ] && echo '(found)' || echo '(MISSING: scripts/gpu-check.sh --prepare)')"
+  echo "span tests:       $TPAR_CUDA_SPANS $([ -x "$TPAR_CUDA_SPANS" ] && echo '(found)' || echo '(MISSING: scripts/gpu-check.sh --prepare)')"
+  echo "wheel:            ${wheel:-MISSING: scripts/gpu-check.sh --prepare}"
+  echo "SGLang bundle:    .ci/engines-gpu $([ -d .ci/engines-gpu ] && echo '(found)' || echo '(missing: the engines group fails its SGLang tests)')"
+  echo "vLLM bundle:      .ci/vllm-gpu $([ -d .ci/vllm-gpu ] && echo '(found)' || echo '(missing: the vllm group fails)')"
+  rc=0
+  for group in "${groups[@]}"; do
+    read -ra tests <<<"$(group_tests "$group")"
+    echo "== $group (stopped after $(group_limit "$group") s): python3 -m pytest -rs -v ${tests[*]} ${pytest_args[*]}"
+    python3 -m pytest --collect-only -q -p no:cacheprovider "${tests[@]}" "${pytest_args[@]}" 2>&1 | tail -n 40 || rc=1
   done
-  step oneshot-$n-threads 60 $tpar bench --backend cuda -n $n --algos one-shot,two-shot --sizes 16K,32K,42K,64K,256K --iters 30 --json "$out/oneshot-$n-threads.json"
-elif [ "$mode" = python ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  export PYTHONPATH=/tmp/site
-  python3 -c "import torch, tpar; print('torch', torch.__version__, 'gpus', torch.cuda.device_count(), 'tpar', tpar.__version__)" > $out/versions.log 2>&1
-  # Rank logs land in the mode's folder as they are written; leftovers of a stopped step go.
-  export TPAR_TEST_LOGS=$out/ranks-shared
-  # 8 ranks time-sliced on one GPU is the slowest test: on its own, after the rest has run.
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu 200 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k "not 8"
-  pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-shared-gpu-8 200 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k 8
-  pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
-  if [ $gpus -gt 1 ] && [ "${PER_GPU:-1}" = 1 ]; then
-    export TPAR_TEST_LOGS=$out/ranks-per-gpu
-    select="graph or mlp"; [ $gpus -ge 8 ] || select="not 8 and ($select)"
-    step pytest-cuda-gpu-per-rank 150 python3 -m pytest -rs -v -s --durations=0 tests/python/test_cuda_allreduce.py -k "$select"
-    pkill -9 -f cuda_worker.py; pkill -9 -f tp_mlp.py
-  fi
-  step pytest-cpu-package 150 python3 -m pytest -rs -q tests/python/test_cpu_allreduce.py
-elif [ "$mode" = engine-comm ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  export PYTHONPATH=/tmp/site
-  # The CPU half with torch present (torch group= subgroups), then the GPU half.
-  step pytest-engine-comm-cpu 120 python3 -m pytest -rs -q tests/python/test_cpu_engine_comm.py
-  OUT=$out CUDA_VISIBLE_DEVICES=0 step engine-comm 360 python3 scripts/gpu_engine_comm.py
-  cp $out/engine-comm.json "${OUT:-.}/engine-comm.json" 2>/dev/null
-  grep -A40 '== engine-comm summary' $out/engine-comm.log
-elif [ "$mode" = step ]; then
-  if [ $gpus -gt 1 ]; then
-    for m in llama-3.1-70b deepseek-v3; do for k in 1 4; do
-      step step-$m-tp$gpus-tokens$k 100 $tpar bench step --config $models/$m.json --tp $gpus --tokens $k --processes --json "$out/step-$m-tp$gpus-tokens$k.json"
-    done; done
-  fi
-  step step-llama-tp8-shared-gpu 220 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 8 --tokens 4 --algos auto,one-shot --json "$out/step-llama-tp8-shared-gpu.json"
-  step step-llama-tp1-nccl 100 env CUDA_VISIBLE_DEVICES=0 $tpar bench step --config $models/llama-3.1-70b.json --tp 1 --tokens 4 --algos nccl,auto --json "$out/step-llama-tp1.json"
-elif [ "$mode" = engines ]; then
-  # tpar.engines under vLLM's / SGLang's calling sequence (scripts/engine_harness.py): TP 2
-  # and 4 ranks sharing GPU 0, then one GPU per rank where there are several (the engine's
-  # NCCL fallback needs that); ENGINES_SHARED=0 runs only the latter. Needs the wheel in
-  # .ci/wheels; SGLang's own GroupCoordinator also runs when .ci/engines-gpu is carried
-  # (scripts/engine_harness_bundle.sh builds it: SGLang's sources and its imports for cp312).
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  export PYTHONPATH=/tmp/site
-  sglang=0
-  if [ -d .ci/engines-gpu ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/sglang-site .ci/engines-gpu/deps/*.whl > $out/pip-sglang.log 2>&1
-    rm -rf /tmp/sglang-src && python3 -m zipfile -e .ci/engines-gpu/sglang-0.5.23-src.zip /tmp/sglang-src && sglang=1
-  fi
-  with_sglang="/tmp/site:/tmp/sglang-site:/tmp/sglang-src"
-  tps="2"; [ $gpus -ge 4 ] && tps="2 4"
-  if [ "${ENGINES_SHARED:-1}" = 1 ]; then
-    CUDA_VISIBLE_DEVICES=0 step engines-shared-gpu 230 python3 scripts/engine_harness.py --tp 2 4 --timeout 110 --out $out/shared-gpu
-    [ $sglang = 1 ] && PYTHONPATH=$with_sglang CUDA_VISIBLE_DEVICES=0 step sglang-shared-gpu 170 python3 scripts/engine_harness.py --sglang --tp 2 4 --timeout 80 --out $out/sglang-shared-gpu
-  fi
-  if [ $gpus -gt 1 ]; then
-    step engines-gpu-per-rank 170 python3 scripts/engine_harness.py --tp $tps --timeout 80 --out $out/gpu-per-rank
-    [ $sglang = 1 ] && PYTHONPATH=$with_sglang step sglang-gpu-per-rank 170 python3 scripts/engine_harness.py --sglang --tp $tps --timeout 80 --out $out/sglang-gpu-per-rank
-  fi
-elif [ "$mode" = fused-py ]; then
-  # Issue 15 from Python (needs the wheel in .ci/wheels): the fused op's CUDA tests (eager over
-  # dtypes/shapes/paths, a replayed graph, torch.compile, errors; bitwise against tpar's CPU path
-  # and across ranks) with 2 ranks sharing GPU 0 (FUSED_PY_RANKS=4 adds 4), then its timing
-  # (eager and a graph chain, 2 ranks as threads on GPU 0); table last, JSON in $OUT.
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  export PYTHONPATH=/tmp/site TPAR_TEST_LOGS=$out/ranks
-  select="not [4]"; [ "${FUSED_PY_RANKS:-2}" = 4 ] && select=""
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused 170 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k "$select"
-  OUT=$out CUDA_VISIBLE_DEVICES=0 step fused-py-timing 60 python3 scripts/gpu_fused_py.py --world-size 2
-  cp $out/fused-py.json "${OUT:-.}/fused-py.json" 2>/dev/null
-elif [ "$mode" = harness ]; then
-  step selftest-threads-2 75 $tpar selftest --backend cuda -n 2 --counts 0,7,4099,65541 --replays 50
-  step selftest-threads-8 75 $tpar selftest --backend cuda -n 8 --counts 0,7,4099 --dtypes bf16 --replays 20
-  step doctor 30 $tpar doctor
-  step bench-threads-2 30 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20 --json "$out/bench-2.json"
-  step anatomy-2 25 $tpar bench --anatomy -n 2 --iters 10 --json "$out/anatomy-2.json"
-  step fused-2 25 $tpar bench --fused -n 2 --iters 20 --chain 20 --json "$out/fused-2.json"
-  step step-llama-tp2 40 $tpar bench step --config $models/llama-3.1-70b.json -n 2 --layers 4 --replays 5 --json "$out/step-2.json"
-  step tune-1 40 env TPAR_CACHE_DIR=/tmp/tpar-harness-tune $tpar tune -n 1 --sizes 4K,64K,1M --iters 10 --json "$out/tune-1.json"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  PYTHONPATH=/tmp/site CUDA_VISIBLE_DEVICES=0 TPAR_CACHE_DIR=/tmp/tpar-harness-tune step pytest-harness 60 python3 -m pytest -rs -v tests/python/test_harness.py
-elif [ "$mode" = config ]; then
-  # The config branch on one GPU, under 5 minutes (needs the wheel in .ci/wheels): one
-  # tpar::Config through threads and processes (CUDA chunk default 256 KiB: 1048579 elements
-  # are several chunks), span.rs's one Span type and cuda_selftest's record_case (the eager
-  # and graph rows), check_available and the link measurement's names (doctor), and the CUDA
-  # workers' shared setup (tests/python/cuda_rank.py) with the binding's one Config.
-  step selftest-threads-2 60 $tpar selftest --backend cuda -n 2 --counts 0,7,4099,1048579 --replays 50
-  step selftest-processes-2 50 $tpar selftest --backend cuda -n 2 --processes --counts 0,7,4099 --replays 20
-  step doctor 20 $tpar doctor
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .ci/wheels/tpar-*.whl > $out/pip.log 2>&1
-  export PYTHONPATH=/tmp/site TPAR_TEST_LOGS=$out/ranks
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-worker 110 python3 -m pytest -rs -v -s tests/python/test_cuda_allreduce.py -k "exact_sums and 2 or errors_name"
-  CUDA_VISIBLE_DEVICES=0 step pytest-cuda-fused-errors 50 python3 -m pytest -rs -v -s tests/python/test_cuda_fused.py -k errors
-elif [ "$mode" = cli ]; then
-  step selftest-threads-2 45 $tpar selftest --backend cuda -n 2 --counts 0,7,4099 --replays 20
-  step selftest-processes-2 45 $tpar selftest --backend cuda -n 2 --processes --counts 0,7,4099 --replays 20
-  step bench-threads-2 30 $tpar bench --backend cuda -n 2 --sizes 4K,42K --iters 20 --chain 20 --json "$out/bench-2.json" --plot "$out/bench-2.svg"
-  step bench-processes-2 40 $tpar bench --backend cuda -n 2 --processes --sizes 4K --algos one-shot,nccl,auto --iters 20 --chain 20 --json "$out/bench-processes-2.json"
-  step anatomy-2 25 $tpar bench --anatomy -n 2 --iters 10 --json "$out/anatomy-2.json"
-  step fused-2 25 $tpar bench --fused -n 2 --iters 20 --chain 20 --json "$out/fused-2.json"
-  step step-llama-tp2 40 $tpar bench step --config $models/llama-3.1-70b.json -n 2 --layers 2 --replays 3 --json "$out/step-2.json"
-  step tune-1 40 env TPAR_CACHE_DIR=/tmp/tpar-cli-tune $tpar tune -n 1 --sizes 4K,64K --iters 10 --json "$out/tune-1.json"
-  step doctor 30 $tpar doctor --json
-elif [ "$mode" = smoke ]; then
-  step selftest-threads-2 120 $tpar selftest --backend cuda -n 2 --counts 0,1,7,1023,70001 --replays 20
-  step bench-threads-2 120 $tpar bench --backend cuda -n 2 --sizes 4K,42K,1M --iters 20 --chain 20
-else
-  step selftest-threads-8 300 $tpar selftest --backend cuda -n 8 --counts 0,1,7,1023,65541,1048579,2097152
-  step selftest-processes-4 300 $tpar selftest --backend cuda -n 4 --processes --counts 0,1,7,1023,65541 --replays 50
-  step bench-threads-2 200 $tpar bench --backend cuda -n 2 --sizes $sizes --json "$out/bench-cuda-2.json"
-  step bench-threads-8 200 $tpar bench --backend cuda -n 8 --sizes $sizes --json "$out/bench-cuda-8.json"
+  echo "(dry run: nothing ran; the results would go to $out)"
+  exit $rc
 fi
-for f in "$out"/*.log; do
-  [ -f "$f" ] && { echo "== $f"; grep -vE '^\[' "$f" | tail -n 25; }
+
+rm -rf "$work" && mkdir -p "$work" "$out"
+start_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+nvidia-smi >"$work/nvidia-smi.txt" 2>&1
+nvidia-smi topo -m >>"$work/nvidia-smi.txt" 2>&1
+site=/tmp/tpar-gpu-check-site
+rm -rf "$site"
+if [ -n "$wheel" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" >"$work/pip.log" 2>&1 ||
+    echo "warning: the wheel did not install (see pip.log)"
+else
+  echo "warning: no wheel in $carry or .ci/wheels: the Python tests cannot import tpar" | tee "$work/pip.log"
+fi
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+# The engines' pure-Python imports go into their own folder, put on the path only by the tests
+# that run engine code (TPAR_ENGINE_DEPS), so that they shadow nothing else.
+deps=/tmp/tpar-gpu-check-engine-deps
+rm -rf "$deps"
+for bundle in .ci/engines-gpu .ci/vllm-gpu; do
+  [ -d "$bundle/deps" ] &&
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$deps" "$bundle"/deps/*.whl >>"$work/pip.log" 2>&1
 done
-# Packed per mode, so that a call cut off at its time limit still returns the modes before.
-tar czf "${OUT:-.}/gpu-$mode.tar.gz" -C $root "$mode" 2>/dev/null
+export TPAR_ENGINE_DEPS=$deps
+[ -f .ci/engines-gpu/sglang-0.5.23-src.zip ] && export TPAR_SGLANG_SRC=$PWD/.ci/engines-gpu/sglang-0.5.23-src.zip
+[ -f .ci/vllm-gpu/vllm-src.zip ] && export TPAR_VLLM_SRC=$PWD/.ci/vllm-gpu/vllm-src.zip
+# A test that cannot run here fails instead of skipping (a machine's shape, fewer GPUs than a
+# test's ranks, still skips).
+export TPAR_GPU_REQUIRED=1
+
+commit=$(head -1 "$carry/COMMIT" 2>/dev/null || "$TPAR_BIN" --version 2>/dev/null || echo unknown)
+# Writes gpu-check.json, gpu-check.txt and the packed logs for the groups run so far: after each
+# group, so that a call stopped at its time limit still returns what ran before.
+record() {
+  groups_json=$(for g in "${finished[@]}"; do printf '%s %s %s\n' "$g" "${rcs[$g]}" "${seconds[$g]}"; done)
+  COMMAND="scripts/gpu-check.sh $out ${groups[*]}${pytest_args[*]:+ -- ${pytest_args[*]}}" \
+  COMMIT="$commit" BUILD="$(sed -n '2,$p' "$carry/COMMIT" 2>/dev/null | tr '\n' ' ')" \
+  DATE="$start_date" GROUPS_RC="$groups_json" WORK="$work" OUTDIR="$out" python3 - <<'EOF'
+import json, os, platform, subprocess
+import xml.etree.ElementTree as ElementTree
+
+def query(field):
+    try:
+        text = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+names, drivers = query("name"), query("driver_version")
+try:
+    import torch
+    torch_version = torch.__version__
+except ImportError:
+    torch_version = None
+work, groups, checks = os.environ["WORK"], {}, []
+for line in os.environ["GROUPS_RC"].splitlines():
+    name, rc, seconds = line.split()
+    groups[name] = {"exit": int(rc), "seconds": int(seconds), "stopped_at_limit": rc in ("124", "137")}
+    path = os.path.join(work, name, "junit.xml")
+    for case in ElementTree.parse(path).iter("testcase") if os.path.exists(path) else []:
+        entry = {"group": name, "test": f"{case.get('classname')}::{case.get('name')}",
+                 "outcome": "passed", "seconds": round(float(case.get("time") or 0), 2)}
+        for kind, outcome in (("skipped", "skipped"), ("failure", "failed"), ("error", "error")):
+            found = case.find(kind)
+            if found is not None:
+                entry["outcome"] = outcome
+                text = (found.get("message") or "") + "\n" + (found.text or "")
+                entry["reason" if kind == "skipped" else "message"] = text.strip()[-2000:]
+        checks.append(entry)
+    if not os.path.exists(path):
+        checks.append({"group": name, "test": f"{name} (pytest)", "outcome": "error",
+                       "seconds": int(seconds), "message": f"pytest wrote no report (exit {rc}); see {name}/pytest.log"})
+counts = {k: sum(c["outcome"] == k for c in checks) for k in ("passed", "failed", "error", "skipped")}
+record = {
+    "command": os.environ["COMMAND"],
+    "device": f"{len(names)} x {names[0]}" if names else "no GPU visible to nvidia-smi",
+    "driver": drivers[0] if drivers else None,
+    "date": os.environ["DATE"],
+    "commit": os.environ["COMMIT"],
+    "build": os.environ["BUILD"].strip() or None,
+    "host": platform.node(),
+    "python": platform.python_version(),
+    "torch": torch_version,
+    "groups": groups,
+    "summary": counts,
+    "checks": checks,
+}
+out = os.environ["OUTDIR"]
+with open(os.path.join(out, "gpu-check.json"), "w") as f:
+    json.dump(record, f, indent=1)
+lines = [f"gpu-check: {record['device']}, driver {record['driver']}, commit {record['commit']}, {record['date']}",
+         "groups: " + ", ".join(f"{g} exit {v['exit']} in {v['seconds']} s" for g, v in groups.items())]
+for c in checks:
+    why = (c.get("reason") or "").split("\n")[0] or (c.get("message", "").splitlines() or [""])[-1]
+    lines.append(f"{c['outcome'].upper():8} {c['seconds']:7.1f} s  {c['test']}" + (f"  ({why[:160]})" if why else ""))
+lines.append(", ".join(f"{v} {k}" for k, v in counts.items()))
+with open(os.path.join(out, "gpu-check.txt"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+EOF
+  tar czf "$out/gpu-check-logs.tar.gz" -C "$work" . 2>/dev/null
+}
+
+declare -A rcs seconds
+finished=()
+for group in "${groups[@]}"; do
+  read -ra tests <<<"$(group_tests "$group")"
+  mkdir -p "$work/$group"
+  began=$SECONDS
+  echo "== $group: ${tests[*]}"
+  TPAR_GPU_OUT=$work/$group timeout -k 10 "$(group_limit "$group")" python3 -m pytest -rs -v \
+    -p no:cacheprovider --durations=0 --junitxml="$work/$group/junit.xml" \
+    "${tests[@]}" "${pytest_args[@]}" >"$work/$group/pytest.log" 2>&1
+  rcs[$group]=$?
+  seconds[$group]=$((SECONDS - began))
+  grep -E '^(PASSED|FAILED|ERROR|SKIPPED)|^=+ .*(passed|failed|error|skipped)' "$work/$group/pytest.log" | tail -n 40
+  finished+=("$group")
+  record
 done
-printf '%s\n' "${summary[@]}"
+cat "$out/gpu-check.txt"
+for group in "${groups[@]}"; do [ "${rcs[$group]}" = 0 ] || exit 1; done
+exit 0

@@ -3,7 +3,10 @@
 # the Rust unit, property and cross-process tests (including the compilation of every CUDA
 # kernel for sm_80..sm_120 with NVRTC from pip's wheel), then the Python package: its wheel
 # is built with maturin, installed into a fresh virtual environment and tested with pytest
-# across processes. Needs no GPU and no CUDA toolkit.
+# across processes. Needs no GPU and no CUDA toolkit. The GPU suite (tests/python/gpu, marked
+# `gpu`, and the ignored Rust tests of crates/tpar/tests/cuda_spans.rs) is collected here and
+# skips saying why; it runs on a GPU machine: `scripts/gpu-check.sh --prepare` here, then
+# `scripts/gpu-check.sh OUTDIR` there (its header says what to carry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

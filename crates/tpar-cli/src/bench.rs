@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long)]
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to time, comma-separated, from: ", tpar_harness::route_names!(),
+        "Algorithms to time, comma-separated, from: ", tpar_harness::selection_names!(),
         " (CPU: one-shot, two-shot) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -194,7 +194,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         .check_processes(args.processes)
         .map_err(crate::args::setup_error)?;
     crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes))?;
-    let plan = BenchSettings {
+    let settings = BenchSettings {
         note: setup.note.clone(),
         sweep: CpuBenchSettings {
             sizes,
@@ -209,20 +209,20 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         json: args.json,
         plot: args.plot,
     };
-    run_ranks(world_size, timeout, |rank| bench_rank(rank, &plan))
+    run_ranks(world_size, timeout, |rank| bench_rank(rank, &settings))
 }
 
-fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
+fn bench_rank(rank: Rank, settings: &BenchSettings) -> Result<()> {
     let leader = rank.is_leader();
     let world_size = rank.world_size();
-    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+    if let Some(note) = settings.note.as_ref().filter(|_| leader) {
         eprintln!("{note}");
     }
-    let configs = plan.sweep.sizes.len() * plan.sweep.algorithms.len();
+    let configs = settings.sweep.sizes.len() * settings.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
     let report = cpu_bench_rank(
         &rank,
-        &plan.sweep,
+        &settings.sweep,
         crate::provenance::COMMIT,
         |bytes, algo| progress.step_at(bytes, algo),
         |rows| {
@@ -230,7 +230,7 @@ fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
                 rank.save_partial(&format!(
                     "tpar bench (partial): cpu backend, {}, {}\n{}",
                     ranks(world_size),
-                    plan.sweep.dtype,
+                    settings.sweep.dtype,
                     bench::cpu_table(rows)
                 ));
             }
@@ -240,15 +240,19 @@ fn bench_rank(rank: Rank, plan: &BenchSettings) -> Result<()> {
     let Some(report) = report else {
         return Ok(());
     };
-    emit(&bench::cpu_bench(&report), plan.json.as_deref(), &report)?;
+    emit(
+        &bench::cpu_bench(&report),
+        settings.json.as_deref(),
+        &report,
+    )?;
     let title = || {
         format!(
             "tpar bench: cpu, {}, {}",
             ranks(world_size),
-            plan.sweep.dtype
+            settings.sweep.dtype
         )
     };
-    plot_latency(plan.plot.as_deref(), title, report.results.iter())?;
+    plot_latency(settings.plot.as_deref(), title, report.results.iter())?;
     let wrong = report.results.iter().filter(|r| !r.correct).count();
     if wrong > 0 {
         bail!(

@@ -29,7 +29,7 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::route_names!()
+        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::selection_names!()
     ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).

@@ -31,7 +31,7 @@ pub struct SelftestArgs {
     #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
     dtypes: String,
     #[arg(long, value_name = "LIST", help = concat!(
-        "Algorithms to check, comma-separated, from: ", tpar_harness::route_names!(),
+        "Algorithms to check, comma-separated, from: ", tpar_harness::selection_names!(),
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
@@ -49,7 +49,7 @@ pub struct SelftestArgs {
     no_timeout_case: bool,
 }
 
-struct Plan {
+struct SelftestSettings {
     note: Option<String>,
     sweep: CpuSelftestSettings,
 }
@@ -87,7 +87,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             },
         );
     }
-    let plan = Plan {
+    let settings = SelftestSettings {
         note: setup.note,
         sweep: CpuSelftestSettings {
             counts,
@@ -97,15 +97,15 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             timeout_case: !args.no_timeout_case && world_size > 1,
         },
     };
-    run_ranks(world_size, timeout, |rank| selftest_rank(rank, &plan))
+    run_ranks(world_size, timeout, |rank| selftest_rank(rank, &settings))
 }
 
-fn selftest_rank(rank: Rank, plan: &Plan) -> Result<()> {
+fn selftest_rank(rank: Rank, settings: &SelftestSettings) -> Result<()> {
     let leader = rank.is_leader();
-    if let Some(note) = plan.note.as_ref().filter(|_| leader) {
+    if let Some(note) = settings.note.as_ref().filter(|_| leader) {
         eprintln!("{note}");
     }
-    let rows = cpu_selftest::run(&rank, &plan.sweep, |rows| {
+    let rows = cpu_selftest::run(&rank, &settings.sweep, |rows| {
         if leader {
             rank.save_partial(&format!(
                 "tpar selftest (partial): cpu backend, {}\n{}",

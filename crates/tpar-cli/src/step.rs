@@ -34,7 +34,7 @@ pub struct StepArgs {
     #[arg(long)]
     layers: Option<u64>,
     #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
-        "How the allreduces run, comma-separated, from: ", tpar_harness::route_names!(),
+        "How the allreduces run, comma-separated, from: ", tpar_harness::selection_names!(),
         " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
     ))]
     algos: String,
@@ -83,7 +83,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         );
     }
     tpar_harness::blas::load()?;
-    let plan = StepSettings::new(
+    let settings = StepSettings::new(
         model,
         layers,
         args.tp as u64,
@@ -100,11 +100,11 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
             eprintln!(
                 "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
                 ranks(args.tp),
-                plan.layer_kinds(),
-                human_bytes(plan.weight_bytes(true))
+                settings.layer_kinds(),
+                human_bytes(settings.weight_bytes(true))
             );
         }
-        let rows = bench_step::run(&mut group, &plan, |reduce| {
+        let rows = bench_step::run(&mut group, &settings, |reduce| {
             if leader {
                 eprintln!("tpar bench step: timing {}", reduce.name());
             }
@@ -114,7 +114,7 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         }
         let gpus = tpar_harness::cuda_ranks::device_count()?;
         let provenance = crate::provenance::provenance(group.device()?);
-        let report = StepReport::new(&plan, mode, gpus, provenance, rows);
+        let report = StepReport::new(&settings, mode, gpus, provenance, rows);
         Ok(emit(&step::step(&report), args.json.as_deref(), &report)?)
     })
 }

@@ -1,7 +1,8 @@
-//! The JSON of `tpar bench` against its schema, bench/schema/bench.schema.json, with a small
-//! checker of the part of JSON Schema the file uses (type, enum, required, properties, items,
-//! minimum, allOf, if/then/else). A real CPU run must pass; the same output with a row turned
-//! into the old lie (`skipped` beside `p50_us: 0.0, correct: true`) must fail.
+//! The JSON of `tpar bench` against its schema, bench/schema/bench.schema.json, and every JSON
+//! file kept in bench/results against the schema of its kind (bench/schema/*.schema.json), with
+//! a small checker of the part of JSON Schema the files use (type, enum, required, properties,
+//! items, minimum, allOf, if/then/else). A real CPU run must pass; the same output with a row
+//! turned into the old lie (`skipped` beside `p50_us: 0.0, correct: true`) must fail.
 
 use serde_json::Value;
 
@@ -85,12 +86,123 @@ fn check(schema: &Value, value: &Value) -> Vec<String> {
     out
 }
 
+/// The repository's bench/ folder.
+fn bench_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench")
+}
+
+/// bench/schema/<kind>.schema.json.
+fn schema_of(kind: &str) -> Value {
+    let path = bench_dir().join(format!("schema/{kind}.schema.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path:?}: {e}"))
+}
+
 fn schema() -> Value {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../bench/schema/bench.schema.json"
+    schema_of("bench")
+}
+
+/// Which command wrote a result file, from its fields: the kinds tpar writes, else `envelope`
+/// (the Python and engine checks, scripts/gpu-check.sh), which only the common fields hold.
+fn kind(value: &Value) -> &'static str {
+    let has = |key: &str| value.get(key).is_some();
+    let first_row = value.get("rows").and_then(|r| r.get(0));
+    if first_row.is_some_and(|r| r.get("piece").is_some()) {
+        "anatomy"
+    } else if has("rows") && has("errors") && has("driver_version") {
+        "fused"
+    } else if has("model") && has("results") {
+        "step"
+    } else if has("backend") && has("results") && has("tpar_version") {
+        "bench"
+    } else if has("table") && has("measurements") {
+        "tune"
+    } else if has("checks") && has("plans") {
+        "doctor"
+    } else {
+        "envelope"
+    }
+}
+
+/// Every file under `dir` whose name ends in `.json`, sorted.
+fn json_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(json_files(&path));
+        } else if path.extension().is_some_and(|e| e == "json") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn every_json_file_in_bench_results_follows_the_schema_of_its_kind() {
+    let envelope = schema_of("envelope");
+    let mut per_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut errors = Vec::new();
+    let files = json_files(&bench_dir().join("results"));
+    for path in &files {
+        let text = std::fs::read_to_string(path).unwrap();
+        let value: Value = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(e) => {
+                errors.push(format!("{path:?}: not JSON: {e}"));
+                continue;
+            }
+        };
+        let kind = kind(&value);
+        *per_kind.entry(kind).or_default() += 1;
+        let mut found = check(&envelope, &value);
+        if kind != "envelope" {
+            found.extend(check(&schema_of(kind), &value));
+        }
+        errors.extend(found.iter().map(|e| format!("{path:?} ({kind}): {e}")));
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+    // Each kind that tpar writes is kept and recognised (a classifier that sent every file to
+    // the envelope alone would check almost nothing).
+    for kind in [
+        "bench", "fused", "anatomy", "step", "tune", "doctor", "envelope",
+    ] {
+        assert!(
+            per_kind.get(kind).is_some_and(|&n| n > 0),
+            "no {kind} file: {per_kind:?}"
+        );
+    }
+    assert_eq!(per_kind.values().sum::<usize>(), files.len());
+}
+
+#[test]
+fn a_result_without_its_provenance_is_refused() {
+    let envelope = schema_of("envelope");
+    let mut record = serde_json::json!({
+        "command": "tpar bench", "device": "cpu", "date": "2026-12-02", "commit": "abc"
+    });
+    assert_eq!(check(&envelope, &record), Vec::<String>::new());
+    record.as_object_mut().unwrap().remove("commit");
+    assert_eq!(check(&envelope, &record), vec!["$: no `commit`".to_owned()]);
+    // A step row that ran must carry its figures; a skipped one need not.
+    let step = schema_of("step");
+    let row = |extra: Value| {
+        let mut r = serde_json::json!({"reduce": "auto"});
+        r.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        r
+    };
+    let items = &step["properties"]["results"]["items"];
+    assert!(!check(items, &row(serde_json::json!({}))).is_empty());
+    assert_eq!(
+        check(
+            items,
+            &row(serde_json::json!({"skipped": "NCCL needs one GPU per rank"}))
+        ),
+        Vec::<String>::new()
     );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]

@@ -239,14 +239,14 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
     for pdl in [false, true] {
         let mut empty = 0.0;
         // (rung, function, bytes, threads needed, whether the output is checked)
-        let mut plan: Vec<(usize, StandaloneKernel, usize, usize, bool)> = (0
+        let mut launches: Vec<(usize, StandaloneKernel, usize, usize, bool)> = (0
             ..kernels::ANATOMY_RUNGS)
             .map(|r| (r, bench.ladder[r], 0, 1, false))
             .collect();
         for bytes in PRODUCTION_PAYLOADS {
             // A thread per 16-byte LL line (8 bytes of data).
             let threads = bytes.div_ceil(8);
-            plan.push((
+            launches.push((
                 kernels::ANATOMY_RUNGS,
                 bench.production,
                 bytes,
@@ -254,7 +254,7 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
                 bytes > 0,
             ));
         }
-        for (rung, f, bytes, threads, checked) in plan {
+        for (rung, f, bytes, threads, checked) in launches {
             let grid = bench.grid(threads, pdl);
             let (p50, p99) = bench
                 .time(f, bytes, grid, pdl)

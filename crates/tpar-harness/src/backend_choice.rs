@@ -117,7 +117,7 @@ impl Setup {
                 );
             }
             let line = format!(
-                "note: TPAR_ALGO={choice} forces the `auto` route; the other routes run as named"
+                "note: TPAR_ALGO={choice} forces what `auto` runs; the other algorithms run as named"
             );
             note = Some(match note {
                 Some(n) => format!("{n}\n{line}"),

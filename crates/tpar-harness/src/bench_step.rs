@@ -75,8 +75,8 @@ pub struct StepRow {
     /// What `auto` ran for this pass's message size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs: Option<String>,
-    /// How the norms ran: "separate", or "fused" / "unfused: why" for fused rows (the plan
-    /// of the captured pass).
+    /// How the norms ran: "separate", or "fused" / "unfused: why" for fused rows (the fused
+    /// decision of the captured pass).
     pub norms: String,
     pub pass_p50_us: f64,
     pub pass_p99_us: f64,
@@ -248,21 +248,27 @@ impl StepSettings {
     }
 }
 
-/// Times every pass of `plan` on `group`; `on_timing` hears each one before it is timed.
+/// Times every pass of `settings` on `group`; `on_timing` hears each one before it is timed.
 pub fn run(
     group: &mut CudaRanks,
-    plan: &StepSettings,
+    settings: &StepSettings,
     mut on_timing: impl FnMut(Reduce),
 ) -> Result<Vec<StepRow>> {
     let dtype = DType::Bf16;
-    let (model, layers, tokens) = (&plan.model, plan.layers, plan.tokens);
-    let count = plan.count();
-    let mut data = prepare(group, &plan.ops, &plan.sizes, &plan.kinds, model.hidden)?;
+    let (model, layers, tokens) = (&settings.model, settings.layers, settings.tokens);
+    let count = settings.count();
+    let mut data = prepare(
+        group,
+        &settings.ops,
+        &settings.sizes,
+        &settings.kinds,
+        model.hidden,
+    )?;
     let mut rows = Vec::new();
     let mut compute_us = 0.0;
-    for &reduce in &plan.reduces {
-        if let Reduce::With(route, _) = reduce {
-            if let Err(why) = group.supports(route) {
+    for &reduce in &settings.reduces {
+        if let Reduce::With(selection, _) = reduce {
+            if let Err(why) = group.supports(selection) {
                 rows.push(StepRow {
                     reduce: reduce.name(),
                     runs: None,
@@ -279,7 +285,7 @@ pub fn run(
         }
         on_timing(reduce);
         // Collective calls: every rank replays the same number of times.
-        let replays = group.agreed_mean(plan.replays as u64)? as usize;
+        let replays = group.agreed_mean(settings.replays as u64)? as usize;
         let group = &*group;
         let mut queue = |i: usize, stream: &Arc<cudarc::driver::CudaStream>| {
             queue_pass(
@@ -287,7 +293,7 @@ pub fn run(
                 &mut data[i],
                 i,
                 stream,
-                &plan.ops,
+                &settings.ops,
                 model,
                 reduce,
                 tokens,
@@ -299,14 +305,14 @@ pub fn run(
             queue(i, s)?;
         }
         group.synchronize()?;
-        let graphs: Vec<CudaGraph> = if plan.graph_per_rank || group.comms.len() == 1 {
+        let graphs: Vec<CudaGraph> = if settings.graph_per_rank || group.comms.len() == 1 {
             group.capture_each(&mut queue)?
         } else {
             vec![group.capture(&mut queue)?]
         };
         rows.push(time_pass(
             group,
-            plan,
+            settings,
             graphs,
             reduce,
             replays,
@@ -320,7 +326,7 @@ pub fn run(
 /// Replays one pass's graphs and makes its row (the compute-only pass sets `compute_us`).
 fn time_pass(
     group: &CudaRanks,
-    plan: &StepSettings,
+    settings: &StepSettings,
     graphs: Vec<CudaGraph>,
     reduce: Reduce,
     replays: usize,
@@ -354,7 +360,7 @@ fn time_pass(
             let path = group.comms[0].cuda().fused_plan(
                 choice.algorithm(),
                 dtype,
-                plan.model.hidden as usize,
+                settings.model.hidden as usize,
             );
             if path.fused {
                 "fused".to_owned()
@@ -469,15 +475,15 @@ fn queue_pass(
                 }
                 StepOp::AllReduce { slot } => match reduce {
                     Reduce::Nothing => {}
-                    Reduce::With(route, Norms::Separate) => {
+                    Reduce::With(selection, Norms::Separate) => {
                         let output = data.slot_mut(slot).span_mut(dtype, count)?;
-                        queue(route, comm, None, output, stream)?
+                        queue(selection, comm, None, output, stream)?
                     }
                     // The allreduce and the norm that follows it (planner::step keeps them
                     // adjacent) in one call; the AddRmsNorm op is then skipped.
-                    Reduce::With(route, Norms::Fused) => {
+                    Reduce::With(selection, Norms::Fused) => {
                         let spans = data.norm_spans(slot, dtype, tokens, hidden)?;
-                        match route {
+                        match selection {
                             Selection::Auto => {
                                 comm.fused_add_rms_norm(spans, stream)?;
                             }

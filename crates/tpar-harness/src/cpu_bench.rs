@@ -44,37 +44,37 @@ pub struct CpuBench {
     pub memory_per_rank_bytes: u64,
 }
 
-/// Times every (size, algorithm) of `plan` on this rank. `on_step` hears each one before it
+/// Times every (size, algorithm) of `settings` on this rank. `on_step` hears each one before it
 /// starts; `on_row` sees the rows so far after each.
 pub fn run(
     rank: &Rank,
-    plan: &CpuBenchSettings,
+    settings: &CpuBenchSettings,
     mut on_step: impl FnMut(u64, Algorithm),
     mut on_row: impl FnMut(&[CpuRow]),
 ) -> Result<CpuBench> {
     let world_size = rank.world_size();
     let config = Config {
-        timeout: plan.timeout,
+        timeout: settings.timeout,
         ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
-    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
-    let known = KnownData::new(plan.dtype, rank.rank(), world_size, max_count, [11, 12]);
-    let mut output = vec![0u8; max_count * plan.dtype.size()];
-    let mut rows = Vec::with_capacity(plan.sizes.len() * plan.algorithms.len());
-    for &(bytes, count) in &plan.sizes {
-        for &algo in &plan.algorithms {
+    let max_count = settings.sizes.iter().map(|s| s.1).max().unwrap_or(0);
+    let known = KnownData::new(settings.dtype, rank.rank(), world_size, max_count, [11, 12]);
+    let mut output = vec![0u8; max_count * settings.dtype.size()];
+    let mut rows = Vec::with_capacity(settings.sizes.len() * settings.algorithms.len());
+    for &(bytes, count) in &settings.sizes {
+        for &algo in &settings.algorithms {
             on_step(bytes, algo);
-            let out = &mut output[..count * plan.dtype.size()];
+            let out = &mut output[..count * settings.dtype.size()];
             total_across_ranks(&mut comm, 0)?; // start together
-            for i in 0..plan.warmup {
-                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+            for i in 0..settings.warmup {
+                comm.all_reduce_bytes(settings.dtype, Some(known.input(i, count)), out, algo)?;
             }
-            let mut samples = Vec::with_capacity(plan.iters);
+            let mut samples = Vec::with_capacity(settings.iters);
             let mut wrong = 0u64;
-            for i in 0..plan.iters {
+            for i in 0..settings.iters {
                 let start = Instant::now();
-                comm.all_reduce_bytes(plan.dtype, Some(known.input(i, count)), out, algo)?;
+                comm.all_reduce_bytes(settings.dtype, Some(known.input(i, count)), out, algo)?;
                 samples.push(start.elapsed());
                 wrong += u64::from(*out != *known.expected(i, count));
             }

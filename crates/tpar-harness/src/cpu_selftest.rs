@@ -29,14 +29,17 @@ pub const CASE_DEADLINE: Duration = Duration::from_secs(1);
 /// them where an interrupted job's launcher finds them). Returns every row.
 pub fn run(
     rank: &Rank,
-    plan: &CpuSelftestSettings,
+    settings: &CpuSelftestSettings,
     mut on_row: impl FnMut(&[SelftestRow]),
 ) -> Result<Vec<SelftestRow>> {
-    let timeout_case = plan.timeout_case.then(|| timeout_case(rank)).transpose()?;
+    let timeout_case = settings
+        .timeout_case
+        .then(|| timeout_case(rank))
+        .transpose()?;
 
     // A fresh communicator: the one the timeout case broke is gone.
     let config = Config {
-        timeout: plan.timeout,
+        timeout: settings.timeout,
         ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
@@ -59,11 +62,11 @@ pub fn run(
         });
     }
 
-    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
-    for &dtype in &plan.dtypes {
+    let max_count = settings.counts.iter().copied().max().unwrap_or(0);
+    for &dtype in &settings.dtypes {
         let known = KnownData::new(dtype, rank.rank(), rank.world_size(), max_count, [21, 22]);
-        for &algo in &plan.algorithms {
-            for &count in &plan.counts {
+        for &algo in &settings.algorithms {
+            for &count in &settings.counts {
                 for in_place in [false, true] {
                     let mut wrong = 0u64;
                     let mut output = vec![0u8; count * dtype.size()];

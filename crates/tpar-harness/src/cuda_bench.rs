@@ -158,21 +158,21 @@ pub fn time_replays(
     Ok(us)
 }
 
-pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchSettings) -> Result<Floors> {
+pub fn measure_floors(group: &CudaRanks, settings: &CudaBenchSettings) -> Result<Floors> {
     let chain = group.capture_each(|i, s| -> Result<()> {
-        for _ in 0..plan.chain {
+        for _ in 0..settings.chain {
             group.comms[i].cuda().launch_empty(s)?;
         }
         Ok(())
     })?;
-    let chain_us = time_replays(group, &chain, plan.warmup, plan.replays)?;
+    let chain_us = time_replays(group, &chain, settings.warmup, settings.replays)?;
     let single =
         group.capture(|i, s| -> Result<()> { Ok(group.comms[i].cuda().launch_empty(s)?) })?;
     let single_us = time_replays(
         group,
         std::slice::from_ref(&single),
-        plan.warmup,
-        plan.replays,
+        settings.warmup,
+        settings.replays,
     )?;
 
     let ctx = group.comms[0].cuda().context();
@@ -198,7 +198,7 @@ pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchSettings) -> Result<Flo
     copy_us.sort_by(f64::total_cmp);
     d2h_us.sort_by(f64::total_cmp);
     Ok(Floors {
-        empty_chain_us: percentile(&chain_us, 50.0) / plan.chain as f64,
+        empty_chain_us: percentile(&chain_us, 50.0) / settings.chain as f64,
         empty_single_us: percentile(&single_us, 50.0),
         device_copy_gbps: 2.0 * bytes as f64 / (copy_us[2] * 1e3),
         device_to_host_gbps: (64u64 << 20) as f64 / (d2h_us[2] * 1e3),
@@ -207,19 +207,19 @@ pub fn measure_floors(group: &CudaRanks, plan: &CudaBenchSettings) -> Result<Flo
 
 pub fn run(
     group: &mut CudaRanks,
-    plan: &CudaBenchSettings,
+    settings: &CudaBenchSettings,
     floors: &Floors,
     mut progress: impl FnMut(u64, Selection),
 ) -> Result<Vec<CudaRow>> {
-    let dtype = plan.dtype;
+    let dtype = settings.dtype;
     let n = group.world_size as f64;
-    let max_count = plan.sizes.iter().map(|s| s.1).max().unwrap_or(0);
+    let max_count = settings.sizes.iter().map(|s| s.1).max().unwrap_or(0);
     let known = group.known(dtype, max_count, [41, 42]);
     let mut buffers = group.buffers(max_count * dtype.size())?;
     group.upload_inputs(&buffers, &known, max_count)?;
     let mut rows = Vec::new();
-    for &(bytes, count) in &plan.sizes {
-        for &algo in &plan.choices {
+    for &(bytes, count) in &settings.sizes {
+        for &algo in &settings.choices {
             progress(bytes, algo);
             let mut row = CudaRow {
                 bytes,
@@ -236,14 +236,14 @@ pub fn run(
                 skipped: None,
             };
             // What actually runs: the fixed choice, or the dispatcher's for this size.
-            let planned = match algo {
+            let choice = match algo {
                 Selection::Forced(c) => group.supports(algo).map(|_| c),
                 Selection::Auto => group.comms[0]
                     .decision(dtype, bytes, true)
                     .map(|p| p.choice)
                     .map_err(|e| e.to_string()),
             };
-            let planned = match planned {
+            let choice = match choice {
                 Ok(c) => c,
                 Err(why) => {
                     // Not a failure (the run passes), but no result either: JSON writes null.
@@ -254,11 +254,11 @@ pub fn run(
                 }
             };
             if algo == Selection::Auto {
-                row.runs = Some(planned.name().to_owned());
+                row.runs = Some(choice.name().to_owned());
             }
             // NCCL adds in its own order and rounds every 16-bit partial sum: checked within
             // the worst case of that; tpar's paths bitwise.
-            let tolerance = if planned == Choice::Nccl {
+            let tolerance = if choice == Choice::Nccl {
                 tpar::check::unordered_sum_error_bound(dtype, group.world_size)
             } else {
                 0.0
@@ -279,8 +279,8 @@ pub fn run(
             // take milliseconds each. Every rank must pick the same counts (they are collective
             // calls), so the time comes from the job-wide mean, not this process's own clock.
             let per_call = (group.agreed_mean(eager.as_nanos() as u64)? as f64 / 1e9).max(1e-6);
-            let chain_len = plan.chain.min(((0.02 / per_call) as usize).max(1));
-            let replays = plan
+            let chain_len = settings.chain.min(((0.02 / per_call) as usize).max(1));
+            let replays = settings
                 .replays
                 .min(((1.0 / (per_call * chain_len as f64)) as usize).max(5));
             row.chain = chain_len;
@@ -292,7 +292,7 @@ pub fn run(
                 }
                 Ok(())
             })?;
-            let chain_us = time_replays(group, &chain, plan.warmup.min(replays), replays)?;
+            let chain_us = time_replays(group, &chain, settings.warmup.min(replays), replays)?;
             wrong += check(group, &buffers, (chain_len - 1) % 2)?;
             drop(chain);
 
@@ -302,7 +302,7 @@ pub fn run(
             let single_us = time_replays(
                 group,
                 std::slice::from_ref(&single),
-                plan.warmup.min(replays),
+                settings.warmup.min(replays),
                 replays,
             )?;
             wrong += check(group, &buffers, 0)?;
@@ -313,13 +313,13 @@ pub fn run(
             row.p99_us = percentile(&chain_us, 99.0) / chain_len as f64;
             row.graph_single_us = percentile(&single_us, 50.0);
             row.busbw_gbps = bus_bandwidth_gbps(bytes, row.p50_us, group.world_size);
-            let bandwidth = if planned == Choice::Tpar(Algorithm::HostStaged) {
+            let bandwidth = if choice == Choice::Tpar(Algorithm::HostStaged) {
                 floors.device_to_host_gbps
             } else {
                 floors.device_copy_gbps
             };
-            row.wire_floor_us = bottleneck_bytes(planned, n, bytes as f64, Placement::SharedGpu)
-                / (bandwidth * 1e3);
+            row.wire_floor_us =
+                bottleneck_bytes(choice, n, bytes as f64, Placement::SharedGpu) / (bandwidth * 1e3);
             row.correct = wrong == 0;
             rows.push(row);
         }

@@ -44,7 +44,7 @@ pub fn queue(
 /// process's rank of a job).
 pub type MakeGroup<'a> = &'a dyn Fn(Config) -> Result<CudaRanks>;
 
-/// Whether `stream` is being captured into a graph (the dispatcher may plan differently).
+/// Whether `stream` is being captured into a graph (the dispatcher may decide differently).
 pub fn stream_is_capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| {
         s == cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
@@ -54,12 +54,12 @@ pub fn stream_is_capturing(stream: &CudaStream) -> bool {
 /// Every name `--algos`, `--algo` and `TPAR_ALGO` take, in the one order used by help, errors
 /// and the README (a test holds them to `Choice::ALL` and `auto`).
 #[macro_export]
-macro_rules! route_names {
+macro_rules! selection_names {
     () => {
         "one-shot, two-shot, one-shot-pull, host-staged, staged, staged-pull, islands, islands-pull, ring, nccl, auto"
     };
 }
-pub const ROUTE_NAMES: &str = route_names!();
+pub const SELECTION_NAMES: &str = selection_names!();
 
 /// A name from a list of algorithms (`--algos`): [`Selection`]'s parse, with an error that
 /// lists every name `auto` included; an empty name is refused, not taken for `auto`.
@@ -70,7 +70,7 @@ pub fn parse_selection(name: &str) -> std::result::Result<Selection, tpar::Error
         .flatten();
     parsed.ok_or_else(|| {
         tpar::Error::InvalidArgument(format!(
-            "unknown algorithm '{name}'; the names are: {ROUTE_NAMES}"
+            "unknown algorithm '{name}'; the names are: {SELECTION_NAMES}"
         ))
     })
 }
@@ -292,20 +292,20 @@ impl CudaRanks {
         variant: Option<usize>,
         dtype: DType,
         count: usize,
-        route: Selection,
+        selection: Selection,
     ) -> Result<()> {
         let RankBuffers { inputs, output } = &mut buffers[i];
         let input = variant
             .map(|v| inputs[v % 2].span(dtype, count))
             .transpose()?;
         let output = output.span_mut(dtype, count)?;
-        queue(route, &self.comms[i], input, output, stream)
+        queue(selection, &self.comms[i], input, output, stream)
     }
 
-    /// Whether `route` can run on these ranks, and if not, why (`auto` always can: the
-    /// dispatcher's plan says what it runs).
-    pub fn supports(&self, route: Selection) -> std::result::Result<(), String> {
-        match route {
+    /// Whether `selection` can run on these ranks, and if not, why (`auto` always can: the
+    /// dispatcher's decision says what it runs).
+    pub fn supports(&self, selection: Selection) -> std::result::Result<(), String> {
+        match selection {
             Selection::Forced(Choice::Tpar(algorithm)) => self.comms[0].cuda().supports(algorithm),
             Selection::Forced(Choice::Nccl) => self.comms[0].nccl().map(|_| ()),
             Selection::Auto => Ok(()),
@@ -319,7 +319,7 @@ impl CudaRanks {
         buffers: &mut [RankBuffers],
         dtype: DType,
         count: usize,
-        route: Selection,
+        selection: Selection,
         variant: usize,
         in_place: bool,
     ) -> Result<()> {
@@ -331,7 +331,7 @@ impl CudaRanks {
                 (!in_place).then_some(variant),
                 dtype,
                 count,
-                route,
+                selection,
             )?;
         }
         Ok(())
@@ -535,27 +535,27 @@ fn exact_sums(world_size: usize, spec: &verify::CheckSpec<'_>) -> String {
 }
 
 #[cfg(test)]
-mod route_name_tests {
+mod selection_name_tests {
     use super::*;
 
     #[test]
     fn one_list_of_algorithm_names_everywhere() {
         let mut names: Vec<&str> = Choice::ALL.iter().map(|c| c.name()).collect();
         names.push("auto");
-        assert_eq!(ROUTE_NAMES, names.join(", "));
+        assert_eq!(SELECTION_NAMES, names.join(", "));
         for name in &names {
             assert_eq!(parse_selection(name).unwrap().name(), *name);
         }
         assert!(parse_selection(" ").is_err());
         let err = parse_selection("rings").unwrap_err().to_string();
-        assert!(err.contains(ROUTE_NAMES), "{err}");
+        assert!(err.contains(SELECTION_NAMES), "{err}");
         assert_eq!(
             exact_sums(2, &verify::QUICK_CHECK),
             "exact sums on 2 ranks at 0, 7, 4099 and 70001 bf16 elements"
         );
         let readme = include_str!("../../../README.md");
         assert!(
-            readme.contains(ROUTE_NAMES),
+            readme.contains(SELECTION_NAMES),
             "README lists other algorithm names"
         );
     }

@@ -64,7 +64,7 @@ pub struct Sweep {
 }
 
 /// Runs the sweep on the groups `make` builds (all ranks here, or this process's rank).
-pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
+pub fn run(make: MakeGroup<'_>, settings: &CudaSelftestSettings) -> Result<Sweep> {
     let mut rows = Vec::new();
     let mut leader = false;
     let record = |rows: &mut Vec<SelftestRow>, cells: [&str; 5], bad: u64, detail: String| {
@@ -75,14 +75,14 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
         ));
     };
 
-    if plan.timeout_case {
+    if settings.timeout_case {
         let world_size = make(Config {
             timeout: CASE_DEADLINE,
             host_staged: false,
             ..Config::default()
         })?
         .world_size;
-        for &algo in &plan.algorithms {
+        for &algo in &settings.algorithms {
             let (silent, mismatch) = failure_rows(make, algo, world_size)?;
             leader |= silent.leader;
             rows.push(silent.row);
@@ -92,19 +92,19 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
 
     // A fresh group: the GPU and the process must be fine after the failures.
     let mut group = make(Config {
-        timeout: plan.timeout,
+        timeout: settings.timeout,
         ..Config::default()
     })?;
     leader |= group.is_leader();
     let world_size = group.world_size;
-    for &algo in &plan.algorithms {
+    for &algo in &settings.algorithms {
         if !matches!(algo, Algorithm::Islands | Algorithm::IslandsPull) {
-            sweep(&mut group, algo, algo.name(), plan, &mut rows)?;
+            sweep(&mut group, algo, algo.name(), settings, &mut rows)?;
             continue;
         }
         for islands in Islands::test_partitions(world_size) {
             let mut island_group = make(Config {
-                timeout: plan.timeout,
+                timeout: settings.timeout,
                 islands: Some(islands),
                 ..Config::default()
             })?;
@@ -112,7 +112,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
                 &mut island_group,
                 algo,
                 &format!("{algo} [{islands}]"),
-                plan,
+                settings,
                 &mut rows,
             )?;
         }
@@ -124,11 +124,11 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
     let mut buffers = group.buffers(count * dtype.size())?;
     let mut host = vec![0u8; count * dtype.size()];
     let mut expected = host.clone();
-    for &algo in &plan.algorithms {
+    for &algo in &settings.algorithms {
         if group
             .supports(Selection::Forced(Choice::Tpar(algo)))
             .is_err()
-            || plan.replays == 0
+            || settings.replays == 0
         {
             continue;
         }
@@ -144,7 +144,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
             )
         })?;
         let mut wrong = 0;
-        for replay in 0..plan.replays {
+        for replay in 0..settings.replays {
             let seed = 1000 + replay as u64;
             for (i, b) in buffers.iter().enumerate() {
                 fill_input(dtype, seed, group.ranks[i], &mut host);
@@ -166,7 +166,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
                 dtype.name(),
                 &count.to_string(),
                 "out of place",
-                &format!("graph x{}", plan.replays),
+                &format!("graph x{}", settings.replays),
             ],
             bad,
             " (new inputs before every replay)".to_owned(),
@@ -176,12 +176,12 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
     drop(group);
     // The fused allreduce + residual add + RMSNorm, with one-shot in the sweep (`--algos
     // two-shot` leaves them out).
-    if plan.algorithms.contains(&Algorithm::OneShot) {
+    if settings.algorithms.contains(&Algorithm::OneShot) {
         rows.extend(super::fused_bench::selftest(
             make,
-            &plan.dtypes,
-            plan.timeout,
-            plan.timeout_case,
+            &settings.dtypes,
+            settings.timeout,
+            settings.timeout_case,
         )?);
     }
     Ok(Sweep { rows, leader })
@@ -193,7 +193,7 @@ fn sweep(
     group: &mut CudaRanks,
     algo: Algorithm,
     label: &str,
-    plan: &CudaSelftestSettings,
+    settings: &CudaSelftestSettings,
     rows: &mut Vec<SelftestRow>,
 ) -> Result<()> {
     if let Err(why) = group.supports(Selection::Forced(Choice::Tpar(algo))) {
@@ -204,12 +204,12 @@ fn sweep(
         ));
         return Ok(());
     }
-    let max_count = plan.counts.iter().copied().max().unwrap_or(0);
-    for &dtype in &plan.dtypes {
+    let max_count = settings.counts.iter().copied().max().unwrap_or(0);
+    for &dtype in &settings.dtypes {
         let known = group.known(dtype, max_count, SEEDS);
         let mut buffers = group.buffers(max_count * dtype.size())?;
         group.upload_inputs(&buffers, &known, max_count)?;
-        for &count in &plan.counts {
+        for &count in &settings.counts {
             let count_text = count.to_string();
             for in_place in [false, true] {
                 let placement = if in_place { "in place" } else { "out of place" };

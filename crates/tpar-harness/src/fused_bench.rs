@@ -211,7 +211,7 @@ const SHAPES: [(usize, usize); 8] = [
 ];
 
 /// The fused op's selftest rows on groups built by `make`: every dtype of `dtypes` on one-shot,
-/// host-staged, two-shot and pull (each fused where the plan says, else the allreduce + the
+/// host-staged, two-shot and pull (each fused where the fused decision says, else the allreduce + the
 /// separate norm kernel: pull, and rows above the fused kernels' hidden size), then, with
 /// `failure_cases`, a silent peer and a mismatched call on the fused one-shot and two-shot
 /// kernels.
@@ -255,7 +255,7 @@ pub fn selftest(
                 let path = group.comms[0]
                     .cuda()
                     .fused_plan(Some(algorithm), dtype, hidden);
-                let route = if path.fused { "fused" } else { "unfused" };
+                let path_name = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
                     let queue = |group: &CudaRanks,
@@ -296,7 +296,7 @@ pub fn selftest(
                             "eager".into(),
                         ],
                         bad: group.total(bad)?,
-                        detail: format!(" ({route})"),
+                        detail: format!(" ({path_name})"),
                     });
                     // Captured once, replayed twice with fresh inputs.
                     let graph = group.capture(|i, s| queue(&group, &mut bufs[i], i, s))?;
@@ -319,7 +319,7 @@ pub fn selftest(
                             "graph".into(),
                         ],
                         bad: group.total(bad)?,
-                        detail: format!(" ({route})"),
+                        detail: format!(" ({path_name})"),
                     });
                 }
             }

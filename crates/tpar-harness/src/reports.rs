@@ -1,6 +1,6 @@
 //! The reports of the harness's runs as they are written out (`tpar ... --json`): each run's
 //! rows with what was run, how it was timed, and where ([`Provenance`]). A report is built
-//! from the run's plan and results in one place, so the CLI and Python write the same record.
+//! from the run's settings and results in one place, so the CLI and Python write the same record.
 
 use serde::Serialize;
 
@@ -32,17 +32,17 @@ pub struct CpuBenchReport {
 impl CpuBenchReport {
     pub fn new(
         world_size: usize,
-        plan: &CpuBenchSettings,
+        settings: &CpuBenchSettings,
         run: CpuBench,
         provenance: Provenance,
     ) -> CpuBenchReport {
         CpuBenchReport {
             backend: "cpu".to_owned(),
             world_size,
-            dtype: plan.dtype,
+            dtype: settings.dtype,
             provenance,
-            iters: plan.iters,
-            warmup: plan.warmup,
+            iters: settings.iters,
+            warmup: settings.warmup,
             timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
             memory_per_rank_bytes: run.memory_per_rank_bytes,
             results: run.rows,
@@ -70,11 +70,11 @@ pub struct CudaBenchReport {
 }
 
 impl CudaBenchReport {
-    /// The report of `rows`, timed by `plan` on `group` (ranks run as `mode`).
+    /// The report of `rows`, timed by `settings` on `group` (ranks run as `mode`).
     pub fn new(
         group: &CudaRanks,
         mode: &'static str,
-        plan: &CudaBenchSettings,
+        settings: &CudaBenchSettings,
         floors: Floors,
         rows: Vec<CudaRow>,
         provenance: Provenance,
@@ -83,11 +83,11 @@ impl CudaBenchReport {
             backend: "cuda",
             world_size: group.world_size,
             mode,
-            dtype: plan.dtype,
+            dtype: settings.dtype,
             provenance,
-            replays: plan.replays,
-            warmup: plan.warmup,
-            chain: plan.chain,
+            replays: settings.replays,
+            warmup: settings.warmup,
+            chain: settings.chain,
             timing: "CUDA events around graph replays; p50/p99 over replays; per allreduce = replay / chain",
             memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
             max_blocks_per_rank: group.comms[0].cuda().max_blocks(),
@@ -181,28 +181,28 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    /// The report of `rows`, timed by `plan` with ranks run as `mode` on `gpus` GPUs.
+    /// The report of `rows`, timed by `settings` with ranks run as `mode` on `gpus` GPUs.
     pub fn new(
-        plan: &StepSettings,
+        settings: &StepSettings,
         mode: &'static str,
         gpus: usize,
         provenance: Provenance,
         rows: Vec<StepRow>,
     ) -> StepReport {
         StepReport {
-            model: plan.model.name.clone(),
-            tp: plan.tp as usize,
-            tokens: plan.tokens as usize,
-            layers: plan.layers,
-            allreduces_per_pass: 2 * plan.layers,
-            norms_per_pass: 2 * plan.layers,
-            allreduce_bytes: (plan.count() * DType::Bf16.size()) as u64,
-            gemms_per_pass: plan.gemms_per_pass(),
-            weight_bytes_per_rank_per_layer: plan.weight_bytes(false),
+            model: settings.model.name.clone(),
+            tp: settings.tp as usize,
+            tokens: settings.tokens as usize,
+            layers: settings.layers,
+            allreduces_per_pass: 2 * settings.layers,
+            norms_per_pass: 2 * settings.layers,
+            allreduce_bytes: (settings.count() * DType::Bf16.size()) as u64,
+            gemms_per_pass: settings.gemms_per_pass(),
+            weight_bytes_per_rank_per_layer: settings.weight_bytes(false),
             mode,
             gpus,
             provenance,
-            replays: plan.replays,
+            replays: settings.replays,
             timing: "CUDA events around replays of one graph holding the whole pass; p50/p99 over replays; communication = pass - compute-only pass (which runs the norms as separate kernels), so a fused row's figure is what its allreduces add once their norms are folded in",
             results: rows,
         }

@@ -2,8 +2,12 @@
 //! spans (out of place, in place, every algorithm the group supports) on a group of two ranks
 //! sharing GPU 0 as threads of this process, and the named errors for operands that do not fit
 //! the call (lengths, dtypes, streams) before anything is launched; the fused allreduce +
-//! residual add + RMSNorm on spans, fused and unfused, against the CPU reference. Skips, saying why, on a
-//! machine without a GPU.
+//! residual add + RMSNorm on spans, fused and unfused, against the CPU reference.
+//!
+//! Part of the GPU suite: each test is ignored by `cargo test` (the reason says so) and run on
+//! the GPU machine by scripts/gpu-check.sh as a prebuilt binary (`cargo test --release -p tpar
+//! --test cuda_spans --no-run`, then `cuda_spans --ignored`); asked to run without a GPU, it
+//! fails naming why.
 
 use std::sync::Arc;
 
@@ -14,17 +18,17 @@ use tpar::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 use tpar::Config;
 use tpar::{Algorithm, DType};
 
-fn group() -> Option<(Vec<CudaCommunicator>, Vec<Arc<CudaStream>>)> {
+/// Two ranks sharing GPU 0 as threads of this process, a stream each.
+fn group() -> (Vec<CudaCommunicator>, Vec<Arc<CudaStream>>) {
     if let Err(why) = tpar::backend::cuda::check_available() {
-        eprintln!("SKIPPED: the CUDA span tests need a GPU: {why}");
-        return None;
+        panic!("the CUDA span tests need a GPU (run with --ignored only on one): {why}");
     }
     let comms = CudaCommunicator::new_local_group(&[0, 0], Config::default()).unwrap();
     let streams = comms
         .iter()
         .map(|c| c.context().new_stream().unwrap())
         .collect();
-    Some((comms, streams))
+    (comms, streams)
 }
 
 fn upload(stream: &Arc<CudaStream>, values: &[f32]) -> CudaSlice<f32> {
@@ -32,10 +36,9 @@ fn upload(stream: &Arc<CudaStream>, values: &[f32]) -> CudaSlice<f32> {
 }
 
 #[test]
+#[ignore = "needs a GPU: scripts/gpu-check.sh runs it"]
 fn spans_of_cudarc_buffers_reduce_out_of_place_and_in_place() {
-    let Some((comms, streams)) = group() else {
-        return;
-    };
+    let (comms, streams) = group();
     let count = 140_001; // several chunks
     let inputs: Vec<CudaSlice<f32>> = (0..2)
         .map(|r| {
@@ -91,10 +94,9 @@ fn spans_of_cudarc_buffers_reduce_out_of_place_and_in_place() {
 }
 
 #[test]
+#[ignore = "needs a GPU: scripts/gpu-check.sh runs it"]
 fn operands_that_do_not_fit_the_call_are_refused_before_launch() {
-    let Some((comms, streams)) = group() else {
-        return;
-    };
+    let (comms, streams) = group();
     let (comm, stream) = (&comms[0], &streams[0]);
     let input = upload(stream, &[1.0; 64]);
     let mut short = stream.alloc_zeros::<f32>(63).unwrap();
@@ -144,10 +146,9 @@ fn operands_that_do_not_fit_the_call_are_refused_before_launch() {
 }
 
 #[test]
+#[ignore = "needs a GPU: scripts/gpu-check.sh runs it"]
 fn the_fused_op_takes_spans_and_matches_the_cpu_reference() {
-    let Some((comms, streams)) = group() else {
-        return;
-    };
+    let (comms, streams) = group();
     let (tokens, hidden, eps) = (3usize, 4096usize, 1e-6f32);
     let count = tokens * hidden;
     let xs: Vec<Vec<f32>> = (0..2)
