@@ -28,6 +28,10 @@ __device__ void oneshot_push(const TparArgs& a) {
         if (u != tid) load_pair<DT>(a.input, u, a.count, words, &w0, &w1);
         push_unit_to(a, call, everyone, my_slot + 2 * u, w0, w1);
     }
+    if (TPAR_HOST_POLL_DELAY_PS_PER_BYTE > 0 && a.algo == TPAR_ALGO_HOST_STAGED) {
+        const u64 pushed = (u64)(a.world_size - 1) * units * 16;  // LL bytes this rank wrote
+        __nanosleep((u32)min(pushed * TPAR_HOST_POLL_DELAY_PS_PER_BYTE / 1000, (u64)100000));
+    }
     for (u64 u = tid; u < units; u += stride) {
         u32 own0 = first0, own1 = first1;
         if (u != tid) load_pair<DT>(a.input, u, a.count, words, &own0, &own1);

@@ -49,6 +49,14 @@
 #ifndef TPAR_HEADER_BATCH_POLL
 #define TPAR_HEADER_BATCH_POLL 0
 #endif
+// Host-staged: how long a thread waits after its pushes before its first poll, in picoseconds
+// per byte this rank pushed (0: poll at once). A poll of host memory is a PCIe read whose
+// request travels the same direction as the rank's own pushes, so polls made before the peers'
+// lines can have arrived only slow the pushes down; at 20 ps a byte (about 50 GB/s, a Gen5 x16
+// link) the first poll comes about when the pushes are done.
+#ifndef TPAR_HOST_POLL_DELAY_PS_PER_BYTE
+#define TPAR_HOST_POLL_DELAY_PS_PER_BYTE 0
+#endif
 // Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
 // common world sizes in one round trip within 64 registers.
 #ifndef TPAR_RANK_GROUP
