@@ -300,7 +300,9 @@ struct HeaderMatches {
     u32 phase;
     __device__ bool operator()() const {
         const u32 notice = notice_of(a, call, peer);
-        if (notice != 0) {
+        // A notice naming this rank is the peer's view of this rank: the peer's header, below,
+        // names what differs from here.
+        if (notice != 0 && (notice & 0xff) != a.rank) {
             const u32 code = (notice >> 8) & 0xff, cause = notice & 0xff;
             if (code == TPAR_ERR_MISMATCH) {
                 give_up(a, call, TPAR_ERR_MISMATCH, cause, TPAR_PHASE_HEADER, TPAR_FIELD_NOTICE, peer);
