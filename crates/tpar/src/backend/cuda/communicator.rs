@@ -400,16 +400,18 @@ pub(crate) fn launch_units(
 
 /// Blocks and whether to use programmatic dependent launch for a launch of `threads` threads.
 /// With PDL a rank's next kernel can be resident while this one spins, so with PDL a kernel
-/// gets half the co-resident blocks. PDL is used where that half gives each thread at most
-/// twice its units. At 256 KiB on 2 ranks of one H200 (`tpar bench --anatomy`, 2026-12-01)
-/// the choice was close and went either way with the build: 32 blocks with PDL 3.96 us against
-/// 64 without 6.08 (slow paths as calls), 4.05 against 3.78 (inlined, the default); 16 blocks
-/// with PDL lost clearly to 32 without (7.5 against 5.8).
+/// gets half the co-resident blocks. PDL is used where that half still gives every thread one
+/// unit: where it would take two, the full grid without PDL was faster in every case measured
+/// (`tpar bench --anatomy`, one H200, 2026-12-02, bench/results/2026-12-02-h200-s6-primitives
+/// call2: 2 ranks at 256 KiB 3.70 us on 64 blocks against 3.88 on 32 with PDL; 8 ranks sharing
+/// the GPU at 42 KiB 6.28 on 11 blocks against 7.81 on 8, at 256 KiB 21.10 against 28.91),
+/// and where it does not, PDL was (2 ranks at 32 KiB 2.87 against 3.43; 8 ranks 5.03 against
+/// 6.13).
 pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -> (u32, bool) {
     let blocks = threads.div_ceil(THREADS).max(1);
     let half = max_blocks / 2;
-    let pdl = pdl_supported && half >= 1 && blocks <= 2 * half;
-    (blocks.min(if pdl { half } else { max_blocks }), pdl)
+    let pdl = pdl_supported && half >= 1 && blocks <= half;
+    (blocks.min(max_blocks), pdl)
 }
 
 #[cfg(test)]
@@ -417,7 +419,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pdl_where_half_the_grid_suffices() {
+    fn pdl_only_where_half_the_grid_gives_every_thread_one_unit() {
         // 4 KiB: 512 units, one block.
         let four_k = threads_needed(Algorithm::OneShot, 4096, 2);
         assert_eq!(four_k, 512);
@@ -432,12 +434,14 @@ mod tests {
             launch_shape(threads_needed(Algorithm::OneShot, 32 << 10, 2), 16, true),
             (8, true)
         );
-        // 256 KiB: 64 blocks; with 64 co-resident, 32 with PDL (two units a thread); with
-        // 32, 32 without PDL rather than 16 with it.
+        // 256 KiB: 64 blocks, more than half of 64 co-resident: the full grid without PDL.
         let big = threads_needed(Algorithm::OneShot, 256 << 10, 2);
-        assert_eq!(launch_shape(big, 64, true), (32, true));
+        assert_eq!(launch_shape(big, 64, true), (64, false));
         assert_eq!(launch_shape(big, 32, true), (32, false));
-        assert_eq!(launch_shape(big, 64, false), (64, false));
+        assert_eq!(launch_shape(big, 128, true), (64, true));
+        // 42 KiB at 8 ranks sharing a GPU (16 co-resident): 11 blocks without PDL, not 8 with.
+        let mid = threads_needed(Algorithm::OneShot, 42 << 10, 8);
+        assert_eq!(launch_shape(mid, 16, true), (11, false));
         // One co-resident block: no PDL, so no second grid waits beside it.
         assert_eq!(launch_shape(four_k, 1, true), (1, false));
     }
