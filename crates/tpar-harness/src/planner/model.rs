@@ -222,7 +222,7 @@ impl Precision {
                 )
             })?;
             weight_bytes = bits / 8.0;
-            weights = format!("{bits} bits ({how})");
+            weights = format!("{bits} bits per weight ({how})");
         }
         Ok(Precision {
             weight_bytes,
