@@ -269,6 +269,16 @@ fn devices_stay_devices() {
 }
 
 #[test]
+fn dev_stdout_is_written_in_place() {
+    let out = bench(&["--json", "/dev/stdout"]).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let json_start = stdout.find("\n{\n").expect("the JSON after the table");
+    let v: serde_json::Value = serde_json::from_str(&stdout[json_start..]).unwrap();
+    assert_eq!(v["world_size"], 2);
+}
+
+#[test]
 fn plot_dash_is_stdout_and_the_table_goes_to_stderr() {
     let out = bench(&["--plot", "-"]).output().unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -1,8 +1,9 @@
 //! Where a report goes. `--json PATH` and `--plot PATH` name a *target*: `-` is standard
 //! output; a regular file (or a path with nothing there yet) is written whole or not at all (a
 //! new file beside it, renamed over it, keeping the old file's permissions); a device, FIFO or
-//! socket is opened and written in place, never replaced (`--json /dev/null` stays a device);
-//! a symbolic link is followed and its target written as above, so the link stays a link.
+//! socket, and whatever a symbolic link leads to, is opened and written in place, never
+//! replaced: `--json /dev/null` stays a device, a link stays a link (its target is written, or
+//! created if it is not there yet), `--json /dev/stdout` writes to whatever stdout is.
 //! [`check_target`] says before a run whether a target can be written, so that a bad path fails
 //! at once rather than after the measurement. Every error names the flag and the path.
 //!
@@ -20,17 +21,20 @@ use crate::{ReportError, Result};
 /// The target that means standard output.
 pub const STDOUT: &str = "-";
 
-/// What is at a target path once symbolic links are followed, and so how it is written.
+/// How a target path is written, from what is there.
 #[derive(Debug, PartialEq)]
-enum Place {
+enum Written {
     /// A regular file, or nothing yet: replaced by a new file renamed over it.
-    File {
-        path: PathBuf,
+    Replaced {
         /// The permission bits of the file there now, kept by the replacement.
         mode: Option<u32>,
     },
-    /// A device, FIFO or socket: written in place.
-    Special(PathBuf),
+    /// A device, FIFO or socket, or a symbolic link to anything but a folder: opened through
+    /// the path and written in place.
+    InPlace,
+    /// A symbolic link whose target is not there yet: written in place, creating the target
+    /// (at this path once the links are followed).
+    Dangling(PathBuf),
 }
 
 /// The longest chain of symbolic links followed (as the kernel's own limit).
@@ -48,49 +52,40 @@ fn refused(flag: &str, path: &str, reason: impl Into<String>) -> ReportError {
     }
 }
 
-/// Follows the symbolic links of `path` to what is (or will be) written.
-fn resolve(flag: &str, path: &str) -> Result<Place> {
+/// What is at `path` (see [`Written`]); a folder, or a path that cannot be looked at, is refused.
+fn resolve(flag: &str, path: &str) -> Result<Written> {
     use std::os::unix::fs::PermissionsExt;
+    let folder = |what: String| Err(refused(flag, path, format!("{what}; give a file path")));
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Written::Replaced { mode: None }),
+        Err(e) => Err(refused(flag, path, format!("cannot look at it: {e}"))),
+        Ok(meta) if meta.is_dir() => folder("is a folder".into()),
+        Ok(meta) if meta.is_file() => Ok(Written::Replaced {
+            mode: Some(meta.permissions().mode() & 0o7777),
+        }),
+        Ok(meta) if meta.file_type().is_symlink() => match std::fs::metadata(path) {
+            Ok(target) if target.is_dir() => folder("is a link to a folder".into()),
+            Ok(_) => Ok(Written::InPlace),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Written::Dangling(link_target(flag, path)?))
+            }
+            Err(e) => Err(refused(flag, path, format!("cannot follow the link: {e}"))),
+        },
+        // A character or block device, a FIFO or a socket.
+        Ok(_) => Ok(Written::InPlace),
+    }
+}
+
+/// The path a chain of symbolic links starting at `path` ends at (which is not there).
+fn link_target(flag: &str, path: &str) -> Result<PathBuf> {
     let mut at = PathBuf::from(path);
     for _ in 0..MAX_LINKS {
-        match std::fs::symlink_metadata(&at) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let link = std::fs::read_link(&at).map_err(|e| {
-                    refused(
-                        flag,
-                        path,
-                        format!("cannot read the link {}: {e}", at.display()),
-                    )
-                })?;
+        match std::fs::read_link(&at) {
+            Ok(link) => {
                 let base = at.parent().map_or_else(PathBuf::new, Path::to_path_buf);
                 at = base.join(link);
             }
-            Ok(meta) if meta.is_dir() => {
-                return Err(refused(
-                    flag,
-                    path,
-                    if at == Path::new(path) {
-                        "is a folder; give a file path".to_owned()
-                    } else {
-                        format!("leads to the folder {}; give a file path", at.display())
-                    },
-                ))
-            }
-            Ok(meta) if meta.is_file() => {
-                return Ok(Place::File {
-                    path: at,
-                    mode: Some(meta.permissions().mode() & 0o7777),
-                })
-            }
-            // A character or block device, a FIFO or a socket.
-            Ok(_) => return Ok(Place::Special(at)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Place::File {
-                    path: at,
-                    mode: None,
-                })
-            }
-            Err(e) => return Err(refused(flag, path, format!("cannot look at it: {e}"))),
+            Err(_) => return Ok(at),
         }
     }
     Err(refused(
@@ -134,10 +129,10 @@ fn can_create_beside(file: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Checks, before any work, that `--flag path` can be written: `-` always can; a file needs a
-/// folder it can be created in (or, in a folder that takes no new files, an existing file
-/// this process may write in place); a device or FIFO must be writable by this process. The
-/// error names the flag, the path and the reason.
+/// Checks, before any work, that `--flag path` can be written: `-` always can; a new or
+/// regular file needs a folder it can be created in (or, in a folder that takes no new files,
+/// an existing file this process may write in place); what is written in place must be
+/// writable by this process. The error names the flag, the path and the reason.
 pub fn check_target(flag: &str, path: &str) -> Result<()> {
     if path == STDOUT {
         return Ok(());
@@ -152,57 +147,52 @@ pub fn check_target(flag: &str, path: &str) -> Result<()> {
     if path.as_bytes().contains(&0) {
         return Err(refused(flag, path, "holds a NUL byte"));
     }
-    match resolve(flag, path)? {
-        Place::File { path: file, mode } => {
-            let folder = folder_of(&file);
-            if !folder.is_dir() {
-                return Err(refused(
-                    flag,
-                    path,
-                    format!(
-                        "folder {} does not exist; create it or pick another path",
-                        folder.display()
-                    ),
-                ));
-            }
-            let exists = mode.is_some();
-            if exists && !tpar::dir_writable(&file) {
-                return Err(refused(
-                    flag,
-                    path,
-                    "the file is read-only for this user; pick another path",
-                ));
-            }
-            if let Err(e) = can_create_beside(&file) {
-                if !exists {
-                    return Err(refused(
-                        flag,
-                        path,
-                        format!(
-                            "cannot create a file in {}: {e}; pick another path",
-                            folder.display()
-                        ),
-                    ));
-                }
-            }
+    let file = Path::new(path);
+    let creatable = |file: &Path| -> Result<()> {
+        let folder = folder_of(file);
+        if !folder.is_dir() {
+            return Err(refused(
+                flag,
+                path,
+                format!(
+                    "folder {} does not exist; create it or pick another path",
+                    folder.display()
+                ),
+            ));
+        }
+        can_create_beside(file).map_err(|e| {
+            refused(
+                flag,
+                path,
+                format!(
+                    "cannot create a file in {}: {e}; pick another path",
+                    folder.display()
+                ),
+            )
+        })
+    };
+    let writable = || {
+        if tpar::dir_writable(file) {
             Ok(())
+        } else {
+            Err(refused(
+                flag,
+                path,
+                "cannot write there (permission denied); pick another path",
+            ))
         }
-        Place::Special(special) => {
-            if tpar::dir_writable(&special) {
-                Ok(())
-            } else {
-                Err(refused(
-                    flag,
-                    path,
-                    "cannot write there (permission denied); pick another path",
-                ))
-            }
-        }
+    };
+    match resolve(flag, path)? {
+        Written::Replaced { mode: None } => creatable(file),
+        // Replaced through its folder, or written in place where the folder takes no new
+        // files: either way the file must be this user's to write.
+        Written::Replaced { mode: Some(_) } | Written::InPlace => writable(),
+        Written::Dangling(target) => creatable(&target),
     }
 }
 
-/// Writes `bytes` to `--flag target` (see the module doc: stdout, a file replaced whole, or a
-/// device or FIFO written in place).
+/// Writes `bytes` to `--flag target` (see the module doc: stdout, a file replaced whole, or
+/// written in place).
 pub fn write_target(flag: &str, target: &str, bytes: &[u8]) -> Result<()> {
     if target == STDOUT {
         let mut out = std::io::stdout().lock();
@@ -215,25 +205,29 @@ pub fn write_target(flag: &str, target: &str, bytes: &[u8]) -> Result<()> {
         target: named(flag, target),
         source,
     };
+    let path = Path::new(target);
     match resolve(flag, target)? {
-        Place::Special(path) => {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(failed)?;
-            file.write_all(bytes)
-                .and_then(|()| file.flush())
-                .map_err(failed)
-        }
-        Place::File { path, mode } => match replace(&path, mode, bytes) {
+        Written::InPlace | Written::Dangling(_) => in_place(path, bytes).map_err(failed),
+        Written::Replaced { mode } => match replace(path, mode, bytes) {
             Ok(()) => Ok(()),
             // A folder that takes no new files, around a file this user may write: in place.
             Err(e) if mode.is_some() && e.kind() == std::io::ErrorKind::PermissionDenied => {
-                std::fs::write(&path, bytes).map_err(failed)
+                in_place(path, bytes).map_err(failed)
             }
             Err(e) => Err(failed(e)),
         },
     }
+}
+
+/// Opens `path` (following links; created if missing, emptied if a file) and writes `bytes`.
+fn in_place(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    file.write_all(bytes)?;
+    file.flush()
 }
 
 /// A new file beside `path` holding `bytes` (with `mode`, if given), renamed over `path`; the
@@ -373,6 +367,10 @@ mod tests {
         std::os::unix::fs::symlink("loop", &looped).unwrap();
         let err = check_target("plot", looped.to_str().unwrap()).unwrap_err();
         assert!(err.to_string().contains("symbolic links"), "{err}");
+        let to_dir = dir.join("to-dir");
+        std::os::unix::fs::symlink(&dir, &to_dir).unwrap();
+        let err = check_target("json", to_dir.to_str().unwrap()).unwrap_err();
+        assert!(err.to_string().contains("is a link to a folder"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
