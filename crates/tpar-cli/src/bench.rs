@@ -179,6 +179,11 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     let sizes = sizes_with_counts(&bytes, dtype)?;
     let timeout = args.timeout;
     check_outputs(args.json.as_deref(), args.plot.as_deref())?;
+    if args.plot.is_some() && bytes.iter().all(|&b| b == 0) {
+        bail!(Usage(
+            "--plot draws sizes above 0 bytes on a log scale, and --sizes has none; add one".into()
+        ));
+    }
     if backend == Backend::Cuda {
         return crate::cuda_commands::bench(
             args.processes,

@@ -300,6 +300,11 @@ fn gpu_only_and_engine_only_flags_are_refused_where_they_do_nothing() {
 fn counts_and_sizes_say_what_is_wrong_with_the_value() {
     let line = assert_refused(&words("bench --backend cpu --sizes -4K"), &[]);
     assert!(line.contains("size '-4K' is negative"), "{line}");
+    let plot = std::env::temp_dir().join(format!("tpar-hostile-{}.svg", std::process::id()));
+    let args = format!("bench --backend cpu --sizes 0 --plot {}", plot.display());
+    let line = assert_refused(&words(&args), &[]);
+    assert!(line.contains("--plot draws sizes above 0 bytes"), "{line}");
+    assert!(!plot.exists());
     let line = assert_refused(
         &words(&format!("bench step --config {MODEL} -n 2 --tokens 0")),
         &[],

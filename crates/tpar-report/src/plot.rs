@@ -42,7 +42,13 @@ pub fn plot_latency<'a, R: LatencyPoint + 'a>(
     let Some(path) = path else {
         return Ok(());
     };
-    let svg = latency_svg(&title(), &series(rows.map(R::point)))?;
+    let svg = latency_svg(&title(), &series(rows.map(R::point))).map_err(|e| match e {
+        ReportError::Plot(reason) => ReportError::Target {
+            target: format!("--plot {path}"),
+            reason,
+        },
+        other => other,
+    })?;
     crate::output::write_target("plot", path, svg.as_bytes())?;
     if path != crate::output::STDOUT {
         crate::output::print_err(&format!("wrote {path}"));
@@ -54,15 +60,14 @@ pub fn plot_latency<'a, R: LatencyPoint + 'a>(
 pub fn latency_svg(title: &str, series: &[Series]) -> Result<String> {
     let mut svg = String::new();
     draw(&mut svg, title, series).map_err(|e| match e {
-        DrawError::Refused(e) => e,
-        DrawError::Plotters(message) => ReportError::Plot(message),
+        DrawError::Refused(message) | DrawError::Plotters(message) => ReportError::Plot(message),
     })?;
     Ok(svg)
 }
 
 /// A drawing that stopped: refused before it began, or failed in the plotting library.
 enum DrawError {
-    Refused(ReportError),
+    Refused(String),
     Plotters(String),
 }
 
@@ -81,9 +86,9 @@ fn draw(svg: &mut String, title: &str, series: &[Series]) -> std::result::Result
     };
     let (Some(x_min), Some(x_max)) = (points().map(|p| p.0).min(), points().map(|p| p.0).max())
     else {
-        return Err(DrawError::Refused(ReportError::Plot(
-            "--plot: no measured sizes above 0 bytes to draw".into(),
-        )));
+        return Err(DrawError::Refused(
+            "no measured sizes above 0 bytes to draw".into(),
+        ));
     };
     let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min);
     let y_max = points().map(|p| p.1).fold(0.0, f64::max);
