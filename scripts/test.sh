@@ -3,10 +3,12 @@
 # the Rust unit, property and cross-process tests (including the compilation of every CUDA
 # kernel for sm_80..sm_120 with NVRTC from pip's wheel), then the Python package: its wheel
 # is built with maturin, installed into a fresh virtual environment and tested with pytest
-# across processes. Needs no GPU and no CUDA toolkit. The GPU suite (tests/python/gpu, marked
-# `gpu`, and the ignored Rust tests of crates/tpar/tests/cuda_spans.rs) is collected here and
-# skips saying why; it runs on a GPU machine: `scripts/gpu-check.sh --prepare` here, then
-# `scripts/gpu-check.sh OUTDIR` there (its header says what to carry).
+# across processes. Needs no GPU and no CUDA toolkit; needs python3 with venv and pip. The
+# first run downloads about 5.5 GB into .ci/ (torch 4.6 GB; the top of README.md lists it), reused
+# after; TPAR_CI_TORCH=0 and TPAR_CI_ENGINES=0 skip the two large parts. The GPU suite
+# (tests/python/gpu, marked `gpu`, and the ignored Rust tests of crates/tpar/tests/cuda_spans.rs)
+# is collected here and skips saying why; it runs on a GPU machine: `scripts/gpu-check.sh
+# --prepare` here, then `scripts/gpu-check.sh OUTDIR` there (its header says what to carry).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,10 +77,14 @@ if [ "${TPAR_CI_TORCH:-1}" != 0 ]; then
   fi
   [ -e .ci/sglang-deps/.complete ] && pythonpath="${pythonpath:+$pythonpath:}$PWD/.ci/sglang-deps"
 fi
+# The pinned engines' wheels (547 MB, once): the contract tests read their source. Set
+# TPAR_CI_ENGINES=0 to skip them (those tests then skip and say why).
 mkdir -p .ci/engines
-for engine in vllm==0.33.0 sglang==0.5.23; do
-  ls .ci/engines/"${engine%%==*}"-"${engine##*==}"-*.whl >/dev/null 2>&1 ||
-    .ci/venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps "$engine" -d .ci/engines ||
-    echo "warning: $engine did not download; the engine contract tests will skip"
-done
+if [ "${TPAR_CI_ENGINES:-1}" != 0 ]; then
+  for engine in vllm==0.33.0 sglang==0.5.23; do
+    ls .ci/engines/"${engine%%==*}"-"${engine##*==}"-*.whl >/dev/null 2>&1 ||
+      .ci/venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps "$engine" -d .ci/engines ||
+      echo "warning: $engine did not download; the engine contract tests will skip"
+  done
+fi
 PYTHONPATH="$pythonpath" TPAR_ENGINE_WHEELS="$PWD/.ci/engines" .ci/venv/bin/python -m pytest -rs tests/python

@@ -1,6 +1,7 @@
 //! Parsing of the list arguments shared by the commands: sizes with binary suffixes, element
 //! counts, algorithm and dtype lists, durations in seconds; the value parsers clap runs on
-//! numeric flags; and the [`Usage`] marker that makes `main` exit 2 for a usage error.
+//! numeric flags; the checks made before any rank starts (output targets, what the host
+//! holds); and the [`Usage`] marker that makes `main` exit 2 for a usage error.
 
 use std::time::Duration;
 
@@ -27,7 +28,7 @@ pub fn usage(e: anyhow::Error) -> anyhow::Error {
     if is_usage(&e) {
         return e;
     }
-    anyhow::Error::new(Usage(format!("{e:#}")))
+    anyhow::Error::new(Usage(tpar_harness::error_chain(e.as_ref())))
 }
 
 /// A usage error anywhere in the chain.
@@ -90,6 +91,17 @@ pub fn tp_arg(text: &str) -> std::result::Result<u64, String> {
 /// Token counts (`--tokens`, `--context`): 1 to 2^40.
 pub fn tokens_arg(text: &str) -> std::result::Result<u64, String> {
     whole_in(text, 1, 1 << 40)
+}
+
+/// `bench step --tokens`: 1 to a million (a verify pass of draft tokens + 1, or a prefill
+/// chunk; each rank holds `tokens x hidden` activations).
+pub fn step_tokens_arg(text: &str) -> std::result::Result<usize, String> {
+    whole_in(text, 1, 1_000_000).map(|v| v as usize)
+}
+
+/// `bench step --layers`: at least 1 (the model's count bounds it once the config is read).
+pub fn layers_arg(text: &str) -> std::result::Result<u64, String> {
+    whole_in(text, 1, 1 << 20)
 }
 
 /// `--kv-bytes`: bytes per KV element, 1 (fp8), 2 (bf16/fp16) or 4 (f32).
@@ -210,44 +222,25 @@ pub fn timeout_arg(text: &str) -> std::result::Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Checks before any work that `--json PATH` / `--plot PATH` can be written: the folder exists
-/// and is writable, and the path is not a folder. `-` (stdout) always can.
-pub fn check_writable(flag: &str, path: &str) -> Result<()> {
-    if path == "-" {
-        return Ok(());
+/// Checks before any work (before any rank starts) that the `--json` and `--plot` targets can
+/// be written (`tpar_report::check_target`), and that they do not collide: both on stdout, or
+/// both one file. A bad target is a usage error naming the flag and the path.
+pub fn check_outputs(json: Option<&str>, plot: Option<&str>) -> Result<()> {
+    for (flag, target) in [("json", json), ("plot", plot)] {
+        if let Some(target) = target {
+            tpar_report::check_target(flag, target).map_err(|e| usage(e.into()))?;
+        }
     }
-    let p = std::path::Path::new(path);
-    if path.is_empty() {
-        bail!(Usage(format!(
-            "--{flag} is empty; give a file path (or - for stdout)"
-        )));
+    match (json, plot) {
+        (Some("-"), Some("-")) => bail!(Usage(
+            "--json - and --plot - both write to standard output; send one of them to a file"
+                .into()
+        )),
+        (Some(a), Some(b)) if a == b => bail!(Usage(format!(
+            "--json and --plot both name {a}; give each its own file"
+        ))),
+        _ => Ok(()),
     }
-    if p.is_dir() {
-        bail!(Usage(format!(
-            "--{flag} {path} is a folder; give a file path"
-        )));
-    }
-    let parent = match p.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    if !parent.is_dir() {
-        bail!(Usage(format!(
-            "--{flag} {path}: folder {} does not exist; create it or pick another path",
-            parent.display()
-        )));
-    }
-    if parent.as_os_str().as_encoded_bytes().contains(&0) {
-        bail!(Usage(format!("--{flag} {path}: the path holds a NUL byte")));
-    }
-    let writable = tpar_harness::limits::can_write_in(parent);
-    let file_ok = !p.exists() || std::fs::OpenOptions::new().append(true).open(p).is_ok();
-    if !writable || !file_ok {
-        bail!(Usage(format!(
-            "--{flag} {path}: cannot write there (permission denied); pick another path"
-        )));
-    }
-    Ok(())
 }
 
 /// `--backend auto|cpu|cuda`.
@@ -270,7 +263,8 @@ pub fn setup(backend: BackendArg, world_size: Option<usize>, algos: Option<&str>
         BackendArg::Cuda => BackendRequest::Cuda,
     };
     let algos = algos.map(|list| {
-        parse_list(list, "algos", |s| Ok(parse_selection(s)?)).map_err(|e| format!("{e:#}"))
+        parse_list(list, "algos", |s| Ok(parse_selection(s)?))
+            .map_err(|e| tpar_harness::error_chain(e.as_ref()))
     });
     Setup::resolve(backend, world_size, algos).map_err(setup_error)
 }
@@ -283,12 +277,26 @@ pub fn setup_error(e: SetupError) -> anyhow::Error {
     }
 }
 
-/// Checks a CPU job against this host before any rank starts, printing its warnings; a job
-/// that cannot fit is a usage error (see [`tpar_harness::limits::CpuJobNeeds::check`]).
-pub fn check_cpu_job(needs: tpar_harness::limits::CpuJobNeeds) -> Result<()> {
+/// Whether a job's timings are its output (a bench) or not (a self-test): the warning that
+/// ranks outnumber cores is about timings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timed {
+    Yes,
+    No,
+}
+
+/// Checks a CPU job against this host before any rank starts; a job that cannot fit is a usage
+/// error (see [`tpar_harness::limits::CpuJobNeeds::check`]). Its warnings are printed once per
+/// job: by rank 0 (every rank runs this check again, and so does the launcher before them),
+/// and only for a job whose timings they concern.
+pub fn check_cpu_job(needs: tpar_harness::limits::CpuJobNeeds, timed: Timed) -> Result<()> {
     let room = tpar_harness::limits::HostRoom::here();
-    for warning in needs.check(&room).map_err(|e| usage(e.into()))? {
-        eprintln!("{warning}");
+    let warnings = needs.check(&room).map_err(|e| usage(e.into()))?;
+    let rank_zero = matches!(tpar::RankEnv::from_env(), Ok(Some(env)) if env.rank == 0);
+    if timed == Timed::Yes && rank_zero {
+        for warning in warnings {
+            tpar_report::print_err(&warning);
+        }
     }
     Ok(())
 }

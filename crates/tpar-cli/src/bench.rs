@@ -9,14 +9,14 @@ use tpar_harness::cpu_bench::{self, CpuBenchSettings};
 use tpar_harness::cuda_bench;
 use tpar_harness::limits::CpuJobNeeds;
 
-use crate::args::{check_writable, parse_list, parse_size, sizes_with_counts};
-use crate::args::{BackendArg, Usage};
+use crate::args::{check_outputs, parse_list, parse_size, sizes_with_counts};
+use crate::args::{BackendArg, Timed, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, Rank};
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::runs::cpu_bench_rank;
 use tpar_report::plot::plot_latency;
-use tpar_report::{bench, emit, ranks};
+use tpar_report::{bench, emit_to, ranks};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]
@@ -32,9 +32,9 @@ pub struct BenchArgs {
     world_size: Option<usize>,
     /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024
     /// [default: cpu 1K..4M, cuda 4K..8M including 42K].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     sizes: Option<String>,
-    #[arg(long, value_name = "LIST", help = concat!(
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = concat!(
         "Algorithms to time, comma-separated, from: ", tpar_harness::selection_names!(),
         " (CPU: one-shot, two-shot) [default: all the backend has]"
     ))]
@@ -62,19 +62,20 @@ pub struct BenchArgs {
     json: Option<String>,
     /// CUDA: time the pieces of one call (a ladder of kernels, with and without PDL) for
     /// -n ranks as streams on GPU 0 (2 and 8 when -n is not given); see bench/README.md.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["sizes", "algos", "chain", "processes", "warmup", "dtype", "timeout", "plot", "fused"])]
     anatomy: bool,
     /// CUDA: the fused allreduce + residual add + RMSNorm against the allreduce and against
     /// the allreduce followed by the separate norm kernel (bf16, hidden 8192, 1 and 8 tokens;
     /// -n ranks as streams on GPU 0, 2 and 8 when -n is not given). The allreduce is one-shot
     /// unless --algos names another of tpar's algorithms (one at a time).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["sizes", "processes", "warmup", "dtype", "timeout", "plot"])]
     fused: bool,
     /// With --fused: the token counts of the cases, comma-separated, 1 to 512 [default: 1,8].
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     tokens: Option<String>,
-    /// Draw p50 latency against size, one line per algorithm, as SVG.
-    #[arg(long, value_name = "FILE.svg")]
+    /// Draw p50 latency against size, one line per algorithm, as SVG (`-`: to stdout, and the
+    /// table to stderr).
+    #[arg(long, value_name = "FILE.svg|-")]
     plot: Option<String>,
 }
 
@@ -140,6 +141,15 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             "--tokens is for --fused; leave it out or add --fused"
         )));
     }
+    if args.fused || args.anatomy {
+        let what = if args.fused { "--fused" } else { "--anatomy" };
+        if args.backend == BackendArg::Cpu {
+            bail!(Usage(format!(
+                "{what} times CUDA kernels and has no CPU form; leave out --backend cpu (it needs an NVIDIA GPU)"
+            )));
+        }
+        check_outputs(args.json.as_deref(), None)?;
+    }
     if args.fused {
         let (algorithm, tokens) = fused_request(args.algos.as_deref(), args.tokens.as_deref())?;
         crate::cuda_commands::fused(
@@ -168,10 +178,11 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     )?;
     let sizes = sizes_with_counts(&bytes, dtype)?;
     let timeout = args.timeout;
-    for (flag, path) in [("json", &args.json), ("plot", &args.plot)] {
-        if let Some(path) = path {
-            check_writable(flag, path)?;
-        }
+    check_outputs(args.json.as_deref(), args.plot.as_deref())?;
+    if args.plot.is_some() && bytes.iter().all(|&b| b == 0) {
+        bail!(Usage(
+            "--plot draws sizes above 0 bytes on a log scale, and --sizes has none; add one".into()
+        ));
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::bench(
@@ -193,7 +204,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     setup
         .check_processes(args.processes)
         .map_err(crate::args::setup_error)?;
-    crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes))?;
+    crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes), Timed::Yes)?;
     let settings = BenchSettings {
         note: setup.note.clone(),
         sweep: CpuBenchSettings {
@@ -216,7 +227,7 @@ fn bench_rank(rank: Rank, settings: &BenchSettings) -> Result<()> {
     let leader = rank.is_leader();
     let world_size = rank.world_size();
     if let Some(note) = settings.note.as_ref().filter(|_| leader) {
-        eprintln!("{note}");
+        tpar_report::print_err(note);
     }
     let configs = settings.sweep.sizes.len() * settings.sweep.algorithms.len();
     let mut progress = Progress::new(leader, configs);
@@ -240,9 +251,11 @@ fn bench_rank(rank: Rank, settings: &BenchSettings) -> Result<()> {
     let Some(report) = report else {
         return Ok(());
     };
-    emit(
+    let plot_on_stdout = settings.plot.as_deref() == Some("-");
+    emit_to(
         &bench::cpu_bench(&report),
         settings.json.as_deref(),
+        plot_on_stdout,
         &report,
     )?;
     let title = || {

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use tpar_harness::cuda_bench::CudaBenchSettings;
 use tpar_harness::cuda_ranks::CudaRanks;
@@ -19,7 +19,7 @@ use tpar_harness::runs::cuda_bench_group;
 use crate::progress::Progress;
 use crate::ranks::on_cuda_ranks;
 use tpar_report::plot::plot_latency;
-use tpar_report::{bench, emit, ranks, selftest};
+use tpar_report::{bench, emit, emit_to, print_out, ranks, selftest};
 
 pub fn selftest(
     processes: bool,
@@ -29,12 +29,12 @@ pub fn selftest(
     on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
         let sweep = cuda_selftest::run(make, &plan)?;
         if sweep.leader {
-            println!(
-                "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{}",
+            print_out(&format!(
+                "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{}\n{}",
                 ranks(world_size),
-                selftest::table(&sweep.rows, true)
-            );
-            println!("{}", selftest::summary(&sweep.rows));
+                selftest::table(&sweep.rows, true),
+                selftest::summary(&sweep.rows)
+            ))?;
         }
         match selftest::failed(&sweep.rows) {
             0 => Ok(()),
@@ -65,7 +65,13 @@ pub fn bench(
         let Some(report) = report else {
             return Ok(());
         };
-        emit(&bench::cuda_bench(&report), json.as_deref(), &report)?;
+        let plot_on_stdout = plot.as_deref() == Some("-");
+        emit_to(
+            &bench::cuda_bench(&report),
+            json.as_deref(),
+            plot_on_stdout,
+            &report,
+        )?;
         let device = &report.provenance.device;
         let title = || {
             format!(
@@ -104,6 +110,8 @@ pub fn fused(
     chain: usize,
     json: Option<&str>,
 ) -> Result<()> {
+    tpar_harness::cuda_ranks::device_count()
+        .context("tpar bench --fused times the fused CUDA kernel and needs an NVIDIA GPU")?;
     let bench = fused_bench::measure(world_size, algorithm, tokens, iters, chain);
     let text = tpar_report::bench::fused(&bench, chain, iters);
     let ok = bench.rows.iter().all(|r| r.correct != Some(false));

@@ -58,10 +58,10 @@ pub fn run(args: DebugRankArgs) -> Result<std::process::ExitCode> {
         if rank.is_leader() {
             let (calls, count, dtype, algo) =
                 (script.calls, script.count, script.dtype, script.algo);
-            println!(
+            tpar_report::print_out(&format!(
                 "debug-rank: {calls} call(s) of {count} {dtype} ({algo}) correct on {} rank(s)",
                 rank.world_size()
-            );
+            ))?;
         }
         Ok(())
     })

@@ -55,7 +55,7 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
         Ok(report) => report,
         Err(DoctorError::Topology(e)) => return Err(crate::args::usage(e.into())),
         Err(DoctorError::NoGpu(text)) => {
-            eprintln!("{text}");
+            tpar_report::print_err(&text);
             return Ok(ExitCode::FAILURE);
         }
     };

@@ -13,12 +13,14 @@ mod bench;
 mod cuda_commands;
 mod debug_rank;
 mod doctor;
+mod ending;
 mod plan;
 mod progress;
 mod provenance;
 mod ranks;
 mod selftest;
 mod step;
+mod sys;
 mod tune;
 
 use std::process::ExitCode;
@@ -89,20 +91,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            eprintln!("tpar: error: {}", one_line(&format!("{e:#}")));
-            if args::is_usage(&e) {
-                ExitCode::from(USAGE_EXIT)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(e) => ending::failed(&e),
     }
 }
-
-/// Exit status of a usage error (clap's, and ours found while checking arguments); a run that
-/// fails exits 1.
-const USAGE_EXIT: u8 = 2;
 
 /// Help and version go to stdout with status 0; a usage error is one line on stderr, status 2
 /// (clap's own rendering adds a usage block and a tip over several lines).
@@ -115,7 +106,7 @@ fn clap_exit(e: clap::Error) -> ExitCode {
         }
         ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
             let _ = e.print();
-            ExitCode::from(USAGE_EXIT)
+            ExitCode::from(ending::USAGE_EXIT)
         }
         _ => {
             let text = e.render().to_string();
@@ -125,19 +116,10 @@ fn clap_exit(e: clap::Error) -> ExitCode {
                 .find(|l| !l.is_empty())
                 .unwrap_or("invalid arguments");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("tpar: error: {first} (see tpar help)");
-            ExitCode::from(USAGE_EXIT)
+            tpar_report::print_err(&format!("tpar: error: {first} (see tpar help)"));
+            ExitCode::from(ending::USAGE_EXIT)
         }
     }
-}
-
-/// Messages are one line: a multi-line cause (a rank's output, a parser's report) is joined.
-fn one_line(text: &str) -> String {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 #[cfg(test)]

@@ -64,7 +64,8 @@ pub struct MemoryArgs {
     /// GPU memory in GiB [default: read from GPU 0].
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     gpu_gb: Option<f64>,
-    /// Free GPU memory after the engine loaded its weights, in GiB, if measured.
+    /// SGLang: free GPU memory after the engine loaded its weights, in GiB, if measured
+    /// (SGLang's log prints it; vLLM's rule does not use it).
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     free_after_load_gb: Option<f64>,
     /// Weights per rank in GiB [default: computed from the config].
@@ -78,12 +79,13 @@ pub struct MemoryArgs {
     /// (tpar's own communicator, counted in tpar's footprint).
     #[arg(long, value_enum, default_value = "none")]
     nccl: NcclChoice,
-    /// SGLang's fraction of GPU memory for weights and KV cache.
-    #[arg(long, default_value_t = 0.88, value_parser = crate::args::fraction_arg)]
-    mem_fraction_static: f64,
-    /// vLLM's fraction of GPU memory it may use.
-    #[arg(long, default_value_t = 0.9, value_parser = crate::args::fraction_arg)]
-    gpu_memory_utilization: f64,
+    /// SGLang's fraction of GPU memory for weights and KV cache [default: 0.88]; with
+    /// --engine sglang only.
+    #[arg(long, value_name = "FRACTION", value_parser = crate::args::fraction_arg)]
+    mem_fraction_static: Option<f64>,
+    /// vLLM's fraction of GPU memory it may use [default: 0.9]; with --engine vllm only.
+    #[arg(long, value_name = "FRACTION", value_parser = crate::args::fraction_arg)]
+    gpu_memory_utilization: Option<f64>,
     /// Bytes per KV element: 2 (bf16/fp16) or 1 (fp8) [default: the model's dtype].
     #[arg(long, value_parser = crate::args::kv_bytes_arg)]
     kv_bytes: Option<u64>,
@@ -99,9 +101,10 @@ pub struct MemoryArgs {
     /// CUDA context, libraries and allocator slack, GiB.
     #[arg(long, default_value_t = 1.5, value_parser = crate::args::non_negative_f64)]
     runtime_gb: f64,
-    /// vLLM: profiled peak activations, GiB.
-    #[arg(long, default_value_t = 2.0, value_parser = crate::args::non_negative_f64)]
-    activation_gb: f64,
+    /// vLLM: profiled peak activations, GiB [default: 2.0]; with --engine vllm only (SGLang
+    /// keeps them in total x (1 - mem_fraction_static)).
+    #[arg(long, value_name = "GIB", value_parser = crate::args::non_negative_f64)]
+    activation_gb: Option<f64>,
     /// Fewest KV tokens worth running with (one full context).
     #[arg(long, default_value_t = 4096, value_parser = crate::args::tokens_arg)]
     context: u64,
@@ -161,15 +164,45 @@ pub struct SpecArgs {
 }
 
 pub fn run(command: PlanCommand) -> Result<ExitCode> {
-    // The planner does no work that can fail at run time: every error is about its inputs.
+    // The planner does no work that can fail at run time: its every error is about its inputs
+    // (a usage error); only printing the plan can fail otherwise.
     match command {
         PlanCommand::Memory(args) => memory(args),
         PlanCommand::SpecDecode(args) => spec(args),
     }
-    .map_err(usage)
+}
+
+/// A flag of the other engine's rule, refused rather than ignored.
+fn refuse_other_engine(engine: Engine, flags: &[(&str, bool)]) -> Result<()> {
+    let (this, other) = match engine {
+        Engine::Sglang => ("sglang", "vllm"),
+        Engine::Vllm => ("vllm", "sglang"),
+    };
+    if let Some((flag, _)) = flags.iter().find(|(_, given)| *given) {
+        anyhow::bail!(crate::args::Usage(format!(
+            "--{flag} belongs to --engine {other}'s rule and --engine {this} ignores it; add --engine {other}, or leave it out"
+        )));
+    }
+    Ok(())
 }
 
 fn memory(a: MemoryArgs) -> Result<ExitCode> {
+    match a.engine {
+        Engine::Sglang => refuse_other_engine(
+            a.engine,
+            &[
+                ("gpu-memory-utilization", a.gpu_memory_utilization.is_some()),
+                ("activation-gb", a.activation_gb.is_some()),
+            ],
+        )?,
+        Engine::Vllm => refuse_other_engine(
+            a.engine,
+            &[
+                ("mem-fraction-static", a.mem_fraction_static.is_some()),
+                ("free-after-load-gb", a.free_after_load_gb.is_some()),
+            ],
+        )?,
+    }
     let request = MemoryRequest {
         config: a.config,
         tp: a.tp,
@@ -178,10 +211,10 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         weights_gb: a.weights_gb,
         rule: match a.engine {
             Engine::Sglang => EngineRule::Sglang {
-                mem_fraction_static: a.mem_fraction_static,
+                mem_fraction_static: a.mem_fraction_static.unwrap_or(0.88),
             },
             Engine::Vllm => EngineRule::Vllm {
-                gpu_memory_utilization: a.gpu_memory_utilization,
+                gpu_memory_utilization: a.gpu_memory_utilization.unwrap_or(0.9),
             },
         },
         nccl: a.nccl.mode(),
@@ -190,10 +223,10 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         draft_gb: a.draft_gb,
         draft_config: a.draft_config,
         runtime_gb: a.runtime_gb,
-        activation_gb: a.activation_gb,
+        activation_gb: a.activation_gb.unwrap_or(2.0),
         context: a.context,
     };
-    let report = memory_report(&request)?;
+    let report = memory_report(&request).map_err(|e| usage(e.into()))?;
     let engine = match a.engine {
         Engine::Sglang => "SGLang",
         Engine::Vllm => "vLLM",
@@ -223,7 +256,7 @@ fn spec(a: SpecArgs) -> Result<ExitCode> {
         tflops: a.tflops,
         hbm_gbps: a.hbm_gbps,
     };
-    let report = spec_report(&request)?;
+    let report = spec_report(&request).map_err(|e| usage(e.into()))?;
     let text = tpar_report::plan::spec(&report);
     emit(&text, a.json.then_some("-"), &report)?;
     Ok(ExitCode::SUCCESS)

@@ -38,7 +38,7 @@ impl Progress {
             bar.set_position(self.done as u64);
             bar.set_message(what);
         } else if self.plain {
-            eprintln!("[{}/{}] {what}", self.done + 1, self.total);
+            tpar_report::print_err(&format!("[{}/{}] {what}", self.done + 1, self.total));
         }
         self.done += 1;
     }

@@ -1,5 +1,10 @@
 //! Running a command as the ranks of a job (`tpar_harness::job`: this process as a rank, or
 //! `--world-size` copies of this command started and waited for) and saying how it ended.
+//!
+//! Rank 0 prints the job's results on the standard output it shares with the launcher. When
+//! that output fails, the job ends as one program would: a closed pipe (`tpar bench | head -1`)
+//! ends rank 0 and then the launcher by SIGPIPE, quietly; any other failure (`> /dev/full`) is
+//! one line from rank 0, the launcher adding none of its own.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -8,6 +13,13 @@ use anyhow::Result;
 use tpar_harness::cuda_ranks::MakeGroup;
 use tpar_harness::job::{self, JobEnd, RankCommand};
 pub use tpar_harness::ranks::Rank;
+use tpar_report::print_err;
+
+use crate::sys::{die_of_sigpipe, SIGPIPE_STATUS};
+
+/// The exit status of a rank whose standard output refused the results (it said why on one
+/// line); its launcher then says nothing more.
+const OUTPUT_FAILED_STATUS: i32 = 74;
 
 /// Runs `body` as every rank of a job of `world_size` ranks: in this process if it already is
 /// a rank, otherwise by launching `world_size` copies of this command.
@@ -16,7 +28,9 @@ pub fn run_ranks(
     timeout: Duration,
     body: impl FnOnce(Rank) -> Result<()>,
 ) -> Result<ExitCode> {
-    let end = job::run_ranks(world_size, timeout, RankCommand::this_process, body)?;
+    let end = job::run_ranks(world_size, timeout, RankCommand::this_process, |rank| {
+        on_output_failure(body(rank))
+    })?;
     Ok(exit(end))
 }
 
@@ -33,24 +47,67 @@ pub fn on_cuda_ranks(
         world_size,
         timeout,
         RankCommand::this_process,
-        body,
+        |make, mode| on_output_failure(body(make, mode)),
     )?;
     Ok(exit(end))
 }
 
+/// A rank's body that ended on its standard output failing ends the rank here (its work and
+/// its communicators are done: printing comes last): by SIGPIPE for a closed pipe, else with
+/// one line and [`OUTPUT_FAILED_STATUS`]. Any other error is the body's, as one message with
+/// each cause said once (the job prints it after `tpar[rank R]: error:`).
+fn on_output_failure(result: Result<()>) -> Result<()> {
+    let Err(e) = result else {
+        return Ok(());
+    };
+    if crate::ending::closed_stdout(&e) {
+        die_of_sigpipe();
+    }
+    if crate::ending::stdout_failed(&e)
+        && std::env::var_os(tpar::rendezvous::ENV_RENDEZVOUS).is_some()
+    {
+        print_err(&crate::ending::error_line(&e));
+        std::process::exit(OUTPUT_FAILED_STATUS);
+    }
+    if crate::args::is_usage(&e) {
+        return Err(e);
+    }
+    Err(anyhow::anyhow!(tpar_harness::error_chain(e.as_ref())))
+}
+
+/// How a rank's exit reads in the launcher's list of failures (`RankExit::describe`).
+fn ended_with(failure: &str, status: i32) -> bool {
+    failure.ends_with(&format!("exited with status {status}"))
+        || (status == SIGPIPE_STATUS
+            && failure.ends_with(&format!("was killed by signal {}", libc::SIGPIPE)))
+}
+
 /// Says how the job ended (an interrupted job's partial table on stdout) and its exit status.
 fn exit(end: JobEnd) -> ExitCode {
+    if let JobEnd::Failed { failures, .. } = &end {
+        let all = |status| failures.iter().all(|f| ended_with(f, status));
+        if all(SIGPIPE_STATUS) {
+            die_of_sigpipe();
+        }
+        if all(OUTPUT_FAILED_STATUS) {
+            return ExitCode::FAILURE;
+        }
+    }
     if let JobEnd::Interrupted { partial, .. } = &end {
         match partial {
             Some(text) => {
-                println!("{}", text.trim_end());
-                let _ = std::io::Write::flush(&mut std::io::stdout());
+                if let Err(e) = tpar_report::print_out(text.trim_end()) {
+                    if e.is_closed_stdout() {
+                        die_of_sigpipe();
+                    }
+                    print_err(&format!("tpar: cannot print the rows so far: {e}"));
+                }
             }
-            None => eprintln!("tpar: no results yet"),
+            None => print_err("tpar: no results yet"),
         }
     }
     if let Some(line) = end.summary() {
-        eprintln!("{line}");
+        print_err(&line);
     }
     ExitCode::from(end.exit_status())
 }
@@ -59,4 +116,21 @@ fn exit(end: JobEnd) -> ExitCode {
 /// else `default`.
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
     tpar_harness::backend_choice::world_size_or(flag, default).map_err(crate::args::setup_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_failures_are_told_apart_from_other_exits() {
+        assert!(ended_with("rank 0 (pid 7) exited with status 74", 74));
+        assert!(!ended_with("rank 0 (pid 7) exited with status 1", 74));
+        assert!(ended_with("rank 0 (pid 7) was killed by signal 13", 141));
+        assert!(ended_with("rank 0 (pid 7) exited with status 141", 141));
+        assert!(!ended_with(
+            "rank 0 (pid 7) was killed by signal 9 (SIGKILL)",
+            141
+        ));
+    }
 }

@@ -8,12 +8,12 @@ use anyhow::{bail, Result};
 use clap::Args;
 use tpar_harness::cpu_selftest::{self, CpuSelftestSettings};
 
-use crate::args::BackendArg;
 use crate::args::{parse_dtypes, parse_list};
+use crate::args::{BackendArg, Timed};
 use crate::ranks::{run_ranks, Rank};
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::limits::CpuJobNeeds;
-use tpar_report::{ranks, selftest};
+use tpar_report::{print_err, print_out, ranks, selftest};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -25,12 +25,21 @@ pub struct SelftestArgs {
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Element counts to test, comma-separated (odd ones on purpose).
-    #[arg(long, default_value = "0,1,7,1023,65541,1048579")]
+    #[arg(
+        long,
+        default_value = "0,1,7,1023,65541,1048579",
+        allow_hyphen_values = true
+    )]
     counts: String,
     /// Element types, comma-separated.
-    #[arg(long, alias = "dtype", default_value = "f32,f16,bf16")]
+    #[arg(
+        long,
+        alias = "dtype",
+        default_value = "f32,f16,bf16",
+        allow_hyphen_values = true
+    )]
     dtypes: String,
-    #[arg(long, value_name = "LIST", help = concat!(
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = concat!(
         "Algorithms to check, comma-separated, from: ", tpar_harness::selection_names!(),
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
@@ -71,7 +80,10 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         .map_err(crate::args::setup_error)?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     if backend == Backend::Cpu {
-        crate::args::check_cpu_job(CpuJobNeeds::selftest(world_size, &counts, &dtypes))?;
+        crate::args::check_cpu_job(
+            CpuJobNeeds::selftest(world_size, &counts, &dtypes),
+            Timed::No,
+        )?;
     }
     if backend == Backend::Cuda {
         return crate::cuda_commands::selftest(
@@ -103,7 +115,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
 fn selftest_rank(rank: Rank, settings: &SelftestSettings) -> Result<()> {
     let leader = rank.is_leader();
     if let Some(note) = settings.note.as_ref().filter(|_| leader) {
-        eprintln!("{note}");
+        print_err(note);
     }
     let rows = cpu_selftest::run(&rank, &settings.sweep, |rows| {
         if leader {
@@ -115,12 +127,12 @@ fn selftest_rank(rank: Rank, settings: &SelftestSettings) -> Result<()> {
         }
     })?;
     if leader {
-        println!(
-            "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}",
+        print_out(&format!(
+            "tpar selftest: cpu backend, {}; each row is two calls checked bitwise against the exact sum\n{}\n{}",
             ranks(rank.world_size()),
-            selftest::table(&rows, false)
-        );
-        println!("{}", selftest::summary(&rows));
+            selftest::table(&rows, false),
+            selftest::summary(&rows)
+        ))?;
     }
     match selftest::failed(&rows) {
         0 => Ok(()),

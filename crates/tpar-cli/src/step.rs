@@ -12,10 +12,10 @@ use tpar_harness::cuda_ranks::parse_selection;
 use tpar_harness::reports::StepReport;
 use tpar_harness::step_request::{self, StepRequestError};
 
-use crate::args::parse_list;
+use crate::args::{parse_list, usage};
 use crate::ranks::on_cuda_ranks;
 use tpar_harness::job::cuda_config;
-use tpar_report::{emit, ranks, step};
+use tpar_report::{emit, print_err, ranks, step};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -28,12 +28,12 @@ pub struct StepArgs {
     #[arg(long = "world-size", short = 'n', alias = "tp", value_name = "N", value_parser = crate::args::world_size_arg)]
     tp: usize,
     /// Tokens per pass: 1 for a plain decode step, draft tokens + 1 for a verify pass.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::args::step_tokens_arg)]
     tokens: usize,
     /// Layers in the pass [default: the config's num_hidden_layers].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::args::layers_arg)]
     layers: Option<u64>,
-    #[arg(long, default_value = "nccl,auto", value_name = "LIST", help = concat!(
+    #[arg(long, default_value = "nccl,auto", value_name = "LIST", allow_hyphen_values = true, help = concat!(
         "How the allreduces run, comma-separated, from: ", tpar_harness::selection_names!(),
         " (auto: tpar's dispatcher, NCCL included). The pass without allreduces is always timed too"
     ))]
@@ -41,7 +41,12 @@ pub struct StepArgs {
     /// How the norm after each allreduce runs, comma-separated, from: separate (its own kernel
     /// after the allreduce, as engines run it), fused (one call with tpar's allreduce; NCCL
     /// rows have no fused form).
-    #[arg(long, default_value = "separate,fused", value_name = "LIST")]
+    #[arg(
+        long,
+        default_value = "separate,fused",
+        value_name = "LIST",
+        allow_hyphen_values = true
+    )]
     norms: String,
     /// Timed replays of each pass's graph.
     #[arg(long, default_value_t = 20, value_parser = crate::args::iterations_arg)]
@@ -59,14 +64,12 @@ pub struct StepArgs {
 }
 
 pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
-    if let Some(path) = &args.json {
-        crate::args::check_writable("json", path)?;
-    }
-    let model = match step_request::load_model(&args.config) {
-        Err(e @ StepRequestError::Unreadable { .. }) => return Err(crate::args::usage(e.into())),
-        other => other?,
-    };
-    let layers = step_request::layers(&model, args.layers, [args.tp, args.tokens, args.replays])?;
+    crate::args::check_outputs(args.json.as_deref(), None)?;
+    // A config that cannot be read or understood, or counts it does not allow, are the
+    // request's fault: usage errors, before any GPU is looked at.
+    let model = step_request::load_model(&args.config).map_err(|e| usage(e.into()))?;
+    let layers = step_request::layers(&model, args.layers, [args.tp, args.tokens, args.replays])
+        .map_err(|e: StepRequestError| usage(e.into()))?;
     let norms = parse_list(&args.norms, "norms", |s| {
         s.parse::<Norms>().map_err(|e| anyhow::anyhow!(e))
     })?;
@@ -78,8 +81,8 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
     )?;
     let processes = step_request::processes(args.processes, args.tp, gpus);
     if processes && !args.processes && std::env::var_os("RANK").is_none() {
-        eprintln!(
-            "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar"
+        print_err(
+            "tpar bench step: one process per rank (a GPU each), so that NCCL can run beside tpar",
         );
     }
     tpar_harness::blas::load()?;
@@ -97,16 +100,16 @@ pub fn run(args: StepArgs) -> Result<std::process::ExitCode> {
         let mut group = make(cuda_config(timeout))?;
         let leader = group.is_leader();
         if leader {
-            eprintln!(
+            print_err(&format!(
                 "tpar bench step: preparing {} ({mode}): weights of {} layer kind(s), {} per rank",
                 ranks(args.tp),
                 settings.layer_kinds(),
                 human_bytes(settings.weight_bytes(true))
-            );
+            ));
         }
         let rows = bench_step::run(&mut group, &settings, |reduce| {
             if leader {
-                eprintln!("tpar bench step: timing {}", reduce.name());
+                print_err(&format!("tpar bench step: timing {}", reduce.name()));
             }
         })?;
         if !leader {

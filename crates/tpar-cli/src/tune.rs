@@ -26,7 +26,7 @@ pub struct TuneArgs {
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     /// Sizes to measure; the table switches algorithms between them.
-    #[arg(long, default_value = tpar_harness::sizes::TUNE_SIZES)]
+    #[arg(long, default_value = tpar_harness::sizes::TUNE_SIZES, allow_hyphen_values = true)]
     sizes: String,
     /// Timed graph replays per size and algorithm.
     #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
@@ -46,9 +46,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
     // Arguments first: a typo is reported as such, on any machine.
     let bytes = parse_list(&args.sizes, "sizes", parse_size)?;
     let sizes = sizes_with_counts(&bytes, args.dtype)?;
-    if let Some(path) = &args.json {
-        crate::args::check_writable("json", path)?;
-    }
+    crate::args::check_outputs(args.json.as_deref(), None)?;
     let (world_size, topology) = tune::machine(args.world_size)?;
     let timeout = args.timeout;
     let plan = tune::plan(sizes, args.dtype, args.iters);

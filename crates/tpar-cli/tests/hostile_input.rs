@@ -266,3 +266,147 @@ fn bench_fused_takes_one_algorithm_and_tokens_in_range() {
     let line = assert_refused(&words("bench --backend cpu --tokens 4"), &[]);
     assert!(line.contains("--tokens is for --fused"), "{line}");
 }
+
+#[test]
+fn gpu_only_and_engine_only_flags_are_refused_where_they_do_nothing() {
+    let line = assert_refused(&words("bench --backend cpu --fused"), &[]);
+    assert!(
+        line.contains("--fused times CUDA kernels and has no CPU form"),
+        "{line}"
+    );
+    let line = assert_refused(&words("bench --backend cpu --anatomy"), &[]);
+    assert!(line.contains("--anatomy"), "{line}");
+    for ignored in ["--sizes 4K", "--plot x.svg", "--processes", "--warmup 3"] {
+        let line = assert_refused(&words(&format!("bench --fused {ignored}")), &[]);
+        assert!(line.contains("cannot be used with"), "{ignored}: {line}");
+    }
+    let memory = format!("plan memory --config {MODEL} -n 8 --gpu-gb 80");
+    let line = assert_refused(
+        &words(&format!("{memory} --engine vllm --mem-fraction-static 0.5")),
+        &[],
+    );
+    assert!(
+        line.contains("--mem-fraction-static belongs to --engine sglang's rule"),
+        "{line}"
+    );
+    let line = assert_refused(
+        &words(&format!("{memory} --gpu-memory-utilization 0.5")),
+        &[],
+    );
+    assert!(line.contains("add --engine vllm"), "{line}");
+}
+
+#[test]
+fn counts_and_sizes_say_what_is_wrong_with_the_value() {
+    let line = assert_refused(&words("bench --backend cpu --sizes -4K"), &[]);
+    assert!(line.contains("size '-4K' is negative"), "{line}");
+    let plot = std::env::temp_dir().join(format!("tpar-hostile-{}.svg", std::process::id()));
+    let args = format!("bench --backend cpu --sizes 0 --plot {}", plot.display());
+    let line = assert_refused(&words(&args), &[]);
+    assert!(line.contains("--plot draws sizes above 0 bytes"), "{line}");
+    assert!(!plot.exists());
+    let line = assert_refused(
+        &words(&format!("bench step --config {MODEL} -n 2 --tokens 0")),
+        &[],
+    );
+    assert!(line.contains("'--tokens <TOKENS>': must be >= 1"), "{line}");
+    let line = assert_refused(
+        &words(&format!("bench step --config {MODEL} -n 2 --layers 81")),
+        &[],
+    );
+    assert!(line.contains("the model has 80 layers"), "{line}");
+}
+
+#[test]
+fn an_error_says_the_systems_reason_once() {
+    for args in [
+        "doctor --topology /nonexistent/topology.json".to_owned(),
+        format!("plan spec-decode --config {MODEL} -n 8 --tokens 3 --acceptance 2 --latency-topology /nonexistent/t.json"),
+        "plan memory --config /nonexistent/config.json -n 8 --gpu-gb 80".to_owned(),
+        "bench step --config /nonexistent/config.json -n 2".to_owned(),
+    ] {
+        let line = assert_refused(&words(&args), &[]);
+        assert_eq!(line.matches("(os error 2)").count(), 1, "{args}: {line}");
+        assert!(line.contains("/nonexistent/"), "{args}: {line}");
+    }
+}
+
+/// A copy of the llama fixture with `change` applied, in a file of its own.
+fn config_with(name: &str, change: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(MODEL).unwrap()).unwrap();
+    change(&mut v);
+    let path =
+        std::env::temp_dir().join(format!("tpar-hostile-{name}-{}.json", std::process::id()));
+    std::fs::write(&path, v.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn plan_inputs_are_refused_with_the_reason_or_read() {
+    let plan = |config: &str| {
+        common::tpar_command()
+            .args([
+                "plan", "memory", "--config", config, "-n", "8", "--gpu-gb", "80", "--json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let banana = config_with("banana", |v| v["torch_dtype"] = "banana".into());
+    let line = assert_refused(
+        &words(&format!("plan memory --config {banana} -n 8 --gpu-gb 80")),
+        &[],
+    );
+    assert!(line.contains("`torch_dtype` is 'banana'"), "{line}");
+    let negative = config_with("negative", |v| v["hidden_size"] = (-8192).into());
+    let line = assert_refused(
+        &words(&format!("plan memory --config {negative} -n 8 --gpu-gb 80")),
+        &[],
+    );
+    assert!(line.contains("`hidden_size` is -8192"), "{line}");
+    // fp8 and int8 weights take one byte each: half the bf16 model's weights per rank.
+    let weights = |config: &str| {
+        let out = plan(config);
+        assert!(
+            out.status.code() == Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["inputs"]["weights_bytes"].as_f64().unwrap()
+    };
+    let bf16 = weights(MODEL);
+    for dtype in ["float8_e4m3fn", "int8"] {
+        let path = config_with(dtype, |v| v["torch_dtype"] = dtype.into());
+        assert_eq!(weights(&path), bf16 / 2.0, "{dtype}");
+        std::fs::remove_file(path).unwrap();
+    }
+    let llava = config_with("llava", |v| {
+        let text = v.take();
+        *v = serde_json::json!({"model_type": "llava", "text_config": text, "vision_config": {}});
+    });
+    assert_eq!(weights(&llava), bf16);
+    for path in [banana, negative, llava] {
+        std::fs::remove_file(path).unwrap();
+    }
+}
+
+#[test]
+fn a_latency_file_of_another_machine_is_refused_naming_both() {
+    let path = std::env::temp_dir().join(format!("tpar-hostile-bench-{}.json", std::process::id()));
+    std::fs::write(
+        &path,
+        r#"{"backend": "cpu", "world_size": 2, "results": [{"bytes": 4096, "algo": "one-shot", "p50_us": 30.0, "correct": true}]}"#,
+    )
+    .unwrap();
+    let args = format!(
+        "plan spec-decode --config {MODEL} -n 8 --tokens 3 --acceptance 2 --latency-json {}",
+        path.display()
+    );
+    let line = assert_refused(&words(&args), &[]);
+    assert!(
+        line.contains("2 rank(s) on the cpu backend") && line.contains("8 rank(s) on GPUs"),
+        "{line}"
+    );
+    std::fs::remove_file(path).unwrap();
+}

@@ -76,3 +76,45 @@ fn readme_plan_examples_print_what_the_readme_says() {
         }
     }
 }
+
+/// The repository paths a text names: words starting with a top-level folder of the checkout
+/// (`crates/...`, `scripts/...`) or naming a Markdown file (`DESIGN.md`).
+fn named_paths(text: &str) -> Vec<String> {
+    const TOP: [&str; 5] = ["crates/", "scripts/", "bench/", "tests/", "examples/"];
+    let mut out: Vec<String> = text
+        .split(|c: char| c.is_whitespace() || "`()[],;:'\"".contains(c))
+        .map(|w| w.trim_end_matches('.'))
+        .filter(|w| {
+            TOP.iter().any(|t| w.starts_with(t)) || (w.ends_with(".md") && !w.contains('/'))
+        })
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn every_file_and_folder_the_readme_names_exists() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let paths = named_paths(&readme);
+    assert!(paths.contains(&"DESIGN.md".to_owned()), "{paths:?}");
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| {
+            // `dist/tpar-*.whl`, `crates/tpar/kernels/*.cu`: the folder before the glob.
+            let path = p.split('*').next().unwrap();
+            let path = if p.contains('*') {
+                path.rsplit_once('/').map_or(path, |(dir, _)| dir)
+            } else {
+                path
+            };
+            !root.join(path).exists()
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md names missing paths: {missing:?}"
+    );
+}

@@ -1,5 +1,6 @@
 //! Cleanup under signals: the launcher of `tpar bench` killed at random moments of its first
-//! 200 ms (SIGINT, SIGTERM, SIGHUP, SIGKILL in turn, 50 tries). After each try no rank of the job
+//! 200 ms (SIGINT, SIGTERM, SIGHUP, SIGKILL in turn, 50 tries), each started with SIGINT's
+//! default action whatever this test inherited (a background job ignores SIGINT). After each try no rank of the job
 //! may be left in the process table; after a caught signal nothing of the job may be left in
 //! /dev/shm or the temporary folder; what a SIGKILL left is swept by the next launch, which
 //! says so. Each try uses its own job token and the test its own TMPDIR, so concurrent tests
@@ -19,6 +20,17 @@ fn tpar(tmp: &Path, token: &str) -> Command {
         .env("TPAR_JOB_TOKEN", token)
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // A test command started from a background job (as a CI runner may start it) inherits
+    // SIGINT ignored; the launcher is tried as a terminal starts it, with the default action.
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls signal(), which
+    // is async-signal-safe, on its own disposition of SIGINT.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     cmd
 }
 

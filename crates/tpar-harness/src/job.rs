@@ -164,7 +164,11 @@ fn launch(
 ) -> Result<JobEnd> {
     let mut launcher = Launcher::new(world_size)?;
     for line in launcher.swept() {
-        eprintln!("tpar: removed leftovers of a dead job: {line}");
+        // Not eprintln!: a closed stderr must not panic the launcher.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("tpar: removed leftovers of a dead job: {line}\n").as_bytes(),
+        );
     }
     let command = command()?;
     let outcome = launcher.run(

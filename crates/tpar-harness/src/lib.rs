@@ -92,15 +92,25 @@ pub type Result<T, E = HarnessError> = std::result::Result<T, E>;
 impl HarnessError {
     /// The message with every cause after it, `context: cause: ...`, as the CLI prints errors.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        text
+        error_chain(self)
     }
+}
+
+/// `error: cause: cause ...`, leaving out a cause whose text the message already holds (an
+/// error that prints its source inline and also returns it from `source()` would otherwise
+/// say "(os error 2): No such file or directory (os error 2)").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Adds the step an error happened in, as `anyhow::Context` does (the CLI prints the chain
@@ -156,6 +166,15 @@ mod tests {
         let source = std::error::Error::source(&e).expect("a source");
         assert_eq!(source.to_string(), "element 7 was 3");
         assert_eq!(e.chain(), "rank 1: element 7 was 3");
+        let io = tpar::Error::Io {
+            what: "cannot read",
+            path: "/x".into(),
+            source: std::io::Error::from_raw_os_error(2),
+        };
+        assert_eq!(
+            error_chain(&io),
+            "cannot read /x: No such file or directory (os error 2)"
+        );
         let none: Option<u8> = None;
         assert_eq!(
             none.context("no graph").unwrap_err().to_string(),

@@ -122,8 +122,10 @@ impl CpuJobNeeds {
         let mut warnings = Vec::new();
         if self.world_size > room.cores {
             warnings.push(format!(
-                "tpar: warning: {} ranks on {} cores: ranks take turns, so latencies measure the scheduler more than the protocol",
-                self.world_size, room.cores
+                "tpar: warning: {} ranks on {} core{}: ranks take turns, so latencies measure the scheduler more than the protocol",
+                self.world_size,
+                room.cores,
+                if room.cores == 1 { "" } else { "s" }
             ));
         }
         Ok(warnings)

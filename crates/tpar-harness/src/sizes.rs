@@ -31,6 +31,11 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(upper.len());
     let (digits, suffix) = upper.split_at(number_end);
+    if upper.starts_with('-') {
+        return Err(SizeError(format!(
+            "size '{text}' is negative; a size is a number of bytes, 0 or more, like 4096, 4K or 1M"
+        )));
+    }
     if digits.is_empty() {
         return Err(SizeError(format!(
             "size '{text}' does not start with a number; write sizes like 4096, 4K, 1M or 1G"
@@ -85,6 +90,10 @@ mod tests {
         assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
         assert_eq!(parse_size("2GB").unwrap(), 2 << 30);
         assert!(parse_size("K").unwrap_err().0.contains("number"));
+        assert!(parse_size("-4K")
+            .unwrap_err()
+            .0
+            .contains("'-4K' is negative"));
         assert!(parse_size("3X").unwrap_err().0.contains("suffix"));
         assert!(parse_size("99999999999999999999").is_err());
         assert_eq!(

@@ -27,27 +27,15 @@ pub enum StepRequestError {
     Invalid(String),
 }
 
-/// Reads the model of a `config.json`: a Hugging Face checkout names the model by its folder,
-/// a renamed file by its stem.
+/// Reads the model of a `config.json` ([`crate::planner::model::load_config`]).
 pub fn load_model(config: &Path) -> Result<ModelShape, StepRequestError> {
-    let text = std::fs::read_to_string(config).map_err(|source| StepRequestError::Unreadable {
-        path: config.display().to_string(),
-        source,
-    })?;
-    let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned());
-    let name = match stem.as_deref() {
-        Some("config") | None => config
-            .canonicalize()
-            .ok()
-            .and_then(|p| {
-                p.parent()?
-                    .file_name()
-                    .map(|s| s.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "model".to_owned()),
-        Some(stem) => stem.to_owned(),
-    };
-    Ok(ModelShape::from_config_json(&text, &name)?)
+    use crate::planner::model::{load_config, ConfigFileError};
+    load_config(config).map_err(|e| match e {
+        ConfigFileError::Unreadable { path, source } => {
+            StepRequestError::Unreadable { path, source }
+        }
+        ConfigFileError::Model(e) => StepRequestError::Model(e),
+    })
 }
 
 /// The layers a pass holds: `requested`, or every layer of the model; refused outside

@@ -196,6 +196,11 @@ pub fn fused(bench: &FusedBench, chain: usize, replays: usize) -> String {
             .to_owned(),
         ]);
     }
+    let device = if device.is_empty() {
+        "no GPU opened"
+    } else {
+        device.as_str()
+    };
     let text = format!(
         "fused allreduce + residual + RMSNorm: {device}, ranks as streams, bf16, hidden {hidden}, {algorithm}, us per op in a graph chain of {chain} per rank (median of {replays} replays)\n{}",
         table.render()

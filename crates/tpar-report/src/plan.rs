@@ -19,13 +19,18 @@ pub fn memory(report: &MemoryReport, engine: &str) -> String {
     }
     let attention = if report.mla { "MLA latent" } else { "K and V" };
     format!(
-        "tpar plan memory: {} ({:.1}B parameters, {:.1} GiB of weights per rank at TP {}), {} GPU of {}\n{}\n\nKV budget {} = {} tokens of {} bytes each ({attention}, {} bytes per element){}",
+        "tpar plan memory: {} ({:.1}B parameters, {:.1} GiB of weights per rank at TP {}), {} GPU of {}\n{}{}\n\nKV budget {} = {} tokens of {} bytes each ({attention}, {} bytes per element){}",
         report.model,
         report.parameters as f64 / 1e9,
         inputs.weights_bytes / GIB,
         report.tp,
         engine,
         gib(inputs.gpu_total_bytes),
+        if report.notes.is_empty() {
+            String::new()
+        } else {
+            format!("read from the config: {}\n", report.notes.join("; "))
+        },
         t.render(),
         gib(plan.kv_budget_bytes),
         plan.kv_tokens,

@@ -1,6 +1,5 @@
-//! `--plot FILE.svg`: latency against message size, one line per algorithm, log scales.
-
-use std::path::Path;
+//! `--plot FILE.svg`: latency against message size, one line per algorithm, log scales, as
+//! SVG written where [`crate::output`] writes a target (`-` is stdout).
 
 use plotters::prelude::*;
 use tpar::memory::human_bytes;
@@ -34,7 +33,7 @@ impl LatencyPoint for CudaRow {
 }
 
 /// Draws `rows` to `path` where `--plot` gave one (a line per algorithm, titled `title()`),
-/// and says so.
+/// and says so (on stderr; `-` puts the SVG on stdout).
 pub fn plot_latency<'a, R: LatencyPoint + 'a>(
     path: Option<&str>,
     title: impl FnOnce() -> String,
@@ -43,21 +42,32 @@ pub fn plot_latency<'a, R: LatencyPoint + 'a>(
     let Some(path) = path else {
         return Ok(());
     };
-    latency_svg(path, &title(), &series(rows.map(R::point)))?;
-    eprintln!("wrote {path}");
+    let svg = latency_svg(&title(), &series(rows.map(R::point))).map_err(|e| match e {
+        ReportError::Plot(reason) => ReportError::Target {
+            target: format!("--plot {path}"),
+            reason,
+        },
+        other => other,
+    })?;
+    crate::output::write_target("plot", path, svg.as_bytes())?;
+    if path != crate::output::STDOUT {
+        crate::output::print_err(&format!("wrote {path}"));
+    }
     Ok(())
 }
 
-pub fn latency_svg(path: &str, title: &str, series: &[Series]) -> Result<()> {
-    draw(path, title, series).map_err(|e| match e {
-        DrawError::Refused(e) => e,
-        DrawError::Plotters(message) => ReportError::Plot(message),
-    })
+/// The SVG text of `series` under `title`.
+pub fn latency_svg(title: &str, series: &[Series]) -> Result<String> {
+    let mut svg = String::new();
+    draw(&mut svg, title, series).map_err(|e| match e {
+        DrawError::Refused(message) | DrawError::Plotters(message) => ReportError::Plot(message),
+    })?;
+    Ok(svg)
 }
 
 /// A drawing that stopped: refused before it began, or failed in the plotting library.
 enum DrawError {
-    Refused(ReportError),
+    Refused(String),
     Plotters(String),
 }
 
@@ -67,7 +77,7 @@ impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for DrawE
     }
 }
 
-fn draw(path: &str, title: &str, series: &[Series]) -> std::result::Result<(), DrawError> {
+fn draw(svg: &mut String, title: &str, series: &[Series]) -> std::result::Result<(), DrawError> {
     let points = || {
         series
             .iter()
@@ -76,16 +86,14 @@ fn draw(path: &str, title: &str, series: &[Series]) -> std::result::Result<(), D
     };
     let (Some(x_min), Some(x_max)) = (points().map(|p| p.0).min(), points().map(|p| p.0).max())
     else {
-        return Err(DrawError::Refused(ReportError::Plot(
-            "--plot: no measured sizes above 0 bytes to draw".into(),
-        )));
+        return Err(DrawError::Refused(
+            "no measured sizes above 0 bytes to draw".into(),
+        ));
     };
     let y_min = points().map(|p| p.1).fold(f64::INFINITY, f64::min);
     let y_max = points().map(|p| p.1).fold(0.0, f64::max);
-    let target = Path::new(path);
-    let tmp = target.with_extension("svg.tmp");
     {
-        let root = SVGBackend::new(&tmp, (960, 600)).into_drawing_area();
+        let root = SVGBackend::with_string(svg, (960, 600)).into_drawing_area();
         root.fill(&WHITE)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 20))
@@ -129,12 +137,7 @@ fn draw(path: &str, title: &str, series: &[Series]) -> std::result::Result<(), D
             .draw()?;
         root.present()?;
     }
-    std::fs::rename(&tmp, target).map_err(|source| {
-        DrawError::Refused(ReportError::Write {
-            path: path.to_owned(),
-            source,
-        })
-    })
+    Ok(())
 }
 
 /// Groups (algorithm, bytes, us) rows into one plot series per algorithm, in first-seen order.
@@ -158,7 +161,6 @@ mod tests {
 
     #[test]
     fn draws_an_svg_with_every_series() {
-        let path = std::env::temp_dir().join(format!("tpar-plot-{}.svg", std::process::id()));
         let series = vec![
             Series {
                 name: "one-shot".into(),
@@ -169,10 +171,8 @@ mod tests {
                 points: vec![(4096, 20.0), (65536, 22.0)],
             },
         ];
-        latency_svg(path.to_str().unwrap(), "test", &series).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
+        let svg = latency_svg("test", &series).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("one-shot") && svg.contains("nccl"));
-        std::fs::remove_file(path).unwrap();
-        assert!(latency_svg("/tmp/x.svg", "empty", &[]).is_err());
+        assert!(latency_svg("empty", &[]).is_err());
     }
 }

@@ -23,16 +23,13 @@ pub struct PlanError(pub String);
 
 type Result<T> = std::result::Result<T, PlanError>;
 
-/// The message with its causes after it, `error: cause`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
+/// The message with its causes after it, `error: cause`; the library's "invalid argument: "
+/// is left out, since every plan error is about an argument.
+fn chain(e: &tpar::Error) -> String {
+    match e {
+        tpar::Error::InvalidArgument(message) => message.clone(),
+        other => crate::error_chain(other),
     }
-    text
 }
 
 impl From<tpar::Error> for PlanError {
@@ -41,14 +38,16 @@ impl From<tpar::Error> for PlanError {
     }
 }
 
-/// Reads a model's Hugging Face `config.json`; the model is named after the file.
-pub fn load_model(path: &Path) -> Result<ModelShape> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| PlanError(format!("cannot read {}: {}", path.display(), chain(&e))))?;
-    let name = path
-        .file_stem()
-        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
-    Ok(ModelShape::from_config_json(&text, &name)?)
+/// Reads a model's Hugging Face `config.json` given by `--flag` (named as
+/// [`crate::planner::model::load_config`] names it).
+pub fn load_model(flag: &str, path: &Path) -> Result<ModelShape> {
+    use crate::planner::model::{load_config, ConfigFileError};
+    load_config(path).map_err(|e| match e {
+        ConfigFileError::Unreadable { source, .. } => {
+            PlanError(format!("cannot read --{flag} {}: {source}", path.display()))
+        }
+        ConfigFileError::Model(e) => PlanError(chain(&e)),
+    })
 }
 
 /// `tpar plan memory`'s inputs; sizes in GiB as the engines' flags give them.
@@ -82,6 +81,8 @@ pub struct MemoryReport {
     pub kv_bytes_per_token: f64,
     pub inputs: MemoryInputs,
     pub plan: MemoryPlan,
+    /// How the config was read (the weight format and where it came from).
+    pub notes: Vec<String>,
     /// The model's parameter count.
     #[serde(skip)]
     pub parameters: u64,
@@ -102,7 +103,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
     if a.tp == 0 {
         return Err(PlanError("-n/--world-size must be at least 1".into()));
     }
-    let model = load_model(&a.config)?;
+    let model = load_model("config", &a.config)?;
     model.check_tp(a.tp)?;
     let gpu_bytes = match a.gpu_gb {
         Some(g) => g * GIB,
@@ -112,7 +113,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
             .ok_or_else(|| PlanError("no GPU to read its memory from: give --gpu-gb".into()))?,
     };
     let draft = match &a.draft_config {
-        Some(path) => load_model(path)?.weight_bytes_per_rank(a.tp),
+        Some(path) => load_model("draft-config", path)?.weight_bytes_per_rank(a.tp),
         None => a.draft_gb * GIB,
     };
     let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
@@ -157,6 +158,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
         kv_bytes_per_token: inputs.kv_bytes_per_token,
         inputs,
         plan,
+        notes: model.notes.clone(),
         parameters: model.parameters(),
         mla: model.mla.is_some(),
         kv_bytes,
@@ -208,16 +210,17 @@ pub fn spec_report(a: &SpecRequest) -> Result<SpecReport> {
             a.acceptance, a.tokens
         )));
     }
-    let model = load_model(&a.config)?;
+    let model = load_model("config", &a.config)?;
     model.check_tp(a.tp)?;
-    let mut assumptions = Vec::new();
+    let mut assumptions = model.notes.clone();
     let latency = match (a.latency_us, &a.latency_json, &a.latency_topology) {
         (Some(us), None, None) => Latency::Flat(us),
         (None, Some(path), None) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                PlanError(format!("cannot read {}: {}", path.display(), chain(&e)))
+                PlanError(format!("cannot read --latency-json {}: {e}", path.display()))
             })?;
-            Latency::from_bench_json(&text)?
+            Latency::from_bench_json(&text, a.tp)
+                .map_err(|e| PlanError(format!("--latency-json {}: {}", path.display(), chain(&e))))?
         }
         (None, None, Some(path)) => {
             let topology = tpar::topology::Topology::load(path)?;
@@ -315,7 +318,7 @@ mod tests {
         r.config = PathBuf::from("/nonexistent/config.json");
         let e = memory_report(&r).unwrap_err().to_string();
         assert!(
-            e.starts_with("cannot read /nonexistent/config.json: "),
+            e.starts_with("cannot read --config /nonexistent/config.json: "),
             "{e}"
         );
         let spec = SpecRequest {
@@ -340,6 +343,7 @@ mod tests {
             ..spec
         })
         .unwrap();
-        assert_eq!(ok.assumptions.len(), 3, "{:?}", ok.assumptions);
+        assert_eq!(ok.assumptions.len(), 4, "{:?}", ok.assumptions);
+        assert_eq!(ok.assumptions[0], "weights: bfloat16 (torch_dtype)");
     }
 }

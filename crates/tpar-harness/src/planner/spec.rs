@@ -44,13 +44,26 @@ impl Latency {
     }
 
     /// The fastest correct result per size in a `tpar bench --json` file (any algorithm, NCCL
-    /// included).
-    pub fn from_bench_json(text: &str) -> Result<Latency> {
-        let v: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Error::InvalidArgument(format!("not a bench JSON file: {e}")))?;
+    /// included), which must have been measured on GPUs (the CUDA backend) with `world_size`
+    /// ranks: another rank count or the CPU backend would plan one machine on another's
+    /// latencies, so both are refused, naming the file's and the plan's.
+    pub fn from_bench_json(text: &str, world_size: u64) -> Result<Latency> {
+        let bad = |what: String| Error::InvalidArgument(what);
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not a bench JSON file: {e}")))?;
         let rows = v["results"]
             .as_array()
-            .ok_or_else(|| Error::InvalidArgument("bench JSON has no `results`".into()))?;
+            .ok_or_else(|| bad("bench JSON has no `results`".into()))?;
+        let (Some(backend), Some(ranks)) = (v["backend"].as_str(), v["world_size"].as_u64()) else {
+            return Err(bad(
+                "has no `backend` and `world_size`: not a file of `tpar bench --json` (bench step, --fused and --anatomy files hold other figures)".into(),
+            ));
+        };
+        if backend != "cuda" || ranks != world_size {
+            return Err(bad(format!(
+                "was measured with {ranks} rank(s) on the {backend} backend, but the plan is for {world_size} rank(s) on GPUs (-n {world_size}); measure with `tpar bench --backend cuda -n {world_size} --json FILE`, or give --latency-us or --latency-topology"
+            )));
+        }
         let mut best: std::collections::BTreeMap<u64, f64> = Default::default();
         for r in rows {
             let (Some(bytes), Some(us)) = (r["bytes"].as_u64(), r["p50_us"].as_f64()) else {
@@ -193,18 +206,42 @@ mod tests {
 
     #[test]
     fn a_bench_table_gives_the_latency_at_each_size() {
-        let json = r#"{"results": [
+        let json = r#"{"backend": "cuda", "world_size": 4, "results": [
             {"bytes": 4096, "algo": "one-shot", "p50_us": 4.0, "correct": true},
             {"bytes": 4096, "algo": "nccl", "p50_us": 20.0, "correct": true},
             {"bytes": 65536, "algo": "one-shot", "p50_us": 8.0, "correct": true},
             {"bytes": 65536, "algo": "two-shot", "p50_us": 1.0, "correct": false}
         ]}"#;
-        let l = Latency::from_bench_json(json).unwrap();
+        let l = Latency::from_bench_json(json, 4).unwrap();
         assert_eq!(l, Latency::Table(vec![(4096, 4.0), (65536, 8.0)]));
         assert_eq!(l.at(1024), 4.0);
         assert_eq!(l.at(1 << 20), 8.0);
         assert!((l.at(16384) - 6.0).abs() < 1e-9, "halfway in log-size");
-        assert!(Latency::from_bench_json("{}").is_err());
+        assert!(Latency::from_bench_json("{}", 4).is_err());
+    }
+
+    #[test]
+    fn a_bench_file_of_another_world_size_or_backend_is_refused_naming_both() {
+        let file = |backend: &str, ranks: u64| {
+            format!(
+                r#"{{"backend": "{backend}", "world_size": {ranks}, "results": [{{"bytes": 4096, "algo": "one-shot", "p50_us": 4.0, "correct": true}}]}}"#
+            )
+        };
+        let err = Latency::from_bench_json(&file("cpu", 2), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 rank(s) on the cpu backend, but the plan is for 8 rank(s) on GPUs"),
+            "{err}"
+        );
+        let err = Latency::from_bench_json(&file("cuda", 2), 8)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("2 rank(s) on the cuda backend"), "{err}");
+        assert!(Latency::from_bench_json(&file("cuda", 8), 8).is_ok());
+        let step = r#"{"results": [{"bytes": 4096, "p50_us": 4.0, "correct": true}]}"#;
+        let err = Latency::from_bench_json(step, 8).unwrap_err().to_string();
+        assert!(err.contains("not a file of `tpar bench --json`"), "{err}");
     }
 
     #[test]
