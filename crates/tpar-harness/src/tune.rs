@@ -143,6 +143,7 @@ pub fn table_from(
         world_size,
         dtype,
         entries,
+        probes: Vec::new(),
     })
 }
 
