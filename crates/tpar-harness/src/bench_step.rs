@@ -355,6 +355,7 @@ fn time_pass(
                 choice.algorithm(),
                 dtype,
                 plan.model.hidden as usize,
+                Some(plan.tokens as usize),
             );
             if path.fused {
                 "fused".to_owned()

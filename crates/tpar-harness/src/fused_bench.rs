@@ -254,7 +254,7 @@ pub fn selftest(
                 }
                 let path = group.comms[0]
                     .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden);
+                    .fused_plan(Some(algorithm), dtype, hidden, None);
                 let route = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
@@ -519,7 +519,7 @@ pub fn measure(
             }
             let path = group.comms[0]
                 .cuda()
-                .fused_plan(Some(algorithm), dtype, hidden);
+                .fused_plan(Some(algorithm), dtype, hidden, None);
             if !path.fused {
                 return Err(Error::Unsupported(format!(
                     "the fused op on {algorithm} would not run fused: {}",

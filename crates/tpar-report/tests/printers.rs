@@ -171,7 +171,8 @@ fn the_doctor_text_of_a_described_machine_has_every_section() {
         "Links (path; P2P r = reads, w = writes):",
         "GPU0       X  PIX rw",
         "Memory tpar reserves per rank with 4 ranks:",
-        "What runs, 4 ranks, bf16 (PCIe with P2P between every pair",
+        "Machine class: one-switch (PCIe, every GPU under one switch); islands: one",
+        "What runs, 4 ranks, bf16 (PCIe, every GPU under one switch",
     ] {
         assert!(text.contains(section), "{section}: {text}");
     }

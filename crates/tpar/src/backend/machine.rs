@@ -4,8 +4,36 @@
 //! root complex and CPU socket: [`pcie_tree`]). The backends measure; [`crate::topology`] only
 //! holds what they found, so it can be loaded from a file and planned for on another machine.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::dtype::DType;
 use crate::error::Result;
+use crate::norm::FusedTable;
 use crate::topology::{Gpu, Link, PathClass, Topology};
+
+/// The fingerprint of the machine this process detected (the GPUs it sees), once.
+fn this_machine() -> Option<&'static str> {
+    static FINGERPRINT: OnceLock<Option<String>> = OnceLock::new();
+    FINGERPRINT
+        .get_or_init(|| Topology::detect().ok().map(|t| t.fingerprint()))
+        .as_deref()
+}
+
+/// `tpar tune`'s measurement of the fused op on this machine for `world_size` ranks, `dtype`
+/// and `hidden` (`norm::FusedTable`), read once per process: the fused call's path is decided
+/// on every call, from memory.
+pub fn fused_table(world_size: usize, dtype: DType, hidden: usize) -> Option<Arc<FusedTable>> {
+    type Tables = Mutex<HashMap<(usize, DType, usize), Option<Arc<FusedTable>>>>;
+    static TABLES: OnceLock<Tables> = OnceLock::new();
+    let mut tables = TABLES.get_or_init(Default::default).lock().ok()?;
+    tables
+        .entry((world_size, dtype, hidden))
+        .or_insert_with(|| {
+            FusedTable::load(this_machine()?, world_size, dtype, hidden).map(Arc::new)
+        })
+        .clone()
+}
 
 impl Topology {
     /// Reads the machine through NVML. Errors (no driver, no NVML) say why. Where the CUDA
