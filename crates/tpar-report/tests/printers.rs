@@ -134,7 +134,7 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
     );
     assert!(text.contains("wrote /tmp/t.json\n"), "{text}");
     assert!(
-        text.contains("one-shot   64      21.51     19.18                separate")
+        text.contains("one-shot   64         21.51                19.18  separate")
             && text.contains("not measured: host-staged: no host inboxes")
             && text.ends_with("no fused table written"),
         "{text}"
