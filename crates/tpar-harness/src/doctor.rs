@@ -125,6 +125,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             let (check, measured) = link_measurement(&topology, &mut findings);
             checks.extend(check);
             links = measured;
+            checks.push(first_use_check(&topology, world_size));
         }
     }
     let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
@@ -356,6 +357,52 @@ fn link_measurement(
             }],
             None,
         ),
+    }
+}
+
+/// The first-use measurement a communicator makes on a machine with no tuning table, run here
+/// for `world_size` ranks as streams of this process (on one GPU: ranks sharing it), so that
+/// `tpar doctor` shows what it timed, how long it took and where it cached the table.
+fn first_use_check(topology: &Topology, world_size: usize) -> Check {
+    use tpar::communicator::first_use::{enabled, measure_local, ENV_FIRST_USE};
+    let check = |ok: bool, detail: String| Check {
+        name: "first-use measurement".into(),
+        ok,
+        detail,
+    };
+    if !enabled(std::env::var(ENV_FIRST_USE).ok().as_deref()) {
+        return check(true, format!("not run: {ENV_FIRST_USE}=0"));
+    }
+    if world_size < 2 {
+        return check(true, "not run: one rank (nothing to reduce)".into());
+    }
+    if let Some(t) =
+        TuningTable::load_for(topology, world_size, tpar::communicator::first_use::DTYPE)
+    {
+        let path = if t.is_first_use() {
+            TuningTable::first_use_path(&t.fingerprint, world_size, t.dtype)
+        } else {
+            TuningTable::path(&t.fingerprint, world_size, t.dtype)
+        };
+        return check(
+            true,
+            format!(
+                "not run: this machine has a table for {world_size} ranks ({})",
+                path.display()
+            ),
+        );
+    }
+    let measured = (|| -> Result<_> {
+        let mut group = crate::cuda_ranks::CudaRanks::threads(world_size, Config::default())?;
+        Ok(measure_local(&mut group.comms, &group.streams)?)
+    })();
+    match measured {
+        Ok(Some(f)) => check(true, f.describe()),
+        Ok(None) => check(
+            true,
+            "not run: no two candidates the fabric model ranks close enough to time (or the ranks time-slice a GPU)".into(),
+        ),
+        Err(e) => check(false, e.chain()),
     }
 }
 

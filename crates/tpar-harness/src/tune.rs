@@ -217,7 +217,13 @@ pub fn run_fused(
             )?);
         }
     }
-    let table = fused_table_from(&rows, topology.fingerprint(), group.world_size, dtype, hidden);
+    let table = fused_table_from(
+        &rows,
+        topology.fingerprint(),
+        group.world_size,
+        dtype,
+        hidden,
+    );
     let written_to = if group.is_leader() && !table.rows.is_empty() {
         Some(table.save()?)
     } else {

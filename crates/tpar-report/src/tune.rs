@@ -42,7 +42,13 @@ pub fn tune(report: &TuneReport, heading: &str, sizes: &[(u64, usize)]) -> Strin
 /// went.
 fn fused_text(fused: &tpar_harness::tune::FusedTuned) -> String {
     let mut t = Table::new(
-        &["algorithm", "tokens", "fused us", "allreduce + norm us", "runs"],
+        &[
+            "algorithm",
+            "tokens",
+            "fused us",
+            "allreduce + norm us",
+            "runs",
+        ],
         2,
     );
     for r in &fused.table.rows {

@@ -260,9 +260,9 @@ impl FusedTable {
         dtype: DType,
         hidden: usize,
     ) -> std::path::PathBuf {
-        crate::cache::cache_root()
-            .join("tuning")
-            .join(format!("{fingerprint}-n{world_size}-{dtype}-fused-h{hidden}.json"))
+        crate::cache::cache_root().join("tuning").join(format!(
+            "{fingerprint}-n{world_size}-{dtype}-fused-h{hidden}.json"
+        ))
     }
 
     /// The table `tpar tune` wrote for this machine, world size, dtype and hidden size.
@@ -588,9 +588,7 @@ mod tests {
 
     #[test]
     fn without_a_table_the_built_in_rule_never_fuses_where_the_kernel_measured_slower() {
-        let at = |a, n, tokens| {
-            plan(Some(a), DType::Bf16, 8192, 65536, faster(n, tokens, None))
-        };
+        let at = |a, n, tokens| plan(Some(a), DType::Bf16, 8192, 65536, faster(n, tokens, None));
         // bench/README.md "Fifth session": fused faster at these (one H200, bf16, 8192).
         for (a, n, tokens) in [
             (Algorithm::OneShot, 2, 1),
@@ -659,7 +657,9 @@ mod tests {
         assert!(at(1).fused && at(4).fused && at(8).fused);
         // Slower at 16: not at 16, nor between 8 and 16, nor between 16 and 32.
         assert!(!at(16).fused && !at(12).fused && !at(20).fused);
-        assert!(at(16).reason.contains("fused 9.00 us, allreduce + norm 8.00"));
+        assert!(at(16)
+            .reason
+            .contains("fused 9.00 us, allreduce + norm 8.00"));
         // Faster at 32 and 128 (unlike the built-in rule, which stops at 32 on 2 ranks).
         assert!(at(64).fused, "{:?}", at(64));
         // Above the largest measured, where it was faster: the built-in rule decides.
@@ -676,7 +676,10 @@ mod tests {
         // Slower at the largest measured: not fused above it either.
         let mut lost = table.clone();
         lost.rows.push(row(512, 300.0, 200.0));
-        assert_eq!(lost.verdict(Algorithm::OneShot, 1000).map(|v| v.0), Some(false));
+        assert_eq!(
+            lost.verdict(Algorithm::OneShot, 1000).map(|v| v.0),
+            Some(false)
+        );
     }
 
     #[test]

@@ -225,9 +225,11 @@ pub mod pcie_tree {
     }
 
     fn package_of_cpu(sys: &Path, cpu: u32) -> Option<u32> {
-        read(&sys.join(format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id")))?
-            .parse()
-            .ok()
+        read(&sys.join(format!(
+            "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+        )))?
+        .parse()
+        .ok()
     }
 
     /// The socket of NUMA node `node`; with no node (a machine without NUMA), the one package
@@ -311,8 +313,14 @@ pub mod pcie_tree {
                 )
                 .unwrap();
             };
-            dev("pci0000:40/0000:40:01.1/0000:41:00.0/0000:42:00.0/0000:43:00.0", 0);
-            dev("pci0000:40/0000:40:01.1/0000:41:00.0/0000:42:01.0/0000:44:00.0", 0);
+            dev(
+                "pci0000:40/0000:40:01.1/0000:41:00.0/0000:42:00.0/0000:43:00.0",
+                0,
+            );
+            dev(
+                "pci0000:40/0000:40:01.1/0000:41:00.0/0000:42:01.0/0000:44:00.0",
+                0,
+            );
             dev("pci0000:c0/0000:c0:03.1/0000:c1:00.0", 1);
             for (node, cpus) in [(0, "0-3"), (1, "4-7")] {
                 let d = root.join(format!("devices/system/node/node{node}"));
@@ -352,7 +360,9 @@ pub mod pcie_tree {
             assert_eq!(place(&sys, "00000000:c1:00.0").unwrap().socket, None);
             for cpu in 4..8 {
                 std::fs::write(
-                    sys.join(format!("devices/system/cpu/cpu{cpu}/topology/physical_package_id")),
+                    sys.join(format!(
+                        "devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+                    )),
                     "0\n",
                 )
                 .unwrap();
@@ -363,8 +373,14 @@ pub mod pcie_tree {
 
         #[test]
         fn nvml_bus_ids_become_sysfs_names() {
-            assert_eq!(sysfs_bus_id("00000000:18:00.0").as_deref(), Some("0000:18:00.0"));
-            assert_eq!(sysfs_bus_id("0001:C1:00.0").as_deref(), Some("0001:c1:00.0"));
+            assert_eq!(
+                sysfs_bus_id("00000000:18:00.0").as_deref(),
+                Some("0000:18:00.0")
+            );
+            assert_eq!(
+                sysfs_bus_id("0001:C1:00.0").as_deref(),
+                Some("0001:c1:00.0")
+            );
             assert_eq!(sysfs_bus_id("garbage"), None);
         }
     }

@@ -18,6 +18,7 @@
 
 pub mod explain;
 pub mod fabric;
+pub mod first_use;
 pub mod refusal;
 pub mod rules;
 pub mod tuning;
@@ -31,8 +32,8 @@ use crate::error::{Error, Result};
 use crate::memory::human_bytes;
 pub use crate::topology::Findings;
 use crate::topology::Topology;
-pub use explain::describe_ranges;
 use explain::describe_machine;
+pub use explain::describe_ranges;
 use fabric::{Estimate, Fabric};
 pub use refusal::{eligibility, Reason, Refusal};
 pub use rules::{classify, Class};
@@ -93,9 +94,9 @@ pub fn ranked(req: &Request) -> Vec<(Estimate, Option<Probe>)> {
 }
 
 fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Probe>)> {
-    let probes = req.tuning.filter(|t| {
-        t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty()
-    });
+    let probes = req
+        .tuning
+        .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty());
     let mut ranked: Vec<(Estimate, Option<Probe>)> = fabric
         .rank(req.dtype, req.bytes)
         .into_iter()
@@ -555,7 +556,10 @@ mod tests {
             tuning: Some(&table),
             ..request(&t, 8, 4 * MIB)
         };
-        assert_eq!(decide(&far).unwrap(), decide(&request(&t, 8, 4 * MIB)).unwrap());
+        assert_eq!(
+            decide(&far).unwrap(),
+            decide(&request(&t, 8, 4 * MIB)).unwrap()
+        );
         // A measured pick says so.
         let slow_rival = TuningTable {
             probes: vec![Probe {

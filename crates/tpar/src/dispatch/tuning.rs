@@ -48,10 +48,14 @@ impl TuningTable {
     }
 
     /// Where the first-use measurement's table lives, beside `tpar tune`'s.
-    pub fn first_use_path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
-        crate::cache::cache_root()
-            .join("tuning")
-            .join(format!("{fingerprint}-n{world_size}-{dtype}-first-use.json"))
+    pub fn first_use_path(
+        fingerprint: &str,
+        world_size: usize,
+        dtype: DType,
+    ) -> std::path::PathBuf {
+        crate::cache::cache_root().join("tuning").join(format!(
+            "{fingerprint}-n{world_size}-{dtype}-first-use.json"
+        ))
     }
 
     /// Whether this is a first-use table (probes, no entries).

@@ -184,7 +184,11 @@ impl Topology {
             .iter()
             .map(|g| {
                 let p = g.pcie.as_ref()?;
-                Some((p.switches.first().cloned(), p.root_complex.clone()?, p.socket?))
+                Some((
+                    p.switches.first().cloned(),
+                    p.root_complex.clone()?,
+                    p.socket?,
+                ))
             })
             .collect();
         if let Some(places) = tree {
@@ -364,7 +368,11 @@ mod tests {
     fn the_shipped_fixtures_fall_in_the_classes_their_names_say() {
         for (name, class, islands) in [
             ("8x-h200-nvswitch", MachineClass::Nvlink, "8"),
-            ("8x-rtx-pro-6000-pcie-2switch", MachineClass::TwoSockets, "4+4"),
+            (
+                "8x-rtx-pro-6000-pcie-2switch",
+                MachineClass::TwoSockets,
+                "4+4",
+            ),
             ("4x-rtx-4090-no-p2p", MachineClass::NoP2p, "4"),
             ("8x-l40s-2numa", MachineClass::IslandsNoP2p, "4+4"),
             ("8x-a800-2islands", MachineClass::IslandsNoP2p, "4+4"),

@@ -72,9 +72,8 @@ impl CudaCommunicator {
         hidden: usize,
         tokens: Option<usize>,
     ) -> FusedDecision {
-        let measured = tokens.and_then(|_| {
-            crate::backend::machine::fused_table(self.world_size(), dtype, hidden)
-        });
+        let measured = tokens
+            .and_then(|_| crate::backend::machine::fused_table(self.world_size(), dtype, hidden));
         let prefer = match tokens {
             None => norm::Prefer::Fused,
             Some(tokens) => norm::Prefer::Faster {

@@ -368,13 +368,20 @@ fn measure_fanout(
     bytes: usize,
 ) -> Result<FanoutMeasurement> {
     let source = &gpus[0];
-    let index = |d: usize| devices.iter().position(|&x| x == d).expect("a measured device");
+    let index = |d: usize| {
+        devices
+            .iter()
+            .position(|&x| x == d)
+            .expect("a measured device")
+    };
     let peer_gpus: Vec<&Gpu> = peers.iter().map(|&d| &gpus[index(d)]).collect();
     let writes = |to: &[&Gpu]| -> Vec<(u64, u64)> {
         to.iter().map(|p| (source.src.ptr(), p.dst.ptr())).collect()
     };
     let reads = |from: &[&Gpu]| -> Vec<(u64, u64)> {
-        from.iter().map(|p| (p.src.ptr(), source.dst.ptr())).collect()
+        from.iter()
+            .map(|p| (p.src.ptr(), source.dst.ptr()))
+            .collect()
     };
     let time = |pairs: Vec<(u64, u64)>| -> Result<f64> {
         Ok(time_each(&[source], 3, |_| source.launch_copies(&pairs, bytes))?[0])
@@ -586,7 +593,10 @@ mod tests {
         // 16 GPUs under four switches on four root complexes: GPU 0 fans out to the first GPU
         // of three other switches.
         let a = load("16x-rtx-pro-6000-4switch");
-        assert_eq!(fanout_peers(&a.locations(), &all(&a), 0), Ok(vec![4, 8, 12]));
+        assert_eq!(
+            fanout_peers(&a.locations(), &all(&a), 0),
+            Ok(vec![4, 8, 12])
+        );
         // Two switches, one per socket: everything outside GPU 0's switch is behind one root
         // complex, so nothing fans out.
         let two = load("8x-rtx-pro-6000-pcie-2switch");

@@ -748,7 +748,10 @@ mod tests {
                     let large = fabric.estimate(choice, DType::Bf16, 64 << 20);
                     match (small, large) {
                         (Some(s), Some(l)) => {
-                            assert!(s.us > 0.0 && l.us > s.us, "{name} n={n} {choice}: {s:?} {l:?}")
+                            assert!(
+                                s.us > 0.0 && l.us > s.us,
+                                "{name} n={n} {choice}: {s:?} {l:?}"
+                            )
                         }
                         (None, None) => {}
                         other => panic!("{name} n={n} {choice}: {other:?}"),

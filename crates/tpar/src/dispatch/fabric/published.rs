@@ -13,15 +13,30 @@ use crate::protocol::schedule::{Access, Transfer};
 use crate::topology::{Topology, FIXTURES};
 
 const TABLES: [(&str, &str); 6] = [
-    ("a-collapse", include_str!("../../../fixtures/published/a-collapse.json")),
-    ("b-l40s", include_str!("../../../fixtures/published/b-l40s.json")),
-    ("b-sm120", include_str!("../../../fixtures/published/b-sm120.json")),
+    (
+        "a-collapse",
+        include_str!("../../../fixtures/published/a-collapse.json"),
+    ),
+    (
+        "b-l40s",
+        include_str!("../../../fixtures/published/b-l40s.json"),
+    ),
+    (
+        "b-sm120",
+        include_str!("../../../fixtures/published/b-sm120.json"),
+    ),
     (
         "c-rootcomplex",
         include_str!("../../../fixtures/published/c-rootcomplex.json"),
     ),
-    ("d-2socket", include_str!("../../../fixtures/published/d-2socket.json")),
-    ("e-v100", include_str!("../../../fixtures/published/e-v100.json")),
+    (
+        "d-2socket",
+        include_str!("../../../fixtures/published/d-2socket.json"),
+    ),
+    (
+        "e-v100",
+        include_str!("../../../fixtures/published/e-v100.json"),
+    ),
 ];
 
 /// How far a modelled figure may be from the published one.
@@ -165,10 +180,12 @@ fn the_model_holds_every_published_table_within_35_percent_with_the_same_winners
                     for (column, us) in row["us"].as_object().unwrap() {
                         let us = us.as_f64().unwrap();
                         let model = match column.as_str() {
-                            "nccl" => fabric
-                                .estimate(Choice::Nccl, DType::Bf16, bytes)
-                                .unwrap()
-                                .us,
+                            "nccl" => {
+                                fabric
+                                    .estimate(Choice::Nccl, DType::Bf16, bytes)
+                                    .unwrap()
+                                    .us
+                            }
                             "flat-push" => fabric.flat_push(bytes).us,
                             other => panic!("{file}: unknown column {other}"),
                         };
