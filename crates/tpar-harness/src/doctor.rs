@@ -360,6 +360,34 @@ fn link_measurement(
     }
 }
 
+/// One row of the README's table of `tpar doctor --topology` over every fixture: the machine's
+/// class, its islands, and what runs at 4 KiB to 1 MiB with the model's time.
+pub fn summary_row(name: &str, r: &Report) -> String {
+    let islands = match &r.islands {
+        Some(i) if r.islands_via_host => format!("{i} (via host)"),
+        Some(i) => i.clone(),
+        None => "one".into(),
+    };
+    let mut row = format!(
+        "| `{name}` | {} | {} | {islands} |",
+        r.world_size,
+        r.class.name()
+    );
+    for bytes in [4u64 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
+        let cell = r
+            .plans
+            .iter()
+            .find(|p| p.bytes == bytes)
+            .map_or("-".to_owned(), |p| match (p.choice, p.model_us) {
+                (Some(c), Some(us)) => format!("{c} {us:.1}"),
+                (Some(c), None) => c.to_string(),
+                (None, _) => "none".into(),
+            });
+        row.push_str(&format!(" {cell} |"));
+    }
+    row
+}
+
 /// The first-use measurement a communicator makes on a machine with no tuning table, run here
 /// for `world_size` ranks as streams of this process (on one GPU: ranks sharing it), so that
 /// `tpar doctor` shows what it timed, how long it took and where it cached the table.
@@ -434,5 +462,51 @@ pub fn fanout_text(links: &LinkMeasurements) -> String {
         }
         (None, Some(why)) => format!("not measured: {why}"),
         (None, None) => "not measured".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README shows `tpar doctor --topology` for every shipped fixture (8 ranks, or fewer
+    /// where the machine has fewer GPUs, bf16): class, islands and the plans with the model's
+    /// time. The rows there must be what doctor says now.
+    #[test]
+    fn the_readme_table_is_doctor_over_every_fixture() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+        let start = readme.find("<!-- doctor-fixtures -->").unwrap_or(0);
+        let table = &readme[start..];
+        let table = &table[..table.find("<!-- /doctor-fixtures -->").unwrap_or(0)];
+        let rows: Vec<String> = tpar::topology::FIXTURES
+            .iter()
+            .map(|(name, _)| {
+                let path = std::path::PathBuf::from(format!(
+                    "{root}/crates/tpar/fixtures/topologies/{name}.json"
+                ));
+                let gpus = Topology::load(&path).unwrap().gpus.len();
+                let report = examine(&DoctorOptions {
+                    topology: Some(path),
+                    world_size: Some(gpus),
+                    dtype: DType::Bf16,
+                    forced: None,
+                })
+                .unwrap();
+                summary_row(name, &report)
+            })
+            .collect();
+        println!("{}", rows.join("\n"));
+        for row in &rows {
+            assert!(
+                table.lines().any(|l| l == row),
+                "README.md lacks this row, or has another for its fixture:\n{row}\n(all rows: cargo test -p tpar-harness the_readme_table -- --nocapture)"
+            );
+        }
+        assert_eq!(
+            table.lines().filter(|l| l.starts_with("| `")).count(),
+            rows.len(),
+            "one row per fixture"
+        );
     }
 }
