@@ -87,6 +87,18 @@ pub struct Report {
     pub ok: bool,
 }
 
+impl Report {
+    /// The islands in words: `4+4`, `4+4 (via host)` where their exchange goes through host
+    /// memory, `one`.
+    pub fn islands_text(&self) -> String {
+        match &self.islands {
+            Some(i) if self.islands_via_host => format!("{i} (via host)"),
+            Some(i) => i.clone(),
+            None => "one".into(),
+        }
+    }
+}
+
 /// 4 KiB to 256 MiB in steps of 4.
 fn size_buckets() -> Vec<u64> {
     (0..=8).map(|k| 4096u64 << (2 * k)).collect()
@@ -363,11 +375,7 @@ fn link_measurement(
 /// One row of the README's table of `tpar doctor --topology` over every fixture: the machine's
 /// class, its islands, and what runs at 4 KiB to 1 MiB with the model's time.
 pub fn summary_row(name: &str, r: &Report) -> String {
-    let islands = match &r.islands {
-        Some(i) if r.islands_via_host => format!("{i} (via host)"),
-        Some(i) => i.clone(),
-        None => "one".into(),
-    };
+    let islands = r.islands_text();
     let mut row = format!(
         "| `{name}` | {} | {} | {islands} |",
         r.world_size,

@@ -148,15 +148,11 @@ pub fn doctor(r: &Report) -> String {
 
 /// The machine's class, its islands and the fan-out figures the model uses, one line each.
 fn machine_text(r: &Report) -> String {
-    let islands = match &r.islands {
-        Some(i) if r.islands_via_host => format!("{i} (across through host memory)"),
-        Some(i) => i.clone(),
-        None => "one".to_owned(),
-    };
     let mut text = format!(
-        "\n\nMachine class: {} ({}); islands: {islands}",
+        "\n\nMachine class: {} ({}); islands: {}",
         r.class.name(),
-        r.class.describe()
+        r.class.describe(),
+        r.islands_text()
     );
     if r.class.is_pcie() {
         text.push_str(&format!("\nWrite fan-out: {}", r.collapse.source));

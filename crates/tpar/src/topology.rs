@@ -207,6 +207,12 @@ impl Topology {
         })
     }
 
+    /// The shipped fixture called `name` (a file stem of [`FIXTURES`]).
+    pub fn fixture(name: &str) -> Option<Topology> {
+        let (_, text) = FIXTURES.iter().find(|f| f.0 == name)?;
+        Some(Topology::from_json(text).expect("shipped fixtures load"))
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("topologies serialise")
     }

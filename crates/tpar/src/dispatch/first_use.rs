@@ -178,10 +178,10 @@ pub fn plan(fabric: &Fabric, dtype: DType, eligible: &dyn Fn(Choice) -> bool) ->
 mod tests {
     use super::*;
     use crate::algorithm::Algorithm;
-    use crate::topology::{Topology, FIXTURES};
+    use crate::topology::Topology;
 
     fn fixture(name: &str) -> Topology {
-        Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
+        Topology::fixture(name).unwrap()
     }
 
     #[test]

@@ -269,7 +269,7 @@ mod tests {
 
     /// The topology fixture called `name`.
     pub(super) fn fixture(name: &str) -> Topology {
-        Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
+        Topology::fixture(name).unwrap()
     }
 
     /// A plain bf16 request of `bytes` by `world_size` ranks on `t`: nothing forced, measured
@@ -456,7 +456,10 @@ mod tests {
         let e = Fabric::new(&t, 8, None)
             .estimate(d.choice, DType::Bf16, 42 * KIB)
             .unwrap();
-        println!("42 KiB, 8 ranks, 8x-rtx-pro-6000-pcie-2switch: {} {:.1} us", d.choice, e.us);
+        println!(
+            "42 KiB, 8 ranks, 8x-rtx-pro-6000-pcie-2switch: {} {:.1} us",
+            d.choice, e.us
+        );
         assert!(e.us <= 25.0, "{d:?}: {e:?}");
     }
 

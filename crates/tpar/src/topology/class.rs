@@ -353,15 +353,10 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::{PciePlace, FIXTURES};
+    use crate::topology::PciePlace;
 
     fn fixture(name: &str) -> Topology {
-        let text = FIXTURES
-            .iter()
-            .find(|f| f.0 == name)
-            .unwrap_or_else(|| panic!("no fixture {name}"))
-            .1;
-        Topology::from_json(text).unwrap()
+        Topology::fixture(name).unwrap()
     }
 
     #[test]

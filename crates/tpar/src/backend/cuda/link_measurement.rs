@@ -540,7 +540,12 @@ mod tests {
             fanout: Some(FanoutMeasurement {
                 source: 0,
                 peers: vec![1, 2],
-                bandwidth: fanout_from_seconds(1 << 20, 2, 2e-5, 2e-5, 1.5e-4, 4e-5),
+                bandwidth: Fanout {
+                    pair_write_gbps: 52.5,
+                    pair_read_gbps: 53.5,
+                    fanout_write_gbps: 13.5,
+                    fanout_read_gbps: 53.0,
+                },
             }),
             fanout_skipped: None,
         };
@@ -579,16 +584,7 @@ mod tests {
 
     #[test]
     fn fan_out_peers_are_one_per_root_complex_outside_the_source_switch() {
-        let load = |name: &str| {
-            Topology::from_json(
-                crate::topology::FIXTURES
-                    .iter()
-                    .find(|f| f.0 == name)
-                    .unwrap()
-                    .1,
-            )
-            .unwrap()
-        };
+        let load = |name: &str| Topology::fixture(name).unwrap();
         let all = |t: &Topology| (0..t.gpus.len()).collect::<Vec<_>>();
         // 16 GPUs under four switches on four root complexes: GPU 0 fans out to the first GPU
         // of three other switches.

@@ -294,13 +294,7 @@ impl<'a> Fabric<'a> {
                 payload as usize,
                 self.cross_via_host,
             );
-            let mut us = params::CALL_US;
-            let mut collapses = false;
-            for step in &steps {
-                let (t, c) = self.step_us(step);
-                us += t;
-                collapses |= c;
-            }
+            let (us, collapses) = self.launch_us(&steps);
             (us, collapses, steps.len())
         };
         let chunk = params::CHUNK_BYTES;
@@ -326,6 +320,14 @@ impl<'a> Fabric<'a> {
             collapses,
             steps,
         })
+    }
+
+    /// One kernel launch of `steps`, us, and whether a step collapses.
+    fn launch_us(&self, steps: &[Step]) -> (f64, bool) {
+        steps
+            .iter()
+            .map(|step| self.step_us(step))
+            .fold((params::CALL_US, false), |(us, c), (t, d)| (us + t, c || d))
     }
 
     /// Whether the machine can make `t` at all: through host memory always; between two GPUs
@@ -355,13 +357,7 @@ impl<'a> Fabric<'a> {
         for t in steps.iter_mut().flat_map(|s| s.transfers.iter_mut()) {
             t.bytes /= 2;
         }
-        let mut us = params::CALL_US;
-        let mut collapses = false;
-        for step in &steps {
-            let (t, c) = self.step_us(step);
-            us += t;
-            collapses |= c;
-        }
+        let (us, collapses) = self.launch_us(&steps);
         Estimate {
             choice: Choice::Tpar(Algorithm::OneShot),
             us,
@@ -726,13 +722,8 @@ mod tests {
     use super::*;
     use crate::topology::FIXTURES;
 
-    pub(super) fn fixture(name: &str) -> Topology {
-        let text = FIXTURES
-            .iter()
-            .find(|f| f.0 == name)
-            .unwrap_or_else(|| panic!("no fixture {name}"))
-            .1;
-        Topology::from_json(text).unwrap()
+    fn fixture(name: &str) -> Topology {
+        Topology::fixture(name).unwrap()
     }
 
     const KIB: u64 = 1024;

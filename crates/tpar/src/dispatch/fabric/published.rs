@@ -10,7 +10,7 @@ use super::Fabric;
 use crate::algorithm::Choice;
 use crate::dtype::DType;
 use crate::protocol::schedule::{Access, Transfer};
-use crate::topology::{Topology, FIXTURES};
+use crate::topology::Topology;
 
 const TABLES: [(&str, &str); 6] = [
     (
@@ -43,12 +43,7 @@ const TABLES: [(&str, &str); 6] = [
 const TOLERANCE: f64 = 0.35;
 
 fn topology(name: &str) -> Topology {
-    let text = FIXTURES
-        .iter()
-        .find(|f| f.0 == name)
-        .unwrap_or_else(|| panic!("no topology fixture {name}"))
-        .1;
-    Topology::from_json(text).unwrap()
+    Topology::fixture(name).unwrap_or_else(|| panic!("no topology fixture {name}"))
 }
 
 /// The flows of a bandwidth row: `flows` as given, or every ordered pair of `all_to_all`.
