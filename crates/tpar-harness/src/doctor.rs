@@ -200,11 +200,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         world_size,
         dtype: options.dtype,
         memory_per_rank: memory,
-        tuning_table: tuning.map(|t| {
-            TuningTable::path(&t.fingerprint, world_size, options.dtype)
-                .display()
-                .to_string()
-        }),
+        tuning_table: tuning.map(|t| t.kept_at().display().to_string()),
         checks,
         links,
         plans,

@@ -12,12 +12,18 @@ use crate::error::Result;
 use crate::norm::FusedTable;
 use crate::topology::{Gpu, Link, PathClass, Topology};
 
-/// The fingerprint of the machine this process detected (the GPUs it sees), once.
+/// The fingerprint of the machine this process detected (the GPUs it sees): kept by the
+/// first [`Topology::detect`] (a communicator's creation), else detected here, once.
+static FINGERPRINT: OnceLock<Option<String>> = OnceLock::new();
+
 fn this_machine() -> Option<&'static str> {
-    static FINGERPRINT: OnceLock<Option<String>> = OnceLock::new();
-    FINGERPRINT
-        .get_or_init(|| Topology::detect().ok().map(|t| t.fingerprint()))
-        .as_deref()
+    if FINGERPRINT.get().is_none() {
+        // `detect` keeps the fingerprint itself where it succeeds (not from inside an
+        // initialiser of the same cell: that would re-enter it).
+        let detected = Topology::detect().ok().map(|t| t.fingerprint());
+        let _ = FINGERPRINT.set(detected);
+    }
+    FINGERPRINT.get().and_then(|f| f.as_deref())
 }
 
 /// `tpar tune`'s measurement of the fused op on this machine for `world_size` ranks, `dtype`
@@ -41,10 +47,12 @@ impl Topology {
     /// (NVML ignores CUDA_VISIBLE_DEVICES: GPU 0 to CUDA may be NVML's GPU 2).
     pub fn detect() -> Result<Topology> {
         let machine = detect::detect()?;
-        Ok(match crate::backend::cuda::driver::visible_gpu_uuids() {
+        let seen = match crate::backend::cuda::driver::visible_gpu_uuids() {
             Ok(uuids) => machine.restricted_to(&uuids),
             Err(_) => machine,
-        })
+        };
+        let _ = FINGERPRINT.set(Some(seen.fingerprint()));
+        Ok(seen)
     }
 
     /// This machine as NVML describes it; where NVML cannot be read, GPUs whose links are unknown

@@ -58,6 +58,15 @@ impl TuningTable {
         ))
     }
 
+    /// Where this table is kept: `tpar tune`'s path, or the first-use path.
+    pub fn kept_at(&self) -> std::path::PathBuf {
+        if self.is_first_use() {
+            Self::first_use_path(&self.fingerprint, self.world_size, self.dtype)
+        } else {
+            Self::path(&self.fingerprint, self.world_size, self.dtype)
+        }
+    }
+
     /// Whether this is a first-use table (probes, no entries).
     pub fn is_first_use(&self) -> bool {
         self.entries.is_empty()
@@ -77,11 +86,7 @@ impl TuningTable {
     /// Writes the table where [`TuningTable::load_for`] looks (atomically): `tpar tune`'s
     /// path, or the first-use path for a table without entries.
     pub fn save(&self) -> Result<std::path::PathBuf> {
-        let path = if self.is_first_use() {
-            Self::first_use_path(&self.fingerprint, self.world_size, self.dtype)
-        } else {
-            Self::path(&self.fingerprint, self.world_size, self.dtype)
-        };
+        let path = self.kept_at();
         let text = serde_json::to_vec_pretty(self).expect("tables serialise");
         crate::sys::write_file_atomically(&path, &text, "cannot write the tuning table")?;
         Ok(path)
