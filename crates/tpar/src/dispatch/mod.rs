@@ -296,7 +296,16 @@ mod tests {
             .iter()
             .map(|(_, t)| Topology::from_json(t).unwrap())
             .collect();
+        // A machine described without GPUs: every request refused, none panics.
+        topologies.push(Topology {
+            gpus: Vec::new(),
+            links: Vec::new(),
+            ..topologies[0].clone()
+        });
         for t in topologies.clone() {
+            if t.gpus.is_empty() {
+                continue;
+            }
             topologies.push(Topology {
                 nccl_version: None,
                 ..t.clone()
@@ -368,6 +377,7 @@ mod tests {
                                             if force.is_none()
                                                 && bytes % dtype.size() as u64 == 0
                                                 && world_size <= 16
+                                                && !t.gpus.is_empty()
                                             {
                                                 // Host-staged runs everywhere up to 16 ranks unless the findings veto it.
                                                 panic!("no plan although host-staged can always run: {req:?}: {e}");

@@ -250,8 +250,12 @@ impl<'a> Fabric<'a> {
     }
 
     /// The model's estimate of `choice` for one call of `bytes` of `dtype`; `None` where it
-    /// cannot be modelled (tpar above [`MAX_RANKS`] ranks, NCCL with ranks sharing a GPU).
+    /// cannot be modelled (tpar above [`MAX_RANKS`] ranks, NCCL with ranks sharing a GPU, a
+    /// machine without GPUs).
     pub fn estimate(&self, choice: Choice, dtype: DType, bytes: u64) -> Option<Estimate> {
+        if self.places.is_empty() {
+            return None;
+        }
         match choice {
             Choice::Nccl => self.nccl(bytes),
             Choice::Tpar(algorithm) => self.tpar(algorithm, dtype, bytes),
