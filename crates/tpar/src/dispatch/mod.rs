@@ -219,7 +219,10 @@ fn decide_inner(req: &Request) -> Result<Decision> {
                             ));
                         }
                         if let Some((next, _)) = ranked.iter().find(|(n, _)| n.choice != choice) {
-                            why.push_str(&format!("; next {} {:.1} us", next.choice, next.us));
+                            why.push_str(&format!(
+                                "; next in the model {} {:.1} us",
+                                next.choice, next.us
+                            ));
                         }
                         why
                     }
