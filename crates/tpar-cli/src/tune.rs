@@ -1,7 +1,9 @@
 //! `tpar tune`: measures tpar's algorithms and NCCL across message sizes on this machine (the
 //! same CUDA-graph timing as `tpar bench`), writes the fastest choice per size as the tuning
 //! table where the dispatcher looks for it (keyed by a fingerprint of the GPUs, driver and
-//! topology, the world size and the dtype), and prints the crossovers.
+//! topology, the world size and the dtype), and prints the crossovers. Then the fused allreduce +
+//! residual + RMSNorm against allreduce + the separate norm kernel at 1-512 tokens of
+//! `--hidden`, kept beside the table: a fused call then takes the path measured faster here.
 
 use std::process::ExitCode;
 
@@ -31,6 +33,10 @@ pub struct TuneArgs {
     /// Timed graph replays per size and algorithm.
     #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
     iters: usize,
+    /// Hidden size of the model whose fused allreduce + residual + RMSNorm is measured (1 to
+    /// 512 tokens; the fused calls of this machine then take the path measured faster).
+    #[arg(long, default_value_t = tpar_harness::tune::DEFAULT_HIDDEN, value_name = "N")]
+    hidden: usize,
     /// One process per rank (CUDA IPC); NCCL with several ranks is only measured this way.
     #[arg(long)]
     processes: bool,
@@ -60,6 +66,15 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             progress.step_at(bytes, algo)
         })?;
         progress.finish();
+        let fused = tune::run_fused(
+            &mut group,
+            &topology,
+            args.dtype,
+            args.hidden,
+            &tune::FUSED_TOKENS,
+            args.iters,
+            |_, _| {},
+        )?;
         let Some(path) = tuned.written_to else {
             return Ok(());
         };
@@ -67,6 +82,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             table: tuned.table,
             written_to: path.display().to_string(),
             measurements: tuned.rows,
+            fused: Some(fused),
         };
         let heading = format!("{}, {} on {topology}", ranks(world_size), args.dtype);
         let text = tpar_report::tune::tune(&report, &heading, &plan.sizes);

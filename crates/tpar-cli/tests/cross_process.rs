@@ -700,7 +700,8 @@ fn plan_spec_decode_predicts_from_a_topology_file() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        stdout.contains("modelled for") && stdout.contains("PCIe with P2P"),
+        stdout.contains("modelled for")
+            && stdout.contains("PCIe across CPU sockets, P2P between every pair"),
         "{stdout}"
     );
     let (out, _) = run(tpar().args(args("4x-rtx-4090-no-p2p", "8")));

@@ -361,6 +361,7 @@ fn time_pass(
                 choice.algorithm(),
                 dtype,
                 settings.model.hidden as usize,
+                Some(settings.tokens as usize),
             );
             if path.fused {
                 "fused".to_owned()

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::{Context, Result};
 use tpar::backend::cuda::link_measurement::LinkMeasurements;
 use tpar::backend::cuda::CudaCommunicator;
+use tpar::dispatch::fabric::{Collapse, Fabric};
 use tpar::dispatch::{classify, decide, Choice, Class, Findings, Request, TuningTable};
 use tpar::memory::MemoryFootprint;
 use tpar::topology::Topology;
@@ -70,6 +71,13 @@ pub struct Report {
     pub world_size: usize,
     pub dtype: DType,
     pub class: Class,
+    /// The islands the islands algorithms reduce over (`4+4`), where the class has more than
+    /// one, and whether their exchange goes through host memory.
+    pub islands: Option<String>,
+    pub islands_via_host: bool,
+    /// The fanned-out write and read bandwidths the fabric model uses, and where they come
+    /// from (measured here, the file's figures, or the worst published).
+    pub collapse: Collapse,
     pub memory_per_rank: MemoryFootprint,
     pub tuning_table: Option<String>,
     pub checks: Vec<Check>,
@@ -77,6 +85,18 @@ pub struct Report {
     pub links: Option<LinkMeasurements>,
     pub plans: Vec<SizeDecision>,
     pub ok: bool,
+}
+
+impl Report {
+    /// The islands in words: `4+4`, `4+4 (via host)` where their exchange goes through host
+    /// memory, `one`.
+    pub fn islands_text(&self) -> String {
+        match &self.islands {
+            Some(i) if self.islands_via_host => format!("{i} (via host)"),
+            Some(i) => i.clone(),
+            None => "one".into(),
+        }
+    }
 }
 
 /// 4 KiB to 256 MiB in steps of 4.
@@ -117,18 +137,31 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             let (check, measured) = link_measurement(&topology, &mut findings);
             checks.extend(check);
             links = measured;
+            checks.push(first_use_check(&topology, world_size));
         }
     }
     let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
-    // The model follows the built-in rules; with a forced path or a tuning table it would
-    // describe another plan than the one shown, so it is left out then.
-    let model = (forced.is_none() && tuning.is_none())
+    // The model's time is of the model's own plan; with a forced path or a tuning table it
+    // would describe another plan than the one shown, so it is left out then.
+    let model = (forced.is_none() && tuning.as_ref().is_none_or(TuningTable::is_first_use))
         .then(|| {
-            crate::planner::latency_model::modelled_latency(&topology, world_size, options.dtype)
-                .ok()
+            crate::planner::latency_model::modelled_latency_with(
+                &topology,
+                world_size,
+                options.dtype,
+                Some(&findings),
+            )
+            .ok()
         })
         .flatten()
         .map(|(latency, _)| latency);
+    let fabric = Fabric::new(&topology, world_size, Some(&findings));
+    let islands = fabric
+        .islands()
+        .filter(|i| i.count() > 1)
+        .map(|i| i.to_string());
+    let islands_via_host = islands.is_some() && fabric.cross_via_host();
+    let collapse = fabric.collapse().clone();
     let mut plans = Vec::new();
     for bytes in size_buckets() {
         let req = Request {
@@ -159,16 +192,15 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     let ok = plans.iter().all(|p| p.choice.is_some()) && checks.iter().all(|c| c.ok);
     let report = Report {
         class: classify(&topology, world_size),
+        islands,
+        islands_via_host,
+        collapse,
         topology,
         source,
         world_size,
         dtype: options.dtype,
         memory_per_rank: memory,
-        tuning_table: tuning.map(|t| {
-            TuningTable::path(&t.fingerprint, world_size, options.dtype)
-                .display()
-                .to_string()
-        }),
+        tuning_table: tuning.map(|t| t.kept_at().display().to_string()),
         checks,
         links,
         plans,
@@ -253,20 +285,38 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
 }
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
-/// links at once), keeps the result where communicators find it, and feeds it to the plans.
+/// links at once, then the write fan-out over root complexes), keeps the result where
+/// communicators find it, and feeds it to the plans. With one GPU: says why the fan-out is not
+/// measured.
 fn link_measurement(
     topology: &Topology,
     findings: &mut Findings,
-) -> (Option<Check>, Option<LinkMeasurements>) {
+) -> (Vec<Check>, Option<LinkMeasurements>) {
     let Ok(gpus) = tpar::backend::cuda::check_available() else {
-        return (None, None);
+        return (Vec::new(), None);
     };
     if gpus < 2 {
-        return (None, None);
+        return (
+            vec![Check {
+                name: "write fan-out".into(),
+                ok: true,
+                detail: format!(
+                    "not measured: {}",
+                    tpar::backend::cuda::link_measurement::fanout_peers(
+                        &topology.locations(),
+                        &[0],
+                        0
+                    )
+                    .unwrap_err()
+                ),
+            }],
+            None,
+        );
     }
     let devices: Vec<usize> = (0..gpus).collect();
     let measured = tpar::backend::cuda::link_measurement::measure_links(
         &devices,
+        &topology.locations(),
         64 << 20,
         std::time::Duration::from_secs(10),
     );
@@ -276,6 +326,7 @@ fn link_measurement(
             let p = links.to_findings();
             findings.push_gbps = p.push_gbps;
             findings.pull_gbps = p.pull_gbps;
+            findings.fanout = p.fanout;
             let detail = format!(
                 "every GPU to every peer at once: push {:.1} GB/s, pull {:.1} GB/s per GPU; {}",
                 links.all_push_gbps,
@@ -290,24 +341,176 @@ fn link_measurement(
                 ok: true,
                 detail,
             };
-            (Some(check), Some(links))
+            let fanout = Check {
+                name: "write fan-out".into(),
+                ok: true,
+                detail: fanout_text(&links),
+            };
+            (vec![check, fanout], Some(links))
         }
         // No P2P between some pair is a machine tpar serves (host-staged), not a failure.
         Err(e @ tpar::Error::Unsupported(_)) => (
-            Some(Check {
+            vec![Check {
                 name: "link measurement".into(),
                 ok: true,
                 detail: format!("not measured: {e}; the device-memory paths need P2P between every pair, host-staged does not"),
-            }),
+            }],
             None,
         ),
         Err(e) => (
-            Some(Check {
+            vec![Check {
                 name: "link measurement".into(),
                 ok: false,
                 detail: e.to_string(),
-            }),
+            }],
             None,
         ),
+    }
+}
+
+/// One row of the README's table of `tpar doctor --topology` over every fixture: the machine's
+/// class, its islands, and what runs at 4 KiB to 1 MiB with the model's time.
+pub fn summary_row(name: &str, r: &Report) -> String {
+    let islands = r.islands_text();
+    let mut row = format!(
+        "| `{name}` | {} | {} | {islands} |",
+        r.world_size,
+        r.class.name()
+    );
+    for bytes in [4u64 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
+        let cell = r
+            .plans
+            .iter()
+            .find(|p| p.bytes == bytes)
+            .map_or("-".to_owned(), |p| match (p.choice, p.model_us) {
+                (Some(c), Some(us)) => format!("{c} {us:.1}"),
+                (Some(c), None) => c.to_string(),
+                (None, _) => "none".into(),
+            });
+        row.push_str(&format!(" {cell} |"));
+    }
+    row
+}
+
+/// The first-use measurement a communicator makes on a machine with no tuning table, run here
+/// for `world_size` ranks as streams of this process (on one GPU: ranks sharing it), so that
+/// `tpar doctor` shows what it timed, how long it took and where it cached the table.
+fn first_use_check(topology: &Topology, world_size: usize) -> Check {
+    use tpar::communicator::first_use::{enabled, measure_local, ENV_FIRST_USE};
+    let check = |ok: bool, detail: String| Check {
+        name: "first-use measurement".into(),
+        ok,
+        detail,
+    };
+    if !enabled(std::env::var(ENV_FIRST_USE).ok().as_deref()) {
+        return check(true, format!("not run: {ENV_FIRST_USE}=0"));
+    }
+    if world_size < 2 {
+        return check(true, "not run: one rank (nothing to reduce)".into());
+    }
+    if let Some(t) =
+        TuningTable::load_for(topology, world_size, tpar::communicator::first_use::DTYPE)
+    {
+        let path = if t.is_first_use() {
+            TuningTable::first_use_path(&t.fingerprint, world_size, t.dtype)
+        } else {
+            TuningTable::path(&t.fingerprint, world_size, t.dtype)
+        };
+        return check(
+            true,
+            format!(
+                "not run: this machine has a table for {world_size} ranks ({})",
+                path.display()
+            ),
+        );
+    }
+    let measured = (|| -> Result<_> {
+        let mut group = crate::cuda_ranks::CudaRanks::threads(world_size, Config::default())?;
+        Ok(measure_local(&mut group.comms, &group.streams)?)
+    })();
+    match measured {
+        Ok(Some(f)) => check(true, f.describe()),
+        Ok(None) => check(
+            true,
+            "not run: no two candidates the fabric model ranks close enough to time (or the ranks time-slice a GPU)".into(),
+        ),
+        Err(e) => check(false, e.chain()),
+    }
+}
+
+/// The fan-out measurement in a sentence: the bandwidths, the collapse factor, and that the
+/// model takes it (or why it was not measured).
+pub fn fanout_text(links: &LinkMeasurements) -> String {
+    match (&links.fanout, &links.fanout_skipped) {
+        (Some(f), _) => {
+            let b = &f.bandwidth;
+            let peers: Vec<String> = f.peers.iter().map(|p| format!("GPU {p}")).collect();
+            format!(
+                "GPU {} to GPU {} alone: write {:.1}, read {:.1} GB/s; to {} ({} root complexes) at once: write {:.1}, read {:.1} GB/s in all; collapse factor {:.1} for writes, {:.1} for reads{}; the fabric model takes these figures",
+                f.source,
+                f.peers[0],
+                b.pair_write_gbps,
+                b.pair_read_gbps,
+                peers.join(", "),
+                f.peers.len(),
+                b.fanout_write_gbps,
+                b.fanout_read_gbps,
+                b.write_collapse(),
+                b.read_collapse(),
+                if b.fanout_write_gbps < 0.5 * b.fanout_read_gbps {
+                    " (writes collapse here: tpar keeps writes from fanning out)"
+                } else {
+                    ""
+                }
+            )
+        }
+        (None, Some(why)) => format!("not measured: {why}"),
+        (None, None) => "not measured".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The README shows `tpar doctor --topology` for every shipped fixture (8 ranks, or fewer
+    /// where the machine has fewer GPUs, bf16): class, islands and the plans with the model's
+    /// time. The rows there must be what doctor says now.
+    #[test]
+    fn the_readme_table_is_doctor_over_every_fixture() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+        let start = readme.find("<!-- doctor-fixtures -->").unwrap_or(0);
+        let table = &readme[start..];
+        let table = &table[..table.find("<!-- /doctor-fixtures -->").unwrap_or(0)];
+        let rows: Vec<String> = tpar::topology::FIXTURES
+            .iter()
+            .map(|(name, _)| {
+                let path = std::path::PathBuf::from(format!(
+                    "{root}/crates/tpar/fixtures/topologies/{name}.json"
+                ));
+                let gpus = Topology::load(&path).unwrap().gpus.len();
+                let report = examine(&DoctorOptions {
+                    topology: Some(path),
+                    world_size: Some(gpus),
+                    dtype: DType::Bf16,
+                    forced: None,
+                })
+                .unwrap();
+                summary_row(name, &report)
+            })
+            .collect();
+        println!("{}", rows.join("\n"));
+        for row in &rows {
+            assert!(
+                table.lines().any(|l| l == row),
+                "README.md lacks this row, or has another for its fixture:\n{row}\n(all rows: cargo test -p tpar-harness the_readme_table -- --nocapture)"
+            );
+        }
+        assert_eq!(
+            table.lines().filter(|l| l.starts_with("| `")).count(),
+            rows.len(),
+            "one row per fixture"
+        );
     }
 }

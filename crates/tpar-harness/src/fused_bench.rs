@@ -254,7 +254,7 @@ pub fn selftest(
                 }
                 let path = group.comms[0]
                     .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden);
+                    .fused_plan(Some(algorithm), dtype, hidden, None);
                 let path_name = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
@@ -439,6 +439,87 @@ fn mismatched_rows(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow
     })
 }
 
+/// Times `variants` (of [`VARIANTS`]) of the fused op with `tokens` x `hidden` rows of `dtype`
+/// on `group`'s ranks, the allreduce on `algorithm`, each variant in a graph chain of `chain`
+/// per rank over `iters` replays; the norm-producing variants are checked against the CPU
+/// reference. `tpar bench --fused` and `tpar tune` both time this way.
+#[allow(clippy::too_many_arguments)]
+pub fn time_case(
+    group: &mut CudaRanks,
+    algorithm: Algorithm,
+    dtype: DType,
+    tokens: usize,
+    hidden: usize,
+    variants: &[&'static str],
+    iters: usize,
+    chain: usize,
+) -> Result<Vec<FusedBenchRow>> {
+    let n = group.world_size;
+    let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
+    let mut bufs = buffers(group, &case)?;
+    upload(group, &bufs, &case)?;
+    let count = tokens * hidden;
+    let mut rows = Vec::new();
+    for &variant in variants {
+        let one = |group: &CudaRanks,
+                   b: &mut FusedBuffers,
+                   i: usize,
+                   s: &cudarc::driver::CudaStream|
+         -> Result<()> {
+            let cuda = group.comms[i].cuda();
+            match variant {
+                "empty kernel" => cuda.launch_empty(s)?,
+                "allreduce" => cuda.all_reduce(
+                    Some(b.x.span(dtype, count)?),
+                    b.y.span_mut(dtype, count)?,
+                    algorithm,
+                    s,
+                )?,
+                "norm kernel" => cuda.add_rms_norm(spans(b, &case, false)?, Some(0), s)?,
+                "allreduce + norm" => {
+                    cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
+                }
+                _ => {
+                    cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
+                }
+            }
+            Ok(())
+        };
+        let shared: &CudaRanks = group;
+        let graphs = shared.capture_each(|i, s| -> Result<()> {
+            for _ in 0..chain {
+                one(shared, &mut bufs[i], i, s)?;
+            }
+            Ok(())
+        })?;
+        let warmup = (iters / 10).max(5);
+        let us = time_replays(shared, &graphs, warmup, iters)
+            .with_context(|| format!("{n} ranks, {tokens} tokens, {variant}"))?;
+        drop(graphs);
+        let correct = match variant {
+            "allreduce + norm" | "fused" => {
+                Some(group.total(wrong(group, &bufs, &case, false)?)? == 0)
+            }
+            _ => None,
+        };
+        if variant == "allreduce + norm" {
+            upload(group, &bufs, &case)?; // the fused rows must write their own outputs
+        }
+        rows.push(FusedBenchRow {
+            algorithm: algorithm.name(),
+            world_size: n,
+            tokens,
+            hidden,
+            bytes: count * dtype.size(),
+            variant,
+            p50_us: percentile(&us, 50.0) / chain as f64,
+            p99_us: percentile(&us, 99.0) / chain as f64,
+            correct,
+        });
+    }
+    Ok(rows)
+}
+
 /// One timed variant of one case of `tpar bench --fused`.
 #[derive(Serialize, Clone, Debug)]
 pub struct FusedBenchRow {
@@ -519,7 +600,7 @@ pub fn measure(
             }
             let path = group.comms[0]
                 .cuda()
-                .fused_plan(Some(algorithm), dtype, hidden);
+                .fused_plan(Some(algorithm), dtype, hidden, None);
             if !path.fused {
                 return Err(Error::Unsupported(format!(
                     "the fused op on {algorithm} would not run fused: {}",
@@ -528,68 +609,9 @@ pub fn measure(
                 .into());
             }
             for &tokens in tokens {
-                let case = HostCase::new(dtype, tokens, hidden, n, 90 + tokens as u64);
-                let mut bufs = buffers(&group, &case)?;
-                upload(&group, &bufs, &case)?;
-                let count = tokens * hidden;
-                for variant in VARIANTS {
-                    let one = |group: &CudaRanks,
-                               b: &mut FusedBuffers,
-                               i: usize,
-                               s: &cudarc::driver::CudaStream|
-                     -> Result<()> {
-                        let cuda = group.comms[i].cuda();
-                        match variant {
-                            "empty kernel" => cuda.launch_empty(s)?,
-                            "allreduce" => cuda.all_reduce(
-                                Some(b.x.span(dtype, count)?),
-                                b.y.span_mut(dtype, count)?,
-                                algorithm,
-                                s,
-                            )?,
-                            "norm kernel" => {
-                                cuda.add_rms_norm(spans(b, &case, false)?, Some(0), s)?
-                            }
-                            "allreduce + norm" => {
-                                cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
-                            }
-                            _ => {
-                                cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
-                            }
-                        }
-                        Ok(())
-                    };
-                    let graphs = group.capture_each(|i, s| -> Result<()> {
-                        for _ in 0..chain {
-                            one(&group, &mut bufs[i], i, s)?;
-                        }
-                        Ok(())
-                    })?;
-                    let warmup = (iters / 10).max(5);
-                    let us = time_replays(&group, &graphs, warmup, iters)
-                        .with_context(|| format!("{n} ranks, {tokens} tokens, {variant}"))?;
-                    drop(graphs);
-                    let correct = match variant {
-                        "allreduce + norm" | "fused" => {
-                            Some(group.total(wrong(&group, &bufs, &case, false)?)? == 0)
-                        }
-                        _ => None,
-                    };
-                    if variant == "allreduce + norm" {
-                        upload(&group, &bufs, &case)?; // the fused rows must write their own outputs
-                    }
-                    rows.push(FusedBenchRow {
-                        algorithm: algorithm.name(),
-                        world_size: n,
-                        tokens,
-                        hidden,
-                        bytes: count * dtype.size(),
-                        variant,
-                        p50_us: percentile(&us, 50.0) / chain as f64,
-                        p99_us: percentile(&us, 99.0) / chain as f64,
-                        correct,
-                    });
-                }
+                rows.extend(time_case(
+                    &mut group, algorithm, dtype, tokens, hidden, &VARIANTS, iters, chain,
+                )?);
             }
             Ok(())
         };

@@ -209,10 +209,13 @@ impl StepReport {
     }
 }
 
-/// What `tpar tune --json` writes: the table, where it was saved and its measurements.
+/// What `tpar tune --json` writes: the table, where it was saved and its measurements; and the
+/// fused op's (fused against allreduce + norm per algorithm and token count).
 #[derive(Serialize)]
 pub struct TuneReport {
     pub table: TuningTable,
     pub written_to: String,
     pub measurements: Vec<CudaRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fused: Option<super::tune::FusedTuned>,
 }

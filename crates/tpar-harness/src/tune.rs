@@ -1,17 +1,25 @@
 //! Tuning: from measured rows (the graph-replay timing of [`super::cuda_bench`], tpar's
-//! algorithms and NCCL alike) to the [`TuningTable`] the dispatcher reads, keeping the fastest
-//! correct choice per size.
+//! algorithms and NCCL alike: every choice the backend runs, the PCIe-fabric algorithms
+//! included, each skipped with its reason where this group cannot run it) to the
+//! [`TuningTable`] the dispatcher reads, keeping the fastest correct choice per size. Then the
+//! fused allreduce + residual + RMSNorm against allreduce + the separate norm kernel, 1 to 512
+//! tokens at the model's hidden size, to the [`FusedTable`] that decides which of the two
+//! paths a fused call takes on this machine (`tpar::norm::plan`).
 
 use std::path::PathBuf;
 
 use super::bail;
+use serde::Serialize;
+
 use super::cuda_bench::{self, CudaBenchSettings, CudaRow};
 use super::cuda_ranks::CudaRanks;
+use super::fused_bench::{self, FusedBenchRow};
 use super::{Context, Result};
 use tpar::algorithm::Selection;
 use tpar::dispatch::{Choice, TuningEntry, TuningTable};
+use tpar::norm::{FusedRow, FusedTable};
 use tpar::topology::Topology;
-use tpar::DType;
+use tpar::{Algorithm, DType};
 
 /// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
 /// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
@@ -143,7 +151,140 @@ pub fn table_from(
         world_size,
         dtype,
         entries,
+        probes: Vec::new(),
     })
+}
+
+/// Token counts `tpar tune` times the fused op at (issue 25: 1 to 512).
+pub const FUSED_TOKENS: [usize; 10] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+/// The hidden size the fused op is tuned at unless `--hidden` says (Llama-3.1-70B's).
+pub const DEFAULT_HIDDEN: usize = 8192;
+
+/// Allreduces (or fused calls) per rank in each timed graph of the fused tuning: fewer than
+/// `tpar bench`'s 50, the largest case (512 x 8192 bf16, 8 MiB) being long enough alone.
+const FUSED_CHAIN: usize = 20;
+
+/// The fused tuning's outcome: the table, where rank 0 wrote it, the timings it was made from,
+/// and the algorithms not measured with why.
+#[derive(Serialize)]
+pub struct FusedTuned {
+    pub table: FusedTable,
+    pub written_to: Option<PathBuf>,
+    pub rows: Vec<FusedBenchRow>,
+    pub not_measured: Vec<String>,
+}
+
+/// Times the fused op against allreduce + norm for every algorithm with a fused kernel that
+/// this group runs, at `tokens` x `hidden` of `dtype`, and saves the table (rank 0) where the
+/// fused calls of this machine find it. `progress` hears each (algorithm, tokens) first.
+pub fn run_fused(
+    group: &mut CudaRanks,
+    topology: &Topology,
+    dtype: DType,
+    hidden: usize,
+    tokens: &[usize],
+    iters: usize,
+    mut progress: impl FnMut(Algorithm, usize),
+) -> Result<FusedTuned> {
+    let mut rows = Vec::new();
+    let mut not_measured = Vec::new();
+    for algorithm in Algorithm::ALL {
+        if !tpar::norm::has_fused_kernel(algorithm) {
+            continue;
+        }
+        let cuda = group.comms[0].cuda();
+        if let Err(why) = cuda.supports(algorithm) {
+            not_measured.push(format!("{algorithm}: {why}"));
+            continue;
+        }
+        let path = cuda.fused_plan(Some(algorithm), dtype, hidden, None);
+        if !path.fused {
+            not_measured.push(format!("{algorithm}: {}", path.reason));
+            continue;
+        }
+        for &t in tokens {
+            progress(algorithm, t);
+            rows.extend(fused_bench::time_case(
+                group,
+                algorithm,
+                dtype,
+                t,
+                hidden,
+                &["allreduce + norm", "fused"],
+                iters,
+                FUSED_CHAIN,
+            )?);
+        }
+    }
+    let table = fused_table_from(
+        &rows,
+        topology.fingerprint(),
+        group.world_size,
+        dtype,
+        hidden,
+    );
+    let written_to = if group.is_leader() && !table.rows.is_empty() {
+        Some(table.save()?)
+    } else {
+        None
+    };
+    Ok(FusedTuned {
+        table,
+        written_to,
+        rows,
+        not_measured,
+    })
+}
+
+/// The fused table from timed rows: per algorithm and token count, the fused kernel's and
+/// allreduce + norm's times, where both were measured and both were correct.
+pub fn fused_table_from(
+    rows: &[FusedBenchRow],
+    fingerprint: String,
+    world_size: usize,
+    dtype: DType,
+    hidden: usize,
+) -> FusedTable {
+    let find = |algorithm: &str, tokens: usize, variant: &str| {
+        rows.iter().find(|r| {
+            r.algorithm == algorithm
+                && r.tokens == tokens
+                && r.variant == variant
+                && r.correct == Some(true)
+                && r.p50_us > 0.0
+        })
+    };
+    let mut out: Vec<FusedRow> = Vec::new();
+    for r in rows {
+        let Ok(algorithm) = r.algorithm.parse::<Algorithm>() else {
+            continue;
+        };
+        if out
+            .iter()
+            .any(|o| o.algorithm == algorithm && o.tokens == r.tokens)
+        {
+            continue;
+        }
+        if let (Some(separate), Some(fused)) = (
+            find(r.algorithm, r.tokens, "allreduce + norm"),
+            find(r.algorithm, r.tokens, "fused"),
+        ) {
+            out.push(FusedRow {
+                algorithm,
+                tokens: r.tokens,
+                fused_us: fused.p50_us,
+                separate_us: separate.p50_us,
+            });
+        }
+    }
+    FusedTable {
+        fingerprint,
+        world_size,
+        dtype,
+        hidden,
+        rows: out,
+    }
 }
 
 /// "one-shot up to 4 KiB, two-shot up to 64 KiB, nccl above": where the table switches.
@@ -197,6 +338,52 @@ mod tests {
             crossovers(&t),
             "one-shot up to 4 KiB, two-shot up to 64 KiB, nccl above"
         );
+    }
+
+    #[test]
+    fn the_fused_table_pairs_correct_fused_and_separate_rows_per_algorithm_and_tokens() {
+        let row = |algorithm: &'static str, tokens, variant, p50_us, correct| FusedBenchRow {
+            algorithm,
+            world_size: 2,
+            tokens,
+            hidden: 8192,
+            bytes: tokens * 8192 * 2,
+            variant,
+            p50_us,
+            p99_us: p50_us,
+            correct: Some(correct),
+        };
+        let rows = vec![
+            row("one-shot", 1, "allreduce + norm", 6.76, true),
+            row("one-shot", 1, "fused", 4.53, true),
+            row("one-shot", 64, "allreduce + norm", 19.18, true),
+            row("one-shot", 64, "fused", 21.51, true),
+            // A wrong fused result is no measurement.
+            row("two-shot", 16, "allreduce + norm", 9.79, true),
+            row("two-shot", 16, "fused", 6.53, false),
+        ];
+        let t = fused_table_from(&rows, "fp".into(), 2, DType::Bf16, 8192);
+        assert_eq!(t.rows.len(), 2, "{t:?}");
+        assert_eq!(
+            (t.rows[1].tokens, t.rows[1].fused_us, t.rows[1].separate_us),
+            (64, 21.51, 19.18)
+        );
+        // The plan then never fuses at 64 tokens on this machine, and does at 1.
+        let at = |tokens| {
+            tpar::norm::plan(
+                Some(Algorithm::OneShot),
+                DType::Bf16,
+                8192,
+                65536,
+                tpar::norm::Prefer::Faster {
+                    world_size: 2,
+                    tokens,
+                    measured: Some(&t),
+                },
+            )
+            .fused
+        };
+        assert!(at(1) && !at(64) && !at(32));
     }
 
     #[test]

@@ -528,7 +528,7 @@ impl Comm {
             .map_err(err)?;
         let path = comm
             .cuda()
-            .fused_plan(plan.choice.algorithm(), dtype, hidden);
+            .fused_plan(plan.choice.algorithm(), dtype, hidden, Some(tokens));
         Ok((
             plan.choice.name().to_owned(),
             path.fused,

@@ -1,6 +1,5 @@
 //! The text of `tpar doctor`: what the harness's examination of a machine found.
 
-use tpar::dispatch::Class;
 use tpar::memory::human_bytes;
 use tpar_harness::doctor::Report;
 
@@ -98,6 +97,7 @@ pub fn doctor(r: &Report) -> String {
             }
         ));
     }
+    out.push_str(&machine_text(r));
     let m = &r.memory_per_rank;
     let ranks = ranks(r.world_size);
     out.push_str(&format!(
@@ -113,7 +113,7 @@ pub fn doctor(r: &Report) -> String {
     out.push_str(&format!(
         "\nWhat runs, {ranks}, {} ({}{}):\n",
         r.dtype,
-        classify_text(r.class),
+        r.class.describe(),
         r.tuning_table
             .as_ref()
             .map_or(String::new(), |p| format!("; tuning table {p}"))
@@ -138,7 +138,7 @@ pub fn doctor(r: &Report) -> String {
     }
     out.push_str(&p.render());
     if modelled {
-        out.push_str("\n(model us: tpar's latency model for this class of machine, not a measurement; `tpar bench` and `tpar tune` measure)");
+        out.push_str("\n(model us: tpar's fabric model of this machine, not a measurement; `tpar bench` and `tpar tune` measure)");
     }
     if !r.ok {
         out.push_str("\n\ntpar cannot work as asked here: see the FAILED checks or the sizes with no algorithm above.");
@@ -146,11 +146,17 @@ pub fn doctor(r: &Report) -> String {
     out
 }
 
-fn classify_text(class: Class) -> &'static str {
-    match class {
-        Class::OneGpu => "all ranks on one GPU",
-        Class::Nvlink => "NVLink between every pair",
-        Class::PcieP2p => "PCIe with P2P between every pair",
-        Class::NoP2p => "no P2P between some pair: host-staged or NCCL",
+/// The machine's class, its islands and the fan-out figures the model uses, one line each.
+fn machine_text(r: &Report) -> String {
+    let mut text = format!(
+        "\n\nMachine class: {} ({}); islands: {}",
+        r.class.name(),
+        r.class.describe(),
+        r.islands_text()
+    );
+    if r.class.is_pcie() {
+        text.push_str(&format!("\nWrite fan-out: {}", r.collapse.source));
     }
+    text.push('\n');
+    text
 }

@@ -98,10 +98,26 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
         nccl,
     ];
     let table = tpar_harness::tune::table_from(&rows, "fp".into(), 2, DType::Bf16).unwrap();
+    let fused_rows = vec![
+        fused_row(64, "allreduce + norm", 19.18),
+        fused_row(64, "fused", 21.51),
+    ];
     let report = TuneReport {
         table,
         written_to: "/tmp/t.json".into(),
         measurements: rows,
+        fused: Some(tpar_harness::tune::FusedTuned {
+            table: tpar_harness::tune::fused_table_from(
+                &fused_rows,
+                "fp".into(),
+                2,
+                DType::Bf16,
+                8192,
+            ),
+            written_to: None,
+            rows: fused_rows,
+            not_measured: vec!["host-staged: no host inboxes".into()],
+        }),
     };
     let text = tpar_report::tune::tune(&report, "2 ranks, bf16 on a test machine", &[(4096, 2048)]);
     assert!(
@@ -116,7 +132,13 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
         text.contains("not measured: nccl: no NCCL library\n"),
         "{text}"
     );
-    assert!(text.ends_with("wrote /tmp/t.json"), "{text}");
+    assert!(text.contains("wrote /tmp/t.json\n"), "{text}");
+    assert!(
+        text.contains("one-shot   64         21.51                19.18  separate")
+            && text.contains("not measured: host-staged: no host inboxes")
+            && text.ends_with("no fused table written"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -153,6 +175,24 @@ fn the_memory_plan_shows_its_terms_and_says_when_it_does_not_fit() {
     assert!(small.contains("DOES NOT FIT"), "{small}");
 }
 
+fn fused_row(
+    tokens: usize,
+    variant: &'static str,
+    p50_us: f64,
+) -> tpar_harness::fused_bench::FusedBenchRow {
+    tpar_harness::fused_bench::FusedBenchRow {
+        algorithm: "one-shot",
+        world_size: 2,
+        tokens,
+        hidden: 8192,
+        bytes: tokens * 8192 * 2,
+        variant,
+        p50_us,
+        p99_us: p50_us,
+        correct: Some(true),
+    }
+}
+
 #[test]
 fn the_doctor_text_of_a_described_machine_has_every_section() {
     let report = examine(&DoctorOptions {
@@ -171,7 +211,8 @@ fn the_doctor_text_of_a_described_machine_has_every_section() {
         "Links (path; P2P r = reads, w = writes):",
         "GPU0       X  PIX rw",
         "Memory tpar reserves per rank with 4 ranks:",
-        "What runs, 4 ranks, bf16 (PCIe with P2P between every pair",
+        "Machine class: one-switch (PCIe, every GPU under one switch); islands: one",
+        "What runs, 4 ranks, bf16 (PCIe, every GPU under one switch",
     ] {
         assert!(text.contains(section), "{section}: {text}");
     }

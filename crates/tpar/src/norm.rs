@@ -44,6 +44,8 @@
 //! segment and sends the result to the others, so its ranks agree to the bit even if their
 //! residuals differed.
 
+use serde::{Deserialize, Serialize};
+
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -99,12 +101,32 @@ pub const fn has_fused_kernel(algorithm: Algorithm) -> bool {
     )
 }
 
-/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
+/// Which of the two paths a fused call takes where both can run (the fused kernel, and the
+/// allreduce followed by the separate norm kernel): they give the same bits, so only speed
+/// decides.
+#[derive(Clone, Copy, Debug)]
+pub enum Prefer<'a> {
+    /// The fused kernel wherever it can run: what benchmarks, `tpar tune` and the self-tests
+    /// time and check.
+    Fused,
+    /// The faster path for a call of `tokens` rows on `world_size` ranks: as `tpar tune`
+    /// measured on this machine (`measured`, the table for this world size, dtype and hidden
+    /// size) where it measured this many tokens, else [`built_in_limit`].
+    Faster {
+        world_size: usize,
+        tokens: usize,
+        measured: Option<&'a FusedTable>,
+    },
+}
+
+/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL), where
+/// `prefer` decides between the two paths when both can run.
 pub fn plan(
     algorithm: Option<Algorithm>,
     dtype: DType,
     hidden: usize,
     payload_lines: usize,
+    prefer: Prefer,
 ) -> FusedDecision {
     let unfused = |why: String| FusedDecision {
         fused: false,
@@ -127,13 +149,199 @@ pub fn plan(
                 .to_owned(),
         ),
         Some(a) if !has_fused_kernel(a) => unfused(format!("{a} has no fused kernel")),
-        Some(a) => FusedDecision {
-            fused: true,
-            reason: format!(
-                "fused {a} kernel: {} rows per launch",
-                rows_per_chunk(dtype, hidden, payload_lines)
+        Some(a) => {
+            let fused = FusedDecision {
+                fused: true,
+                reason: format!(
+                    "fused {a} kernel: {} rows per launch",
+                    rows_per_chunk(dtype, hidden, payload_lines)
+                ),
+            };
+            match prefer {
+                Prefer::Fused => fused,
+                Prefer::Faster {
+                    world_size,
+                    tokens,
+                    measured,
+                } => match faster_path(a, dtype, hidden, world_size, tokens, measured) {
+                    (true, why) => FusedDecision {
+                        reason: format!("{}; {why}", fused.reason),
+                        ..fused
+                    },
+                    (false, why) => unfused(why),
+                },
+            }
+        }
+    }
+}
+
+/// Whether the fused kernel is the faster path for `tokens` rows of `hidden` on `world_size`
+/// ranks on `algorithm`, and why: measured where the table covers it, else the built-in rule.
+fn faster_path(
+    algorithm: Algorithm,
+    dtype: DType,
+    hidden: usize,
+    world_size: usize,
+    tokens: usize,
+    measured: Option<&FusedTable>,
+) -> (bool, String) {
+    if let Some(verdict) = measured.and_then(|t| t.verdict(algorithm, tokens)) {
+        return verdict;
+    }
+    let bytes = (tokens * hidden * dtype.size()) as u64;
+    match built_in_limit(algorithm) {
+        Some(limit) if (world_size as u64) * bytes <= limit => (
+            true,
+            format!(
+                "faster than allreduce + norm up to {} on {} ranks by tpar's measurements (bench/README.md, \"Fifth session\"); no tuning table here",
+                crate::memory::human_bytes(limit / world_size.max(1) as u64),
+                world_size
             ),
-        },
+        ),
+        Some(limit) => (
+            false,
+            format!(
+                "the fused {algorithm} kernel was slower than allreduce + norm above {} per rank on {} ranks, where tpar measured it (bench/README.md, \"Fifth session\"); no tuning table here (`tpar tune` measures both)",
+                crate::memory::human_bytes(limit / world_size.max(1) as u64),
+                world_size
+            ),
+        ),
+        None => (false, format!("{algorithm} has no fused kernel")),
+    }
+}
+
+/// The built-in rule, until `tpar tune` measured this machine: the fused kernel runs while the
+/// bytes all ranks put in (ranks x message) stay within the returned limit, the largest at
+/// which it was measured faster than allreduce + the separate norm kernel (one H200, ranks as
+/// streams, bf16, hidden 8192, graph chain; bench/README.md "Fifth session", a8aa1e3 unless
+/// said):
+/// - one-shot, 1 MiB: faster at 2 x 32 tokens (10.81 against 12.22 us) and 8 x 8 (14.50
+///   against 17.77), both 1 MiB; slower at 8 x 16 (25.15 against 24.86) and 2 x 64 (21.72
+///   against 19.23 at 4527420; issue 25: 21.51 against 19.18), both 2 MiB;
+/// - two-shot, 4 MiB: faster at every size measured, up to 8 x 32 (30.38 against 35.73);
+/// - host-staged, 512 KiB: faster at 2 x 16 (44.76 against 45.34), slower at 2 x 32 (88.17
+///   against 85.78, 4527420) and 2 x 64 (197.46 against 191.70).
+///
+/// `None` for an algorithm without a fused kernel.
+pub fn built_in_limit(algorithm: Algorithm) -> Option<u64> {
+    match algorithm {
+        Algorithm::OneShot => Some(1 << 20),
+        Algorithm::TwoShot => Some(4 << 20),
+        Algorithm::HostStaged => Some(512 << 10),
+        _ => None,
+    }
+}
+
+/// The fused op against allreduce + norm, measured by `tpar tune` on one machine for one world
+/// size, dtype and hidden size, kept beside the tuning table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedTable {
+    pub fingerprint: String,
+    pub world_size: usize,
+    pub dtype: DType,
+    pub hidden: usize,
+    pub rows: Vec<FusedRow>,
+}
+
+/// One algorithm at one token count: the fused kernel and allreduce + norm, us per call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedRow {
+    pub algorithm: Algorithm,
+    pub tokens: usize,
+    pub fused_us: f64,
+    pub separate_us: f64,
+}
+
+impl FusedTable {
+    /// Where the table lives: `tuning/` in tpar's cache, beside the allreduce's.
+    pub fn path(
+        fingerprint: &str,
+        world_size: usize,
+        dtype: DType,
+        hidden: usize,
+    ) -> std::path::PathBuf {
+        crate::cache::cache_root().join("tuning").join(format!(
+            "{fingerprint}-n{world_size}-{dtype}-fused-h{hidden}.json"
+        ))
+    }
+
+    /// The table `tpar tune` wrote for this machine, world size, dtype and hidden size.
+    pub fn load(
+        fingerprint: &str,
+        world_size: usize,
+        dtype: DType,
+        hidden: usize,
+    ) -> Option<FusedTable> {
+        let path = Self::path(fingerprint, world_size, dtype, hidden);
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    }
+
+    /// Writes it where [`FusedTable::load`] looks (atomically).
+    pub fn save(&self) -> Result<std::path::PathBuf> {
+        let path = Self::path(&self.fingerprint, self.world_size, self.dtype, self.hidden);
+        let text = serde_json::to_vec_pretty(self).expect("tables serialise");
+        crate::sys::write_file_atomically(&path, &text, "cannot write the fused tuning table")?;
+        Ok(path)
+    }
+
+    /// What the measurements say of `tokens` rows on `algorithm`: fused only where the
+    /// measured token counts around it (the nearest at or below and at or above) both had the
+    /// fused kernel faster; not fused where either had it slower, nor above the largest
+    /// measured where that one had it slower. `None` where nothing measured decides (no row
+    /// of this algorithm, or above the largest measured where that one had the kernel faster).
+    pub fn verdict(&self, algorithm: Algorithm, tokens: usize) -> Option<(bool, String)> {
+        let mut rows: Vec<&FusedRow> = self
+            .rows
+            .iter()
+            .filter(|r| r.algorithm == algorithm && r.fused_us > 0.0 && r.separate_us > 0.0)
+            .collect();
+        rows.sort_by_key(|r| r.tokens);
+        let below = rows.iter().rev().find(|r| r.tokens <= tokens);
+        let above = rows.iter().find(|r| r.tokens >= tokens);
+        let say = |r: &FusedRow| {
+            format!(
+                "{} tokens: fused {:.2} us, allreduce + norm {:.2}",
+                r.tokens, r.fused_us, r.separate_us
+            )
+        };
+        let faster = |r: &FusedRow| r.fused_us < r.separate_us;
+        match (below, above) {
+            (Some(b), Some(a)) => {
+                let fused = faster(b) && faster(a);
+                let mut cited = vec![say(b)];
+                if a.tokens != b.tokens {
+                    cited.push(say(a));
+                }
+                Some((
+                    fused,
+                    format!(
+                        "{} than allreduce + norm as `tpar tune` measured on this machine ({})",
+                        if fused { "faster" } else { "not faster" },
+                        cited.join("; ")
+                    ),
+                ))
+            }
+            (None, Some(a)) => Some((
+                faster(a),
+                format!(
+                    "{} as `tpar tune` measured on this machine at the fewest tokens ({})",
+                    if faster(a) {
+                        "faster than allreduce + norm"
+                    } else {
+                        "not faster than allreduce + norm"
+                    },
+                    say(a)
+                ),
+            )),
+            (Some(b), None) if !faster(b) => Some((
+                false,
+                format!(
+                    "not faster than allreduce + norm as `tpar tune` measured on this machine at the most tokens ({})",
+                    say(b)
+                ),
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -313,7 +521,7 @@ mod tests {
         {
             for dtype in DType::ALL {
                 for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
-                    let p = plan(algorithm, dtype, hidden, 65536);
+                    let p = plan(algorithm, dtype, hidden, 65536, Prefer::Fused);
                     assert!(!p.reason.is_empty());
                     // One-shot, two-shot and host-staged have a fused kernel; NCCL has none.
                     let expect_fused =
@@ -325,16 +533,34 @@ mod tests {
                 }
             }
         }
-        let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 65535);
+        let odd = plan(
+            Some(Algorithm::OneShot),
+            DType::Bf16,
+            8192,
+            65535,
+            Prefer::Fused,
+        );
         assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
-        let two_shot = plan(Some(Algorithm::TwoShot), DType::Bf16, 8192, 65536);
+        let two_shot = plan(
+            Some(Algorithm::TwoShot),
+            DType::Bf16,
+            8192,
+            65536,
+            Prefer::Fused,
+        );
         assert_eq!(two_shot.reason, "fused two-shot kernel: 16 rows per launch");
-        let pull = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 65536);
+        let pull = plan(
+            Some(Algorithm::OneShotPull),
+            DType::Bf16,
+            8192,
+            65536,
+            Prefer::Fused,
+        );
         assert!(
             !pull.fused && pull.reason.contains("no fused pull kernel"),
             "{pull:?}"
         );
-        let nccl = plan(None, DType::Bf16, 8192, 65536);
+        let nccl = plan(None, DType::Bf16, 8192, 65536, Prefer::Fused);
         assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
@@ -350,6 +576,110 @@ mod tests {
             }
         }
         assert_eq!(row_quads(DType::Bf16, 4099), 1025);
+    }
+
+    fn faster(world_size: usize, tokens: usize, measured: Option<&FusedTable>) -> Prefer<'_> {
+        Prefer::Faster {
+            world_size,
+            tokens,
+            measured,
+        }
+    }
+
+    #[test]
+    fn without_a_table_the_built_in_rule_never_fuses_where_the_kernel_measured_slower() {
+        let at = |a, n, tokens| plan(Some(a), DType::Bf16, 8192, 65536, faster(n, tokens, None));
+        // bench/README.md "Fifth session": fused faster at these (one H200, bf16, 8192).
+        for (a, n, tokens) in [
+            (Algorithm::OneShot, 2, 1),
+            (Algorithm::OneShot, 2, 32),
+            (Algorithm::OneShot, 8, 8),
+            (Algorithm::TwoShot, 2, 16),
+            (Algorithm::TwoShot, 8, 32),
+            (Algorithm::HostStaged, 2, 16),
+        ] {
+            let p = at(a, n, tokens);
+            assert!(p.fused, "{a} {n} x {tokens}: {p:?}");
+            assert!(p.reason.contains("Fifth session"), "{p:?}");
+        }
+        // ... and slower at these: 2 x 64 is issue 25's 21.51 against 19.18 us.
+        for (a, n, tokens) in [
+            (Algorithm::OneShot, 2, 64),
+            (Algorithm::OneShot, 8, 16),
+            (Algorithm::HostStaged, 2, 32),
+            (Algorithm::HostStaged, 2, 64),
+        ] {
+            let p = at(a, n, tokens);
+            assert!(!p.fused, "{a} {n} x {tokens}: {p:?}");
+            assert!(p.reason.contains("tpar tune"), "{p:?}");
+        }
+        // Where the kernel cannot run, the preference changes nothing.
+        let pull = plan(
+            Some(Algorithm::OneShotPull),
+            DType::Bf16,
+            8192,
+            65536,
+            faster(2, 1, None),
+        );
+        assert!(!pull.fused && pull.reason.contains("no fused pull kernel"));
+    }
+
+    #[test]
+    fn a_measured_table_decides_where_it_measured_and_never_fuses_where_it_lost() {
+        let row = |tokens, fused_us, separate_us| FusedRow {
+            algorithm: Algorithm::OneShot,
+            tokens,
+            fused_us,
+            separate_us,
+        };
+        let table = FusedTable {
+            fingerprint: "fp".into(),
+            world_size: 2,
+            dtype: DType::Bf16,
+            hidden: 8192,
+            rows: vec![
+                row(1, 4.5, 6.8),
+                row(8, 4.6, 7.0),
+                row(16, 9.0, 8.0),
+                row(32, 10.8, 12.2),
+                row(128, 40.0, 50.0),
+            ],
+        };
+        let at = |tokens| {
+            plan(
+                Some(Algorithm::OneShot),
+                DType::Bf16,
+                8192,
+                65536,
+                faster(2, tokens, Some(&table)),
+            )
+        };
+        assert!(at(1).fused && at(4).fused && at(8).fused);
+        // Slower at 16: not at 16, nor between 8 and 16, nor between 16 and 32.
+        assert!(!at(16).fused && !at(12).fused && !at(20).fused);
+        assert!(at(16)
+            .reason
+            .contains("fused 9.00 us, allreduce + norm 8.00"));
+        // Faster at 32 and 128 (unlike the built-in rule, which stops at 32 on 2 ranks).
+        assert!(at(64).fused, "{:?}", at(64));
+        // Above the largest measured, where it was faster: the built-in rule decides.
+        assert!(!at(256).fused && at(256).reason.contains("Fifth session"));
+        // Another algorithm: nothing measured, the built-in rule.
+        let two = plan(
+            Some(Algorithm::TwoShot),
+            DType::Bf16,
+            8192,
+            65536,
+            faster(2, 16, Some(&table)),
+        );
+        assert!(two.fused && two.reason.contains("Fifth session"), "{two:?}");
+        // Slower at the largest measured: not fused above it either.
+        let mut lost = table.clone();
+        lost.rows.push(row(512, 300.0, 200.0));
+        assert_eq!(
+            lost.verdict(Algorithm::OneShot, 1000).map(|v| v.0),
+            Some(false)
+        );
     }
 
     #[test]

@@ -3,6 +3,16 @@
 //! NVML (loaded at run time) on a real machine, or from a JSON file that describes one, so that
 //! a machine can be planned for elsewhere (`tpar doctor --topology FILE`). Fixtures for common
 //! inference servers are in `crates/tpar/fixtures/topologies/`.
+//!
+//! Where it was read (sysfs), each GPU also carries its place in the host's PCIe tree
+//! ([`PciePlace`]: the switches above it, its root port, root complex and CPU socket); a file
+//! may also carry figures measured on the machine it describes ([`Measured`]). Both are
+//! optional, so files written before they existed still load. [`class`] turns either (or, where
+//! they are missing, the path class of each pair) into the machine's class and its islands.
+
+pub mod class;
+
+pub use class::{Location, MachineClass};
 
 use std::fmt;
 use std::path::Path;
@@ -56,6 +66,75 @@ pub struct Gpu {
     /// "9.0", "12.0", ...
     pub compute_capability: Option<String>,
     pub memory_bytes: u64,
+    /// Where the GPU sits in the host's PCIe tree, where that was read (sysfs); `None` in files
+    /// written before tpar read it, and where sysfs could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<PciePlace>,
+}
+
+/// A GPU's place in the host's PCIe tree, read from sysfs (`/sys/bus/pci/devices/BDF`: the
+/// chain of bridges above it, its `numa_node`, the socket of that node's CPUs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PciePlace {
+    /// The upstream ports of the PCIe switches between the root port and the GPU, the one
+    /// nearest the CPU first (empty: the GPU hangs from a root port directly).
+    #[serde(default)]
+    pub switches: Vec<String>,
+    /// The CPU root port the GPU's branch hangs from (a bus id).
+    #[serde(default)]
+    pub root_port: Option<String>,
+    /// The root complex (host bridge) above that root port: `0000:40` for `pci0000:40`.
+    #[serde(default)]
+    pub root_complex: Option<String>,
+    /// The CPU socket (physical package) of the GPU's NUMA node.
+    #[serde(default)]
+    pub socket: Option<u32>,
+}
+
+/// Peer bandwidths that show whether posted writes collapse when one source fans out to
+/// several root complexes (pcie-published.md, table A): one GPU to one peer, and one GPU (or
+/// the GPUs of one switch) to peers behind two or more root complexes at once. Measured by
+/// `tpar doctor`, or published for a machine a file describes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fanout {
+    /// One GPU writing into one peer's memory, alone, GB/s.
+    pub pair_write_gbps: f64,
+    /// One GPU reading one peer's memory, alone, GB/s.
+    pub pair_read_gbps: f64,
+    /// The same source writing to peers behind two or more root complexes at once, in all,
+    /// GB/s.
+    pub fanout_write_gbps: f64,
+    /// The same source reading from them at once, in all, GB/s.
+    pub fanout_read_gbps: f64,
+}
+
+impl Fanout {
+    /// How many times slower writes get when they fan out (1: no collapse; table A: 3.9).
+    pub fn write_collapse(&self) -> f64 {
+        self.pair_write_gbps / self.fanout_write_gbps.max(1e-9)
+    }
+
+    /// The same for reads (table A: about 1: reads do not collapse).
+    pub fn read_collapse(&self) -> f64 {
+        self.pair_read_gbps / self.fanout_read_gbps.max(1e-9)
+    }
+}
+
+/// Figures measured on the machine a topology file describes (published reports for the
+/// fixtures), which the fabric model takes instead of its defaults.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// Where the figures come from (a report, a command and its date).
+    pub source: String,
+    /// Peer writes and reads alone and fanned out over root complexes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<Fanout>,
+    /// One peer-to-peer copy alone, GB/s, where it differs from the PCIe generation's usual.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_gbps: Option<f64>,
+    /// The link between the CPU sockets, per direction, in all, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_link_gbps: Option<f64>,
 }
 
 /// The connection between GPUs `a` and `b` (a < b); the same both ways.
@@ -80,6 +159,9 @@ pub struct Topology {
     pub nccl_version: Option<String>,
     pub gpus: Vec<Gpu>,
     pub links: Vec<Link>,
+    /// Figures measured on the machine described (fixtures: published reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
 }
 
 /// The most GPUs a described machine may have: far beyond any one host (16 today), and a
@@ -123,6 +205,12 @@ impl Topology {
             }
             other => other,
         })
+    }
+
+    /// The shipped fixture called `name` (a file stem of [`FIXTURES`]).
+    pub fn fixture(name: &str) -> Option<Topology> {
+        let (_, text) = FIXTURES.iter().find(|f| f.0 == name)?;
+        Some(Topology::from_json(text).expect("shipped fixtures load"))
     }
 
     pub fn to_json(&self) -> String {
@@ -282,7 +370,8 @@ impl fmt::Display for Topology {
 }
 
 /// What checks and measurements found on this machine: choices that failed a check (with
-/// why) and the link bandwidth measured with every link busy.
+/// why), the link bandwidth measured with every link busy, and whether writes collapse when
+/// they fan out over root complexes.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Findings {
     /// Paths that cannot run here, with the reason (a failed self-test, no peer access in this
@@ -291,10 +380,14 @@ pub struct Findings {
     /// Peer-write and peer-read bandwidth with every link busy at once, GB/s.
     pub push_gbps: Option<f64>,
     pub pull_gbps: Option<f64>,
+    /// One GPU's writes and reads to one peer and fanned out over root complexes (`tpar
+    /// doctor`); the fabric model takes its collapse from here.
+    #[serde(default)]
+    pub fanout: Option<Fanout>,
 }
 
 /// The fixtures shipped with tpar: (file stem, JSON).
-pub const FIXTURES: [(&str, &str); 5] = [
+pub const FIXTURES: [(&str, &str); 10] = [
     (
         "8x-h200-nvswitch",
         include_str!("../fixtures/topologies/8x-h200-nvswitch.json"),
@@ -314,6 +407,28 @@ pub const FIXTURES: [(&str, &str); 5] = [
     (
         "8x-a800-2islands",
         include_str!("../fixtures/topologies/8x-a800-2islands.json"),
+    ),
+    // The machines of the published PCIe measurements (pcie-published.md tables A-E), written
+    // by fixtures/topologies/make_published_fixtures.py with what each report measured.
+    (
+        "16x-rtx-pro-6000-4switch",
+        include_str!("../fixtures/topologies/16x-rtx-pro-6000-4switch.json"),
+    ),
+    (
+        "8x-rtx-pro-6000-switch-pairs",
+        include_str!("../fixtures/topologies/8x-rtx-pro-6000-switch-pairs.json"),
+    ),
+    (
+        "4x-rtx-pro-6000-rootcomplex",
+        include_str!("../fixtures/topologies/4x-rtx-pro-6000-rootcomplex.json"),
+    ),
+    (
+        "8x-rtx-pro-6000-2socket-broadcom",
+        include_str!("../fixtures/topologies/8x-rtx-pro-6000-2socket-broadcom.json"),
+    ),
+    (
+        "4x-v100-1plx",
+        include_str!("../fixtures/topologies/4x-v100-1plx.json"),
     ),
 ];
 

@@ -1,126 +1,19 @@
 //! Allreduce latency predicted for a machine described by a topology file, for planning before
 //! anything was measured there: for each size, the path the dispatcher would pick on that
-//! machine and an alpha-beta cost of it (a fixed cost per call that grows with the ranks, plus
-//! the bytes that path puts on its bottleneck over that bottleneck's bandwidth).
+//! machine and the fabric model's time for it (`tpar::dispatch::fabric`: each algorithm's
+//! schedule of transfers costed on the machine's links, with physical parameters that name
+//! their sources, held in CI against the published PCIe tables). A measured `tpar bench
+//! --json` file is always the better input; this is what to use before one exists.
 //!
-//! The constants are per machine class and say where they come from: NVLink and host memory
-//! from tpar's own runs on H200s (bench/README.md), PCIe peer-to-peer and NCCL on PCIe from the
-//! published figures in the design brief. A measured `tpar bench --json` file is always the
-//! better input; this is what to use before one exists.
+//! [`bottleneck_bytes`] stays here for the benchmarks' bandwidth columns.
 
 use super::spec::Latency;
 use tpar::algorithm::Algorithm;
-use tpar::dispatch::{classify, decide, Choice, Class, Request};
+use tpar::dispatch::fabric::Fabric;
+use tpar::dispatch::{decide, Choice, Findings, Request};
 use tpar::dtype::DType;
 use tpar::error::Result;
 use tpar::topology::Topology;
-
-/// Cost of one path on one machine class: `fixed_us + per_rank_us x ranks + bytes / gbps`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PathCost {
-    pub fixed_us: f64,
-    pub per_rank_us: f64,
-    /// Bandwidth of the path's bottleneck per GPU, GB/s.
-    pub gbps: f64,
-}
-
-impl PathCost {
-    fn at(&self, ranks: usize, bottleneck_bytes: f64) -> f64 {
-        self.fixed_us + self.per_rank_us * ranks as f64 + bottleneck_bytes / (self.gbps * 1e3)
-    }
-}
-
-/// The constants of one machine class, and where they come from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ClassModel {
-    /// tpar's kernels over this class's links (device memory, or host memory for host-staged).
-    pub tpar: PathCost,
-    /// What two-shot's second step (another hop and a wait for every peer) adds, us.
-    pub two_shot_extra_us: f64,
-    pub host_staged: PathCost,
-    pub nccl: PathCost,
-    pub source: &'static str,
-}
-
-/// Host-staged on 2 and 4 H200s, one process per GPU: 7.5 and 8.1 us at 4 KiB, 62 us at 256
-/// KiB with 4 ranks (bench/README.md, commit 098465b).
-const HOST_STAGED: PathCost = PathCost {
-    fixed_us: 6.6,
-    per_rank_us: 0.35,
-    gbps: 29.0,
-};
-
-pub fn class_model(class: Class) -> ClassModel {
-    match class {
-        // 2 and 4 H200s on NVLink: one-shot 4.8 / 6.1 us at 1 KiB, 10.6 us at 256 KiB with 4
-        // ranks; NCCL 5.7 / 8.8 us at 1 KiB, 325 us at 64 MiB with 4 (bench/README.md).
-        Class::Nvlink => ClassModel {
-            tpar: PathCost {
-                fixed_us: 3.5,
-                per_rank_us: 0.65,
-                gbps: 340.0,
-            },
-            // Two-shot 7.3 against one-shot 6.2 us at 1-4 KiB, 4 ranks.
-            two_shot_extra_us: 1.1,
-            host_staged: HOST_STAGED,
-            nccl: PathCost {
-                fixed_us: 3.3,
-                per_rank_us: 1.35,
-                gbps: 310.0,
-            },
-            source: "NVLink: measured on 2 and 4 H200s (bench/README.md)",
-        },
-        // Published: a posted P2P write hop 0.36-0.45 us, 25 GB/s per GPU with all ranks
-        // writing at once; NCCL about 24 us at <= 64 KB in nccl-tests on tuned 8-GPU PCIe
-        // (design brief). The fixed cost adds a kernel in a graph (about 1.5 us, H200).
-        Class::PcieP2p => ClassModel {
-            tpar: PathCost {
-                fixed_us: 2.5,
-                per_rank_us: 0.45,
-                gbps: 25.0,
-            },
-            // One more posted-write hop and a poll.
-            two_shot_extra_us: 1.5,
-            host_staged: HOST_STAGED,
-            nccl: PathCost {
-                fixed_us: 20.0,
-                per_rank_us: 0.5,
-                gbps: 20.0,
-            },
-            source: "PCIe P2P: published figures in the design brief (posted-write hop, 25 GB/s per GPU all at once, NCCL ~24 us at <= 64 KB)",
-        },
-        // Without P2P both tpar (host-staged) and NCCL go through host memory: NCCL with
-        // NCCL_P2P_DISABLE=1 took 9.5 / 17.3 us at 4 KiB with 2 / 4 ranks, 48 us at 256 KiB.
-        Class::NoP2p => ClassModel {
-            tpar: HOST_STAGED,
-            two_shot_extra_us: 0.0,
-            host_staged: HOST_STAGED,
-            nccl: PathCost {
-                fixed_us: 1.7,
-                per_rank_us: 3.9,
-                gbps: 12.7,
-            },
-            source: "no P2P: host-staged and NCCL without P2P measured on 2 and 4 H200s (bench/README.md)",
-        },
-        // Ranks sharing one GPU: one H200, 2 and 8 ranks (bench/README.md, commit 277b255).
-        Class::OneGpu => ClassModel {
-            tpar: PathCost {
-                fixed_us: 2.4,
-                per_rank_us: 0.85,
-                gbps: 1000.0,
-            },
-            // 2 ranks on one H200: two-shot 5.8 against one-shot 4.1 us at 4 KiB.
-            two_shot_extra_us: 1.6,
-            host_staged: HOST_STAGED,
-            nccl: PathCost {
-                fixed_us: 4.0,
-                per_rank_us: 0.0,
-                gbps: 1000.0,
-            },
-            source: "one GPU: measured with 2 and 8 ranks sharing one H200 (bench/README.md)",
-        },
-    }
-}
 
 /// Where the ranks of an allreduce sit, which decides what its bottleneck is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,11 +80,21 @@ fn grid() -> impl Iterator<Item = u64> {
 }
 
 /// The modelled latency on `topology` with `world_size` ranks, and a sentence saying what it
-/// rests on (the class, the source of its constants, what runs where).
+/// rests on (the class, the islands, where the collapse figure comes from, what runs where).
 pub fn modelled_latency(
     topology: &Topology,
     world_size: usize,
     dtype: DType,
+) -> Result<(Latency, String)> {
+    modelled_latency_with(topology, world_size, dtype, None)
+}
+
+/// [`modelled_latency`] with what was measured on the machine (`tpar doctor`'s findings).
+pub fn modelled_latency_with(
+    topology: &Topology,
+    world_size: usize,
+    dtype: DType,
+    findings: Option<&Findings>,
 ) -> Result<(Latency, String)> {
     if world_size > topology.gpus.len() {
         return Err(tpar::error::Error::InvalidArgument(format!(
@@ -201,16 +104,14 @@ pub fn modelled_latency(
             topology.gpus.len()
         )));
     }
-    let class = classify(topology, world_size);
-    let model = class_model(class);
-    let n = world_size.max(1) as f64;
+    let fabric = Fabric::new(topology, world_size, findings);
     let mut points = Vec::new();
     let mut runs: Vec<(u64, Choice)> = Vec::new();
     for bytes in grid() {
         let bytes = bytes - bytes % dtype.size() as u64;
         let p = decide(&Request {
             topology,
-            findings: None,
+            findings,
             tuning: None,
             world_size,
             dtype,
@@ -218,21 +119,16 @@ pub fn modelled_latency(
             capturing: true,
             forced: None,
         })?;
-        let (cost, extra) = match p.choice {
-            Choice::Nccl => (model.nccl, 0.0),
-            Choice::Tpar(Algorithm::HostStaged) => (model.host_staged, 0.0),
-            Choice::Tpar(Algorithm::TwoShot) => (model.tpar, model.two_shot_extra_us),
-            Choice::Tpar(_) => (model.tpar, 0.0),
-        };
         let us = if world_size <= 1 {
             0.0
         } else {
-            cost.at(
-                world_size,
-                bottleneck_bytes(p.choice, n, bytes as f64, Placement::GpuPerRank),
-            ) + extra
+            fabric
+                .estimate(p.choice, dtype, bytes)
+                .map_or(f64::NAN, |e| e.us)
         };
-        points.push((bytes, us));
+        if us.is_finite() {
+            points.push((bytes, us));
+        }
         if runs.last().is_none_or(|(_, c)| *c != p.choice) {
             runs.push((bytes, p.choice));
         }
@@ -241,23 +137,22 @@ pub fn modelled_latency(
         .iter()
         .map(|(from, c)| format!("{c} from {}", tpar::memory::human_bytes(*from)))
         .collect();
+    let islands = fabric
+        .islands()
+        .filter(|i| i.count() > 1)
+        .map_or(String::new(), |i| format!(", islands {i}"));
+    let collapse = if fabric.class().is_pcie() {
+        format!("; {}", fabric.collapse().source)
+    } else {
+        String::new()
+    };
     let why = format!(
-        "modelled for {} ({}), {world_size} ranks: {}; {}",
+        "modelled for {} ({}{islands}), {world_size} ranks: {}; the fabric model (tpar::dispatch::fabric){collapse}",
         topology.description,
-        class_label(class),
+        fabric.class().describe(),
         paths.join(", "),
-        model.source
     );
     Ok((Latency::Table(points), why))
-}
-
-fn class_label(class: Class) -> &'static str {
-    match class {
-        Class::OneGpu => "ranks share one GPU",
-        Class::Nvlink => "NVLink",
-        Class::PcieP2p => "PCIe with P2P",
-        Class::NoP2p => "no P2P: through host memory",
-    }
 }
 
 #[cfg(test)]
@@ -270,16 +165,17 @@ mod tests {
     }
 
     #[test]
-    fn the_model_reproduces_the_nvlink_runs_it_was_fitted_to() {
+    fn the_model_follows_tpars_own_nvlink_runs() {
         let h200 = fixture("8x-h200-nvswitch");
-        // bench/README.md, 4 H200s: one-shot 6.10 us at 1 KiB, 6.99 at 64 KiB, two-shot 8.9 at
-        // 256 KiB; NCCL 17.5 at 1 MiB.
-        let (latency, why) = modelled_latency(&h200, 4, DType::Bf16).unwrap();
+        // bench/README.md, 2 H200s over NVLink, one process per GPU (5260727): one-shot 2.96
+        // us at 1 KiB, 3.44 at 16 KiB, 4.92 at 256 KiB; NCCL 13.82 at 1 MiB, 77.00 at 16 MiB.
+        let (latency, why) = modelled_latency(&h200, 2, DType::Bf16).unwrap();
         for (bytes, measured) in [
-            (1024, 6.10),
-            (64 << 10, 6.99),
-            (256 << 10, 8.9),
-            (1 << 20, 17.5),
+            (1024, 2.96),
+            (16 << 10, 3.44),
+            (256 << 10, 4.92),
+            (1 << 20, 13.82),
+            (16 << 20, 77.00),
         ] {
             let got = latency.at(bytes);
             assert!(
@@ -298,7 +194,8 @@ mod tests {
                 if n > topology.gpus.len() {
                     continue;
                 }
-                let (latency, _) = modelled_latency(&topology, n, DType::Bf16).unwrap();
+                let (latency, why) = modelled_latency(&topology, n, DType::Bf16).unwrap();
+                assert!(why.contains("fabric model"), "{why}");
                 let Latency::Table(points) = &latency else {
                     panic!()
                 };

@@ -52,12 +52,13 @@ impl Communicator {
         let call = operands.call();
         let bytes = (call.elements() * call.dtype.size()) as u64;
         let allreduce = self.decide(selection, call.dtype, bytes, capture.is_capturing())?;
-        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture)?;
+        let path = self.fused_enqueue(allreduce.choice, &operands, stream, capture, true)?;
         Ok(FusedRun { allreduce, path })
     }
 
     /// [`Communicator::fused_add_rms_norm`] with its allreduce on `choice`, without asking
-    /// the dispatcher.
+    /// the dispatcher, and the fused kernel wherever it can run (not only where it is the
+    /// faster path: the self-tests check it).
     pub fn fused_add_rms_norm_as(
         &self,
         choice: Choice,
@@ -66,26 +67,28 @@ impl Communicator {
     ) -> Result<FusedDecision> {
         let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
-        self.fused_enqueue(choice, &operands, stream, capture)
+        self.fused_enqueue(choice, &operands, stream, capture, false)
     }
 
     /// Queues the fused op with its allreduce on `choice`, ordered like a plain call (a fused
-    /// call takes the same epochs); `capture` is `stream`'s, read once.
+    /// call takes the same epochs); `capture` is `stream`'s, read once. `faster`: the fused
+    /// kernel only where it is the faster path for the call's tokens (`norm::Prefer`).
     fn fused_enqueue(
         &self,
         choice: Choice,
         operands: &FusedOperands,
         stream: &CudaStream,
         capture: Capture,
+        faster: bool,
     ) -> Result<FusedDecision> {
         let cuda = self.cuda();
         let call = operands.call();
         match choice {
             Choice::Tpar(algorithm) => self.ordered(stream, capture, || {
-                cuda.fused_enqueue(operands, algorithm, stream)
+                cuda.fused_enqueue(operands, algorithm, stream, faster)
             }),
             Choice::Nccl => {
-                let plan = cuda.fused_plan(None, call.dtype, call.hidden);
+                let plan = cuda.fused_plan(None, call.dtype, call.hidden, Some(call.tokens));
                 if !call.validate()? {
                     return Ok(plan);
                 }

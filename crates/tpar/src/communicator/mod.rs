@@ -2,6 +2,7 @@
 //! each call (forced by `TPAR_ALGO`, else the tuning table measured on this machine, else the
 //! built-in rules) and the call goes there. This is what an engine holds per rank.
 
+pub mod first_use;
 mod fused;
 pub use fused::FusedRun;
 
@@ -244,6 +245,9 @@ impl Communicator {
         if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
             comm.init_selftest(rendezvous, &selftest_instance, config.timeout)?;
         }
+        // Where no table was measured on this machine: time the model's closest candidates
+        // (first_use.rs; TPAR_FIRST_USE=0 turns it off).
+        comm.first_use(rendezvous, &selftest_instance, config.timeout);
         Ok(comm)
     }
 

@@ -4,15 +4,21 @@
 //!
 //! Order of authority: a forced choice (`TPAR_ALGO`, `--algo`; one that cannot run is an error,
 //! never a substitute), then the tuning table measured on this machine by `tpar tune`, then
-//! built-in rules per topology class. The findings (`Findings`) can veto a path that failed a check.
-//! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
+//! the fabric model's ranking ([`fabric`]: each algorithm's schedule costed on this machine's
+//! links), corrected by what the first-use measurement timed here where it did. The model
+//! plans writes that collapse (fanned out over root complexes on a machine where that
+//! collapses) only when nothing else can run, unless they were measured here. The findings
+//! (`Findings`) veto paths that failed a check and carry what `tpar doctor` measured. Every
+//! decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
 //!
 //! Pure policy: no backend, no NCCL, no files except the tuning table's. One concern per file:
 //! [`refusal`] (whether a choice can run a request, as a typed [`Refusal`]), [`rules`] (the
-//! machine's class and the built-in ladder per class), [`tuning`] (the measured table and where
-//! it is kept), [`explain`] (the words of a decision); this file puts them in their order.
+//! machine's class), [`fabric`] (the model), [`tuning`] (the measured table and where it is
+//! kept), [`explain`] (the words of a decision); this file puts them in their order.
 
 pub mod explain;
+pub mod fabric;
+pub mod first_use;
 pub mod refusal;
 pub mod rules;
 pub mod tuning;
@@ -26,12 +32,12 @@ use crate::error::{Error, Result};
 use crate::memory::human_bytes;
 pub use crate::topology::Findings;
 use crate::topology::Topology;
+use explain::describe_machine;
 pub use explain::describe_ranges;
-use explain::{describe_machine, rung_text};
+use fabric::{Estimate, Fabric};
 pub use refusal::{eligibility, Reason, Refusal};
 pub use rules::{classify, Class};
-use rules::{ladder, Rung, NCCL_WHY};
-pub use tuning::{TuningEntry, TuningTable};
+pub use tuning::{Probe, TuningEntry, TuningTable};
 
 /// One allreduce to plan.
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +81,35 @@ pub fn decide(req: &Request) -> Result<Decision> {
         ),
     }
     result
+}
+
+/// Why NCCL runs where the model cannot cost it.
+const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link bandwidth";
+
+/// The fabric model's estimates for a request, fastest first, each corrected by the
+/// first-use measurement where it timed that choice near this size (with the probe).
+pub fn ranked(req: &Request) -> Vec<(Estimate, Option<Probe>)> {
+    let fabric = Fabric::new(req.topology, req.world_size, req.findings);
+    ranked_on(&fabric, req)
+}
+
+fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Probe>)> {
+    let probes = req
+        .tuning
+        .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty());
+    let mut ranked: Vec<(Estimate, Option<Probe>)> = fabric
+        .rank(req.dtype, req.bytes)
+        .into_iter()
+        .map(|mut e| {
+            let correction = probes.and_then(|t| t.correction(e.choice, req.bytes));
+            if let Some((factor, _)) = correction {
+                e.us *= factor;
+            }
+            (e, correction.map(|(_, p)| p.clone()))
+        })
+        .collect();
+    ranked.sort_by(|a, b| a.0.us.total_cmp(&b.0.us));
+    ranked
 }
 
 fn decide_inner(req: &Request) -> Result<Decision> {
@@ -125,50 +160,94 @@ fn decide_inner(req: &Request) -> Result<Decision> {
             }
         }
     }
-    let class = classify(req.topology, req.world_size);
-    let rungs = ladder(class, req.world_size, req.findings);
-    let first = rungs
+    let fabric = Fabric::new(req.topology, req.world_size, req.findings);
+    let ranked = ranked_on(&fabric, req);
+    // Writes that collapse go last unless the first-use measurement timed them here; then
+    // what the model cannot cost but every machine has.
+    let (clean, collapsing): (Vec<_>, Vec<_>) = ranked
         .iter()
-        .position(|r| req.bytes <= r.max_bytes)
-        .unwrap_or(rungs.len() - 1);
-    // The rung for this size, then the rungs for larger sizes, then smaller ones, then the
-    // paths every machine has.
-    let fallback = [
-        Rung {
-            max_bytes: u64::MAX,
-            choice: Choice::Tpar(Algorithm::HostStaged),
-            why: "host-staged needs no P2P and runs on every machine",
-        },
-        Rung {
-            max_bytes: u64::MAX,
-            choice: Choice::Nccl,
-            why: NCCL_WHY,
-        },
-    ];
-    let order = rungs[first..]
+        .partition(|(e, probe)| !e.collapses || probe.is_some());
+    let mut deferred: Option<&Estimate> = None;
+    if let (Some((c, _)), best) = (collapsing.first(), clean.first()) {
+        if best.is_none_or(|(b, _)| c.us < b.us) {
+            deferred = Some(c);
+        }
+    }
+    let fallback = [Choice::Tpar(Algorithm::HostStaged), Choice::Nccl];
+    // What the model cannot cost here says why, where that is a refusal (NCCL with ranks
+    // sharing a GPU).
+    for choice in fallback {
+        if !ranked.iter().any(|(e, _)| e.choice == choice) {
+            if let Err(why) = eligibility(req, choice) {
+                skipped.push(format!("{choice} skipped: {why}"));
+            }
+        }
+    }
+    let order = clean
         .iter()
-        .chain(rungs[..first].iter().rev())
-        .chain(fallback.iter());
-    for rung in order {
-        match eligibility(req, rung.choice) {
+        .map(|x| (x.0.choice, Some(*x)))
+        .chain(collapsing.iter().map(|x| (x.0.choice, Some(*x))))
+        .chain(
+            fallback
+                .into_iter()
+                .filter(|c| !ranked.iter().any(|(e, _)| e.choice == *c))
+                .map(|c| (c, None)),
+        );
+    for (choice, estimate) in order {
+        match eligibility(req, choice) {
             Ok(()) => {
+                let why = match estimate {
+                    Some((e, probe)) => {
+                        let mut why = match probe {
+                            Some(p) => format!(
+                                "fastest in the fabric model corrected by the first-use measurement on this machine: {:.1} us ({} measured {:.1} us at {}, modelled {:.1})",
+                                e.us,
+                                p.choice,
+                                p.measured_us,
+                                human_bytes(p.bytes),
+                                p.modelled_us
+                            ),
+                            None => format!(
+                                "fastest in the fabric model (no tuning table on this machine): {:.1} us modelled",
+                                e.us
+                            ),
+                        };
+                        if e.collapses && probe.is_none() {
+                            why.push_str(&format!(
+                                "; its writes fan out over root complexes, which collapse here, but nothing else can run ({})",
+                                fabric.collapse().source
+                            ));
+                        }
+                        if let Some((next, _)) = ranked.iter().find(|(n, _)| n.choice != choice) {
+                            why.push_str(&format!(
+                                "; next in the model {} {:.1} us",
+                                next.choice, next.us
+                            ));
+                        }
+                        why
+                    }
+                    None if choice == Choice::Nccl => NCCL_WHY.to_owned(),
+                    None => "host-staged needs no P2P and runs on every machine".to_owned(),
+                };
+                if let Some(d) = deferred.filter(|d| d.choice != choice) {
+                    skipped.push(format!(
+                        "{} ({:.1} us modelled) skipped: its writes fan out over root complexes, which collapse here ({})",
+                        d.choice,
+                        d.us,
+                        fabric.collapse().source
+                    ));
+                }
                 let mut reason = format!(
-                    "{}: {} [{}; rules: {}]",
-                    rung.choice,
-                    rung.why,
-                    describe_machine(req.topology, req.world_size, class),
-                    rung_text(&rungs)
+                    "{choice}: {why} [{}]",
+                    describe_machine(req.topology, req.world_size, &fabric)
                 );
                 if !skipped.is_empty() {
                     reason = format!("{}; so {reason}", skipped.join("; "));
                 }
-                return Ok(Decision {
-                    choice: rung.choice,
-                    reason,
-                });
+                return Ok(Decision { choice, reason });
             }
             Err(why) => {
-                let line = format!("{} skipped: {why}", rung.choice);
+                let line = format!("{choice} skipped: {why}");
                 if !skipped.contains(&line) {
                     skipped.push(line);
                 }
@@ -183,15 +262,17 @@ fn decide_inner(req: &Request) -> Result<Decision> {
 
 #[cfg(test)]
 mod tests {
-    use super::rules::{KIB, MIB};
     use super::*;
+
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
     use crate::topology::FIXTURES;
 
     // The fixtures of every test in dispatch/ (refusal.rs's too).
 
     /// The topology fixture called `name`.
     pub(super) fn fixture(name: &str) -> Topology {
-        Topology::from_json(FIXTURES.iter().find(|f| f.0 == name).unwrap().1).unwrap()
+        Topology::fixture(name).unwrap()
     }
 
     /// A plain bf16 request of `bytes` by `world_size` ranks on `t`: nothing forced, measured
@@ -218,7 +299,16 @@ mod tests {
             .iter()
             .map(|(_, t)| Topology::from_json(t).unwrap())
             .collect();
+        // A machine described without GPUs: every request refused, none panics.
+        topologies.push(Topology {
+            gpus: Vec::new(),
+            links: Vec::new(),
+            ..topologies[0].clone()
+        });
         for t in topologies.clone() {
+            if t.gpus.is_empty() {
+                continue;
+            }
             topologies.push(Topology {
                 nccl_version: None,
                 ..t.clone()
@@ -251,6 +341,7 @@ mod tests {
             )],
             push_gbps: Some(3.0),
             pull_gbps: Some(50.0),
+            fanout: None,
         };
         let (mut plans, mut errors) = (0, 0);
         for t in &topologies {
@@ -289,6 +380,7 @@ mod tests {
                                             if force.is_none()
                                                 && bytes % dtype.size() as u64 == 0
                                                 && world_size <= 16
+                                                && !t.gpus.is_empty()
                                             {
                                                 // Host-staged runs everywhere up to 16 ranks unless the findings veto it.
                                                 panic!("no plan although host-staged can always run: {req:?}: {e}");
@@ -308,61 +400,200 @@ mod tests {
         );
     }
 
+    /// The choice at each size on a machine (nothing measured, nothing forced).
+    fn choice(t: &Topology, world_size: usize, bytes: u64) -> Choice {
+        decide(&request(t, world_size, bytes)).unwrap().choice
+    }
+
     #[test]
-    fn rules_pick_what_each_machine_can_do_best() {
+    fn the_model_picks_what_tpar_measured_fastest_on_h200s() {
+        use Algorithm::*;
         let h200 = fixture("8x-h200-nvswitch");
-        assert_eq!(
-            decide(&request(&h200, 8, 4 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::OneShot)
-        );
-        assert_eq!(
-            decide(&request(&h200, 8, 128 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::TwoShot)
-        );
-        assert_eq!(
-            decide(&request(&h200, 8, MIB)).unwrap().choice,
-            Choice::Nccl
-        );
-        assert_eq!(
-            decide(&request(&h200, 8, 256 * MIB)).unwrap().choice,
-            Choice::Nccl
-        );
-        // Two ranks on NVLink: one-shot up to 256 KiB, then NCCL (measured on 2 H200s).
-        assert_eq!(
-            decide(&request(&h200, 2, 256 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::OneShot)
-        );
-        assert_eq!(
-            decide(&request(&h200, 2, MIB)).unwrap().choice,
-            Choice::Nccl
-        );
+        // 2 H200s over NVLink (bench/README.md, 5260727): one-shot up to 256 KiB, NCCL from
+        // 1 MiB. 4 H200s (e92132c): one-shot to 64 KiB, two-shot at 256 KiB, NCCL from 1 MiB.
+        assert_eq!(choice(&h200, 2, 256 * KIB), Choice::Tpar(OneShot));
+        assert_eq!(choice(&h200, 2, MIB), Choice::Nccl);
+        assert_eq!(choice(&h200, 4, 64 * KIB), Choice::Tpar(OneShot));
+        assert_eq!(choice(&h200, 4, 256 * KIB), Choice::Tpar(TwoShot));
+        assert_eq!(choice(&h200, 4, MIB), Choice::Nccl);
+        assert_eq!(choice(&h200, 8, 4 * KIB), Choice::Tpar(OneShot));
+        assert_eq!(choice(&h200, 8, 256 * MIB), Choice::Nccl);
+        // 8 ranks sharing one H200 (bench/README.md, 2026-12-01): one-shot up to 64 KiB,
+        // two-shot from 80 KiB; 2 ranks: one-shot at every size measured.
+        let one = Topology {
+            gpus: h200.gpus[..1].to_vec(),
+            links: Vec::new(),
+            ..h200.clone()
+        };
+        assert_eq!(choice(&one, 8, 64 * KIB), Choice::Tpar(OneShot));
+        assert_eq!(choice(&one, 8, 80 * KIB), Choice::Tpar(TwoShot));
+        for kib in [4, 42, 256] {
+            assert_eq!(choice(&one, 2, kib * KIB), Choice::Tpar(OneShot));
+        }
+        // No P2P at all: host-staged for small messages, NCCL for large ones.
         let rtx = fixture("4x-rtx-4090-no-p2p");
-        assert_eq!(
-            decide(&request(&rtx, 4, 42 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::HostStaged)
-        );
-        assert_eq!(
-            decide(&request(&rtx, 4, 64 * MIB)).unwrap().choice,
-            Choice::Nccl
-        );
-        // L40S: P2P only within a NUMA node. 4 ranks stay on node 0; 8 ranks cross.
-        let l40s = fixture("8x-l40s-2numa");
-        assert_eq!(
-            decide(&request(&l40s, 4, 4 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::OneShot)
-        );
-        assert_eq!(
-            decide(&request(&l40s, 8, 4 * KIB)).unwrap().choice,
-            Choice::Tpar(Algorithm::HostStaged)
-        );
+        assert_eq!(choice(&rtx, 4, 42 * KIB), Choice::Tpar(HostStaged));
+        assert_eq!(choice(&rtx, 4, 64 * MIB), Choice::Nccl);
         // More ranks than GPUs: NCCL cannot, tpar can.
         let big = decide(&request(&h200, 12, 512 * MIB)).unwrap();
-        assert_eq!(big.choice, Choice::Tpar(Algorithm::TwoShot), "{big:?}");
+        assert_eq!(big.choice, Choice::Tpar(TwoShot), "{big:?}");
         assert!(
             big.reason.contains("NCCL needs one GPU per rank"),
             "{}",
             big.reason
         );
+    }
+
+    /// Message sizes from 1 KiB to 64 MiB, four per doubling.
+    fn sweep() -> impl Iterator<Item = u64> {
+        (0..=64).map(|i| ((1024.0 * 2f64.powf(f64::from(i) / 4.0)) as u64) & !7)
+    }
+
+    #[test]
+    fn on_the_two_socket_rtx_pro_6000_auto_stays_fast_and_never_picks_what_collapses() {
+        for name in [
+            "8x-rtx-pro-6000-pcie-2switch",
+            "8x-rtx-pro-6000-2socket-broadcom",
+        ] {
+            let t = fixture(name);
+            let fabric = Fabric::new(&t, 8, None);
+            for bytes in sweep() {
+                let d = decide(&request(&t, 8, bytes)).unwrap();
+                let e = fabric.estimate(d.choice, DType::Bf16, bytes).unwrap();
+                assert!(!e.collapses, "{name} {bytes}: {d:?}");
+            }
+        }
+        // Issue 26's target: 42 KiB on the two-switch, two-socket machine in at most 25 us.
+        let t = fixture("8x-rtx-pro-6000-pcie-2switch");
+        let d = decide(&request(&t, 8, 42 * KIB)).unwrap();
+        let e = Fabric::new(&t, 8, None)
+            .estimate(d.choice, DType::Bf16, 42 * KIB)
+            .unwrap();
+        println!(
+            "42 KiB, 8 ranks, 8x-rtx-pro-6000-pcie-2switch: {} {:.1} us",
+            d.choice, e.us
+        );
+        assert!(e.us <= 25.0, "{d:?}: {e:?}");
+    }
+
+    #[test]
+    fn nvlink_and_one_gpu_never_take_the_pcie_algorithms() {
+        use Algorithm::*;
+        let h200 = fixture("8x-h200-nvswitch");
+        let one = Topology {
+            gpus: h200.gpus[..1].to_vec(),
+            links: Vec::new(),
+            ..h200.clone()
+        };
+        for (t, sizes) in [(&h200, vec![2, 3, 4, 8]), (&one, vec![2, 3, 4, 8, 16])] {
+            for n in sizes {
+                for bytes in sweep() {
+                    let c = choice(t, n, bytes);
+                    assert!(
+                        !matches!(
+                            c,
+                            Choice::Tpar(Staged | StagedPull | Islands | IslandsPull | Ring)
+                        ),
+                        "{} n={n} {bytes}: {c}",
+                        t.description
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reason_says_the_model_chose_and_nothing_was_measured() {
+        let t = fixture("8x-rtx-pro-6000-pcie-2switch");
+        let d = decide(&request(&t, 8, 42 * KIB)).unwrap();
+        assert!(
+            d.reason
+                .contains("fastest in the fabric model (no tuning table on this machine)")
+                && d.reason.contains("us modelled")
+                && d.reason.contains("islands 4+4")
+                && d.reason.contains("PCIe across CPU sockets"),
+            "{}",
+            d.reason
+        );
+        // Where a faster plan would collapse, the reason names it and why it was skipped: on
+        // the two-socket machine with every GPU on its own root complex, measured to lose a
+        // little over half its write bandwidth when writes fan out, one-shot is still the
+        // fastest at 1 KiB in the model, but collapses.
+        let d = fixture("8x-rtx-pro-6000-2socket-broadcom");
+        let findings = Findings {
+            fanout: Some(crate::topology::Fanout {
+                pair_write_gbps: 52.5,
+                pair_read_gbps: 53.4,
+                fanout_write_gbps: 25.0,
+                fanout_read_gbps: 53.2,
+            }),
+            ..Findings::default()
+        };
+        let req = Request {
+            findings: Some(&findings),
+            ..request(&d, 8, KIB)
+        };
+        let fastest = ranked(&req)[0].0.clone();
+        assert!(fastest.collapses, "{fastest:?}");
+        let plan = decide(&req).unwrap();
+        assert_ne!(plan.choice, fastest.choice);
+        let said = format!(
+            "{} ({:.1} us modelled) skipped: its writes fan out over root complexes, which collapse here (writes fanned out over root complexes 25.0 GB/s against 52.5 alone (2.1x), reads 53.2: measured here by tpar doctor)",
+            fastest.choice, fastest.us
+        );
+        assert!(plan.reason.contains(&said), "{}", plan.reason);
+    }
+
+    #[test]
+    fn first_use_measurements_correct_the_model_near_their_sizes() {
+        let t = fixture("8x-rtx-pro-6000-pcie-2switch");
+        let req = request(&t, 8, 42 * KIB);
+        let best = ranked(&req)[0].0.clone();
+        // The first use measured the model's pick three times slower than modelled.
+        let table = TuningTable {
+            fingerprint: t.fingerprint(),
+            world_size: 8,
+            dtype: DType::Bf16,
+            entries: Vec::new(),
+            probes: vec![Probe {
+                bytes: 32 * KIB,
+                choice: best.choice,
+                measured_us: 3.0 * best.us,
+                modelled_us: best.us,
+            }],
+        };
+        let corrected = Request {
+            tuning: Some(&table),
+            ..req
+        };
+        let d = decide(&corrected).unwrap();
+        assert_ne!(d.choice, best.choice, "{d:?}");
+        // Far from the probe the model stands as it is.
+        let far = Request {
+            tuning: Some(&table),
+            ..request(&t, 8, 4 * MIB)
+        };
+        assert_eq!(
+            decide(&far).unwrap(),
+            decide(&request(&t, 8, 4 * MIB)).unwrap()
+        );
+        // A measured pick says so.
+        let slow_rival = TuningTable {
+            probes: vec![Probe {
+                bytes: 42 * KIB,
+                choice: best.choice,
+                measured_us: 0.5 * best.us,
+                modelled_us: best.us,
+            }],
+            ..table.clone()
+        };
+        let d = decide(&Request {
+            tuning: Some(&slow_rival),
+            ..req
+        })
+        .unwrap();
+        assert_eq!(d.choice, best.choice);
+        assert!(d.reason.contains("first-use measurement"), "{}", d.reason);
     }
 
     #[test]
@@ -398,21 +629,32 @@ mod tests {
     }
 
     #[test]
-    fn a_probe_that_saw_writes_collapse_turns_push_into_pull() {
+    fn a_probe_that_saw_writes_collapse_keeps_writes_from_fanning_out() {
         let pro = fixture("8x-rtx-pro-6000-pcie-2switch");
         let findings = Findings {
             push_gbps: Some(4.0),
             pull_gbps: Some(50.0),
             ..Findings::default()
         };
-        let req = Request {
-            findings: Some(&findings),
-            ..request(&pro, 8, 16 * KIB)
-        };
-        assert_eq!(
-            decide(&req).unwrap().choice,
-            Choice::Tpar(Algorithm::OneShotPull)
-        );
+        let fabric = Fabric::new(&pro, 8, Some(&findings));
+        assert!(fabric.collapse().collapses && fabric.collapse().by_peer);
+        // Every GPU writing to every peer at once collapsed here: one-shot and two-shot, which
+        // do that, are modelled as collapsing and never planned.
+        for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
+            let e = fabric
+                .estimate(Choice::Tpar(algorithm), DType::Bf16, 16 * KIB)
+                .unwrap();
+            assert!(e.collapses, "{e:?}");
+        }
+        for bytes in sweep() {
+            let req = Request {
+                findings: Some(&findings),
+                ..request(&pro, 8, bytes)
+            };
+            let d = decide(&req).unwrap();
+            let e = fabric.estimate(d.choice, DType::Bf16, bytes).unwrap();
+            assert!(!e.collapses, "{bytes}: {d:?}");
+        }
     }
 
     #[test]
@@ -442,6 +684,7 @@ mod tests {
                 choice: Choice::Tpar(Algorithm::TwoShot),
                 p50_us: 3.0,
             }],
+            probes: Vec::new(),
         };
         let req = Request {
             tuning: Some(&table),

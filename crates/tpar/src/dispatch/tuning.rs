@@ -1,6 +1,9 @@
-//! The tuning table: the fastest choice per message size, measured on one machine by
-//! `tpar tune` and kept in tpar's cache under the machine's fingerprint, where the dispatcher
-//! of every later job on that machine reads it.
+//! The tuning table: what was measured on one machine, kept in tpar's cache under the
+//! machine's fingerprint, where the dispatcher of every later job on that machine reads it.
+//! Two kinds: `tpar tune`'s (the fastest choice per size, every choice measured: its entries
+//! decide) and the first-use measurement's (a few candidates the fabric model ranked closest,
+//! timed when a communicator was first created on a machine with no table: its probes correct
+//! the model's estimates). A `tpar tune` table, where one exists, is the one read.
 
 use serde::{Deserialize, Serialize};
 
@@ -9,39 +12,96 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::topology::Topology;
 
-/// The fastest choice per size, measured by `tpar tune` on one machine.
+/// What was measured on one machine for one world size and dtype.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TuningTable {
     /// Of the GPUs, driver and topology the table was measured on.
     pub fingerprint: String,
     pub world_size: usize,
     pub dtype: DType,
-    /// Ascending `max_bytes`; a message takes the first entry it fits.
+    /// `tpar tune`'s fastest choice per size: ascending `max_bytes`; a message takes the first
+    /// entry it fits. Empty in a first-use table.
     pub entries: Vec<TuningEntry>,
+    /// Single measurements of one choice at one size beside the model's estimate of it (the
+    /// first-use measurement), which the dispatcher uses to correct the model's estimates.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub probes: Vec<Probe>,
+}
+
+/// One choice timed at one size on this machine, and what the fabric model said of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Probe {
+    pub bytes: u64,
+    pub choice: Choice,
+    /// The slowest rank's median, us per call.
+    pub measured_us: f64,
+    pub modelled_us: f64,
 }
 
 impl TuningTable {
-    /// Where the table for this machine, world size and dtype lives: `tuning/` in tpar's cache
-    /// (`TPAR_CACHE_DIR`, else `~/.cache/tpar`).
+    /// Where `tpar tune`'s table for this machine, world size and dtype lives: `tuning/` in
+    /// tpar's cache (`TPAR_CACHE_DIR`, else `~/.cache/tpar`).
     pub fn path(fingerprint: &str, world_size: usize, dtype: DType) -> std::path::PathBuf {
         crate::cache::cache_root()
             .join("tuning")
             .join(format!("{fingerprint}-n{world_size}-{dtype}.json"))
     }
 
-    /// The table measured on `topology`'s machine, if `tpar tune` wrote one.
-    pub fn load_for(topology: &Topology, world_size: usize, dtype: DType) -> Option<TuningTable> {
-        let text =
-            std::fs::read_to_string(Self::path(&topology.fingerprint(), world_size, dtype)).ok()?;
-        serde_json::from_str(&text).ok()
+    /// Where the first-use measurement's table lives, beside `tpar tune`'s.
+    pub fn first_use_path(
+        fingerprint: &str,
+        world_size: usize,
+        dtype: DType,
+    ) -> std::path::PathBuf {
+        crate::cache::cache_root().join("tuning").join(format!(
+            "{fingerprint}-n{world_size}-{dtype}-first-use.json"
+        ))
     }
 
-    /// Writes the table where [`TuningTable::load_for`] looks (atomically).
+    /// Where this table is kept: `tpar tune`'s path, or the first-use path.
+    pub fn kept_at(&self) -> std::path::PathBuf {
+        if self.is_first_use() {
+            Self::first_use_path(&self.fingerprint, self.world_size, self.dtype)
+        } else {
+            Self::path(&self.fingerprint, self.world_size, self.dtype)
+        }
+    }
+
+    /// Whether this is a first-use table (probes, no entries).
+    pub fn is_first_use(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The table measured on `topology`'s machine: `tpar tune`'s if it wrote one, else the
+    /// first-use measurement's.
+    pub fn load_for(topology: &Topology, world_size: usize, dtype: DType) -> Option<TuningTable> {
+        let fingerprint = topology.fingerprint();
+        let read = |path: std::path::PathBuf| -> Option<TuningTable> {
+            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+        };
+        read(Self::path(&fingerprint, world_size, dtype))
+            .or_else(|| read(Self::first_use_path(&fingerprint, world_size, dtype)))
+    }
+
+    /// Writes the table where [`TuningTable::load_for`] looks (atomically): `tpar tune`'s
+    /// path, or the first-use path for a table without entries.
     pub fn save(&self) -> Result<std::path::PathBuf> {
-        let path = Self::path(&self.fingerprint, self.world_size, self.dtype);
+        let path = self.kept_at();
         let text = serde_json::to_vec_pretty(self).expect("tables serialise");
         crate::sys::write_file_atomically(&path, &text, "cannot write the tuning table")?;
         Ok(path)
+    }
+
+    /// The measured over modelled time of `choice` at the probe nearest `bytes` (within a
+    /// factor of 4 in size), and that probe.
+    pub fn correction(&self, choice: Choice, bytes: u64) -> Option<(f64, &Probe)> {
+        let distance = |p: &Probe| (p.bytes.max(1) as f64 / bytes.max(1) as f64).ln().abs();
+        self.probes
+            .iter()
+            .filter(|p| p.choice == choice && p.modelled_us > 0.0 && p.measured_us > 0.0)
+            .filter(|p| distance(p) <= 4f64.ln() + 1e-9)
+            .min_by(|a, b| distance(a).total_cmp(&distance(b)))
+            .map(|p| (p.measured_us / p.modelled_us, p))
     }
 }
 
@@ -50,4 +110,48 @@ pub struct TuningEntry {
     pub max_bytes: u64,
     pub choice: Choice,
     pub p50_us: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+
+    #[test]
+    fn a_probe_corrects_its_choice_near_its_size_only() {
+        let table = TuningTable {
+            fingerprint: "fp".into(),
+            world_size: 8,
+            dtype: DType::Bf16,
+            entries: Vec::new(),
+            probes: vec![
+                Probe {
+                    bytes: 16 << 10,
+                    choice: Choice::Tpar(Algorithm::Staged),
+                    measured_us: 12.0,
+                    modelled_us: 8.0,
+                },
+                Probe {
+                    bytes: 256 << 10,
+                    choice: Choice::Tpar(Algorithm::Staged),
+                    measured_us: 30.0,
+                    modelled_us: 30.0,
+                },
+            ],
+        };
+        let staged = Choice::Tpar(Algorithm::Staged);
+        assert_eq!(table.correction(staged, 16 << 10).unwrap().0, 1.5);
+        assert_eq!(table.correction(staged, 40 << 10).unwrap().0, 1.5);
+        assert_eq!(table.correction(staged, 200 << 10).unwrap().0, 1.0);
+        assert!(table.correction(staged, 2 << 10).is_none());
+        assert!(table.correction(staged, 4 << 20).is_none());
+        assert!(table
+            .correction(Choice::Tpar(Algorithm::Ring), 16 << 10)
+            .is_none());
+        assert!(table.is_first_use());
+        // A table written before probes existed still reads.
+        let old = r#"{"fingerprint":"x","world_size":2,"dtype":"bf16","entries":[{"max_bytes":4096,"choice":"one-shot","p50_us":3.0}]}"#;
+        let t: TuningTable = serde_json::from_str(old).unwrap();
+        assert!(t.probes.is_empty() && !t.is_first_use());
+    }
 }

@@ -59,31 +59,52 @@ impl CudaCommunicator {
     ) -> Result<FusedDecision> {
         let operands = FusedOperands::check(&spans, self.ctx.ordinal(), stream)?;
         // The spans live until this returns, after the work is queued.
-        self.fused_enqueue(&operands, algorithm, stream)
+        self.fused_enqueue(&operands, algorithm, stream, false)
     }
 
-    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here.
+    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here:
+    /// with `tokens`, the faster of the two where both can run (`tpar tune`'s measurement on
+    /// this machine, else the built-in rule: [`norm::Prefer::Faster`]); without, the fused
+    /// kernel wherever it can run (what benchmarks and self-tests time and check).
     pub fn fused_plan(
         &self,
         algorithm: Option<Algorithm>,
         dtype: DType,
         hidden: usize,
+        tokens: Option<usize>,
     ) -> FusedDecision {
-        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines)
+        let measured = tokens
+            .and_then(|_| crate::backend::machine::fused_table(self.world_size(), dtype, hidden));
+        let prefer = match tokens {
+            None => norm::Prefer::Fused,
+            Some(tokens) => norm::Prefer::Faster {
+                world_size: self.world_size(),
+                tokens,
+                measured: measured.as_deref(),
+            },
+        };
+        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines, prefer)
     }
 
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
-    /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` followed by the
-    /// separate norm kernel. Returns the plan it ran.
+    /// [`CudaCommunicator::fused_plan`] allows (`faster`: where it is also the faster path for
+    /// the call's tokens), else the allreduce into `y` followed by the separate norm kernel.
+    /// Returns the plan it ran.
     pub(crate) fn fused_enqueue(
         &self,
         operands: &FusedOperands,
         algorithm: Algorithm,
         cuda_stream: &CudaStream,
+        faster: bool,
     ) -> Result<FusedDecision> {
         let call = operands.call();
         let stream = cuda_stream.cu_stream();
-        let plan = self.fused_plan(Some(algorithm), call.dtype, call.hidden);
+        let plan = self.fused_plan(
+            Some(algorithm),
+            call.dtype,
+            call.hidden,
+            faster.then_some(call.tokens),
+        );
         if !call.validate()? {
             return Ok(plan);
         }

@@ -152,20 +152,57 @@ fn islands_cross_setting() -> Result<Option<bool>> {
     }
 }
 
-/// The islands of a group of `world_size` ranks: [`Config::islands`], else
-/// `TPAR_ISLANDS`, else one island.
-fn group_islands(world_size: usize, config: &Config) -> Result<Islands> {
+/// The islands a group of `world_size` ranks was given: [`Config::islands`], else
+/// `TPAR_ISLANDS`; `None`: the machine decides ([`machine_islands`]).
+fn given_islands(world_size: usize, config: &Config) -> Result<Option<Islands>> {
     let islands = match config.islands {
-        Some(islands) => islands,
-        None => Islands::from_env(world_size)?.unwrap_or_else(|| Islands::single(world_size)),
+        Some(islands) => Some(islands),
+        None => Islands::from_env(world_size)?,
     };
-    if islands.world_size() != world_size {
+    if let Some(islands) = islands.filter(|i| i.world_size() != world_size) {
         return Err(Error::InvalidArgument(format!(
             "the islands {islands} describe {} ranks, the group has {world_size}",
             islands.world_size()
         )));
     }
     Ok(islands)
+}
+
+/// This machine as NVML and sysfs describe it, read once per process (a machine's GPUs and
+/// PCIe tree do not change under a running process); `None` where it cannot be read.
+fn this_machine() -> Option<&'static crate::topology::Topology> {
+    static MACHINE: std::sync::OnceLock<Option<crate::topology::Topology>> =
+        std::sync::OnceLock::new();
+    MACHINE
+        .get_or_init(|| crate::topology::Topology::detect().ok())
+        .as_ref()
+}
+
+/// The islands of the ranks whose records these are, from where their GPUs sit in this
+/// machine's PCIe tree (switches, root complexes, sockets, P2P: `Topology::islands_for_gpus`);
+/// one island where the machine cannot be read or a GPU is not found in it. Every rank reads
+/// the same machine and the same records, so every rank finds the same islands.
+fn machine_islands(records: &[CudaRecord]) -> Islands {
+    let n = records.len();
+    let normalised = |uuid: &str| {
+        uuid.trim_start_matches("GPU-")
+            .replace('-', "")
+            .to_ascii_lowercase()
+    };
+    this_machine()
+        .and_then(|machine| {
+            let gpu_of_rank: Option<Vec<usize>> = records
+                .iter()
+                .map(|r| {
+                    machine
+                        .gpus
+                        .iter()
+                        .position(|g| normalised(&g.uuid) == r.device_uuid)
+                })
+                .collect();
+            machine.islands_for_gpus(&gpu_of_rank?)
+        })
+        .unwrap_or_else(|| Islands::single(n))
 }
 
 /// How the islands algorithms' exchange between islands travels (`Ok(true)`: through the
@@ -242,7 +279,7 @@ struct CudaRecord {
     host_segment: Option<String>,
     /// The host-staged inbox as GPUs address it: valid in this process only.
     host_inbox_ptr: u64,
-    /// The islands this rank was given and how it would send between them
+    /// The islands this rank was given (or "the machine's") and how it would send between them
     /// ([`ENV_ISLANDS_CROSS`]): every rank must agree.
     islands: String,
     islands_cross: Option<bool>,
@@ -290,7 +327,8 @@ impl Member {
     fn record(&self, layout: &InboxLayout, ipc: bool, config: &Config) -> Result<CudaRecord> {
         let host = self.own.host_inbox.as_ref();
         Ok(CudaRecord {
-            islands: group_islands(layout.world_size, config)?.to_string(),
+            islands: given_islands(layout.world_size, config)?
+                .map_or_else(|| "the machine's".to_owned(), |i| i.to_string()),
             islands_cross: islands_cross_setting()?,
             pid: std::process::id(),
             device_uuid: driver::device_uuid(&self.ctx)?,
@@ -321,7 +359,10 @@ impl Member {
     ) -> Result<CudaCommunicator> {
         let Member { ctx, kernels, own } = self;
         let layout = cuda_layout(records.len(), config);
-        let islands = group_islands(records.len(), config)?;
+        let islands = match given_islands(records.len(), config)? {
+            Some(islands) => islands,
+            None => machine_islands(records),
+        };
         if let Some((peer, r)) = records.iter().enumerate().find(|(_, r)| {
             (&r.islands, r.islands_cross) != (&records[rank].islands, records[rank].islands_cross)
         }) {

@@ -4,6 +4,13 @@
 //! and root-complex layouts posted writes collapse to a fraction of the link while reads hold,
 //! so whether tpar pushes or pulls is decided from this, not assumed (see `dispatch`).
 //!
+//! Then the fan-out (pcie-published.md, table A): one GPU writing to (and reading from) one
+//! peer alone, then to peers behind two or more CPU root complexes at once. Where writes fall
+//! and reads hold, posted writes collapse under fan-out on this machine; the collapse factor
+//! goes to the fabric model (`dispatch::fabric`) through the findings. Which peers to use and
+//! the arithmetic are plain functions ([`fanout_peers`], [`fanout_from_seconds`]), tested
+//! without a GPU.
+//!
 //! The result is kept in tpar's cache under the machine's fingerprint, where every communicator
 //! of a later job finds it ([`LinkMeasurements::load`] at [`LinkMeasurements::path`]).
 
@@ -18,8 +25,7 @@ use super::driver::DeviceMemory;
 use super::kernels::{KernelId, MAX_RANKS, THREADS};
 use super::{context, enable_peer_access, kernel_set, KernelSet};
 use crate::error::{Error, Result};
-use crate::topology::Findings;
-use crate::topology::Topology;
+use crate::topology::{Fanout, Findings, Location, Topology};
 
 /// One link, measured alone.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -45,6 +51,94 @@ pub struct LinkMeasurements {
     pub all_push_gbps: f64,
     /// Every GPU reading every peer at once, GB/s per GPU.
     pub all_pull_gbps: f64,
+    /// One GPU's writes and reads to one peer alone and fanned out over root complexes.
+    #[serde(default)]
+    pub fanout: Option<FanoutMeasurement>,
+    /// Why the fan-out was not measured (every peer behind one root complex, one GPU).
+    #[serde(default)]
+    pub fanout_skipped: Option<String>,
+}
+
+/// One GPU's peer writes and reads: to one peer alone, then to peers behind two or more root
+/// complexes at once (the pattern whose writes collapse on some PCIe fabrics).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FanoutMeasurement {
+    /// The GPU that writes and reads (a CUDA ordinal).
+    pub source: usize,
+    /// The peers written to at once, each behind another root complex (CUDA ordinals); the
+    /// first is also the one peer measured alone.
+    pub peers: Vec<usize>,
+    pub bandwidth: Fanout,
+}
+
+impl FanoutMeasurement {
+    /// How many times slower writes are fanned out than alone (1: no collapse).
+    pub fn write_collapse(&self) -> f64 {
+        self.bandwidth.write_collapse()
+    }
+}
+
+/// The peers a fan-out measurement from `source` writes to: outside the source's switch, one
+/// per root complex (the first GPU of each, in order), at most [`MAX_FANOUT_PEERS`]. `places`
+/// is indexed by device. An error says why there is no fan-out to measure.
+pub fn fanout_peers(
+    places: &[Location],
+    devices: &[usize],
+    source: usize,
+) -> std::result::Result<Vec<usize>, String> {
+    if devices.len() < 2 {
+        return Err(format!(
+            "{} GPU(s) here; the fan-out needs a GPU and peers behind two or more root complexes",
+            devices.len()
+        ));
+    }
+    let Some(from) = places.get(source) else {
+        return Err(format!("GPU {source} is not in the topology"));
+    };
+    let mut peers: Vec<usize> = Vec::new();
+    let mut complexes: Vec<usize> = Vec::new();
+    for &d in devices {
+        let Some(at) = places.get(d) else { continue };
+        let same_switch = from.switch.is_some() && at.switch == from.switch;
+        if d == source || same_switch || complexes.contains(&at.root_complex) {
+            continue;
+        }
+        complexes.push(at.root_complex);
+        peers.push(d);
+        if peers.len() == MAX_FANOUT_PEERS {
+            break;
+        }
+    }
+    if peers.len() < 2 {
+        return Err(format!(
+            "the peers of GPU {source} outside its switch are behind {} root complex(es): no write from it fans out over two or more, so none can collapse that way",
+            peers.len()
+        ));
+    }
+    Ok(peers)
+}
+
+/// The most peers a fan-out writes to at once (table A measured 2 and 3 root complexes).
+pub const MAX_FANOUT_PEERS: usize = 3;
+
+/// The bandwidths of a fan-out measurement from its times: `bytes` to one peer alone (written,
+/// read), then `bytes` to each of `peers` peers at once (written, read), in seconds.
+pub fn fanout_from_seconds(
+    bytes: usize,
+    peers: usize,
+    pair_write_s: f64,
+    pair_read_s: f64,
+    fanout_write_s: f64,
+    fanout_read_s: f64,
+) -> Fanout {
+    let gbps = |b: f64, s: f64| b / s.max(1e-12) / 1e9;
+    let total = (bytes * peers) as f64;
+    Fanout {
+        pair_write_gbps: gbps(bytes as f64, pair_write_s),
+        pair_read_gbps: gbps(bytes as f64, pair_read_s),
+        fanout_write_gbps: gbps(total, fanout_write_s),
+        fanout_read_gbps: gbps(total, fanout_read_s),
+    }
 }
 
 /// Mirrors `TparProbeArgs` in probe.cu.
@@ -159,10 +253,13 @@ fn time_each(gpus: &[&Gpu], reps: usize, launch: impl Fn(usize) -> Result<()>) -
 }
 
 /// Measures every link between `devices` (CUDA ordinals, at least two, all in this process)
-/// with copies of `bytes` (a multiple of 16). Errors say why (no P2P between some pair: then
-/// the device-memory algorithms cannot run there at all, and host-staged is what remains).
+/// with copies of `bytes` (a multiple of 16), then the fan-out from the first device over the
+/// root complexes `places` (indexed by device) say the peers are behind. Errors say why (no
+/// P2P between some pair: then the device-memory algorithms cannot run there at all, and
+/// host-staged is what remains).
 pub fn measure_links(
     devices: &[usize],
+    places: &[Location],
     bytes: usize,
     timeout: Duration,
 ) -> Result<LinkMeasurements> {
@@ -247,12 +344,63 @@ pub fn measure_links(
     let push_all = time_each(&all, 3, |a| gpus[a].launch_copies(&push_pairs(a), slice))?;
     let pull_all = time_each(&all, 3, |a| gpus[a].launch_copies(&pull_pairs(a), slice))?;
     let mean = |t: &[f64]| t.iter().map(|s| gbps(sent, *s)).sum::<f64>() / t.len() as f64;
+    let (fanout, fanout_skipped) = match fanout_peers(places, devices, devices[0]) {
+        Ok(peers) => (Some(measure_fanout(&gpus, devices, &peers, bytes)?), None),
+        Err(why) => (None, Some(why)),
+    };
     Ok(LinkMeasurements {
         devices: devices.to_vec(),
         bytes_per_copy: bytes,
         links,
         all_push_gbps: mean(&push_all),
         all_pull_gbps: mean(&pull_all),
+        fanout,
+        fanout_skipped,
+    })
+}
+
+/// The fan-out from `devices[0]` (`gpus[0]`) to `peers` (device ordinals among `devices`):
+/// `bytes` to the first peer alone, then `bytes` to every peer at once, written then read.
+fn measure_fanout(
+    gpus: &[Gpu],
+    devices: &[usize],
+    peers: &[usize],
+    bytes: usize,
+) -> Result<FanoutMeasurement> {
+    let source = &gpus[0];
+    let index = |d: usize| {
+        devices
+            .iter()
+            .position(|&x| x == d)
+            .expect("a measured device")
+    };
+    let peer_gpus: Vec<&Gpu> = peers.iter().map(|&d| &gpus[index(d)]).collect();
+    let writes = |to: &[&Gpu]| -> Vec<(u64, u64)> {
+        to.iter().map(|p| (source.src.ptr(), p.dst.ptr())).collect()
+    };
+    let reads = |from: &[&Gpu]| -> Vec<(u64, u64)> {
+        from.iter()
+            .map(|p| (p.src.ptr(), source.dst.ptr()))
+            .collect()
+    };
+    let time = |pairs: Vec<(u64, u64)>| -> Result<f64> {
+        Ok(time_each(&[source], 3, |_| source.launch_copies(&pairs, bytes))?[0])
+    };
+    let pair_write = time(writes(&peer_gpus[..1]))?;
+    let pair_read = time(reads(&peer_gpus[..1]))?;
+    let fanout_write = time(writes(&peer_gpus))?;
+    let fanout_read = time(reads(&peer_gpus))?;
+    Ok(FanoutMeasurement {
+        source: devices[0],
+        peers: peers.to_vec(),
+        bandwidth: fanout_from_seconds(
+            bytes,
+            peers.len(),
+            pair_write,
+            pair_read,
+            fanout_write,
+            fanout_read,
+        ),
     })
 }
 
@@ -307,6 +455,7 @@ impl LinkMeasurements {
             failed: Vec::new(),
             push_gbps: Some(self.all_push_gbps),
             pull_gbps: Some(self.all_pull_gbps),
+            fanout: self.fanout.as_ref().map(|f| f.bandwidth.clone()),
         }
     }
 
@@ -388,6 +537,17 @@ mod tests {
             links: vec![],
             all_push_gbps: 3.0,
             all_pull_gbps: 50.0,
+            fanout: Some(FanoutMeasurement {
+                source: 0,
+                peers: vec![1, 2],
+                bandwidth: Fanout {
+                    pair_write_gbps: 52.5,
+                    pair_read_gbps: 53.5,
+                    fanout_write_gbps: 13.5,
+                    fanout_read_gbps: 53.0,
+                },
+            }),
+            fanout_skipped: None,
         };
         measured.save(&path).unwrap();
         assert_eq!(LinkMeasurements::load(&path), Some(measured.clone()));
@@ -399,6 +559,50 @@ mod tests {
         );
         let p = measured.to_findings();
         assert_eq!((p.push_gbps, p.pull_gbps), (Some(3.0), Some(50.0)));
+        assert!(p.fanout.is_some_and(|f| f.write_collapse() > 3.0));
+        // A file kept before the fan-out was measured still loads.
+        std::fs::write(
+            &path,
+            r#"{"devices":[0,1],"bytes_per_copy":16,"links":[],"all_push_gbps":1.0,"all_pull_gbps":1.0}"#,
+        )
+        .unwrap();
+        assert!(LinkMeasurements::load(&path).is_some_and(|m| m.fanout.is_none()));
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_fan_out_bandwidths_and_collapse_come_from_the_times() {
+        // 1 MiB alone in 20 us each way; to 2 peers at once, written in 155 us, read in 40 us:
+        // table A's shape (about 52 alone, 13.5 written fanned out, reads held).
+        let f = fanout_from_seconds(1 << 20, 2, 20e-6, 20e-6, 155e-6, 40e-6);
+        assert!((f.pair_write_gbps - 52.43).abs() < 0.01, "{f:?}");
+        assert!((f.fanout_write_gbps - 13.53).abs() < 0.01, "{f:?}");
+        assert!((f.fanout_read_gbps - 52.43).abs() < 0.01, "{f:?}");
+        assert!((f.write_collapse() - 3.875).abs() < 0.01);
+        assert!((f.read_collapse() - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn fan_out_peers_are_one_per_root_complex_outside_the_source_switch() {
+        let load = |name: &str| Topology::fixture(name).unwrap();
+        let all = |t: &Topology| (0..t.gpus.len()).collect::<Vec<_>>();
+        // 16 GPUs under four switches on four root complexes: GPU 0 fans out to the first GPU
+        // of three other switches.
+        let a = load("16x-rtx-pro-6000-4switch");
+        assert_eq!(
+            fanout_peers(&a.locations(), &all(&a), 0),
+            Ok(vec![4, 8, 12])
+        );
+        // Two switches, one per socket: everything outside GPU 0's switch is behind one root
+        // complex, so nothing fans out.
+        let two = load("8x-rtx-pro-6000-pcie-2switch");
+        let why = fanout_peers(&two.locations(), &all(&two), 0).unwrap_err();
+        assert!(why.contains("behind 1 root complex"), "{why}");
+        // One GPU: said so.
+        let why = fanout_peers(&two.locations(), &[0], 0).unwrap_err();
+        assert!(why.contains("1 GPU(s) here"), "{why}");
+        // Every GPU on its own root complex, two sockets: the next GPUs, one each.
+        let d = load("8x-rtx-pro-6000-2socket-broadcom");
+        assert_eq!(fanout_peers(&d.locations(), &all(&d), 0), Ok(vec![1, 2, 3]));
     }
 }

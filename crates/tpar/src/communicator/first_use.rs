@@ -1,0 +1,348 @@
+//! The first-use measurement: a communicator created on a machine with no tuning table times
+//! the few candidates the fabric model ranks closest (`dispatch::first_use::plan`), every rank
+//! the same plan, each as a CUDA graph of a chain of calls; the slowest rank's times, gathered
+//! so that every rank holds the same table, correct the model's estimates from then on and are
+//! cached beside `tpar tune`'s tables under the machine's fingerprint
+//! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
+//! instead of measuring. It takes at most [`BUDGET`] (the plan is sized by the model to fit,
+//! and the time it took is logged), measures bf16 (what engines reduce), never creates NCCL,
+//! and is off with `TPAR_FIRST_USE=0` (set the same on every rank).
+//!
+//! [`measure_local`] runs it for ranks that are streams of this process (`tpar doctor -n 8` on
+//! one GPU); [`Communicator::first_use`] for this process's rank of a job.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaStream;
+
+use super::Communicator;
+use crate::backend::cuda::driver::DeviceMemory;
+use crate::dispatch::fabric::Fabric;
+pub use crate::dispatch::first_use::{enabled, ProbePlan, BUDGET, ENV_FIRST_USE};
+use crate::dispatch::{eligibility, Request, TuningTable};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::rendezvous::Rendezvous;
+
+/// The dtype the first use measures.
+pub const DTYPE: DType = DType::Bf16;
+
+/// What a first-use measurement did.
+#[derive(Clone, Debug)]
+pub struct FirstUse {
+    pub plan: ProbePlan,
+    /// The table made (probes with the slowest rank's times).
+    pub table: TuningTable,
+    /// Wall time of the whole measurement.
+    pub took: Duration,
+    /// Where rank 0 cached it (`None` on other ranks, or where it could not be written, with
+    /// the reason logged).
+    pub saved: Option<std::path::PathBuf>,
+}
+
+impl FirstUse {
+    /// One line for logs and `tpar doctor`.
+    pub fn describe(&self) -> String {
+        let probes: Vec<String> = self
+            .table
+            .probes
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} at {} {:.1} us (model {:.1})",
+                    p.choice,
+                    crate::memory::human_bytes(p.bytes),
+                    p.measured_us,
+                    p.modelled_us
+                )
+            })
+            .collect();
+        format!(
+            "{} candidates timed in {:.0} ms (budget {} ms): {}{}",
+            self.table.probes.len(),
+            self.took.as_secs_f64() * 1e3,
+            BUDGET.as_millis(),
+            if probes.is_empty() {
+                "none close enough to time".to_owned()
+            } else {
+                probes.join(", ")
+            },
+            self.saved
+                .as_ref()
+                .map_or(String::new(), |p| format!("; cached in {}", p.display()))
+        )
+    }
+}
+
+/// The plan for `comm`'s group: the model's close candidates that this group can run.
+fn plan_for(comm: &Communicator) -> ProbePlan {
+    let n = comm.cuda.world_size();
+    let fabric = Fabric::new(&comm.topology, n, Some(&comm.findings));
+    let eligible = |choice| {
+        eligibility(
+            &Request {
+                topology: &comm.topology,
+                findings: Some(&comm.findings),
+                tuning: None,
+                world_size: n,
+                dtype: DTYPE,
+                bytes: 4096,
+                capturing: true,
+                forced: None,
+            },
+            choice,
+        )
+        .is_ok()
+    };
+    crate::dispatch::first_use::plan(&fabric, DTYPE, &eligible)
+}
+
+/// Times every probe of `plan` on the local ranks `comms` (one stream each, all launched
+/// together: their kernels meet each other and the ranks of other processes). Per probe, the
+/// slowest local rank's median time per call, us.
+pub fn time_probes(
+    comms: &[&Communicator],
+    streams: &[Arc<CudaStream>],
+    plan: &ProbePlan,
+) -> Result<Vec<f64>> {
+    let cuda = |what: &str| {
+        let what = what.to_owned();
+        move |e: cudarc::driver::DriverError| {
+            Error::Cuda(format!("first-use measurement: {what}: {e}"))
+        }
+    };
+    let largest = plan.probes.iter().map(|p| p.bytes).max().unwrap_or(0) as usize;
+    let elements = largest / plan.dtype.size();
+    let mut buffers: Vec<(DeviceMemory, DeviceMemory)> = comms
+        .iter()
+        .map(|c| {
+            let ctx = c.cuda.context();
+            Ok((
+                DeviceMemory::zeroed(ctx, largest.max(16))?,
+                DeviceMemory::zeroed(ctx, largest.max(16))?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(plan.probes.len());
+    for probe in &plan.probes {
+        let count = (probe.bytes as usize / plan.dtype.size()).min(elements);
+        let mut graphs = Vec::with_capacity(comms.len());
+        for ((comm, stream), (input, output)) in comms.iter().zip(streams).zip(buffers.iter_mut()) {
+            stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(cuda("begin capture"))?;
+            let queued = (0..plan.chain).try_for_each(|_| {
+                comm.all_reduce_as(
+                    probe.choice,
+                    Some(input.span(plan.dtype, count)?),
+                    output.span_mut(plan.dtype, count)?,
+                    stream,
+                )
+            });
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            queued?;
+            graphs.push(graph.map_err(cuda("end capture"))?.ok_or_else(|| {
+                Error::Cuda("first-use measurement: capture made no graph".into())
+            })?);
+        }
+        let mut times: Vec<Vec<f64>> = vec![Vec::new(); comms.len()];
+        for replay in 0..plan.warmup + plan.replays {
+            let mut events = Vec::with_capacity(comms.len());
+            for (graph, stream) in graphs.iter().zip(streams) {
+                let start = stream
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(cuda("event"))?;
+                graph.launch().map_err(cuda("graph launch"))?;
+                let end = stream
+                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(cuda("event"))?;
+                events.push((start, end));
+            }
+            for (i, (stream, (start, end))) in streams.iter().zip(events).enumerate() {
+                stream.synchronize().map_err(cuda("synchronise"))?;
+                comms[i].check()?;
+                if replay >= plan.warmup {
+                    let ms = start.elapsed_ms(&end).map_err(cuda("elapsed"))?;
+                    times[i].push(f64::from(ms) * 1e3 / plan.chain as f64);
+                }
+            }
+        }
+        let slowest = times
+            .into_iter()
+            .map(|mut t| {
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            })
+            .fold(0.0, f64::max);
+        out.push(slowest);
+    }
+    Ok(out)
+}
+
+/// Whether `comm` should measure at its creation: on, more than one rank, no table for this
+/// machine yet, and its GPU not time-sliced with another process's rank (timings there are
+/// milliseconds of scheduling, not the machine's).
+fn wanted(comm: &Communicator) -> bool {
+    enabled(std::env::var(ENV_FIRST_USE).ok().as_deref())
+        && comm.cuda.world_size() > 1
+        && comm.cuda.time_sliced_with().is_empty()
+        && TuningTable::load_for(&comm.topology, comm.cuda.world_size(), DTYPE).is_none()
+}
+
+/// Measures for ranks that are all streams of this process (`comms[i]` on `streams[i]`), when
+/// there is no table yet, and gives every one of them the table; saves it. `Ok(None)`: not
+/// wanted here (off, one rank, a table exists, no candidate close enough).
+pub fn measure_local(
+    comms: &mut [Communicator],
+    streams: &[Arc<CudaStream>],
+) -> Result<Option<FirstUse>> {
+    let Some(first) = comms.first() else {
+        return Ok(None);
+    };
+    if !wanted(first) {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let plan = plan_for(first);
+    if plan.probes.is_empty() {
+        return Ok(None);
+    }
+    let refs: Vec<&Communicator> = comms.iter().collect();
+    let times = time_probes(&refs, streams, &plan)?;
+    let table = plan.table(
+        first.topology.fingerprint(),
+        first.cuda.world_size(),
+        &times.iter().copied().map(Some).collect::<Vec<_>>(),
+    );
+    let saved = save(&table);
+    for comm in comms.iter_mut() {
+        comm.adopt(table.clone());
+    }
+    Ok(Some(FirstUse {
+        plan,
+        table,
+        took: started.elapsed(),
+        saved,
+    }))
+}
+
+fn save(table: &TuningTable) -> Option<std::path::PathBuf> {
+    match table.save() {
+        Ok(path) => Some(path),
+        Err(e) => {
+            log::warn!("the first-use measurement could not be cached: {e}");
+            None
+        }
+    }
+}
+
+impl Communicator {
+    /// Takes `table` as this machine's measurement for its dtype: later decisions use it.
+    fn adopt(&mut self, table: TuningTable) {
+        self.tuning.insert(table.dtype, table);
+        self.decisions.lock().expect("decision cache").clear();
+    }
+
+    /// The first-use measurement for this process's rank of the job behind `rendezvous`
+    /// (collective: every rank calls it at its creation). Every rank agrees first that it
+    /// wants to and planned the same probes; then each times them, the times are gathered and
+    /// every rank takes the slowest rank's, and rank 0 caches the table. A failure is logged
+    /// and leaves the model's choice: it never fails the communicator.
+    pub(super) fn first_use(&mut self, rendezvous: &Rendezvous, instance: &str, timeout: Duration) {
+        if !enabled(std::env::var(ENV_FIRST_USE).ok().as_deref()) || self.cuda.world_size() < 2 {
+            return;
+        }
+        let started = Instant::now();
+        let plan = plan_for(self);
+        let ready = wanted(self) && !plan.probes.is_empty();
+        let agree = format!("first-use-{instance}-plan");
+        let everyone: Result<Vec<(bool, String)>> = rendezvous
+            .publish(&agree, &(ready, plan.key()))
+            .and_then(|()| rendezvous.gather(&agree, timeout));
+        match everyone {
+            Ok(all) if all.iter().all(|(r, k)| *r && *k == plan.key()) => {}
+            Ok(_) => return,
+            Err(e) => {
+                log::warn!("first-use measurement skipped: {e}");
+                return;
+            }
+        }
+        let stream = match self.cuda.context().new_stream() {
+            Ok(s) => s,
+            Err(e) => {
+                // Every rank must still take part in the gather below.
+                log::warn!("first-use measurement: cannot create a stream: {e}");
+                return self.first_use_gather(rendezvous, instance, timeout, &plan, None, started);
+            }
+        };
+        let mine = time_probes(&[&*self], std::slice::from_ref(&stream), &plan)
+            .map_err(|e| log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank()))
+            .ok();
+        self.first_use_gather(rendezvous, instance, timeout, &plan, mine, started);
+    }
+
+    fn first_use_gather(
+        &mut self,
+        rendezvous: &Rendezvous,
+        instance: &str,
+        timeout: Duration,
+        plan: &ProbePlan,
+        mine: Option<Vec<f64>>,
+        started: Instant,
+    ) {
+        let key = format!("first-use-{instance}-times");
+        let gathered: Result<Vec<Option<Vec<f64>>>> = rendezvous
+            .publish(&key, &mine)
+            .and_then(|()| rendezvous.gather(&key, timeout));
+        let all = match gathered {
+            Ok(all) if all.iter().all(Option::is_some) => all,
+            Ok(_) => {
+                log::warn!("first-use measurement failed on some rank; the fabric model decides");
+                return;
+            }
+            Err(e) => {
+                log::warn!("first-use measurement: {e}");
+                return;
+            }
+        };
+        let slowest: Vec<Option<f64>> = (0..plan.probes.len())
+            .map(|i| {
+                all.iter()
+                    .map(|t| t.as_ref().and_then(|t| t.get(i).copied()))
+                    .try_fold(0.0f64, |m, t| Some(m.max(t?)))
+            })
+            .collect();
+        let table = plan.table(
+            self.topology.fingerprint(),
+            self.cuda.world_size(),
+            &slowest,
+        );
+        let saved = if self.cuda.rank() == 0 {
+            save(&table)
+        } else {
+            None
+        };
+        let outcome = FirstUse {
+            plan: plan.clone(),
+            table: table.clone(),
+            took: started.elapsed(),
+            saved,
+        };
+        if outcome.took > BUDGET {
+            log::warn!(
+                "rank {}: the first-use measurement took {:.0} ms, over its {} ms budget",
+                self.cuda.rank(),
+                outcome.took.as_secs_f64() * 1e3,
+                BUDGET.as_millis()
+            );
+        }
+        log::info!(
+            "rank {}: first-use measurement: {}",
+            self.cuda.rank(),
+            outcome.describe()
+        );
+        self.adopt(table);
+    }
+}

@@ -1,0 +1,255 @@
+//! The first-use measurement's plan and outcome (pure): which few candidates the fabric model
+//! ranks close enough at which sizes that timing them on this machine can change the choice,
+//! how long to time them so that the whole measurement stays within [`BUDGET`], and the table
+//! the slowest rank's times make. The communicator runs it when it is created on a machine
+//! with no tuning table (`crate::communicator`'s `first_use`), every rank the same plan.
+
+use std::time::Duration;
+
+use super::fabric::Fabric;
+use super::tuning::{Probe, TuningTable};
+use crate::algorithm::Choice;
+use crate::dtype::DType;
+use crate::hash::fnv1a;
+
+/// The variable that turns the first-use measurement off (`0`); set it the same on every rank,
+/// as `TPAR_ALGO`.
+pub const ENV_FIRST_USE: &str = "TPAR_FIRST_USE";
+
+/// Whether `TPAR_FIRST_USE` leaves the first-use measurement on (anything but `0`, `off`,
+/// `false`, `no`).
+pub fn enabled(value: Option<&str>) -> bool {
+    !matches!(
+        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "off" | "false" | "no")
+    )
+}
+
+/// The most the whole measurement may take, capture and synchronisation included.
+pub const BUDGET: Duration = Duration::from_millis(200);
+
+/// The share of [`BUDGET`] the modelled GPU time of the probes may fill: the rest is capture,
+/// the rendezvous rounds and the model being wrong.
+const GPU_SHARE: f64 = 0.4;
+
+/// The sizes probed: small and mid-sized messages of decoding, where tpar's algorithms compete
+/// (larger ones go to NCCL or are tuned by `tpar tune`).
+pub const SIZES: [u64; 4] = [4 << 10, 16 << 10, 64 << 10, 256 << 10];
+
+/// A candidate is probed when the model puts it within this factor of the best.
+pub const CLOSE: f64 = 1.5;
+
+/// At most this many candidates per size.
+pub const PER_SIZE: usize = 3;
+
+/// Calls per rank per graph, and graph replays (after [`ProbePlan::warmup`]).
+const CHAIN: usize = 8;
+const REPLAYS: usize = 6;
+const MIN_REPLAYS: usize = 3;
+
+/// One choice to time at one size, with the model's estimate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedProbe {
+    pub bytes: u64,
+    pub choice: Choice,
+    pub modelled_us: f64,
+}
+
+/// What the first use times: the probes, each a graph of `chain` calls per rank replayed
+/// `warmup + replays` times.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbePlan {
+    pub dtype: DType,
+    pub probes: Vec<PlannedProbe>,
+    pub chain: usize,
+    pub warmup: usize,
+    pub replays: usize,
+}
+
+impl ProbePlan {
+    /// The GPU time the model expects the probes to take, ms.
+    pub fn modelled_ms(&self) -> f64 {
+        let calls = (self.chain * (self.warmup + self.replays)) as f64;
+        self.probes
+            .iter()
+            .map(|p| p.modelled_us * calls)
+            .sum::<f64>()
+            / 1e3
+    }
+
+    /// A short key of the plan, which every rank compares before timing (ranks that planned
+    /// differently, from different views of the machine, must not start collective calls).
+    pub fn key(&self) -> String {
+        let text: String = self
+            .probes
+            .iter()
+            .map(|p| format!("{}:{};", p.bytes, p.choice))
+            .collect();
+        format!(
+            "{:016x}-{}-{}",
+            fnv1a(text.bytes()),
+            self.chain,
+            self.replays
+        )
+    }
+
+    /// The first-use table from each probe's time on the slowest rank (`measured_us`, one per
+    /// probe, in order; a probe with no time is left out).
+    pub fn table(
+        &self,
+        fingerprint: String,
+        world_size: usize,
+        measured_us: &[Option<f64>],
+    ) -> TuningTable {
+        TuningTable {
+            fingerprint,
+            world_size,
+            dtype: self.dtype,
+            entries: Vec::new(),
+            probes: self
+                .probes
+                .iter()
+                .zip(measured_us)
+                .filter_map(|(p, m)| {
+                    let us = m.filter(|us| us.is_finite() && *us > 0.0)?;
+                    Some(Probe {
+                        bytes: p.bytes,
+                        choice: p.choice,
+                        measured_us: us,
+                        modelled_us: p.modelled_us,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The probes for `fabric`'s machine and ranks: at each of [`SIZES`], tpar's candidates that
+/// can run here (`eligible`) within [`CLOSE`] of the best of them, at most [`PER_SIZE`]; sizes
+/// with one candidate only are left out (nothing to decide). NCCL is never probed: creating it
+/// costs seconds and half a GiB. Replays shrink, and then sizes go, until the modelled GPU time
+/// fits its share of [`BUDGET`].
+pub fn plan(fabric: &Fabric, dtype: DType, eligible: &dyn Fn(Choice) -> bool) -> ProbePlan {
+    let mut probes = Vec::new();
+    for bytes in SIZES {
+        let candidates: Vec<PlannedProbe> = fabric
+            .rank(dtype, bytes)
+            .into_iter()
+            .filter(|e| e.choice != Choice::Nccl && eligible(e.choice))
+            .map(|e| PlannedProbe {
+                bytes,
+                choice: e.choice,
+                modelled_us: e.us,
+            })
+            .collect();
+        let Some(best) = candidates.first().map(|c| c.modelled_us) else {
+            continue;
+        };
+        let close: Vec<PlannedProbe> = candidates
+            .into_iter()
+            .filter(|c| c.modelled_us <= CLOSE * best)
+            .take(PER_SIZE)
+            .collect();
+        if close.len() >= 2 {
+            probes.extend(close);
+        }
+    }
+    let mut plan = ProbePlan {
+        dtype,
+        probes,
+        chain: CHAIN,
+        warmup: 2,
+        replays: REPLAYS,
+    };
+    let share_ms = GPU_SHARE * BUDGET.as_secs_f64() * 1e3;
+    while plan.modelled_ms() > share_ms && plan.replays > MIN_REPLAYS {
+        plan.replays -= 1;
+    }
+    while plan.modelled_ms() > share_ms {
+        let Some(largest) = plan.probes.iter().map(|p| p.bytes).max() else {
+            break;
+        };
+        plan.probes.retain(|p| p.bytes != largest);
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::topology::Topology;
+
+    fn fixture(name: &str) -> Topology {
+        Topology::fixture(name).unwrap()
+    }
+
+    #[test]
+    fn close_candidates_are_probed_within_the_budget_and_far_ones_are_not() {
+        let t = fixture("8x-rtx-pro-6000-pcie-2switch");
+        let fabric = Fabric::new(&t, 8, None);
+        let all = |_: Choice| true;
+        let p = plan(&fabric, DType::Bf16, &all);
+        assert!(!p.probes.is_empty());
+        assert!(p.modelled_ms() <= GPU_SHARE * 200.0, "{}", p.modelled_ms());
+        for size in SIZES {
+            let here: Vec<&PlannedProbe> = p.probes.iter().filter(|x| x.bytes == size).collect();
+            assert!(here.len() != 1 && here.len() <= PER_SIZE);
+            if let Some(best) = here.first() {
+                assert!(here
+                    .iter()
+                    .all(|x| x.modelled_us <= CLOSE * best.modelled_us));
+            }
+        }
+        assert!(p.probes.iter().all(|x| x.choice != Choice::Nccl));
+        // What cannot run here is never probed.
+        let no_islands = |c: Choice| !matches!(c, Choice::Tpar(Algorithm::Islands));
+        let q = plan(&fabric, DType::Bf16, &no_islands);
+        assert!(q
+            .probes
+            .iter()
+            .all(|x| x.choice != Choice::Tpar(Algorithm::Islands)));
+        // The same machine plans the same probes: the key every rank compares.
+        assert_eq!(plan(&fabric, DType::Bf16, &all).key(), p.key());
+        assert_ne!(q.key(), p.key());
+    }
+
+    #[test]
+    fn the_table_keeps_each_probe_with_its_slowest_rank_time_and_the_model() {
+        let t = fixture("8x-h200-nvswitch");
+        let p = ProbePlan {
+            dtype: DType::Bf16,
+            probes: vec![
+                PlannedProbe {
+                    bytes: 4096,
+                    choice: Choice::Tpar(Algorithm::OneShot),
+                    modelled_us: 3.9,
+                },
+                PlannedProbe {
+                    bytes: 4096,
+                    choice: Choice::Tpar(Algorithm::TwoShot),
+                    modelled_us: 6.3,
+                },
+            ],
+            chain: 8,
+            warmup: 2,
+            replays: 6,
+        };
+        let table = p.table(t.fingerprint(), 8, &[Some(4.4), None]);
+        assert!(table.is_first_use());
+        assert_eq!(table.probes.len(), 1);
+        assert_eq!(
+            (table.probes[0].measured_us, table.probes[0].modelled_us),
+            (4.4, 3.9)
+        );
+        assert!((p.modelled_ms() - (3.9 + 6.3) * 64.0 / 1e3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_switch_reads_off_values() {
+        assert!(enabled(None) && enabled(Some("1")) && enabled(Some("")));
+        for off in ["0", "off", "FALSE", " no "] {
+            assert!(!enabled(Some(off)), "{off}");
+        }
+    }
+}
