@@ -111,6 +111,16 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
 
+    /// A peer failed to create its side of a communicator and said so in the rendezvous
+    /// (see `Rendezvous::abort`): `reason` is its own error, `cause` the rank whose failure
+    /// started it (the peer itself, or a rank it heard of).
+    #[error("rank {cause} could not create its communicator: {reason}{relayed}", relayed = if cause == peer { String::new() } else { format!(" (heard from rank {peer})") })]
+    PeerFailed {
+        peer: usize,
+        cause: usize,
+        reason: String,
+    },
+
     /// The launcher could not start or finish its ranks.
     #[error("launcher: {0}")]
     Launch(String),
