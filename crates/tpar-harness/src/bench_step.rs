@@ -351,11 +351,7 @@ fn time_pass(
     };
     let norms = match (reduce, captured) {
         (Reduce::With(_, Norms::Fused), Some(choice)) => {
-            let path = group.comms[0].cuda().fused_plan(
-                choice.algorithm(),
-                dtype,
-                plan.model.hidden as usize,
-            );
+            let path = group.comms[0].fused_decision(choice, dtype, plan.model.hidden as usize);
             if path.fused {
                 "fused".to_owned()
             } else {

@@ -252,9 +252,7 @@ pub fn selftest(
                     });
                     continue;
                 }
-                let path = group.comms[0]
-                    .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden);
+                let path = group.comms[0].fused_decision(Choice::Tpar(algorithm), dtype, hidden);
                 let route = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
@@ -517,9 +515,7 @@ pub fn measure(
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;
             }
-            let path = group.comms[0]
-                .cuda()
-                .fused_plan(Some(algorithm), dtype, hidden);
+            let path = group.comms[0].fused_decision(Choice::Tpar(algorithm), dtype, hidden);
             if !path.fused {
                 return Err(Error::Unsupported(format!(
                     "the fused op on {algorithm} would not run fused: {}",
@@ -554,7 +550,12 @@ pub fn measure(
                                 cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
                             }
                             _ => {
-                                cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
+                                cuda.fused_add_rms_norm(
+                                    spans(b, &case, false)?,
+                                    algorithm,
+                                    path.fused,
+                                    s,
+                                )?;
                             }
                         }
                         Ok(())

@@ -82,7 +82,9 @@ pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usiz
 }
 
 /// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
-/// residual + RMSNorm kernel (same results to the bit), and why.
+/// residual + RMSNorm kernel (same results to the bit), and why. Decided by
+/// `dispatch::decide_fused` (the fused kernel's eligibility is the dispatcher's, with the
+/// numbers of this module).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedDecision {
     pub fused: bool,
@@ -97,44 +99,6 @@ pub const fn has_fused_kernel(algorithm: Algorithm) -> bool {
         algorithm,
         Algorithm::OneShot | Algorithm::TwoShot | Algorithm::HostStaged
     )
-}
-
-/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL).
-pub fn plan(
-    algorithm: Option<Algorithm>,
-    dtype: DType,
-    hidden: usize,
-    payload_lines: usize,
-) -> FusedDecision {
-    let unfused = |why: String| FusedDecision {
-        fused: false,
-        reason: format!("allreduce + separate residual/RMSNorm kernel: {why}"),
-    };
-    match algorithm {
-        None => unfused("the allreduce goes to NCCL".to_owned()),
-        Some(_) if hidden > MAX_HIDDEN => unfused(format!(
-            "hidden {hidden} is above the fused kernel's {MAX_HIDDEN}"
-        )),
-        Some(_) if payload_lines % 2 != 0 => {
-            unfused("the inbox slots are not 16-byte aligned (odd payload lines)".to_owned())
-        }
-        Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
-            "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
-        )),
-        Some(Algorithm::OneShotPull) => unfused(
-            "no fused pull kernel: one that gave each row a block (93012b5) was slower than the pull and \
-             this kernel at 1 and 32 tokens on one H200 (bench/README.md, \"Fourth session\")"
-                .to_owned(),
-        ),
-        Some(a) if !has_fused_kernel(a) => unfused(format!("{a} has no fused kernel")),
-        Some(a) => FusedDecision {
-            fused: true,
-            reason: format!(
-                "fused {a} kernel: {} rows per launch",
-                rows_per_chunk(dtype, hidden, payload_lines)
-            ),
-        },
-    }
 }
 
 /// Checks the shape and `eps` of a call; `Ok(false)` when there is nothing to do (0 tokens).
@@ -306,36 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn every_shape_has_a_path_and_says_why() {
-        for algorithm in [None]
-            .into_iter()
-            .chain(Algorithm::ALL.into_iter().map(Some))
-        {
-            for dtype in DType::ALL {
-                for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
-                    let p = plan(algorithm, dtype, hidden, 65536);
-                    assert!(!p.reason.is_empty());
-                    // One-shot, two-shot and host-staged have a fused kernel; NCCL has none.
-                    let expect_fused =
-                        algorithm.is_some_and(has_fused_kernel) && hidden <= MAX_HIDDEN;
-                    assert_eq!(
-                        p.fused, expect_fused,
-                        "{algorithm:?} {dtype} {hidden}: {p:?}"
-                    );
-                }
-            }
-        }
-        let odd = plan(Some(Algorithm::OneShot), DType::Bf16, 8192, 65535);
-        assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
-        let two_shot = plan(Some(Algorithm::TwoShot), DType::Bf16, 8192, 65536);
-        assert_eq!(two_shot.reason, "fused two-shot kernel: 16 rows per launch");
-        let pull = plan(Some(Algorithm::OneShotPull), DType::Bf16, 8192, 65536);
-        assert!(
-            !pull.fused && pull.reason.contains("no fused pull kernel"),
-            "{pull:?}"
-        );
-        let nccl = plan(None, DType::Bf16, 8192, 65536);
-        assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
+    fn launches_carry_whole_rows_within_the_slot_and_the_exchange_lines() {
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
         // Short rows: the exchange lines bound a launch before the slot does.

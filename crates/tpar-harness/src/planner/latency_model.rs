@@ -217,6 +217,7 @@ pub fn modelled_latency(
             bytes,
             capturing: true,
             forced: None,
+            group: None,
         })?;
         let (cost, extra) = match p.choice {
             Choice::Nccl => (model.nccl, 0.0),

@@ -7,6 +7,12 @@
 //! built-in rules per topology class. The findings (`Findings`) can veto a path that failed a check.
 //! Every decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
 //!
+//! Whether a choice can run is decided here only ([`eligibility`]): from the machine
+//! (`Topology`, `Findings`) and, for a call of a communicator, from what its group was built
+//! with ([`GroupFacts`]: the backend's kernels, host-staged inboxes, measured peer access, the
+//! state of its NCCL). A request that gets no choice gets a typed [`NoDecision`]. The fused
+//! op's path is decided here too ([`decide_fused`]).
+//!
 //! Pure policy: no backend, no NCCL, no files except the tuning table's. One concern per file:
 //! [`refusal`] (whether a choice can run a request, as a typed [`Refusal`]), [`rules`] (the
 //! machine's class and the built-in ladder per class), [`tuning`] (the measured table and where
@@ -22,13 +28,13 @@ use serde::Serialize;
 use crate::algorithm::Algorithm;
 pub use crate::algorithm::Choice;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::memory::human_bytes;
+use crate::norm::FusedDecision;
 pub use crate::topology::Findings;
 use crate::topology::Topology;
 pub use explain::describe_ranges;
 use explain::{describe_machine, rung_text};
-pub use refusal::{eligibility, Reason, Refusal};
+pub use refusal::{eligibility, fused_eligibility, held, NoDecision, Reason, Refusal};
 pub use rules::{classify, Class};
 use rules::{ladder, Rung, NCCL_WHY};
 pub use tuning::{TuningEntry, TuningTable};
@@ -44,20 +50,56 @@ pub struct Request<'a> {
     pub world_size: usize,
     pub dtype: DType,
     pub bytes: u64,
-    /// Inside CUDA-graph capture (every path here captures; kept for rules that may not).
+    /// Inside CUDA-graph capture (tpar's own NCCL cannot be created there).
     pub capturing: bool,
     pub forced: Option<Choice>,
+    /// What the group of the communicator making the call was built with; None for a
+    /// question about the machine alone (`tpar doctor`, the planner).
+    pub group: Option<&'a GroupFacts>,
+}
+
+/// What one communicator's group was built with, found when it was created: inputs of the
+/// eligibility of each choice beside the machine's topology and findings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupFacts {
+    /// The tpar algorithms the group's backend has kernels for.
+    pub kernels: Vec<Algorithm>,
+    /// Whether host-staged inboxes (pinned host memory mapped into every GPU) were built.
+    pub host_staged: bool,
+    /// Whether every peer's device memory was mapped into this rank's GPU when the group was
+    /// built, or why not (then only host-staged and NCCL run).
+    pub peer_access: std::result::Result<(), String>,
+    /// Lines of one inbox chunk (what the fused kernels' rows must fit).
+    pub payload_lines: usize,
+    /// Where the group's NCCL stands.
+    pub nccl: NcclAvailability,
+}
+
+/// Where a communicator's NCCL stands, as the dispatcher needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NcclAvailability {
+    /// Created, or borrowed from the caller.
+    Ready,
+    /// tpar's own, created at the first call planned for NCCL (collective; never inside
+    /// CUDA-graph capture).
+    AtFirstCall,
+    /// Created with `nccl="none"`: calls planned for NCCL are refused, so that the caller
+    /// keeps them on its own NCCL ([`held`]).
+    NotHeld,
+    /// This group has no NCCL, and why (no library, ranks sharing a GPU, a failed creation).
+    Unavailable(String),
 }
 
 /// The dispatcher's answer for one call: what runs it, and why.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Decision {
     pub choice: Choice,
     pub reason: String,
 }
 
-/// Decides one allreduce. Never returns a choice that cannot run; every error says why.
-pub fn decide(req: &Request) -> Result<Decision> {
+/// Decides one allreduce. Never returns a choice that cannot run or that the request's group
+/// does not hold; every refusal says why, typed.
+pub fn decide(req: &Request) -> Result<Decision, NoDecision> {
     let result = decide_inner(req);
     match &result {
         Ok(p) => log::debug!(
@@ -77,26 +119,35 @@ pub fn decide(req: &Request) -> Result<Decision> {
     result
 }
 
-fn decide_inner(req: &Request) -> Result<Decision> {
+fn decide_inner(req: &Request) -> Result<Decision, NoDecision> {
     if let Some(forced) = req.forced {
-        return match eligibility(req, forced) {
+        return match eligibility(req, forced).and_then(|()| held(req, forced)) {
             Ok(()) => Ok(Decision {
                 choice: forced,
                 reason: "forced (TPAR_ALGO or --algo)".into(),
             }),
-            Err(why) => Err(Error::Unsupported(format!(
-                "the forced algorithm {forced} cannot run here: {why}"
-            ))),
+            Err(refusal) => Err(NoDecision::Forced(refusal)),
         };
     }
+    let decision = choose(req)?;
+    match held(req, decision.choice) {
+        Ok(()) => Ok(decision),
+        Err(refusal) => Err(NoDecision::NotHeld { decision, refusal }),
+    }
+}
+
+/// The dispatcher's choice for a request that forces none: the tuning table's where it can
+/// run, else the built-in rules' (falling back rung by rung, each skip in the reason).
+fn choose(req: &Request) -> Result<Decision, NoDecision> {
     if req.world_size == 1 {
         let choice = Choice::Tpar(Algorithm::OneShot);
-        eligibility(req, choice)?;
+        eligibility(req, choice).map_err(|r| NoDecision::Nothing(vec![r]))?;
         return Ok(Decision {
             choice,
             reason: "one rank: the allreduce is a copy".into(),
         });
     }
+    let mut refusals: Vec<Refusal> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     if let Some(table) = req
         .tuning
@@ -121,7 +172,10 @@ fn decide_inner(req: &Request) -> Result<Decision> {
                         },
                     })
                 }
-                Err(why) => skipped.push(format!("tuned {} skipped: {why}", entry.choice)),
+                Err(why) => {
+                    skipped.push(format!("tuned {} skipped: {why}", entry.choice));
+                    refusals.push(why);
+                }
             }
         }
     }
@@ -171,14 +225,37 @@ fn decide_inner(req: &Request) -> Result<Decision> {
                 let line = format!("{} skipped: {why}", rung.choice);
                 if !skipped.contains(&line) {
                     skipped.push(line);
+                    refusals.push(why);
                 }
             }
         }
     }
-    Err(Error::Unsupported(format!(
-        "no algorithm can run this allreduce: {}",
-        skipped.join("; ")
-    )))
+    Err(NoDecision::Nothing(refusals))
+}
+
+/// The path of a fused call whose allreduce the dispatcher gave to `choice`, in a group whose
+/// inbox chunks hold `payload_lines` lines: the fused kernel where [`fused_eligibility`]
+/// allows, else the allreduce followed by tpar's separate residual + RMSNorm kernel (the same
+/// results to the bit), with the refusal as the reason.
+pub fn decide_fused(
+    choice: Choice,
+    dtype: DType,
+    hidden: usize,
+    payload_lines: usize,
+) -> FusedDecision {
+    match fused_eligibility(choice, dtype, hidden, payload_lines) {
+        Ok(()) => FusedDecision {
+            fused: true,
+            reason: format!(
+                "fused {choice} kernel: {} rows per launch",
+                crate::norm::rows_per_chunk(dtype, hidden, payload_lines)
+            ),
+        },
+        Err(refusal) => FusedDecision {
+            fused: false,
+            reason: format!("allreduce + separate residual/RMSNorm kernel: {refusal}"),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +283,7 @@ mod tests {
             bytes,
             capturing: false,
             forced: None,
+            group: None,
         }
     }
 
@@ -269,6 +347,7 @@ mod tests {
                                         bytes,
                                         capturing,
                                         forced: force,
+                                        group: None,
                                     };
                                     match decide(&req) {
                                         Ok(plan) => {
