@@ -38,6 +38,10 @@ pub fn segment_prefix(token: &str) -> String {
 
 pub const ENV_JOB_TOKEN: &str = "TPAR_JOB_TOKEN";
 
+/// Set to `tpar` in the ranks tpar's own launcher starts: their rendezvous directory is the
+/// launcher's, which it removes after the job (so a rank may leave files there for it).
+pub const ENV_LAUNCHER: &str = "TPAR_LAUNCHER";
+
 /// Where one rank stands in its job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RankEnv {
@@ -130,9 +134,11 @@ impl RankEnv {
         }))
     }
 
-    /// The variables that make a child process this rank.
+    /// The variables that make a child process this rank (tpar's launcher's: they say so in
+    /// [`ENV_LAUNCHER`]).
     pub fn to_vars(&self) -> Vec<(&'static str, String)> {
         vec![
+            (ENV_LAUNCHER, "tpar".to_owned()),
             (ENV_RENDEZVOUS, self.dir.display().to_string()),
             (ENV_JOB_TOKEN, self.token.clone()),
             ("RANK", self.rank.to_string()),
