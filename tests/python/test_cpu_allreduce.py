@@ -232,6 +232,24 @@ def test_a_rank_claimed_by_two_processes_is_named_at_once(tmp_path):
         assert waited < 15, f"waited {waited} s of a 30 s deadline: {outputs}"
 
 
+def test_the_example_refuses_what_it_cannot_run_with_usage_errors():
+    """Issue 30: --world-size 0 exited 0 silently; --device cuda without a GPU divided by 0."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
+    cases = [(["--world-size", "0"], "--world-size 0: give 1 or more")]
+    torch = None
+    try:
+        import torch
+    except ImportError:
+        cases.append((["--device", "cuda"], "needs torch"))
+    if torch is not None and not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "torch sees no CUDA GPU here; run --device cpu"))
+    for args, says in cases:
+        done = subprocess.run(
+            [sys.executable, example, *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and says in done.stderr, (args, done.stdout, done.stderr)
+
+
 def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
     from tpar.adapter import TparAllreduce
 

@@ -40,6 +40,14 @@ pub(crate) enum Place {
     Cuda(usize),
 }
 
+/// A place as torch names a device: "cpu" or "cuda:N".
+pub(crate) fn device_name(place: Place) -> String {
+    match place {
+        Place::Host => "cpu".to_owned(),
+        Place::Cuda(d) => format!("cuda:{d}"),
+    }
+}
+
 /// Which library made an array (operands of one call must come from one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Library {

@@ -362,8 +362,8 @@ impl Comm {
         if o.place != a.place {
             return Err(TparError::new_err(format!(
                 "out is on {} but the input is on {}; they must be on the same device",
-                place_name(o.place),
-                place_name(a.place)
+                arrays::device_name(o.place),
+                arrays::device_name(a.place)
             )));
         }
         if o.dtype != a.dtype || !arrays::same_shape(tensor, out)? {
@@ -463,13 +463,6 @@ fn over_limit(bytes: u64, limit: u64) -> PyErr {
             "tensor of {bytes} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= when creating the Communicator, or reduce larger tensors with torch.distributed"
         ),
     )
-}
-
-fn place_name(place: Place) -> String {
-    match place {
-        Place::Host => "the CPU".to_owned(),
-        Place::Cuda(d) => format!("cuda:{d}"),
-    }
 }
 
 impl Comm {

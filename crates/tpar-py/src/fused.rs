@@ -99,7 +99,7 @@ pub(crate) fn read_operands(
             Some(Err(refusal)) => {
                 return Ok(Err(Refusal {
                     reason: refusal.reason,
-                    message: format!("{name}: {}", refusal.message),
+                    message: named(name, &refusal.message),
                 }))
             }
             None => {
@@ -139,7 +139,11 @@ pub(crate) fn read_operands(
         if a.place != x_array.place {
             return refuse(
                 "device",
-                format!("{name} and x are on different devices; they must be on the same device"),
+                format!(
+                    "{name} is on {} but x is on {}; they must be on the same device",
+                    arrays::device_name(a.place),
+                    arrays::device_name(x_array.place)
+                ),
             );
         }
         if a.dtype != x_array.dtype {
@@ -194,6 +198,18 @@ pub(crate) fn read_operands(
         tokens,
         hidden,
     }))
+}
+
+/// A refusal of one operand in its name: "tensor is not contiguous" of `residual` reads
+/// "residual is not contiguous"; other messages get the name in front.
+fn named(name: &str, message: &str) -> String {
+    match message
+        .strip_prefix("tensor ")
+        .or_else(|| message.strip_prefix("array "))
+    {
+        Some(rest) => format!("{name} {rest}"),
+        None => format!("{name}: {message}"),
+    }
 }
 
 /// Copies `len` bytes from `address`.

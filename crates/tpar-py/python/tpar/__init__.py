@@ -85,17 +85,36 @@ def _cuda_ordinal(device):
     if isinstance(device, int) and not isinstance(device, bool):
         if device < 0:
             raise TparError(f"device={device}: a CUDA ordinal is 0 or more")
-        return device
+        return _existing(torch, device)
     name = str(device)
     if name == "cpu":
         return None
     if name == "cuda":
         return torch.cuda.current_device() if torch is not None else 0
     if name.startswith("cuda:") and name[5:].isdigit():
-        return int(name[5:])
+        return _existing(torch, int(name[5:]))
     raise TparError(
         f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device"
     )
+
+
+def _existing(torch, ordinal: int) -> int:
+    """``ordinal``, or TparError where torch (when the program imported it) sees no such GPU:
+    said before any rank waits for this one."""
+    if torch is None:
+        return ordinal
+    if not torch.cuda.is_available():
+        raise TparError(
+            f"device=cuda:{ordinal}: torch sees no CUDA GPU here (no driver or no device); "
+            "pass device='cpu' for tpar's CPU backend"
+        )
+    count = torch.cuda.device_count()
+    if ordinal >= count:
+        raise TparError(
+            f"device=cuda:{ordinal}: there is no GPU {ordinal}; torch sees {count} CUDA "
+            f"device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return ordinal
 
 
 def _integer(name, value, low=0, allow_none=True, high=1 << 31):
@@ -173,8 +192,9 @@ def _nccl_choice(nccl):
 
 def _group_failure(cause_rank: int, reason: str, failed: int) -> TparError:
     """The one error every rank of a group raises when creating the group's communicator
-    failed somewhere: it names the rank whose failure was the cause, and its reason."""
-    others = f" ({failed - 1} other rank(s) stopped because of it)" if failed > 1 else ""
+    failed somewhere: it names the rank whose failure was the cause, and its reason
+    (``failed``: how many ranks failed for their own reason)."""
+    others = f" (and {failed - 1} more, each for its own reason)" if failed > 1 else ""
     error = TparError(
         f"tpar.Communicator(group=...): group rank {cause_rank} could not create its communicator"
         f"{others}: {reason}"

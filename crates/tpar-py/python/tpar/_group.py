@@ -65,17 +65,17 @@ def host_split(hosts: list[str]) -> tuple[int, str] | None:
 
 
 def first_cause(records: list[dict]) -> tuple[int, str, int] | None:
-    """Of every rank's ``{"reason", "cause"}`` (reason None: it succeeded), the failure that
-    caused the others: ``(rank, reason, how many ranks failed)``, the lowest rank that failed
-    for its own reason first (a rank that stopped because a peer failed names that peer as its
-    cause). None when every rank succeeded."""
+    """Of every rank's ``{"reason", "cause"}`` (reason None: it succeeded; cause: the rank
+    whose failure it was, itself or a peer it heard of), the failure that caused the others:
+    ``(rank, reason, how many ranks failed for their own reason)``, the lowest such rank first.
+    None when every rank succeeded."""
     failed = [(rank, r) for rank, r in enumerate(records) if r.get("reason") is not None]
     if not failed:
         return None
     own = [(rank, r) for rank, r in failed if r.get("cause", rank) == rank]
-    rank, record = (own or failed)[0]
-    cause = record.get("cause", rank)
-    if cause != rank and not own:
-        # Every failing rank heard of the failure from elsewhere: name the rank it came from.
-        return cause, record["reason"], len(failed)
-    return rank, record["reason"], len(failed)
+    if own:
+        rank, record = own[0]
+        return rank, record["reason"], len(own)
+    # Every failing rank heard of the failure from elsewhere: name the rank it came from.
+    rank, record = failed[0]
+    return record["cause"], record["reason"], 1
