@@ -303,8 +303,18 @@ def test_device_names_are_read_like_torch_reads_them():
     from tpar import _cuda_ordinal
 
     assert _cuda_ordinal("cpu") is None
-    assert _cuda_ordinal(3) == 3
-    assert _cuda_ordinal("cuda:2") == 2
+    torch = sys.modules.get("torch")
+    if torch is None:
+        assert _cuda_ordinal(3) == 3 and _cuda_ordinal("cuda:2") == 2
+    elif not torch.cuda.is_available():
+        # Where torch is imported it says at once that a GPU is not there, before any rank waits.
+        with pytest.raises(tpar.TparError, match="device=cuda:3: torch sees no CUDA GPU here"):
+            _cuda_ordinal(3)
+    else:
+        count = torch.cuda.device_count()
+        assert _cuda_ordinal(count - 1) == count - 1
+        with pytest.raises(tpar.TparError, match=f"there is no GPU {count}"):
+            _cuda_ordinal(f"cuda:{count}")
     for bad in ("gpu", "cuda:x", -1, "cuda:"):
         with pytest.raises(tpar.TparError, match="device="):
             _cuda_ordinal(bad)

@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 
 import pytest
+from gloo_worker import GLOO_PREAMBLE
 
 pytest.importorskip(
     "torch",
@@ -24,24 +25,12 @@ pytest.importorskip(
     "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
 )
 
-WORKER = textwrap.dedent(
+WORKER = GLOO_PREAMBLE + textwrap.dedent(
     """
-    import logging, os, sys
-    import torch
-    import torch.distributed as dist
     import tpar
-    from tpar.engines import TparCustomAllreduce, contract
+    from tpar.engines import TparCustomAllreduce
 
-    rank, n, scenario = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["SCENARIO"]
-    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
-    # The engines build their custom allreduce on a gloo group of the tensor-parallel ranks.
-    group = dist.new_group(list(range(n)), backend="gloo")
-
-    records = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-    contract.logger.addHandler(Keep())
+    scenario = os.environ["SCENARIO"]
 
     if scenario == "preflight" and rank == 1:
         # A rank that cannot even try (no CUDA, a missing library): no collective of tpar's.

@@ -26,6 +26,7 @@ import sys
 import textwrap
 
 import pytest
+from gloo_worker import GLOO_PREAMBLE
 
 DEADLINE_S = 30
 # "Disabled within 2 s" (issue 29); a rank that waited for the deadline takes 30.
@@ -46,23 +47,16 @@ FAILURES = textwrap.dedent(
     """
 )
 
-GROUP_WORKER = FAILURES + textwrap.dedent(
-    """
-    import json, logging, os, sys, time
-    import torch
-    import torch.distributed as dist
+GROUP_WORKER = (
+    FAILURES
+    + GLOO_PREAMBLE
+    + textwrap.dedent(
+        """
+    import json, time
     import tpar
-    from tpar.engines import TparCustomAllreduce, contract
+    from tpar.engines import TparCustomAllreduce
 
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     scenario, api = os.environ["SCENARIO"], os.environ["API"]
-    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
-    group = dist.new_group(list(range(n)), backend="gloo")
-    records = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-    contract.logger.addHandler(Keep())
     device = "cpu"
     if rank == n - 1:
         fail_as(scenario)
@@ -87,6 +81,7 @@ GROUP_WORKER = FAILURES + textwrap.dedent(
     print("RESULT", json.dumps(result), flush=True)
     dist.destroy_process_group()
     """
+    )
 )
 
 ENV_WORKER = FAILURES + textwrap.dedent(

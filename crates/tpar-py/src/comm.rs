@@ -792,27 +792,38 @@ impl Comm {
         })
     }
 
-    /// Whether `x`, `residual` and `weight` fit the fused op: None, or `(reason, why)` (the
-    /// one check of the fused operands, the same the call makes; `max_bytes` lowers the
-    /// communicator's limit).
+    /// Whether `x`, `residual` and `weight` fit the fused op here: None, or `(reason, why)`
+    /// (the one check of the fused operands, the same the call makes, and this communicator's
+    /// device and limit; `max_bytes` lowers the limit, for host arrays too).
     #[pyo3(signature = (x, residual, weight, max_bytes=None))]
     fn fused_fit(
         &self,
+        py: Python<'_>,
         x: &Bound<'_, PyAny>,
         residual: &Bound<'_, PyAny>,
         weight: &Bound<'_, PyAny>,
         max_bytes: Option<u64>,
-    ) -> PyResult<Option<(&'static str, String)>> {
+    ) -> PyResult<Option<(String, String)>> {
         guard("fused_fit", || {
-            Ok(match fused::read_operands(x, residual, weight)? {
-                Err(refusal) => Some((refusal.reason, refusal.message)),
-                Ok(op) => match op.place {
-                    Place::Cuda(device) => self
-                        .cuda_refusal(&op.x, device, max_bytes)
-                        .map(|e| ("size", Python::attach(|py| e.value(py).to_string()))),
-                    Place::Host => None,
-                },
-            })
+            let op = match fused::read_operands(x, residual, weight)? {
+                Err(refusal) => return Ok(Some((refusal.reason.to_owned(), refusal.message))),
+                Ok(op) => op,
+            };
+            let refusal = match op.place {
+                Place::Cuda(device) => self.cuda_refusal(&op.x, device, max_bytes),
+                Place::Host => max_bytes
+                    .filter(|m| op.x.bytes() > *m)
+                    .map(|m| over_limit(op.x.bytes(), m)),
+            };
+            refusal
+                .map(|e| {
+                    let value = e.value(py);
+                    Ok((
+                        value.getattr(intern!(py, "reason"))?.extract()?,
+                        value.to_string(),
+                    ))
+                })
+                .transpose()
         })
     }
 
