@@ -150,10 +150,27 @@ def main():
         "--iters", type=int, default=200, help="timed allreduce calls (--device cuda)"
     )
     args = parser.parse_args()
+    for name in ("world_size", "hidden", "ffn", "iters"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: give 1 or more")
+    if args.device == "cuda":
+        try:
+            import torch
+        except ImportError:
+            parser.error(
+                "--device cuda needs torch (pip install torch); --device cpu needs numpy only"
+            )
+        if not torch.cuda.is_available():
+            parser.error(
+                "--device cuda: torch sees no CUDA GPU here; run --device cpu (numpy arrays on "
+                "tpar's CPU backend)"
+            )
     if "TPAR_RENDEZVOUS" in os.environ or "MASTER_PORT" in os.environ:
         if args.device == "cuda":
             return rank_main_cuda(args.hidden, args.ffn, args.iters)
         return rank_main(args.hidden, args.ffn)
+    if args.ffn % args.world_size:
+        parser.error(f"--ffn {args.ffn} does not split over {args.world_size} ranks")
     with tempfile.TemporaryDirectory(prefix="tpar-tp-mlp-") as tmp:
         import socket
 

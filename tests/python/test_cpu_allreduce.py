@@ -174,6 +174,82 @@ def test_the_tensor_parallel_mlp_example_matches_the_unsharded_mlp(n):
     assert f"tp_mlp: {n} ranks" in done.stdout and "max relative error" in done.stdout, done.stdout
 
 
+def test_python_edges_say_what_is_wrong(tmp_path):
+    """Issue 30, defect 6: out of another shape, last_algorithm on the CPU, a meta tensor, a
+    numpy scalar; refusals are TparRefused with a reason code."""
+    token = secrets.token_hex(16)
+    with tpar.Communicator(0, 1, rendezvous=str(tmp_path / "rdv"), token=token) as comm:
+        assert comm.last_algorithm is None
+        with pytest.raises(tpar.TparError, match=r"out is \(2, 4\) f32, the input \(8,\) f32"):
+            comm.all_reduce(np.arange(8, dtype=np.float32), out=np.zeros((2, 4), np.float32))
+        comm.all_reduce(np.ones(4, np.float32), algorithm="two-shot")
+        assert comm.last_algorithm == "two-shot"
+        comm.all_reduce(np.ones(4, np.float32))
+        assert comm.last_algorithm == "one-shot"
+        with pytest.raises(tpar.TparError, match="numpy scalar cannot be reduced in place"):
+            comm.all_reduce(np.float32(1.0))
+        out = np.zeros((), np.float32)
+        assert comm.all_reduce(np.float32(2.5), out=out) is out and out == 2.5
+        with pytest.raises(tpar.TparRefused) as refused:
+            comm.all_reduce(np.ones(4, np.int32))
+        assert refused.value.reason == "dtype" and isinstance(refused.value, tpar.TparError)
+        torch = pytest.importorskip("torch", reason="torch is not installed: the meta tensor case")
+        with pytest.raises(tpar.TparRefused, match="meta device: it has a shape but no data"):
+            comm.all_reduce(torch.empty(4, device="meta"))
+        with pytest.raises(tpar.TparError, match="out must be a torch tensor"):
+            comm.all_reduce(torch.ones(4), out=np.zeros(4, np.float32))
+        with pytest.raises(tpar.TparError, match=r"out is \(2, 2\)"):
+            comm.all_reduce(torch.ones(4), out=torch.zeros(2, 2))
+        assert comm.decision(torch.ones(4))[0] == "one-shot"
+        assert comm.decision(torch.ones(4, dtype=torch.int64))[0] is None
+
+
+def test_a_rank_claimed_by_two_processes_is_named_at_once(tmp_path):
+    """Issue 30, defect 6: two processes passing rank=0 hear "rank 0 was claimed twice", not an
+    OS error, and neither waits out its deadline."""
+    token = secrets.token_hex(16)
+    code = textwrap.dedent(f"""
+        import time, tpar
+        start = time.monotonic()
+        try:
+            tpar.Communicator(0, 2, rendezvous={str(tmp_path / "rdv")!r}, token={token!r}, timeout=30)
+        except tpar.TparError as e:
+            print(f"ERROR {{time.monotonic() - start:.2f}} {{e}}", flush=True)
+    """)
+    first = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    import time
+
+    time.sleep(1.0)
+    second = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    outputs = [p.communicate(timeout=60)[0] for p in (first, second)]
+    for output in outputs:
+        assert "ERROR" in output and "rank 0 was claimed twice" in output, outputs
+        waited = float(output.split("ERROR ")[1].split()[0])
+        assert waited < 15, f"waited {waited} s of a 30 s deadline: {outputs}"
+
+
+def test_the_example_refuses_what_it_cannot_run_with_usage_errors():
+    """Issue 30: --world-size 0 exited 0 silently; --device cuda without a GPU divided by 0."""
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
+    cases = [(["--world-size", "0"], "--world-size 0: give 1 or more")]
+    torch = None
+    try:
+        import torch
+    except ImportError:
+        cases.append((["--device", "cuda"], "needs torch"))
+    if torch is not None and not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], "torch sees no CUDA GPU here; run --device cpu"))
+    for args, says in cases:
+        done = subprocess.run(
+            [sys.executable, example, *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2 and says in done.stderr, (args, done.stdout, done.stderr)
+
+
 def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
     from tpar.adapter import TparAllreduce
 
@@ -191,8 +267,9 @@ def test_the_engine_adapter_answers_like_a_custom_allreduce(tmp_path):
     assert out is not small and np.array_equal(out, small), (
         "one rank: the sum is the input, in a new array"
     )
-    with pytest.raises(tpar.TparError, match="should_custom_ar"):
-        ca.custom_all_reduce(large)
+    # The one contract class: None where should_custom_ar says False, as the engines' own.
+    assert ca.custom_all_reduce(large) is None
+    assert type(ca).__name__ == "TparCustomAllreduce"
     ca.close()
     assert not ca.should_custom_ar(small)
 
@@ -226,8 +303,18 @@ def test_device_names_are_read_like_torch_reads_them():
     from tpar import _cuda_ordinal
 
     assert _cuda_ordinal("cpu") is None
-    assert _cuda_ordinal(3) == 3
-    assert _cuda_ordinal("cuda:2") == 2
+    torch = sys.modules.get("torch")
+    if torch is None:
+        assert _cuda_ordinal(3) == 3 and _cuda_ordinal("cuda:2") == 2
+    elif not torch.cuda.is_available():
+        # Where torch is imported it says at once that a GPU is not there, before any rank waits.
+        with pytest.raises(tpar.TparError, match="device=cuda:3: torch sees no CUDA GPU here"):
+            _cuda_ordinal(3)
+    else:
+        count = torch.cuda.device_count()
+        assert _cuda_ordinal(count - 1) == count - 1
+        with pytest.raises(tpar.TparError, match=f"there is no GPU {count}"):
+            _cuda_ordinal(f"cuda:{count}")
     for bad in ("gpu", "cuda:x", -1, "cuda:"):
         with pytest.raises(tpar.TparError, match="device="):
             _cuda_ordinal(bad)

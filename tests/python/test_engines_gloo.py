@@ -17,6 +17,7 @@ import tempfile
 import textwrap
 
 import pytest
+from gloo_worker import GLOO_PREAMBLE
 
 pytest.importorskip(
     "torch",
@@ -24,24 +25,12 @@ pytest.importorskip(
     "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
 )
 
-WORKER = textwrap.dedent(
+WORKER = GLOO_PREAMBLE + textwrap.dedent(
     """
-    import logging, os, sys
-    import torch
-    import torch.distributed as dist
     import tpar
-    from tpar.engines import TparCustomAllreduce, contract
+    from tpar.engines import TparCustomAllreduce
 
-    rank, n, scenario = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), os.environ["SCENARIO"]
-    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
-    # The engines build their custom allreduce on a gloo group of the tensor-parallel ranks.
-    group = dist.new_group(list(range(n)), backend="gloo")
-
-    records = []
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record)
-    contract.logger.addHandler(Keep())
+    scenario = os.environ["SCENARIO"]
 
     if scenario == "preflight" and rank == 1:
         # A rank that cannot even try (no CUDA, a missing library): no collective of tpar's.
@@ -171,3 +160,56 @@ def test_one_failing_rank_disables_every_rank_with_one_warning(scenario, culprit
         assert _field(lines, "ROUTES") == ["[0, 0, 0, 0, 0, 0] True"], lines
         assert _field(lines, "REDUCED") == [], lines
         assert _field(lines, "DONE") == [""], lines
+
+
+SHUTDOWN = textwrap.dedent(
+    """
+    import os
+    import torch
+    import torch.distributed as dist
+    from tpar.engines import TparCustomAllreduce
+
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
+    group = dist.new_group(list(range(n)), backend="gloo")
+    ca = TparCustomAllreduce(group=group, device=torch.device("cpu"))
+    assert not ca.disabled
+    x = torch.ones(1024)
+    assert ca.should_custom_ar(x) and torch.equal(ca.custom_all_reduce(x), x * n)
+    # What engines do at shutdown, in this order.
+    ca.close()
+    dist.destroy_process_group()
+    del group
+    """
+)
+
+
+def test_close_then_destroy_process_group_exits_cleanly_fifty_times(tmp_path):
+    """Issue 30, defect 7: TparCustomAllreduce.close() then destroy_process_group() on a
+    2-rank gloo group, 50 times over (four jobs at a time): every process exits with 0."""
+    import concurrent.futures
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
+
+    def job(i):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", SHUTDOWN],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env={**env, "RANK": str(r), "WORLD_SIZE": "2", "STORE": str(tmp_path / f"s{i}")},
+            )
+            for r in range(2)
+        ]
+        return [(p.communicate(timeout=180)[0], p.returncode) for p in procs]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(job, range(50)))
+    failed = [
+        (i, r, code, out[-2000:])
+        for i, run in enumerate(runs)
+        for r, (out, code) in enumerate(run)
+        if code != 0
+    ]
+    assert not failed, f"{len(failed)} of 100 processes failed; first: {failed[0]}"

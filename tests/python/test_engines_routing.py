@@ -1,7 +1,8 @@
-"""TparCustomAllreduce's per-call decisions with a stand-in for the tpar communicator that
-records what it is asked: ``should_custom_ar`` follows tpar's plan (a size planned for NCCL
-stays on the engine's NCCL), asks the plan once per (dtype, size, capture state), refuses what
-the engines' own class refuses, and ``custom_all_reduce`` hands tpar a new output tensor.
+"""TparCustomAllreduce's per-call answers with a stand-in for tpar's native communicator that
+records what it is asked: ``should_custom_ar`` asks the call's own decision once per question
+(one crossing into tpar; the cache is the communicator's) and follows it (a size decided for
+NCCL stays on the engine's NCCL), refuses what the engines' own class refuses, and
+``custom_all_reduce`` is one call that makes its output, returning None where the call refuses.
 Needs torch (tensors); skipped with the reason where it is missing."""
 
 from __future__ import annotations
@@ -14,73 +15,81 @@ torch = pytest.importorskip(
     "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
 )
 
+import tpar  # noqa: E402
 from tpar.engines import TparCustomAllreduce  # noqa: E402
 
 
-class PlanningComm:
-    """Plans tpar's one-shot up to 64 KiB, two-shot up to 1 MiB, NCCL above; counts the asks."""
+class DecidingNative:
+    """Decides tpar's one-shot up to 64 KiB, two-shot up to 1 MiB, NCCL above (refused: as with
+    nccl="none"); refuses over max_bytes as the native communicator does; counts the asks."""
 
     def __init__(self):
         self.asked = []
         self.reduced = []
 
+    def _decide(self, tensor, max_bytes):
+        nbytes = tensor.numel() * tensor.element_size()
+        if tensor.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return None, "dtype"
+        if not tensor.is_contiguous():
+            return None, "contiguous"
+        if max_bytes is not None and nbytes > max_bytes:
+            return None, "max-bytes"
+        if nbytes > 1 << 20:
+            return None, "planned for nccl; this communicator was created with nccl=none"
+        return ("one-shot" if nbytes <= 64 << 10 else "two-shot"), "test"
+
+    def decision(self, tensor, algorithm, max_bytes):
+        self.asked.append((tensor.numel() * tensor.element_size(), max_bytes))
+        return self._decide(tensor, max_bytes)
+
+    def all_reduce_new(self, tensor, algorithm, max_bytes):
+        choice, why = self._decide(tensor, max_bytes)
+        if choice is None:
+            raise tpar.TparRefused(why)
+        out = tensor * 2
+        self.reduced.append((tensor, out))
+        return out
+
     def plan(self, nbytes, dtype, capturing):
-        self.asked.append((nbytes, str(dtype), capturing))
         return (
             "one-shot" if nbytes <= 64 << 10 else "two-shot" if nbytes <= 1 << 20 else "nccl"
         ), "test"
 
-    def should_use(self, tensor, max_bytes=None):
-        return True
 
-    def all_reduce(self, tensor, out=None):
-        self.reduced.append((tensor, out))
-        out.copy_(tensor * 2)
-        return out
+class StandIn:
+    """The Communicator around the stand-in native object."""
+
+    def __init__(self):
+        self._comm = DecidingNative()
+        self.rank, self.world_size, self.device = 0, 4, None
+
+    def plan(self, nbytes, dtype="bf16", capturing=False):
+        return self._comm.plan(nbytes, dtype, capturing)
 
     def close(self):
         self.closed = True
 
 
 def enabled_object(max_size=4 << 20):
-    """An enabled object as a successful vote leaves it, on a stand-in communicator."""
-    ca = TparCustomAllreduce.__new__(TparCustomAllreduce)
-    ca.disabled = ca.original_disabled = False
-    ca._IS_CAPTURING = False
-    ca.max_size = max_size
-    ca.comm = PlanningComm()
-    ca._routes = {}
-    ca._cuda = True
-    ca._plan_warned = False
-    ca.device = torch.device("cpu")  # the tensors below live there; the route logic is the same
-    ca.rank, ca.world_size = 0, 4
-    return ca
+    """An enabled object over the stand-in, as tpar.adapter builds one."""
+    return TparCustomAllreduce.from_communicator(StandIn(), max_size=max_size)
 
 
-def test_routes_follow_the_plan_and_are_asked_once_per_size():
+def test_routes_follow_the_calls_decision_and_ask_it_once_per_question():
     ca = enabled_object()
+    native = ca.comm._comm
     bf16 = lambda n: torch.ones(n, dtype=torch.bfloat16)  # noqa: E731
     assert ca.should_custom_ar(bf16(512))  # 1 KiB: one-shot
     assert ca.should_custom_ar(bf16(256 << 10))  # 512 KiB: two-shot
-    assert not ca.should_custom_ar(bf16(1 << 20))  # 2 MiB: planned for NCCL, the engine's
-    assert not ca.should_custom_ar(bf16(4 << 20))  # 8 MiB: over max_size, not even planned
-    for _ in range(3):
-        ca.should_custom_ar(bf16(512))
-    assert [a[0] for a in ca.comm.asked] == [1024, 512 << 10, 2 << 20]
-    with _capturing(ca):
-        assert ca.should_custom_ar(bf16(512))
-    assert ca.comm.asked[-1] == (1024, "torch.bfloat16", True)
-
-
-class _capturing:
-    def __init__(self, ca):
-        self.ca = ca
-
-    def __enter__(self):
-        self.ca._IS_CAPTURING = True
-
-    def __exit__(self, *exc):
-        self.ca._IS_CAPTURING = False
+    assert not ca.should_custom_ar(bf16(1 << 20))  # 2 MiB: decided for NCCL, the engine's
+    assert not ca.should_custom_ar(bf16(4 << 20))  # 8 MiB: over max_size
+    assert [a for a in native.asked] == [
+        (1024, 4 << 20),
+        (512 << 10, 4 << 20),
+        (2 << 20, 4 << 20),
+        (8 << 20, 4 << 20),
+    ], "one question into tpar per call, with the engine's max_size"
 
 
 def test_refuses_what_the_engines_refuse():
@@ -88,6 +97,8 @@ def test_refuses_what_the_engines_refuse():
     assert not ca.should_custom_ar(torch.ones(16, dtype=torch.int32))
     assert not ca.should_custom_ar(torch.ones(0, dtype=torch.float32))
     assert not ca.should_custom_ar(torch.ones(8, 8, dtype=torch.float32).t())
+    assert ca.custom_all_reduce(torch.ones(16, dtype=torch.int32)) is None
+    assert ca.custom_all_reduce(torch.ones(1 << 19, dtype=torch.float32)) is None, "NCCL-sized"
     ca.disabled = True
     assert not ca.should_custom_ar(torch.ones(16, dtype=torch.float32))
     assert ca.custom_all_reduce(torch.ones(16, dtype=torch.float32)) is None
@@ -100,12 +111,13 @@ def test_custom_all_reduce_is_out_of_place_and_never_none_when_routed():
     assert y is not None and y.data_ptr() != x.data_ptr()
     assert torch.equal(x, torch.arange(64, dtype=torch.float32))
     assert torch.equal(y, x * 2)
-    ((given, out),) = ca.comm.reduced
+    ((given, out),) = ca.comm._comm.reduced
     assert given is x and out is y
 
 
 def test_log_line_names_the_route_per_size():
     ca = enabled_object()
+    ca._cuda = True  # the line lists tpar's decisions per size on a GPU
     line = ca.describe()
     assert "rank 0 of 4" in line
     assert (
@@ -114,13 +126,13 @@ def test_log_line_names_the_route_per_size():
     ), line
 
 
-def test_a_failing_plan_keeps_the_size_on_nccl_and_warns_once():
+def test_a_failing_plan_keeps_the_log_line_on_nccl_and_warns_once():
     ca = enabled_object()
+    ca._cuda = True
 
     def broken(*args):
         raise RuntimeError("no plan (test)")
 
     ca.comm.plan = broken
-    assert not ca.should_custom_ar(torch.ones(16, dtype=torch.float32))
-    assert not ca.should_custom_ar(torch.ones(32, dtype=torch.float32))
+    assert "engine NCCL" in ca.describe()
     assert ca._plan_warned

@@ -246,10 +246,10 @@ def test_sglang_fused_entry_runs_tpars_fused_op(sglang_path):
         assert "takes tpar's fused allreduce + RMSNorm" in err, err[-2000:]
         assert (
             "Gemma's fp32 gamma" in err
-            and "over tpar's max_size" in err
+            and "over the limit of 1024 bytes" in err
             and "is not an enabled tpar one" in err
         ), err[-3000:]
-        assert err.count("over tpar's max_size") == 1, err[-3000:]
+        assert err.count("over the limit of 1024 bytes") == 1, err[-3000:]
     # Both ranks hold the same bits.
     assert [line.split("digest=")[1] for line in case_lines[0]] == [
         line.split("digest=")[1] for line in case_lines[1]

@@ -357,8 +357,8 @@ fn time_pass(
     };
     let norms = match (reduce, captured) {
         (Reduce::With(_, Norms::Fused), Some(choice)) => {
-            let path = group.comms[0].cuda().fused_plan(
-                choice.algorithm(),
+            let path = group.comms[0].fused_decision(
+                choice,
                 dtype,
                 settings.model.hidden as usize,
                 Some(settings.tokens as usize),

@@ -173,6 +173,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             bytes,
             capturing: true,
             forced,
+            group: None,
         };
         plans.push(match decide(&req) {
             Ok(p) => SizeDecision {
@@ -263,6 +264,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
                 bytes: 0,
                 capturing: false,
                 forced: None,
+                group: None,
             },
             choice,
         );

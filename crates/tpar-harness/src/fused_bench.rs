@@ -252,9 +252,8 @@ pub fn selftest(
                     });
                     continue;
                 }
-                let path = group.comms[0]
-                    .cuda()
-                    .fused_plan(Some(algorithm), dtype, hidden, None);
+                let path =
+                    group.comms[0].fused_decision(Choice::Tpar(algorithm), dtype, hidden, None);
                 let path_name = if path.fused { "fused" } else { "unfused" };
                 for in_place in [false, true] {
                     let placement = if in_place { "in place" } else { "out of place" };
@@ -459,6 +458,15 @@ pub fn time_case(
     let mut bufs = buffers(group, &case)?;
     upload(group, &bufs, &case)?;
     let count = tokens * hidden;
+    // The fused variant runs the fused kernel wherever it can run (where it cannot, the call
+    // runs the allreduce and the separate norm kernel, and the row says so by its time).
+    let fused = tpar::dispatch::fused_eligibility(
+        Choice::Tpar(algorithm),
+        dtype,
+        hidden,
+        group.comms[0].cuda().payload_lines(),
+    )
+    .is_ok();
     let mut rows = Vec::new();
     for &variant in variants {
         let one = |group: &CudaRanks,
@@ -480,7 +488,7 @@ pub fn time_case(
                     cuda.unfused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?
                 }
                 _ => {
-                    cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, s)?;
+                    cuda.fused_add_rms_norm(spans(b, &case, false)?, algorithm, fused, s)?;
                 }
             }
             Ok(())
@@ -598,9 +606,7 @@ pub fn measure(
                 device = group.comms[0].cuda().context().name().unwrap_or_default();
                 driver_version = driver::driver_version()?;
             }
-            let path = group.comms[0]
-                .cuda()
-                .fused_plan(Some(algorithm), dtype, hidden, None);
+            let path = group.comms[0].fused_decision(Choice::Tpar(algorithm), dtype, hidden, None);
             if !path.fused {
                 return Err(Error::Unsupported(format!(
                     "the fused op on {algorithm} would not run fused: {}",

@@ -28,11 +28,26 @@ impl Rank {
     }
 
     /// Keeps `text` (the table so far) where the launcher prints it if the job is
-    /// interrupted; replaced whole each time, so a reader never sees half of it.
+    /// interrupted; replaced whole each time, so a reader never sees half of it. Only under
+    /// tpar's own launcher, which removes its directory after the job: an outside launcher's
+    /// directory is the user's, where the file would stay behind. Private (0600) like the
+    /// rendezvous records beside it.
     pub fn save_partial(&self, text: &str) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        if std::env::var_os(tpar::rendezvous::ENV_LAUNCHER).is_none() {
+            return;
+        }
         let dir = &self.rendezvous.env().dir;
         let tmp = dir.join(format!("{PARTIAL_FILE}.tmp"));
-        if std::fs::write(&tmp, text).is_ok() {
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(text.as_bytes()));
+        if written.is_ok() {
             let _ = std::fs::rename(&tmp, dir.join(PARTIAL_FILE));
         }
     }

@@ -198,7 +198,7 @@ pub fn run_fused(
             not_measured.push(format!("{algorithm}: {why}"));
             continue;
         }
-        let path = cuda.fused_plan(Some(algorithm), dtype, hidden, None);
+        let path = group.comms[0].fused_decision(Choice::Tpar(algorithm), dtype, hidden, None);
         if !path.fused {
             not_measured.push(format!("{algorithm}: {}", path.reason));
             continue;
@@ -370,8 +370,8 @@ mod tests {
         );
         // The plan then never fuses at 64 tokens on this machine, and does at 1.
         let at = |tokens| {
-            tpar::norm::plan(
-                Some(Algorithm::OneShot),
+            tpar::dispatch::decide_fused(
+                Choice::Tpar(Algorithm::OneShot),
                 DType::Bf16,
                 8192,
                 65536,

@@ -1,10 +1,16 @@
-//! The fused allreduce + residual add + RMSNorm for Python (issue 15): the checks of the
-//! operands' addresses that both paths share, and the CPU path, which is the CPU backend's
-//! allreduce followed by `tpar::norm`'s reference (the arithmetic the GPU kernels match bit for
-//! bit), so that a machine with no GPU runs the op with the same semantics end to end.
+//! The fused allreduce + residual add + RMSNorm for Python (issue 15): the one check of the
+//! operands (what `fused_fit` answers and every fused call makes: one library, device and
+//! dtype, `x` and `residual` of one shape `(..., hidden)`, `weight` of `(hidden,)`, then the
+//! addresses and their aliasing), and the CPU path, which is the CPU backend's allreduce
+//! followed by `tpar::norm`'s reference (the arithmetic the GPU kernels match bit for bit), so
+//! that a machine with no GPU runs the op with the same semantics end to end.
+
+use pyo3::prelude::*;
 
 use tpar::norm;
 use tpar::{Algorithm, CpuCommunicator};
+
+use crate::arrays::{self, Array, Place, Refusal};
 
 /// One call's operands as the Python package passes them (the library's [`FusedCall`]):
 /// addresses of contiguous buffers of `dtype` (`weight`: `hidden` elements; the others
@@ -66,6 +72,143 @@ impl OperandChecks for Operands {
             "fused_add_rms_norm: an output overlaps weight; give the outputs their own buffers",
         )?;
         Ok(true)
+    }
+}
+
+/// The fused op's arrays, read and fitted to each other.
+pub(crate) struct FusedArrays {
+    pub x: Array,
+    pub residual: Array,
+    pub weight: Array,
+    pub place: Place,
+    pub tokens: usize,
+    pub hidden: usize,
+}
+
+/// Reads `x`, `residual` and `weight` and checks that they fit one fused call (the reason
+/// codes are the ones engines log a decline by).
+pub(crate) fn read_operands(
+    x: &Bound<'_, PyAny>,
+    residual: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+) -> PyResult<Result<FusedArrays, Refusal>> {
+    let mut read = Vec::with_capacity(3);
+    for (name, array) in [("x", x), ("residual", residual), ("weight", weight)] {
+        match arrays::describe(array)? {
+            Some(Ok(a)) => read.push(a),
+            Some(Err(refusal)) => {
+                return Ok(Err(Refusal {
+                    reason: refusal.reason,
+                    message: named(name, &refusal.message),
+                }))
+            }
+            None => {
+                return Ok(Err(Refusal {
+                    reason: "kind",
+                    message: format!(
+                        "{name} is a {}: pass torch tensors or numpy arrays",
+                        array.get_type().name()?
+                    ),
+                }))
+            }
+        }
+    }
+    let weight_array = read.pop().expect("three arrays");
+    let residual_array = read.pop().expect("three arrays");
+    let x_array = read.pop().expect("three arrays");
+    let refuse = |reason, message: String| Ok(Err(Refusal { reason, message }));
+    let type_name = |o: &Bound<'_, PyAny>| {
+        o.get_type()
+            .name()
+            .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+    };
+    for (name, a, object) in [
+        ("residual", &residual_array, residual),
+        ("weight", &weight_array, weight),
+    ] {
+        if a.library != x_array.library {
+            return refuse(
+                "kind",
+                format!(
+                    "{name} is a {} but x is a {}; pass one kind",
+                    type_name(object),
+                    type_name(x)
+                ),
+            );
+        }
+        if a.place != x_array.place {
+            return refuse(
+                "device",
+                format!(
+                    "{name} is on {} but x is on {}; they must be on the same device",
+                    arrays::device_name(a.place),
+                    arrays::device_name(x_array.place)
+                ),
+            );
+        }
+        if a.dtype != x_array.dtype {
+            return refuse(
+                "mixed",
+                format!(
+                    "{name} is {} but x is {}; all operands must have one dtype (e.g. not Gemma's fp32 gamma beside 16-bit activations)",
+                    a.dtype, x_array.dtype
+                ),
+            );
+        }
+    }
+    let shape: Vec<usize> = x.getattr("shape")?.extract()?;
+    let Some(&hidden) = shape.last() else {
+        return refuse(
+            "shape",
+            "x is a scalar; give it the shape (tokens, hidden)".to_owned(),
+        );
+    };
+    if !arrays::same_shape(x, residual)? {
+        return refuse(
+            "shapes",
+            format!(
+                "residual has shape {} but x has {}; they must match",
+                arrays::shape_text(residual),
+                arrays::shape_text(x)
+            ),
+        );
+    }
+    let weight_shape: Vec<usize> = weight.getattr("shape")?.extract()?;
+    if weight_shape != [hidden] {
+        return refuse(
+            "shapes",
+            format!(
+                "weight has shape {}; it must be ({hidden},), the hidden size of x",
+                arrays::shape_text(weight)
+            ),
+        );
+    }
+    let tokens: usize = shape[..shape.len() - 1].iter().product();
+    if hidden == 0 && tokens > 0 {
+        return refuse(
+            "shape",
+            "x has a hidden size of 0; its last dimension is the hidden size".to_owned(),
+        );
+    }
+    Ok(Ok(FusedArrays {
+        place: x_array.place,
+        x: x_array,
+        residual: residual_array,
+        weight: weight_array,
+        tokens,
+        hidden,
+    }))
+}
+
+/// A refusal of one operand in its name: "tensor is not contiguous" of `residual` reads
+/// "residual is not contiguous"; other messages get the name in front.
+fn named(name: &str, message: &str) -> String {
+    match message
+        .strip_prefix("tensor ")
+        .or_else(|| message.strip_prefix("array "))
+    {
+        Some(rest) => format!("{name} {rest}"),
+        None => format!("{name}: {message}"),
     }
 }
 

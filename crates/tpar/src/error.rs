@@ -111,6 +111,27 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
 
+    /// The dispatcher's typed refusal of a call (`dispatch::NoDecision`): `choice` names the
+    /// one the call needed, where there was one (forced, or chosen but not held here),
+    /// `reason` is the refusal's code (`dispatch::Reason::code`), so that callers can route
+    /// the call elsewhere (the Python edge raises it as `tpar.TparRefused`).
+    #[error("unsupported: {message}")]
+    Refused {
+        choice: Option<&'static str>,
+        reason: &'static str,
+        message: String,
+    },
+
+    /// A peer failed to create its side of a communicator and said so in the rendezvous
+    /// (see `Rendezvous::abort`): `reason` is its own error, `cause` the rank whose failure
+    /// started it (the peer itself, or a rank it heard of).
+    #[error("rank {cause} could not create its communicator: {reason}{relayed}", relayed = if cause == peer { String::new() } else { format!(" (heard from rank {peer})") })]
+    PeerFailed {
+        peer: usize,
+        cause: usize,
+        reason: String,
+    },
+
     /// The launcher could not start or finish its ranks.
     #[error("launcher: {0}")]
     Launch(String),

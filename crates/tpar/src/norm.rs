@@ -84,7 +84,9 @@ pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usiz
 }
 
 /// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
-/// residual + RMSNorm kernel (same results to the bit), and why.
+/// residual + RMSNorm kernel (same results to the bit), and why. Decided by
+/// `dispatch::decide_fused` (the fused kernel's eligibility is the dispatcher's, with the
+/// numbers of this module).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FusedDecision {
     pub fused: bool,
@@ -103,7 +105,7 @@ pub const fn has_fused_kernel(algorithm: Algorithm) -> bool {
 
 /// Which of the two paths a fused call takes where both can run (the fused kernel, and the
 /// allreduce followed by the separate norm kernel): they give the same bits, so only speed
-/// decides.
+/// decides (`dispatch::decide_fused`).
 #[derive(Clone, Copy, Debug)]
 pub enum Prefer<'a> {
     /// The fused kernel wherever it can run: what benchmarks, `tpar tune` and the self-tests
@@ -119,65 +121,9 @@ pub enum Prefer<'a> {
     },
 }
 
-/// The path for a call that the dispatcher sends to tpar's `algorithm` (`None`: NCCL), where
-/// `prefer` decides between the two paths when both can run.
-pub fn plan(
-    algorithm: Option<Algorithm>,
-    dtype: DType,
-    hidden: usize,
-    payload_lines: usize,
-    prefer: Prefer,
-) -> FusedDecision {
-    let unfused = |why: String| FusedDecision {
-        fused: false,
-        reason: format!("allreduce + separate residual/RMSNorm kernel: {why}"),
-    };
-    match algorithm {
-        None => unfused("the allreduce goes to NCCL".to_owned()),
-        Some(_) if hidden > MAX_HIDDEN => unfused(format!(
-            "hidden {hidden} is above the fused kernel's {MAX_HIDDEN}"
-        )),
-        Some(_) if payload_lines % 2 != 0 => {
-            unfused("the inbox slots are not 16-byte aligned (odd payload lines)".to_owned())
-        }
-        Some(_) if rows_per_chunk(dtype, hidden, payload_lines) == 0 => unfused(format!(
-            "one row of {hidden} {dtype} does not fit a chunk of {payload_lines} lines"
-        )),
-        Some(Algorithm::OneShotPull) => unfused(
-            "no fused pull kernel: one that gave each row a block (93012b5) was slower than the pull and \
-             this kernel at 1 and 32 tokens on one H200 (bench/README.md, \"Fourth session\")"
-                .to_owned(),
-        ),
-        Some(a) if !has_fused_kernel(a) => unfused(format!("{a} has no fused kernel")),
-        Some(a) => {
-            let fused = FusedDecision {
-                fused: true,
-                reason: format!(
-                    "fused {a} kernel: {} rows per launch",
-                    rows_per_chunk(dtype, hidden, payload_lines)
-                ),
-            };
-            match prefer {
-                Prefer::Fused => fused,
-                Prefer::Faster {
-                    world_size,
-                    tokens,
-                    measured,
-                } => match faster_path(a, dtype, hidden, world_size, tokens, measured) {
-                    (true, why) => FusedDecision {
-                        reason: format!("{}; {why}", fused.reason),
-                        ..fused
-                    },
-                    (false, why) => unfused(why),
-                },
-            }
-        }
-    }
-}
-
 /// Whether the fused kernel is the faster path for `tokens` rows of `hidden` on `world_size`
 /// ranks on `algorithm`, and why: measured where the table covers it, else the built-in rule.
-fn faster_path(
+pub fn faster_path(
     algorithm: Algorithm,
     dtype: DType,
     hidden: usize,
@@ -455,6 +401,8 @@ pub fn fused_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Choice;
+    use crate::dispatch::decide_fused;
 
     fn bytes(dtype: DType, values: &[f32]) -> Vec<u8> {
         let mut b = vec![0u8; values.len() * dtype.size()];
@@ -514,54 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn every_shape_has_a_path_and_says_why() {
-        for algorithm in [None]
-            .into_iter()
-            .chain(Algorithm::ALL.into_iter().map(Some))
-        {
-            for dtype in DType::ALL {
-                for hidden in [1, 7, 2048, 4096, 5120, 7168, 8192, 16383, 16384, 20000] {
-                    let p = plan(algorithm, dtype, hidden, 65536, Prefer::Fused);
-                    assert!(!p.reason.is_empty());
-                    // One-shot, two-shot and host-staged have a fused kernel; NCCL has none.
-                    let expect_fused =
-                        algorithm.is_some_and(has_fused_kernel) && hidden <= MAX_HIDDEN;
-                    assert_eq!(
-                        p.fused, expect_fused,
-                        "{algorithm:?} {dtype} {hidden}: {p:?}"
-                    );
-                }
-            }
-        }
-        let odd = plan(
-            Some(Algorithm::OneShot),
-            DType::Bf16,
-            8192,
-            65535,
-            Prefer::Fused,
-        );
-        assert!(!odd.fused && odd.reason.contains("aligned"), "{odd:?}");
-        let two_shot = plan(
-            Some(Algorithm::TwoShot),
-            DType::Bf16,
-            8192,
-            65536,
-            Prefer::Fused,
-        );
-        assert_eq!(two_shot.reason, "fused two-shot kernel: 16 rows per launch");
-        let pull = plan(
-            Some(Algorithm::OneShotPull),
-            DType::Bf16,
-            8192,
-            65536,
-            Prefer::Fused,
-        );
-        assert!(
-            !pull.fused && pull.reason.contains("no fused pull kernel"),
-            "{pull:?}"
-        );
-        let nccl = plan(None, DType::Bf16, 8192, 65536, Prefer::Fused);
-        assert!(!nccl.fused && nccl.reason.contains("NCCL"), "{nccl:?}");
+    fn launches_carry_whole_rows_within_the_slot_and_the_exchange_lines() {
         assert_eq!(rows_per_chunk(DType::Bf16, 8192, 65536), 16);
         assert_eq!(rows_per_chunk(DType::F32, 16384, 65536), 4);
         // Short rows: the exchange lines bound a launch before the slot does.
@@ -588,7 +489,15 @@ mod tests {
 
     #[test]
     fn without_a_table_the_built_in_rule_never_fuses_where_the_kernel_measured_slower() {
-        let at = |a, n, tokens| plan(Some(a), DType::Bf16, 8192, 65536, faster(n, tokens, None));
+        let at = |a, n, tokens| {
+            decide_fused(
+                Choice::Tpar(a),
+                DType::Bf16,
+                8192,
+                65536,
+                faster(n, tokens, None),
+            )
+        };
         // bench/README.md "Fifth session": fused faster at these (one H200, bf16, 8192).
         for (a, n, tokens) in [
             (Algorithm::OneShot, 2, 1),
@@ -614,8 +523,8 @@ mod tests {
             assert!(p.reason.contains("tpar tune"), "{p:?}");
         }
         // Where the kernel cannot run, the preference changes nothing.
-        let pull = plan(
-            Some(Algorithm::OneShotPull),
+        let pull = decide_fused(
+            Choice::Tpar(Algorithm::OneShotPull),
             DType::Bf16,
             8192,
             65536,
@@ -646,8 +555,8 @@ mod tests {
             ],
         };
         let at = |tokens| {
-            plan(
-                Some(Algorithm::OneShot),
+            decide_fused(
+                Choice::Tpar(Algorithm::OneShot),
                 DType::Bf16,
                 8192,
                 65536,
@@ -665,8 +574,8 @@ mod tests {
         // Above the largest measured, where it was faster: the built-in rule decides.
         assert!(!at(256).fused && at(256).reason.contains("Fifth session"));
         // Another algorithm: nothing measured, the built-in rule.
-        let two = plan(
-            Some(Algorithm::TwoShot),
+        let two = decide_fused(
+            Choice::Tpar(Algorithm::TwoShot),
             DType::Bf16,
             8192,
             65536,

@@ -8,6 +8,12 @@
 //! - `TPAR_JOB_TOKEN`: the job's secret token, the same for every rank (8 to 128 characters of
 //!   `[A-Za-z0-9_-]`; e.g. `openssl rand -hex 16`);
 //! - `RANK`, `WORLD_SIZE`, and optionally `LOCAL_RANK`, `LOCAL_WORLD_SIZE` (torchrun's names).
+//!
+//! A rank that fails to create a communicator says so in the directory ([`Rendezvous::abort`]:
+//! an abort record with its reason, for the creation it was in), and every rank waiting in a
+//! gather of the same creation stops at its next look (within about 10 ms) with
+//! [`Error::PeerFailed`] naming the rank whose failure was the cause, instead of waiting out
+//! its deadline.
 
 use std::collections::HashMap;
 use std::fs;
@@ -31,6 +37,10 @@ pub fn segment_prefix(token: &str) -> String {
 }
 
 pub const ENV_JOB_TOKEN: &str = "TPAR_JOB_TOKEN";
+
+/// Set to `tpar` in the ranks tpar's own launcher starts: their rendezvous directory is the
+/// launcher's, which it removes after the job (so a rank may leave files there for it).
+pub const ENV_LAUNCHER: &str = "TPAR_LAUNCHER";
 
 /// Where one rank stands in its job.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,9 +134,11 @@ impl RankEnv {
         }))
     }
 
-    /// The variables that make a child process this rank.
+    /// The variables that make a child process this rank (tpar's launcher's: they say so in
+    /// [`ENV_LAUNCHER`]).
     pub fn to_vars(&self) -> Vec<(&'static str, String)> {
         vec![
+            (ENV_LAUNCHER, "tpar".to_owned()),
             (ENV_RENDEZVOUS, self.dir.display().to_string()),
             (ENV_JOB_TOKEN, self.token.clone()),
             ("RANK", self.rank.to_string()),
@@ -250,6 +262,18 @@ struct Record<T> {
     value: T,
 }
 
+/// What a rank that failed to create a communicator leaves for its peers.
+#[derive(Serialize, Deserialize)]
+struct AbortNote {
+    /// The creation it failed in ([`Rendezvous`]'s `creation`): peers of another creation
+    /// ignore it.
+    creation: u32,
+    pid: u32,
+    /// The rank whose failure started it (itself, or a rank it heard of).
+    cause: usize,
+    reason: String,
+}
+
 /// A rank's handle on the job's rendezvous directory, or on a subgroup of the job's ranks
 /// (see [`Rendezvous::subgroup`]).
 #[derive(Clone, Debug)]
@@ -264,6 +288,10 @@ pub struct Rendezvous {
     namespace: String,
     /// The job's ranks in this group, in group-rank order (0..world for the whole job).
     members: Vec<usize>,
+    /// Communicators this process had created in this group when this handle was made: the
+    /// same number on every rank that creates its communicators in the same order, so it names
+    /// one creation in abort records.
+    creation: u32,
 }
 
 /// An optional check asked while waiting for peers (see [`Rendezvous::with_interrupt`]).
@@ -292,6 +320,13 @@ fn creation_counter() -> &'static Mutex<HashMap<GroupRank, u32>> {
     COUNTERS.get_or_init(Default::default)
 }
 
+/// The last round each rank of each group gathered in this process (see
+/// [`Rendezvous::retire_previous_round`]).
+fn previous_rounds() -> &'static Mutex<HashMap<GroupRank, String>> {
+    static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
+    PREVIOUS.get_or_init(Default::default)
+}
+
 /// A short, stable name for a subgroup: FNV-1a of its member list.
 fn members_hash(members: &[usize]) -> u64 {
     crate::hash::fnv1a(members.iter().flat_map(|m| (*m as u64).to_le_bytes()))
@@ -302,12 +337,15 @@ impl Rendezvous {
         check_token(&env.token)?;
         ensure_private_dir(&env.dir)?;
         let members = (0..env.world_size).collect();
-        Ok(Rendezvous {
+        let mut rdv = Rendezvous {
             interrupt: Interrupt::default(),
             env,
             namespace: String::new(),
             members,
-        })
+            creation: 0,
+        };
+        rdv.creation = rdv.created_so_far();
+        Ok(rdv)
     }
 
     /// The group of the job's ranks `members` (job ranks, each once, this rank among them),
@@ -342,7 +380,7 @@ impl Rendezvous {
                 ))
             })?;
         let whole = members.len() == self.members.len() && members == self.members.as_slice();
-        Ok(Rendezvous {
+        let mut group = Rendezvous {
             interrupt: self.interrupt.clone(),
             env: RankEnv {
                 rank,
@@ -358,7 +396,10 @@ impl Rendezvous {
                 format!("m{:016x}-", members_hash(members))
             },
             members: members.to_vec(),
-        })
+            creation: 0,
+        };
+        group.creation = group.created_so_far();
+        Ok(group)
     }
 
     /// This rendezvous with `check` asked every ~10 ms while it waits for peers: when it says
@@ -403,6 +444,12 @@ impl Rendezvous {
         let instance = format!("g{n}");
         *n += 1;
         instance
+    }
+
+    /// How many communicators this process has created in this group so far.
+    fn created_so_far(&self) -> u32 {
+        let counters = creation_counter().lock().expect("creation counter");
+        counters.get(&self.group_rank()).copied().unwrap_or(0)
     }
 
     /// This rank of this group of this job, as the key of the process's per-group state.
@@ -479,15 +526,79 @@ impl Rendezvous {
         Ok(values)
     }
 
+    /// Tells the peers that this rank failed to create the communicator this handle was made
+    /// for, with `error` as the reason (or, where `error` is a peer's failure, that peer's),
+    /// and returns the error to raise here. Peers waiting in a gather of the same creation
+    /// stop at once with [`Error::PeerFailed`]. A rank claimed by two processes (the second
+    /// finds the first's shared memory) is named as such.
+    pub fn abort(&self, error: Error) -> Error {
+        let error = match error {
+            Error::SharedMemory { name, what: "create", source, .. }
+                if source.kind() == std::io::ErrorKind::AlreadyExists =>
+            {
+                Error::Environment(format!(
+                    "rank {rank} was claimed twice: shared memory {name} of rank {rank} already exists, made by another process of this job that also took rank {rank} (or left by one that crashed); give every process its own rank (RANK or rank= from 0 to {})",
+                    self.env.world_size - 1,
+                    rank = self.env.rank
+                ))
+            }
+            other => other,
+        };
+        let (cause, reason) = match &error {
+            Error::PeerFailed { cause, reason, .. } => (*cause, reason.clone()),
+            other => (self.env.rank, other.to_string()),
+        };
+        let note = AbortNote {
+            creation: self.creation,
+            pid: std::process::id(),
+            cause,
+            reason,
+        };
+        // Best effort: a rank that cannot write here leaves its peers to their deadline.
+        let _ = self.publish("abort", &note);
+        error
+    }
+
+    /// The abort record a peer left for this creation, as the error to stop with: a missing
+    /// rank's, or another process's that claimed this rank too.
+    fn aborted(&self, missing: &[usize]) -> Option<Error> {
+        let me = self.env.rank;
+        missing.iter().copied().chain([me]).find_map(|rank| {
+            let bytes = fs::read(self.path("abort", rank)).ok()?;
+            let record: Record<AbortNote> = serde_json::from_slice(&bytes).ok()?;
+            let note = record.value;
+            let ours = record.token == self.env.token
+                && note.creation == self.creation
+                && (rank != me || note.pid != std::process::id());
+            ours.then_some(Error::PeerFailed {
+                peer: rank,
+                cause: note.cause,
+                reason: note.reason,
+            })
+        })
+    }
+
+    /// Removes this rank's record of the last round it gathered in this group, which the
+    /// next round would have retired. Call it only once every rank is known to have passed
+    /// that round (e.g. after a collective of the communicator it created), so that a
+    /// finished creation leaves nothing in the directory.
+    pub fn retire_last_round(&self) {
+        if let Some(last) = previous_rounds()
+            .lock()
+            .expect("previous round")
+            .remove(&self.group_rank())
+        {
+            self.retire(&last);
+        }
+    }
+
     /// Every rank of a group makes the same rounds (publish, then gather) in the same order,
     /// so once every rank has published `key`, every rank has finished gathering the round
     /// before it: this rank's record of that round is never read again and is removed here.
     /// A long-lived job keeps one record per rank and group, not one per round of every
     /// communicator it ever created.
     fn retire_previous_round(&self, key: &str) {
-        static PREVIOUS: OnceLock<Mutex<HashMap<GroupRank, String>>> = OnceLock::new();
-        let previous = PREVIOUS
-            .get_or_init(Default::default)
+        let previous = previous_rounds()
             .lock()
             .expect("previous round")
             .insert(self.group_rank(), key.to_owned());
@@ -564,6 +675,9 @@ impl Rendezvous {
                     phase: key.to_owned(),
                     foreign,
                 });
+            }
+            if let Some(failed) = self.aborted(&missing) {
+                return Err(failed);
             }
             if self.interrupt.0.as_ref().is_some_and(|stop| stop()) {
                 return Err(Error::Interrupted {
@@ -784,6 +898,91 @@ mod tests {
         rdv.publish("k", &1u8).unwrap();
         let meta = fs::metadata(dir.join("k.0.json")).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_rank_that_fails_stops_its_peers_gathers_at_once_naming_the_cause() {
+        let dir = temp_dir("abort");
+        let token = random_token().unwrap();
+        let waiting = {
+            let e = env(&dir, &token, 0, 3);
+            std::thread::spawn(move || {
+                let rdv = Rendezvous::join(e).unwrap();
+                rdv.publish("k", &0u8).unwrap();
+                let start = Instant::now();
+                let err = rdv.gather::<u8>("k", Duration::from_secs(30)).unwrap_err();
+                (err, start.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let failing = Rendezvous::join(env(&dir, &token, 2, 3)).unwrap();
+        let raised = failing.abort(Error::InvalidArgument("no such device (test)".into()));
+        assert!(matches!(raised, Error::InvalidArgument(_)), "{raised}");
+        let (err, waited) = waiting.join().unwrap();
+        match &err {
+            Error::PeerFailed {
+                peer: 2,
+                cause: 2,
+                reason,
+            } => assert!(reason.contains("no such device (test)"), "{err}"),
+            other => panic!("unexpected {other}"),
+        }
+        assert!(
+            waited < Duration::from_secs(5),
+            "waited {waited:?} of a 30 s deadline"
+        );
+        assert!(err
+            .to_string()
+            .starts_with("rank 2 could not create its communicator"));
+        // A rank that heard of it passes the first cause on.
+        let relay = Rendezvous::join(env(&dir, &token, 1, 3)).unwrap();
+        let passed = relay.abort(err);
+        assert!(matches!(passed, Error::PeerFailed { cause: 2, .. }));
+        // The next creation (each rank took an instance for the failed one) ignores them.
+        for rank in 0..3 {
+            Rendezvous::join(env(&dir, &token, rank, 3))
+                .unwrap()
+                .next_instance();
+        }
+        let next = Rendezvous::join(env(&dir, &token, 0, 3)).unwrap();
+        next.publish("k2", &0u8).unwrap();
+        let err = next
+            .gather::<u8>("k2", Duration::from_millis(300))
+            .unwrap_err();
+        assert!(matches!(err, Error::RendezvousTimeout { .. }), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_rank_claimed_by_a_second_process_is_named_as_such() {
+        let dir = temp_dir("claimed");
+        let rdv = Rendezvous::join(env(&dir, "this-job-token", 0, 2)).unwrap();
+        let exists = Error::SharedMemory {
+            name: "/tpar-this-job-token-g0-r0".into(),
+            what: "create",
+            source: std::io::Error::from_raw_os_error(libc::EEXIST),
+            hint: String::new(),
+        };
+        let err = rdv.abort(exists).to_string();
+        assert!(err.contains("rank 0 was claimed twice"), "{err}");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_finished_creation_can_retire_its_last_record() {
+        let dir = temp_dir("retire");
+        let rdv = Rendezvous::join(env(&dir, "this-job-token", 0, 1)).unwrap();
+        rdv.barrier("first", Duration::from_secs(1)).unwrap();
+        rdv.barrier("last", Duration::from_secs(1)).unwrap();
+        let left: Vec<_> = fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(
+            left.len(),
+            1,
+            "the round before the last is retired by the last"
+        );
+        rdv.retire_last_round();
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
         fs::remove_dir_all(dir).unwrap();
     }
 }

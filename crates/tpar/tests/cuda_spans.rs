@@ -198,7 +198,17 @@ fn the_fused_op_takes_spans_and_matches_the_cpu_reference() {
                 hidden,
                 eps,
             };
-            comms[r].fused_add_rms_norm(spans, algorithm, s).unwrap();
+            let fused = tpar::dispatch::decide_fused(
+                tpar::dispatch::Choice::Tpar(algorithm),
+                tpar::DType::F32,
+                hidden,
+                comms[r].payload_lines(),
+                tpar::norm::Prefer::Fused,
+            )
+            .fused;
+            comms[r]
+                .fused_add_rms_norm(spans, algorithm, fused, s)
+                .unwrap();
         }
         for r in 0..2 {
             comms[r].synchronize(&streams[r]).unwrap();

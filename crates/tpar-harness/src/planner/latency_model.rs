@@ -118,6 +118,7 @@ pub fn modelled_latency_with(
             bytes,
             capturing: true,
             forced: None,
+            group: None,
         })?;
         let us = if world_size <= 1 {
             0.0

@@ -25,7 +25,6 @@ import os
 import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import warnings
 import weakref
@@ -33,6 +32,7 @@ import weakref
 from ._tpar import Comm as _Comm
 from ._tpar import (  # the harness: `tpar tune` and `tpar selftest` for one rank
     TparError,
+    TparRefused,
     __version__,
     environment,
     tune,
@@ -42,28 +42,26 @@ from ._tpar import (  # the harness: `tpar tune` and `tpar selftest` for one ran
 __all__ = [
     "Communicator",
     "TparError",
+    "TparRefused",
     "__version__",
     "environment",
     "tune",
     "verify",
 ]  # tpar.adapter, tpar.ops: see there
 
-_CPU_ALGORITHMS = ("one-shot", "two-shot")
-_TORCH_DTYPES = {
-    "torch.float32": ("f32", 4),
-    "torch.float16": ("f16", 2),
-    "torch.bfloat16": ("bf16", 2),
-}
-_NUMPY_DTYPES = {"float32": ("f32", 4), "float16": ("f16", 2), "bfloat16": ("bf16", 2)}
+# The names plan() takes for a dtype, besides f32/f16/bf16.
+_DTYPE_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 
-# Live communicators by handle, so that torch.ops.tpar.all_reduce (which takes plain values)
-# can find its communicator.
-_live: weakref.WeakValueDictionary[int, Communicator] = weakref.WeakValueDictionary()
+# Open communicators by handle, so that torch.ops.tpar.all_reduce (which takes plain values)
+# can find its communicator: a weak reference to the native object, dropped when it goes.
+_live: dict[int, weakref.ref] = {}
 _handles = itertools.count(1)
 
 
-def _lookup(handle: int) -> Communicator:
-    comm = _live.get(handle)
+def _native(handle: int):
+    """The native communicator behind ``handle``, or TparError."""
+    ref = _live.get(handle)
+    comm = None if ref is None else ref()
     if comm is None:
         raise TparError(
             f"no open tpar communicator has handle {handle}; it was closed or never created"
@@ -71,38 +69,14 @@ def _lookup(handle: int) -> Communicator:
     return comm
 
 
-def _is_torch(x) -> bool:
-    return type(x).__module__.startswith("torch")
-
-
-def _describe_host(array):
-    """(dtype name, element size, address, element count, writeable) of a C-contiguous numpy
-    array or torch CPU tensor, or TparError saying why it cannot be used."""
-    if _is_torch(array):
-        if not array.is_contiguous():
-            raise TparError("tensor is not contiguous; call .contiguous() first")
-        dtype = _TORCH_DTYPES.get(str(array.dtype))
-        if dtype is None:
-            raise TparError(
-                f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16"
-            )
-        return dtype[0], dtype[1], array.data_ptr(), array.numel(), True
-    if type(array).__module__.startswith("numpy"):
-        if not array.flags["C_CONTIGUOUS"]:
-            raise TparError("array is not C-contiguous; use numpy.ascontiguousarray first")
-        dtype = _NUMPY_DTYPES.get(str(array.dtype))
-        if dtype is None:
-            raise TparError(
-                f"dtype {array.dtype} is not supported; use float32, float16 or bfloat16"
-            )
-        address = array.__array_interface__["data"][0]
-        return dtype[0], dtype[1], address, array.size, bool(array.flags["WRITEABLE"])
-    raise TparError(f"cannot reduce a {type(array).__name__}: pass a torch tensor or a numpy array")
+_lookup = _native  # the name tpar.ops used before it called the native object directly
 
 
 def _cuda_ordinal(device):
     """The CUDA ordinal ``device`` names, or None for the CPU. ``None`` means the current CUDA
     device when torch is imported and sees a GPU, else the CPU."""
+    import sys
+
     torch = sys.modules.get("torch")
     if device is None:
         if torch is not None and torch.cuda.is_available():
@@ -111,17 +85,36 @@ def _cuda_ordinal(device):
     if isinstance(device, int) and not isinstance(device, bool):
         if device < 0:
             raise TparError(f"device={device}: a CUDA ordinal is 0 or more")
-        return device
+        return _existing(torch, device)
     name = str(device)
     if name == "cpu":
         return None
     if name == "cuda":
         return torch.cuda.current_device() if torch is not None else 0
     if name.startswith("cuda:") and name[5:].isdigit():
-        return int(name[5:])
+        return _existing(torch, int(name[5:]))
     raise TparError(
         f"device={device!r}: use None, 'cpu', a CUDA ordinal, 'cuda', 'cuda:N' or a torch.device"
     )
+
+
+def _existing(torch, ordinal: int) -> int:
+    """``ordinal``, or TparError where torch (when the program imported it) sees no such GPU:
+    said before any rank waits for this one."""
+    if torch is None:
+        return ordinal
+    if not torch.cuda.is_available():
+        raise TparError(
+            f"device=cuda:{ordinal}: torch sees no CUDA GPU here (no driver or no device); "
+            "pass device='cpu' for tpar's CPU backend"
+        )
+    count = torch.cuda.device_count()
+    if ordinal >= count:
+        raise TparError(
+            f"device=cuda:{ordinal}: there is no GPU {ordinal}; torch sees {count} CUDA "
+            f"device(s), cuda:0 to cuda:{count - 1}"
+        )
+    return ordinal
 
 
 def _integer(name, value, low=0, allow_none=True, high=1 << 31):
@@ -197,11 +190,28 @@ def _nccl_choice(nccl):
     )
 
 
-def _join_group(group, rank, world_size):
-    """Rendezvous for the ranks of a torch.distributed group: rank 0 of the group makes a
-    private directory and a job token and sends them over the group; tpar's own handles then
-    travel through that directory. Returns (rank, world_size, directory, token, owned dir)."""
+def _group_failure(cause_rank: int, reason: str, failed: int) -> TparError:
+    """The one error every rank of a group raises when creating the group's communicator
+    failed somewhere: it names the rank whose failure was the cause, and its reason
+    (``failed``: how many ranks failed for their own reason)."""
+    others = f" (and {failed - 1} more, each for its own reason)" if failed > 1 else ""
+    error = TparError(
+        f"tpar.Communicator(group=...): group rank {cause_rank} could not create its communicator"
+        f"{others}: {reason}"
+    )
+    error.cause_rank, error.cause = cause_rank, reason
+    return error
+
+
+def _join_group(group, rank, world_size, failure):
+    """The rendezvous of a torch.distributed group's ranks, in one all-gather: every rank's
+    host (a group over several hosts is refused at once, on every rank), rank 0's private
+    directory and job token, and why a rank cannot take part (``failure``: a TparError of its
+    arguments), which every rank then raises, naming that rank. Returns (rank, world_size,
+    directory, token, owned dir)."""
     import torch.distributed as dist
+
+    from . import _group
 
     if not dist.is_initialized():
         raise TparError(
@@ -210,25 +220,58 @@ def _join_group(group, rank, world_size):
     group_rank, group_size = dist.get_rank(group), dist.get_world_size(group)
     if group_rank < 0:
         raise TparError("group=...: this process is not a member of that group")
-    if (rank is not None and rank != group_rank) or (
-        world_size is not None and world_size != group_size
+    if failure is None and (
+        (rank is not None and rank != group_rank)
+        or (world_size is not None and world_size != group_size)
     ):
-        raise TparError(
+        failure = TparError(
             f"rank/world_size ({rank}/{world_size}) disagree with the group ({group_rank}/{group_size})"
         )
     owned = None
-    message = [None]
+    record = {"host": socket.gethostname(), "reason": None if failure is None else str(failure)}
     if group_rank == 0:
         owned = tempfile.mkdtemp(prefix="tpar-group-")
-        message = [(os.path.join(owned, "rdv"), secrets.token_hex(16), socket.gethostname())]
-    dist.broadcast_object_list(message, src=dist.get_global_rank(group, 0), group=group)
-    directory, token, host = message[0]
-    if host != socket.gethostname():
-        raise TparError(
-            f"group=...: rank 0 of the group runs on {host}, this rank on {socket.gethostname()}; "
-            "tpar reduces within one host: pass a group of this host's ranks"
-        )
-    return group_rank, group_size, directory, token, owned
+        record.update(dir=os.path.join(owned, "rdv"), token=secrets.token_hex(16))
+    try:
+        records = _group.gather_records(group, record)
+        split = _group.host_split([r["host"] for r in records])
+        if split is not None:
+            raise _group_failure(split[0], split[1], 1)
+        verdict = _group.first_cause(records)
+        if verdict is not None:
+            raise _group_failure(*verdict)
+    except BaseException:
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+        raise
+    return group_rank, group_size, records[0]["dir"], records[0]["token"], owned
+
+
+def _agree_on_creation(group, comm, failure):
+    """After every rank of a group tried to create its communicator: one all-gather of the
+    outcomes, so that all ranks succeed together or all raise the same error naming the rank
+    whose failure was the cause (its own reason; a rank that stopped because a peer failed
+    says so in ``cause_rank``)."""
+    from . import _group
+
+    record = {"reason": None}
+    if failure is not None:
+        cause_rank = getattr(failure, "cause_rank", None)
+        record = {
+            "reason": getattr(failure, "cause", None) or str(failure),
+            "cause": cause_rank if cause_rank is not None else _group_rank(group),
+        }
+    verdict = _group.first_cause(_group.gather_records(group, record))
+    if verdict is not None:
+        if comm is not None:
+            comm.close()
+        raise _group_failure(*verdict)
+
+
+def _group_rank(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
 
 
 class Communicator:
@@ -243,7 +286,14 @@ class Communicator:
     Every rank must create its communicators in the same order and make the same calls with
     the same sizes and dtypes; a rank that calls differently gets a TparError naming both
     sides, and a rank that stops calling makes the others fail after ``timeout`` seconds
-    naming it. ``max_bytes`` is the largest CUDA tensor :meth:`all_reduce` accepts.
+    naming it. A rank that fails to create its communicator tells the others at once: they
+    stop waiting and raise a TparError naming that rank and its reason (with ``group=``, every
+    rank raises the same error; ``error.cause_rank`` and ``error.cause`` say it).
+    ``max_bytes`` is the largest CUDA tensor :meth:`all_reduce` takes.
+
+    A communicator may be used from any thread (a server's handler threads, an engine's
+    helpers) and dropped on any thread; its calls are ordered as they are issued, as on a
+    stream. Errors are always :class:`TparError`, refusals its subclass :class:`TparRefused`.
 
     Any number of communicators may be open at once in one process, and closed and created
     again (also after an error), as long as every rank creates them in the same order.
@@ -251,12 +301,13 @@ class Communicator:
     the same list; this rank's ``rank`` becomes its index in it); ``group=`` a torch subgroup.
 
     ``nccl`` says what serves calls tpar's dispatcher gives to NCCL (large messages):
-    ``"none"`` (the default, for engines that already hold NCCL: such calls are refused, and
-    :meth:`should_use` says False and :meth:`plan` says so beforehand), ``"own"`` (tpar creates
-    its own NCCL communicator at the first such call, about 0.5 GiB of device memory, counted
-    in :meth:`memory_footprint`), or an existing communicator to borrow: a torch
-    ProcessGroupNCCL or an ``ncclComm_t`` address (int) of the same ranks, from the same
-    libnccl.so.2 tpar loads, alive until this communicator is closed.
+    ``"none"`` (the default, for engines that already hold NCCL: such calls are refused with
+    :class:`TparRefused`, and :meth:`should_use` says False and :meth:`decision` and
+    :meth:`plan` say so beforehand), ``"own"`` (tpar creates its own NCCL communicator at the
+    first such call, about 0.5 GiB of device memory, counted in :meth:`memory_footprint`), or
+    an existing communicator to borrow: a torch ProcessGroupNCCL or an ``ncclComm_t`` address
+    (int) of the same ranks, from the same libnccl.so.2 tpar loads, alive until this
+    communicator is closed.
 
     A call blocked waiting for peers on the CPU backend stops on Ctrl-C with KeyboardInterrupt
     within a fraction of a second; the communicator is unusable afterwards (create a new one
@@ -279,58 +330,77 @@ class Communicator:
         nccl="none",
     ):
         self._comm = None
-        rank = _integer("rank", rank)
-        world_size = _integer("world_size", world_size, low=1)
-        if rank is not None and world_size is not None and rank >= world_size:
+        self.handle = None
+        if group is not None and (
+            members is not None or rendezvous is not None or token is not None
+        ):
             raise TparError(
-                f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}"
+                "pass either group= or members=/rendezvous=/token=, not both (a torch group already "
+                "names its members and carries the rendezvous)"
             )
-        timeout = _seconds("timeout", timeout)
-        chunk_bytes = _integer("chunk_bytes", chunk_bytes, low=64, allow_none=True, high=1 << 30)
-        self.max_bytes = _integer("max_bytes", max_bytes, low=1, high=1 << 62)
-        if token is not None and not isinstance(token, str):
-            raise TparError(f"token={type(token).__name__}: give the job's token as a string")
-        if rendezvous is not None and not isinstance(rendezvous, (str, os.PathLike)):
-            raise TparError(f"rendezvous={rendezvous!r}: give a directory path")
-        if members is not None:
-            if group is not None:
+        # With group=, a rank whose arguments are wrong still meets the others (and they all
+        # raise naming it); without, it raises at once.
+        failure = None
+        try:
+            rank = _integer("rank", rank)
+            world_size = _integer("world_size", world_size, low=1)
+            if rank is not None and world_size is not None and rank >= world_size:
                 raise TparError(
-                    "pass either group= or members=, not both (a torch group already names its members)"
+                    f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}"
                 )
-            members = [_integer("members[]", m, allow_none=False) for m in members]
-        nccl = _nccl_choice(nccl)
+            timeout = _seconds("timeout", timeout)
+            chunk_bytes = _integer(
+                "chunk_bytes", chunk_bytes, low=64, allow_none=True, high=1 << 30
+            )
+            max_bytes = _integer("max_bytes", max_bytes, low=1, high=1 << 62)
+            if token is not None and not isinstance(token, str):
+                raise TparError(f"token={type(token).__name__}: give the job's token as a string")
+            if rendezvous is not None and not isinstance(rendezvous, (str, os.PathLike)):
+                raise TparError(f"rendezvous={rendezvous!r}: give a directory path")
+            if members is not None:
+                members = [_integer("members[]", m, allow_none=False) for m in members]
+            nccl = _nccl_choice(nccl)
+            device = _cuda_ordinal(device)
+        except TparError as error:
+            if group is None:
+                raise
+            failure = error
         owned = None
         if group is not None:
-            if rendezvous is not None or token is not None:
-                raise TparError("pass either group= or rendezvous=/token=, not both")
-            rank, world_size, rendezvous, token, owned = _join_group(group, rank, world_size)
-        self._device = _cuda_ordinal(device)
-        self.nccl = nccl if isinstance(nccl, str) else "borrowed"
-        self.last_algorithm = None
-        self.last_fused_path = None
-        self._capturing = False
-        try:
-            self._comm = _Comm(
-                rank,
-                world_size,
-                None if rendezvous is None else os.fspath(rendezvous),
-                token,
-                timeout,
-                chunk_bytes,
-                self._device,
-                members,
-                nccl,
+            rank, world_size, rendezvous, token, owned = _join_group(
+                group, rank, world_size, failure
             )
+        self.max_bytes = max_bytes
+        self.nccl = nccl if isinstance(nccl, str) else "borrowed"
+        created = None
+        try:
+            try:
+                self._comm = _Comm(
+                    rank,
+                    world_size,
+                    None if rendezvous is None else os.fspath(rendezvous),
+                    token,
+                    timeout,
+                    chunk_bytes,
+                    device,
+                    members,
+                    nccl,
+                    max_bytes,
+                )
+            except TparError as error:
+                if group is None:
+                    raise
+                created = error
             if group is not None:
-                # Every rank has mapped what it needs: the directory can go.
-                self._comm.barrier()
+                _agree_on_creation(group, self._comm, created)
         finally:
             if owned is not None:
+                # Every rank has read what it needs from the directory (it is empty by now).
                 shutil.rmtree(owned, ignore_errors=True)
         for warning in self._comm.warnings:
             warnings.warn(f"tpar: {warning}", RuntimeWarning, stacklevel=2)
         self.handle = next(_handles)
-        _live[self.handle] = self
+        _live[self.handle] = weakref.ref(self._comm, _forget(self.handle))
 
     @property
     def rank(self) -> int:
@@ -343,102 +413,40 @@ class Communicator:
     @property
     def device(self):
         """The CUDA ordinal of this rank's GPU, or None for a CPU-only communicator."""
-        return self._device
+        return self._comm.device
+
+    @property
+    def last_algorithm(self):
+        """What the last call ran: a tpar algorithm or "nccl" (None before the first call)."""
+        return self._comm.last_algorithm
+
+    @property
+    def last_fused_path(self):
+        """``(fused, reason)`` of the last CUDA :meth:`fused_add_rms_norm` (None before one)."""
+        return self._comm.last_fused_path
 
     # -- the call ---------------------------------------------------------------------------
 
     def all_reduce(self, tensor, out=None, *, algorithm=None):
-        """Sums ``tensor`` over all ranks, in place or into ``out`` (same shape and dtype), and
-        returns the tensor holding the result.
+        """Sums ``tensor`` over all ranks, in place or into ``out`` (the same shape, dtype and
+        device), and returns the tensor holding the result.
 
-        A CUDA tensor is reduced on its current stream, without synchronising: the dispatcher
-        picks tpar's kernels or NCCL for its size (``algorithm=`` forces one; one that cannot
-        run is an error), and :attr:`last_algorithm` says what ran. numpy arrays and CPU
-        tensors are reduced through shared memory (``algorithm``: one-shot or two-shot).
-        tpar's own algorithms accumulate in fp32 in rank order, so every rank gets bitwise
-        the same result."""
-        if _is_torch(tensor) and tensor.device.type == "cuda":
-            return self._all_reduce_cuda(tensor, out, algorithm)
-        algorithm = algorithm or "one-shot"
-        if algorithm not in _CPU_ALGORITHMS:
-            raise TparError(
-                f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}"
-            )
-        dtype, _, address, count, writeable = _describe_host(tensor)
-        if out is None:
-            if not writeable:
-                raise TparError("array is read-only; pass out= or a writeable array")
-            self._comm.all_reduce_ptr(dtype, None, address, count, algorithm)
-            return tensor
-        if _is_torch(out) and out.device.type != "cpu":
-            raise TparError(
-                f"out is on {out.device} but the input is on the CPU; they must be on the same device"
-            )
-        out_dtype, _, out_address, out_count, out_writeable = _describe_host(out)
-        if (out_dtype, out_count) != (dtype, count):
-            raise TparError(
-                f"out holds {out_count} {out_dtype} elements, input {count} {dtype}; they must match"
-            )
-        if not out_writeable:
-            raise TparError("out is read-only")
-        self._comm.all_reduce_ptr(dtype, address, out_address, count, algorithm)
-        return out
+        A CUDA tensor is reduced on torch's current stream of its device, without
+        synchronising: the dispatcher picks tpar's kernels or NCCL for its size once
+        (``algorithm=`` forces one; one that cannot run is an error), and
+        :attr:`last_algorithm` says what ran. numpy arrays and CPU tensors are reduced
+        through shared memory (``algorithm``: one-shot or two-shot). tpar's own algorithms
+        accumulate in fp32 in rank order, so every rank gets bitwise the same result. A
+        tensor tpar does not take (dtype, layout, device, over ``max_bytes``, a size planned
+        for NCCL with ``nccl="none"``) raises :class:`TparRefused` before anything runs."""
+        return self._comm.all_reduce(tensor, out, algorithm)
 
-    def _cuda_refusal(self, tensor, max_bytes=None, algorithm=None):
-        """Why this communicator cannot reduce the CUDA ``tensor``, or None when it can. A forced
-        ``algorithm`` is checked by the call itself (with its own reason), not by the plan."""
-        if self._device is None:
-            return (
-                f"tensor on {tensor.device} but this communicator has no GPU: "
-                f"create it with device={tensor.device.index} (or device='cuda:{tensor.device.index}')"
-            )
-        if tensor.device.index != self._device:
-            return f"tensor on {tensor.device} but this communicator's GPU is cuda:{self._device}; move the tensor or use that GPU's communicator"
-        dtype = _TORCH_DTYPES.get(str(tensor.dtype))
-        if dtype is None:
-            return f"dtype {tensor.dtype} is not supported; use float32, float16 or bfloat16"
-        if not tensor.is_contiguous():
-            return "tensor is not contiguous; call .contiguous() first"
-        limit = self.max_bytes if max_bytes is None else min(max_bytes, self.max_bytes or max_bytes)
-        size = tensor.numel() * dtype[1]
-        if limit is not None and size > limit:
-            return (
-                f"tensor of {size} bytes is over the limit of {limit} bytes (max_bytes); raise max_bytes= "
-                "when creating the Communicator, or reduce larger tensors with torch.distributed"
-            )
-        import torch
-
-        if algorithm is not None:
-            return None
-        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
-        return self._comm.refusal(dtype[0], size, capturing)
-
-    def _all_reduce_cuda(self, tensor, out, algorithm):
-        import torch
-
-        why = self._cuda_refusal(tensor, algorithm=algorithm)
-        if why:
-            raise TparError(why)
-        dtype = _TORCH_DTYPES[str(tensor.dtype)][0]
-        count = tensor.numel()
-        if out is None:
-            source, target = None, tensor
-        else:
-            if not _is_torch(out) or out.device != tensor.device:
-                raise TparError(f"out must be a tensor on {tensor.device}, like the input")
-            if out.dtype != tensor.dtype or out.numel() != count:
-                raise TparError(
-                    f"out holds {out.numel()} {out.dtype} elements, input {count} {tensor.dtype}; they must match"
-                )
-            if not out.is_contiguous():
-                raise TparError("out is not contiguous")
-            source, target = tensor.data_ptr(), out
-        stream = torch.cuda.current_stream(tensor.device).cuda_stream
-        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
-        self.last_algorithm = self._comm.all_reduce_cuda(
-            dtype, source, target.data_ptr(), count, stream, capturing, algorithm
-        )
-        return target
+    def decision(self, tensor, *, algorithm=None, max_bytes=None):
+        """``(choice, reason)``: what :meth:`all_reduce` of ``tensor`` runs and why, from the
+        call's own decision (for a CUDA tensor, the capture state of torch's current stream),
+        or ``(None, why)`` where the call would be refused. What an engine's
+        ``should_custom_ar`` asks."""
+        return self._comm.decision(tensor, algorithm, max_bytes)
 
     # -- fused allreduce + residual add + RMSNorm --------------------------------------------
 
@@ -471,141 +479,23 @@ class Communicator:
         new one. ``out`` must not overlap ``residual``; ``x`` itself is only read.
 
         CUDA tensors run on their current stream without synchronising, inside graph capture
-        too: the allreduce is planned as a plain call of the same bytes (``algorithm=`` forces
+        too: the allreduce is decided as a plain call of the same bytes (``algorithm=`` forces
         one); on one-shot, two-shot and host-staged one kernel runs the whole op, any other
         path (NCCL, pull, a row above 16384) is followed by tpar's separate
-        residual + RMSNorm kernel with the same results. :attr:`last_algorithm` says what the allreduce ran and
-        :attr:`last_fused_path` whether it ran fused and why. On the CPU the allreduce runs
-        through shared memory (``algorithm``: one-shot or two-shot) and the norm on the host.
+        residual + RMSNorm kernel with the same results. :attr:`last_algorithm` says what the
+        allreduce ran and :attr:`last_fused_path` whether it ran fused and why. On the CPU the
+        allreduce runs through shared memory (``algorithm``: one-shot or two-shot) and the norm
+        on the host. Operands that do not fit (:meth:`fused_fit`) raise :class:`TparRefused`.
         """
-        torch_input = _is_torch(x)
-        if torch_input and x.device.type == "cuda":
-            return self._fused_cuda(x, residual, weight, eps, out, in_place, algorithm)
-        algorithm = algorithm or "one-shot"
-        if algorithm not in _CPU_ALGORITHMS:
-            raise TparError(
-                f"unknown CPU algorithm {algorithm!r}; use one of {', '.join(_CPU_ALGORITHMS)}"
-            )
-        tokens, hidden = self._fused_shape(x, residual, weight)
-        eps = _eps(eps)
-        described = {}
-        for name, value in (("x", x), ("residual", residual), ("weight", weight)):
-            if _is_torch(value) != torch_input:
-                raise TparError(
-                    f"{name} is a {type(value).__name__} but x is a {type(x).__name__}; pass one kind"
-                )
-            if _is_torch(value) and value.device.type != "cpu":
-                raise TparError(
-                    f"{name} is on {value.device} but x is on the CPU; they must be on the same device"
-                )
-            described[name] = _describe_host(value)
-        dtype = described["x"][0]
-        for name in ("residual", "weight"):
-            if described[name][0] != dtype:
-                raise TparError(
-                    f"{name} is {described[name][0]} but x is {dtype}; all operands must have one dtype"
-                )
-        if in_place and not described["residual"][4]:
-            raise TparError("residual is read-only; pass in_place=False or a writeable array")
-        residual_out = None
-        if not in_place:
-            residual_out = residual.clone() if torch_input else residual.copy()
-        if out is None:
-            out = x.clone() if torch_input else x.copy()
-        else:
-            if _is_torch(out) != torch_input or (torch_input and out.device.type != "cpu"):
-                raise TparError(f"out must be a {type(x).__name__} on the CPU, like x")
-            out_dtype, _, _, out_count, out_writeable = _describe_host(out)
-            if out_dtype != dtype or tuple(out.shape) != tuple(x.shape):
-                raise TparError(
-                    f"out is {tuple(out.shape)} {out_dtype}, x {tuple(x.shape)} {dtype}; they must match"
-                )
-            if not out_writeable:
-                raise TparError("out is read-only")
-        self._comm.fused_add_rms_norm_ptr(
-            dtype,
-            tokens,
-            hidden,
-            described["x"][2],
-            described["residual"][2],
-            None if residual_out is None else _describe_host(residual_out)[2],
-            described["weight"][2],
-            _describe_host(out)[2],
-            eps,
-            algorithm,
+        return self._comm.fused_add_rms_norm(
+            x, residual, weight, _eps(eps), out, bool(in_place), algorithm
         )
-        return out, (residual if residual_out is None else residual_out)
 
-    @staticmethod
-    def _fused_shape(x, residual, weight):
-        """(tokens, hidden) of a fused call, or TparError naming the mismatch."""
-        shape = tuple(x.shape)
-        if len(shape) == 0:
-            raise TparError("x is a scalar; give it the shape (tokens, hidden)")
-        if tuple(residual.shape) != shape:
-            raise TparError(
-                f"residual has shape {tuple(residual.shape)} but x has {shape}; they must match"
-            )
-        hidden = shape[-1]
-        if tuple(weight.shape) != (hidden,):
-            raise TparError(
-                f"weight has shape {tuple(weight.shape)}; it must be ({hidden},), the hidden size of x"
-            )
-        tokens = 1
-        for d in shape[:-1]:
-            tokens *= d
-        if hidden == 0 and tokens:
-            raise TparError("x has a hidden size of 0; its last dimension is the hidden size")
-        return tokens, hidden
-
-    def _fused_cuda(self, x, residual, weight, eps, out, in_place, algorithm):
-        import torch
-
-        tokens, hidden = self._fused_shape(x, residual, weight)
-        eps = _eps(eps)
-        for name, value in (("residual", residual), ("weight", weight)) + (
-            (("out", out),) if out is not None else ()
-        ):
-            if not _is_torch(value) or value.device != x.device:
-                where = value.device if _is_torch(value) else f"a {type(value).__name__}"
-                raise TparError(
-                    f"{name} is on {where} but x is on {x.device}; they must be on the same device"
-                )
-            if value.dtype != x.dtype:
-                raise TparError(
-                    f"{name} is {value.dtype} but x is {x.dtype}; all operands must have one dtype"
-                )
-            if not value.is_contiguous():
-                raise TparError(f"{name} is not contiguous; call .contiguous() first")
-        if out is not None and tuple(out.shape) != tuple(x.shape):
-            raise TparError(
-                f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}; they must match"
-            )
-        why = self._cuda_refusal(x, algorithm=algorithm)
-        if why:
-            raise TparError(why.replace("tensor ", "x ", 1))
-        dtype = _TORCH_DTYPES[str(x.dtype)][0]
-        y = torch.empty_like(x) if out is None else out
-        residual_out = None if in_place else torch.empty_like(residual)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        capturing = self._capturing or torch.cuda.is_current_stream_capturing()
-        choice, fused, reason = self._comm.fused_add_rms_norm_cuda(
-            dtype,
-            tokens,
-            hidden,
-            x.data_ptr(),
-            residual.data_ptr(),
-            None if residual_out is None else residual_out.data_ptr(),
-            weight.data_ptr(),
-            y.data_ptr(),
-            eps,
-            stream,
-            capturing,
-            algorithm,
-        )
-        self.last_algorithm = choice
-        self.last_fused_path = (fused, reason)
-        return y, (residual if residual_out is None else residual_out)
+    def fused_fit(self, x, residual, weight, max_bytes=None):
+        """None when ``x``, ``residual`` and ``weight`` fit :meth:`fused_add_rms_norm` here, else
+        ``(reason, why)`` (``reason`` a short code: "dtype", "mixed", "shapes", "contiguous",
+        "device", "size", ...): the one check of the fused operands, which the call makes too."""
+        return self._comm.fused_fit(x, residual, weight, max_bytes)
 
     def fused_plan(self, tokens: int, hidden: int, dtype="bf16", capturing=False):
         """``(algorithm, fused, reason)``: what a CUDA :meth:`fused_add_rms_norm` of ``tokens x
@@ -614,49 +504,40 @@ class Communicator:
         kernel), and why."""
         tokens = _integer("tokens", tokens, allow_none=False, high=1 << 40)
         hidden = _integer("hidden", hidden, allow_none=False, high=1 << 40)
-        name = _TORCH_DTYPES.get(str(dtype), (str(dtype),))[0]
+        name = _DTYPE_NAMES.get(str(dtype), str(dtype))
         return self._comm.fused_plan(name, tokens, hidden, bool(capturing))
 
     # -- questions and lifecycle ------------------------------------------------------------
 
     def should_use(self, tensor, max_bytes=None) -> bool:
-        """True when :meth:`all_reduce` can take ``tensor``: a contiguous CUDA tensor on this
+        """True when :meth:`all_reduce` takes ``tensor``: a contiguous CUDA tensor on this
         communicator's GPU of float32, float16 or bfloat16 within ``max_bytes`` (this call's and
-        the communicator's), or a contiguous numpy array or CPU tensor of those dtypes. False
-        otherwise, so a caller can take another path knowingly."""
-        if _is_torch(tensor) and tensor.device.type == "cuda":
-            return self._cuda_refusal(tensor, max_bytes) is None
-        try:
-            _, size, _, count, _ = _describe_host(tensor)
-        except TparError:
-            return False
-        return max_bytes is None or size * count <= max_bytes
+        the communicator's) that tpar's dispatcher gives to a choice this communicator holds, or
+        a contiguous numpy array or CPU tensor of those dtypes. False otherwise, so a caller can
+        take another path knowingly (:meth:`decision` says why)."""
+        return self._comm.decision(tensor, None, max_bytes)[0] is not None
 
     def plan(self, nbytes: int, dtype="bf16", capturing=False):
         """``(algorithm, reason)``: what a CUDA call of ``nbytes`` of ``dtype`` (f32, f16 or
         bf16, or a torch dtype) runs on this machine, and why. With ``nccl="none"`` a call
         planned for NCCL is refused by :meth:`all_reduce`, and the reason says so."""
         nbytes = _integer("nbytes", nbytes, allow_none=False, high=1 << 62)
-        name = _TORCH_DTYPES.get(str(dtype), (str(dtype),))[0]
+        name = _DTYPE_NAMES.get(str(dtype), str(dtype))
         return self._comm.plan(name, nbytes, bool(capturing))
 
     @contextlib.contextmanager
     def capture(self):
         """Enter around CUDA-graph capture (as engines do with their custom allreduce). tpar's
         buffers are registered when the communicator is created and its call counter lives in
-        device memory, so captured calls stay correct on every replay; inside, the dispatcher
-        plans for capture. Errors a kernel reported are raised on exit."""
-        previous, self._capturing = self._capturing, True
-        try:
-            yield self
-        finally:
-            self._capturing = previous
+        device memory, so captured calls stay correct on every replay; each call reads the
+        capture state of its stream itself. Errors a kernel reported are raised on exit."""
+        yield self
         self.check()
 
     def check(self):
         """Raises the error a kernel or NCCL reported since the last check (a peer that timed
         out, a call that did not match), if any. Every CUDA call checks first as well."""
-        if self._device is not None:
+        if self._comm.device is not None:
             self._comm.check()
 
     def memory_footprint(self) -> dict:
@@ -672,7 +553,7 @@ class Communicator:
     def close(self):
         """Waits for queued GPU work, then releases every buffer. Later calls raise TparError.
         A communicator that is dropped without close() releases the same when collected."""
-        _live.pop(getattr(self, "handle", None), None)
+        _live.pop(self.handle, None)
         if self._comm is not None:
             self._comm.close()
 
@@ -682,6 +563,15 @@ class Communicator:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _forget(handle):
+    """The callback that drops ``handle`` once its native communicator is gone."""
+
+    def forget(_ref):
+        _live.pop(handle, None)
+
+    return forget
 
 
 def vllm_fusion_pass(graph) -> None:

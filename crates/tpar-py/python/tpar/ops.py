@@ -24,13 +24,15 @@ The ops are declared with ``torch.library.Library`` (a schema, one implementatio
 backend, a fake one) rather than ``torch.library.custom_op``: an eager call through custom_op's
 Python dispatch cost about 12 us more per call on an H200 host (19.1 against 6.8 us for an op
 that does nothing; bench/results/2026-12-01-h200-python-host-cost/), as much as the allreduce.
+Their kernels call the native communicator directly (one crossing into tpar per call);
+``bench/host_cost.py`` times them beside an empty op registered the same way.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import _lookup
+from . import _native
 
 _LIB = torch.library.Library("tpar", "DEF")  # noqa: TOR901 (kept alive by the module)
 _LIB.define("all_reduce(Tensor tensor, int comm_handle) -> Tensor")
@@ -57,10 +59,7 @@ def _implements(name: str):
 
 @_implements("all_reduce")
 def _all_reduce(tensor: torch.Tensor, comm_handle: int) -> torch.Tensor:
-    comm = _lookup(comm_handle)
-    out = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    comm.all_reduce(tensor.contiguous(), out=out)
-    return out
+    return _native(comm_handle).all_reduce_new(tensor.contiguous(), None)
 
 
 @torch.library.register_fake("tpar::all_reduce", lib=_LIB)
@@ -78,9 +77,9 @@ def all_reduce(tensor: torch.Tensor, comm) -> torch.Tensor:
 def _fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    comm = _lookup(comm_handle)
+    comm = _native(comm_handle)
     return comm.fused_add_rms_norm(
-        x.contiguous(), residual.contiguous(), weight.contiguous(), eps, in_place=False
+        x.contiguous(), residual.contiguous(), weight.contiguous(), eps, None, False, None
     )
 
 
@@ -97,16 +96,16 @@ def _(
 def _fused_add_rms_norm_(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, comm_handle: int
 ) -> None:
-    comm = _lookup(comm_handle)
+    comm = _native(comm_handle)
     if not (x.is_contiguous() and residual.is_contiguous()):
         # The results must land in the caller's tensors: compute into contiguous copies.
         y, residual_out = comm.fused_add_rms_norm(
-            x.contiguous(), residual.contiguous(), weight.contiguous(), eps, in_place=False
+            x.contiguous(), residual.contiguous(), weight.contiguous(), eps, None, False, None
         )
         x.copy_(y)
         residual.copy_(residual_out)
         return
-    comm.fused_add_rms_norm(x, residual, weight.contiguous(), eps, out=x, in_place=True)
+    comm.fused_add_rms_norm(x, residual, weight.contiguous(), eps, x, True, None)
 
 
 @torch.library.register_fake("tpar::fused_add_rms_norm_", lib=_LIB)

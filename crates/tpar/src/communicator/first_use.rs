@@ -80,6 +80,7 @@ impl FirstUse {
 fn plan_for(comm: &Communicator) -> ProbePlan {
     let n = comm.cuda.world_size();
     let fabric = Fabric::new(&comm.topology, n, Some(&comm.findings));
+    let group = comm.group.lock().expect("group facts");
     let eligible = |choice| {
         eligibility(
             &Request {
@@ -91,6 +92,7 @@ fn plan_for(comm: &Communicator) -> ProbePlan {
                 bytes: 4096,
                 capturing: true,
                 forced: None,
+                group: Some(&group),
             },
             choice,
         )

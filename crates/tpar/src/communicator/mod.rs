@@ -1,17 +1,24 @@
 //! One allreduce call for every message: the dispatcher picks tpar's algorithm or NCCL for
 //! each call (forced by `TPAR_ALGO`, else the tuning table measured on this machine, else the
 //! built-in rules) and the call goes there. This is what an engine holds per rank.
+//!
+//! One path per call: check the operands, decide once (the dispatcher's [`Decided`] for the
+//! call's size, dtype, selection and capture state, cached: refusals too, typed), enqueue.
+//! Whether a choice can run is the dispatcher's question alone: this group's facts (its
+//! backend's kernels, host-staged inboxes, measured peer access, the state of its NCCL) are
+//! inputs of every request ([`GroupFacts`]); the backend asserts them at launch.
 
 pub mod first_use;
 mod fused;
 pub use fused::FusedRun;
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
+use crate::backend::cuda::kernels::KernelId;
 use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
@@ -19,7 +26,10 @@ use crate::backend::cuda::{CudaCommunicator, DeviceSpan, DeviceSpanMut};
 pub use crate::backend::nccl::BorrowedNccl;
 use crate::backend::nccl::{Nccl, NcclCommunicator};
 use crate::config::Config;
-use crate::dispatch::{decide, Choice, Decision, Findings, Request, TuningTable};
+use crate::dispatch::{
+    decide, eligibility, Choice, Decision, Findings, GroupFacts, NcclAvailability, NoDecision,
+    Request, TuningTable,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::memory::MemoryFootprint;
@@ -73,7 +83,8 @@ impl std::str::FromStr for NcclMode {
     }
 }
 
-/// Where this communicator's NCCL stands.
+/// Where this communicator's NCCL stands (what the dispatcher sees of it:
+/// [`NcclSlot::availability`]).
 enum NcclSlot {
     /// Created (own or borrowed): in `Communicator::nccl_ready`.
     Ready,
@@ -89,8 +100,28 @@ enum NcclSlot {
     Unavailable(String),
 }
 
-/// The sentence a refused NCCL call (nccl=none) gets.
-const NCCL_NONE: &str = "this communicator was created with nccl=none (tpar's kernels only), so it refuses calls planned for NCCL: keep such calls on your own NCCL (should_use() says False for them), or create the communicator with nccl=\"own\" or with your NCCL communicator to borrow";
+impl NcclSlot {
+    fn availability(&self) -> NcclAvailability {
+        match self {
+            NcclSlot::Ready => NcclAvailability::Ready,
+            NcclSlot::Lazy { .. } => NcclAvailability::AtFirstCall,
+            NcclSlot::Refused => NcclAvailability::NotHeld,
+            NcclSlot::Unavailable(why) => NcclAvailability::Unavailable(why.clone()),
+        }
+    }
+}
+
+/// The sentence asking for NCCL of a communicator created with nccl=none gets.
+const NCCL_NONE: &str = "this communicator was created with nccl=none (tpar's kernels only): create it with nccl=\"own\" or with your NCCL communicator to borrow";
+
+/// The dispatcher's answer for one call, as the call path caches it: the decision, or why the
+/// call gets none (typed: forced and unable to run, planned for an NCCL this group does not
+/// hold, nothing can run).
+pub type Decided = std::result::Result<Decision, NoDecision>;
+
+/// What a call's decision depends on besides the machine and the group, which every rank
+/// shares: what the caller selected, the dtype, the size and whether the stream captures.
+type DecisionKey = (Selection, DType, u64, bool);
 
 /// One rank's allreduce: tpar's CUDA communicator, NCCL for the same ranks where it could be
 /// created, and the dispatcher between them.
@@ -101,7 +132,7 @@ pub struct Communicator {
     nccl_ready: OnceLock<NcclCommunicator>,
     /// Drop in free device memory measured around creating our own NCCL communicator.
     nccl_bytes: std::sync::atomic::AtomicU64,
-    /// The machine, as the dispatcher sees it (no NCCL when this group has none).
+    /// The machine, as the dispatcher sees it.
     topology: Topology,
     /// What `TPAR_ALGO` selects for every call that does not force its own choice.
     selection: Selection,
@@ -109,11 +140,15 @@ pub struct Communicator {
     /// What checks and measurements found on this machine (link bandwidths kept by `tpar
     /// doctor`, paths that failed the self-test of `join`): failed paths are never planned.
     findings: Findings,
+    /// What this group was built with, as the dispatcher's input; its `nccl` follows the
+    /// slot (updated under the slot's lock).
+    group: Mutex<GroupFacts>,
     /// Orders calls issued from several streams as they were issued on the host.
     order: StreamOrder,
-    /// Plans already made: the dispatcher's answer depends only on these keys, and an engine
-    /// asks the same few sizes over and over, on its hot path.
-    decisions: Mutex<HashMap<(Selection, DType, u64, bool), Decision>>,
+    /// Decisions already made, refusals included: the dispatcher's answer depends only on
+    /// these keys (and the group, whose changes clear it), and an engine asks the same few
+    /// sizes over and over, on its hot path.
+    decisions: Mutex<HashMap<DecisionKey, Arc<Decided>>>,
     /// What creating this group found that its user should hear about (also logged):
     /// paths vetoed by the init self-test, ranks time-sliced on a shared GPU.
     warnings: Vec<String>,
@@ -146,22 +181,26 @@ impl Communicator {
         cuda: CudaCommunicator,
         slot: NcclSlot,
         nccl_ready: OnceLock<NcclCommunicator>,
-        mut topology: Topology,
+        topology: Topology,
     ) -> Result<Communicator> {
         let selection = Selection::from_env()?;
-        if matches!(slot, NcclSlot::Unavailable(_)) {
-            topology.nccl_version = None;
-        }
-        let mut findings = LinkMeasurements::load(&LinkMeasurements::path(&topology))
+        let findings = LinkMeasurements::load(&LinkMeasurements::path(&topology))
             .map(|m| m.to_findings())
             .unwrap_or_default();
-        // What this group cannot run (no peer access between its GPUs, no host inboxes) is
-        // never planned: the dispatcher falls back and says why, and refuses it when forced.
-        for algorithm in Algorithm::ALL {
-            if let Err(why) = cuda.supports(algorithm) {
-                findings.failed.push((Choice::Tpar(algorithm), why));
-            }
-        }
+        // What this group cannot run (no kernel, no peer access between its GPUs, no host
+        // inboxes, no NCCL) is never planned: the dispatcher falls back and says why, and
+        // refuses it when forced.
+        let group = GroupFacts {
+            kernels: Algorithm::ALL
+                .into_iter()
+                .filter(|&a| KernelId::allreduce(a, DType::F32).is_some())
+                .collect(),
+            host_staged: cuda.has_host_inboxes(),
+            peer_access: cuda.peer_access().map_err(str::to_owned),
+            islands: cuda.islands_path(),
+            payload_lines: cuda.payload_lines(),
+            nccl: slot.availability(),
+        };
         let tuning = DType::ALL
             .into_iter()
             .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
@@ -177,6 +216,7 @@ impl Communicator {
             selection,
             tuning,
             findings,
+            group: Mutex::new(group),
             decisions: Mutex::default(),
             warnings: Vec::new(),
         })
@@ -269,16 +309,23 @@ impl Communicator {
                 timeout,
             } => {
                 let created = self.create_own_nccl(rendezvous, instance, *timeout);
-                match created {
+                let failed = match created {
                     Ok(n) => {
                         let _ = self.nccl_ready.set(n);
                         *slot = NcclSlot::Ready;
+                        None
                     }
                     Err(e) => {
                         let why = format!("creating tpar's own NCCL communicator failed: {e}");
                         *slot = NcclSlot::Unavailable(why.clone());
-                        return Err(why);
+                        Some(why)
                     }
+                };
+                // The dispatcher sees the new state from the next decision on.
+                self.group.lock().expect("group facts").nccl = slot.availability();
+                self.decisions.lock().expect("decision cache").clear();
+                if let Some(why) = failed {
+                    return Err(why);
                 }
             }
         }
@@ -404,7 +451,12 @@ impl Communicator {
         let mut failures: Vec<(String, String)> = Vec::new();
         let mut checked: Vec<&str> = Vec::new();
         for algorithm in Algorithm::ALL {
-            if self.cuda.supports(algorithm).is_err() {
+            // What this group can run (its kernels, inboxes, peer access): the self-test
+            // checks exactly those.
+            if self
+                .eligibility(Choice::Tpar(algorithm), spec.dtype, 0, false)
+                .is_err()
+            {
                 continue;
             }
             checked.push(algorithm.name());
@@ -455,51 +507,79 @@ impl Communicator {
     }
 
     /// What a call of `bytes` of `dtype` will run, and why (or why nothing can): the
-    /// dispatcher's decision, or the choice `TPAR_ALGO` forces.
+    /// dispatcher's decision, or the choice `TPAR_ALGO` forces; a refusal as an error.
     pub fn decision(&self, dtype: DType, bytes: u64, capturing: bool) -> Result<Decision> {
-        self.decision_for(Selection::Auto, dtype, bytes, capturing)
+        match &*self.decide(Selection::Auto, dtype, bytes, capturing) {
+            Ok(decision) => Ok(decision.clone()),
+            Err(refused) => Err(refused.clone().into()),
+        }
     }
 
-    /// What a call of `bytes` of `dtype` will run for `selection`, and why: with
-    /// [`Selection::Auto`] as [`Communicator::decision`]; with a forced choice, that choice once
-    /// the dispatcher's checks say it can run here (else an error with the reason, never a
-    /// substitute). A forced choice of the call wins over `TPAR_ALGO`.
-    pub fn decision_for(
+    /// The one decision of a call, cached, for `selection` ([`Selection::Auto`]: what
+    /// `TPAR_ALGO` selects, else the dispatcher's choice; a forced choice of the call wins over
+    /// `TPAR_ALGO` and is verified, never substituted), `bytes` of `dtype`, captured or not:
+    /// the decision, or the typed refusal (a forced choice that cannot run here, a call
+    /// planned for NCCL on a communicator created with nccl=none, nothing that can run).
+    pub fn decide(
         &self,
         selection: Selection,
         dtype: DType,
         bytes: u64,
         capturing: bool,
-    ) -> Result<Decision> {
+    ) -> Arc<Decided> {
         let selection = match selection {
             Selection::Auto => self.selection,
             forced => forced,
         };
         let key = (selection, dtype, bytes, capturing);
-        if let Some(p) = self.decisions.lock().expect("decision cache").get(&key) {
-            return Ok(p.clone());
+        if let Some(decided) = self.decisions.lock().expect("decision cache").get(&key) {
+            return decided.clone();
         }
-        let p = self.make_decision(selection.forced(), dtype, bytes, capturing)?;
+        let decided = Arc::new(self.with_request(dtype, bytes, capturing, |req| {
+            decide(&Request {
+                forced: selection.forced(),
+                ..*req
+            })
+        }));
         let mut decisions = self.decisions.lock().expect("decision cache");
         if decisions.len() >= DECISION_CACHE_ENTRIES {
             decisions.clear();
         }
-        decisions.insert(key, p.clone());
-        Ok(p)
+        decisions.insert(key, decided.clone());
+        decided
     }
 
-    fn make_decision(
+    /// Whether this group can run `choice` for a call of `bytes` of `dtype` (the dispatcher's
+    /// eligibility with this group's facts and this machine's topology, without the
+    /// findings: benchmarks and self-tests run paths a check vetoed), or the typed refusal.
+    pub fn eligibility(
         &self,
-        forced: Option<Choice>,
+        choice: Choice,
         dtype: DType,
         bytes: u64,
         capturing: bool,
-    ) -> Result<Decision> {
-        let slot_why = match &*self.nccl.lock().expect("nccl slot") {
-            NcclSlot::Unavailable(why) => Some(why.clone()),
-            _ => None,
-        };
-        decide(&Request {
+    ) -> std::result::Result<(), crate::dispatch::Refusal> {
+        self.with_request(dtype, bytes, capturing, |req| {
+            eligibility(
+                &Request {
+                    findings: None,
+                    ..*req
+                },
+                choice,
+            )
+        })
+    }
+
+    /// The dispatcher's request for a call of this communicator (nothing forced).
+    fn with_request<T>(
+        &self,
+        dtype: DType,
+        bytes: u64,
+        capturing: bool,
+        ask: impl FnOnce(&Request) -> T,
+    ) -> T {
+        let group = self.group.lock().expect("group facts");
+        ask(&Request {
             topology: &self.topology,
             findings: Some(&self.findings),
             tuning: self.tuning.get(&dtype),
@@ -507,42 +587,35 @@ impl Communicator {
             dtype,
             bytes,
             capturing,
-            forced,
-        })
-        .map_err(|e| match (slot_why, forced) {
-            // Say why this group has no NCCL, not only that the machine "has none".
-            (Some(why), Some(Choice::Nccl)) => match e {
-                Error::Unsupported(msg) => Error::Unsupported(format!("{msg}: {why}")),
-                other => other,
-            },
-            _ => e,
+            forced: None,
+            group: Some(&group),
         })
     }
 
-    /// Why a call with this plan would be refused before launch (NCCL planned on a
-    /// communicator created with nccl=none), or None when it runs.
-    pub fn refusal(&self, plan: &Decision) -> Option<String> {
-        (plan.choice == Choice::Nccl
-            && matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Refused))
-        .then(|| format!("{} ({}); {NCCL_NONE}", plan.choice.name(), plan.reason))
-    }
-
-    /// The one decision of a call: its plan for `selection` ([`Communicator::decision_for`]), then
-    /// whether this communicator refuses it ([`Communicator::refusal`]), as one error.
-    pub fn decide(
+    /// The path of a fused call whose allreduce runs on `choice`, for rows of `hidden`
+    /// elements of `dtype` on this group (the dispatcher's `decide_fused`): with `tokens`, the
+    /// faster of the two paths where both can run (`tpar tune`'s table for this machine, else
+    /// the built-in rule: `norm::Prefer::Faster`); without, the fused kernel wherever it can
+    /// run.
+    pub fn fused_decision(
         &self,
-        selection: Selection,
+        choice: Choice,
         dtype: DType,
-        bytes: u64,
-        capturing: bool,
-    ) -> Result<Decision> {
-        let plan = self.decision_for(selection, dtype, bytes, capturing)?;
-        if let Some(why) = self.refusal(&plan) {
-            return Err(Error::Unsupported(format!(
-                "this call is planned for {why}"
-            )));
-        }
-        Ok(plan)
+        hidden: usize,
+        tokens: Option<usize>,
+    ) -> crate::norm::FusedDecision {
+        let world_size = self.cuda.world_size();
+        let measured =
+            tokens.and_then(|_| crate::backend::machine::fused_table(world_size, dtype, hidden));
+        let prefer = match tokens {
+            None => crate::norm::Prefer::Fused,
+            Some(tokens) => crate::norm::Prefer::Faster {
+                world_size,
+                tokens,
+                measured: measured.as_deref(),
+            },
+        };
+        crate::dispatch::decide_fused(choice, dtype, hidden, self.cuda.payload_lines(), prefer)
     }
 
     /// Whether tpar's own NCCL communicator is still to be created by the first call planned
@@ -551,45 +624,52 @@ impl Communicator {
         matches!(*self.nccl.lock().expect("nccl slot"), NcclSlot::Lazy { .. })
     }
 
-    /// Plans and queues `output[i] = sum over ranks of input[i]` on `stream` (`input: None`:
-    /// in place on `output`), returning the plan it ran. Every rank must make the same calls:
-    /// the plan depends only on what every rank shares (machine, sizes, settings). The spans
-    /// must be on this rank's GPU, of one dtype and length, and `stream` of its context.
+    /// Decides and queues `output[i] = sum over ranks of input[i]` on `stream` (`input:
+    /// None`: in place on `output`), returning the choice it ran. Every rank must make the
+    /// same calls: the decision depends only on what every rank shares (machine, sizes,
+    /// settings). The spans must be on this rank's GPU, of one dtype and length, and `stream`
+    /// of its context.
     pub fn all_reduce(
         &self,
         input: Option<DeviceSpan<'_>>,
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
-    ) -> Result<Decision> {
+    ) -> Result<Choice> {
         self.all_reduce_selected(Selection::Auto, input, output, stream)
     }
 
     /// The one call path, every caller's (the CLI's harness, Python, the engine plugins):
-    /// check the operands against this rank's GPU and `stream`, decide what runs
-    /// ([`Communicator::decide`]: the dispatcher's plan, or the forced choice once verified to
-    /// run here, with the reason when it cannot), enqueue it in this communicator's call
-    /// order. Returns the plan that ran.
+    /// check the operands against this rank's GPU and `stream`, read the stream's capture
+    /// state, decide once ([`Communicator::decide`]: the dispatcher's choice, or the forced
+    /// one once verified to run here; a refusal is returned as [`Error::Refused`] before
+    /// anything is queued), enqueue it in this communicator's call order. Returns the choice
+    /// that ran.
     pub fn all_reduce_selected(
         &self,
         selection: Selection,
         input: Option<DeviceSpan<'_>>,
         output: DeviceSpanMut<'_>,
         stream: &CudaStream,
-    ) -> Result<Decision> {
+    ) -> Result<Choice> {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
-        let plan = self.decide(
+        let decided = self.decide(
             selection,
             operands.dtype(),
             operands.bytes() as u64,
             capture.is_capturing(),
-        )?;
-        self.enqueue(plan.choice, &operands, stream, capture)?;
-        Ok(plan)
+        );
+        let choice = match &*decided {
+            Ok(decision) => decision.choice,
+            Err(refused) => return Err(refused.clone().into()),
+        };
+        self.enqueue(choice, &operands, stream, capture)?;
+        Ok(choice)
     }
 
-    /// Queues the allreduce on `choice` without asking the dispatcher (benchmarks, tests, a
-    /// forced choice); as [`Communicator::all_reduce`] otherwise.
+    /// Queues the allreduce on `choice` without asking the dispatcher for a choice
+    /// (benchmarks, tests): refused, typed, where this group cannot run it
+    /// ([`Communicator::eligibility`]); as [`Communicator::all_reduce`] otherwise.
     pub fn all_reduce_as(
         &self,
         choice: Choice,
@@ -599,6 +679,12 @@ impl Communicator {
     ) -> Result<()> {
         let operands = Operands::check(input.as_ref(), &output, self.device(), stream)?;
         let capture = self.capture(stream)?;
+        self.eligibility(
+            choice,
+            operands.dtype(),
+            operands.bytes() as u64,
+            capture.is_capturing(),
+        )?;
         self.enqueue(choice, &operands, stream, capture)
     }
 
@@ -613,6 +699,12 @@ impl Communicator {
         self.order.capture(stream)
     }
 
+    /// Whether `stream` is capturing a CUDA graph now, as a call on it would read it (for a
+    /// caller asking for a call's decision beforehand: [`Communicator::decide`]).
+    pub fn capturing(&self, stream: &CudaStream) -> Result<bool> {
+        self.capture(stream).map(Capture::is_capturing)
+    }
+
     /// Queues the allreduce of checked `operands` on `choice`.
     pub(crate) fn enqueue(
         &self,
@@ -622,12 +714,8 @@ impl Communicator {
         capture: Capture,
     ) -> Result<()> {
         if choice == Choice::Nccl {
-            if self.nccl_pending() && capture.is_capturing() {
-                return Err(Error::Unsupported(
-                    "this call is planned for NCCL and tpar's own NCCL communicator (nccl=own) is created at the first such call, which cannot be inside CUDA-graph capture: make one call of this size before capturing, or call ensure_nccl() first".into(),
-                ));
-            }
-            // Created (collectively) before the ordered section, which must not block.
+            // Created (collectively) before the ordered section, which must not block; the
+            // dispatcher refused it inside capture if it was still to be created.
             self.nccl().map_err(Error::Unsupported)?;
         }
         self.ordered(stream, capture, || match choice {

@@ -11,6 +11,12 @@
 //! (`Findings`) veto paths that failed a check and carry what `tpar doctor` measured. Every
 //! decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
 //!
+//! Whether a choice can run is decided here only ([`eligibility`]): from the machine
+//! (`Topology`, `Findings`) and, for a call of a communicator, from what its group was built
+//! with ([`GroupFacts`]: the backend's kernels, host-staged inboxes, measured peer access, the
+//! state of its NCCL). A request that gets no choice gets a typed [`NoDecision`]. The fused
+//! op's path is decided here too ([`decide_fused`]).
+//!
 //! Pure policy: no backend, no NCCL, no files except the tuning table's. One concern per file:
 //! [`refusal`] (whether a choice can run a request, as a typed [`Refusal`]), [`rules`] (the
 //! machine's class), [`fabric`] (the model), [`tuning`] (the measured table and where it is
@@ -28,14 +34,14 @@ use serde::Serialize;
 use crate::algorithm::Algorithm;
 pub use crate::algorithm::Choice;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
 use crate::memory::human_bytes;
+use crate::norm::{FusedDecision, Prefer};
 pub use crate::topology::Findings;
 use crate::topology::Topology;
 use explain::describe_machine;
 pub use explain::describe_ranges;
 use fabric::{Estimate, Fabric};
-pub use refusal::{eligibility, Reason, Refusal};
+pub use refusal::{eligibility, fused_eligibility, held, NoDecision, Reason, Refusal};
 pub use rules::{classify, Class};
 pub use tuning::{Probe, TuningEntry, TuningTable};
 
@@ -50,20 +56,60 @@ pub struct Request<'a> {
     pub world_size: usize,
     pub dtype: DType,
     pub bytes: u64,
-    /// Inside CUDA-graph capture (every path here captures; kept for rules that may not).
+    /// Inside CUDA-graph capture (tpar's own NCCL cannot be created there).
     pub capturing: bool,
     pub forced: Option<Choice>,
+    /// What the group of the communicator making the call was built with; None for a
+    /// question about the machine alone (`tpar doctor`, the planner).
+    pub group: Option<&'a GroupFacts>,
+}
+
+/// What one communicator's group was built with, found when it was created: inputs of the
+/// eligibility of each choice beside the machine's topology and findings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupFacts {
+    /// The tpar algorithms the group's backend has kernels for.
+    pub kernels: Vec<Algorithm>,
+    /// Whether host-staged inboxes (pinned host memory mapped into every GPU) were built.
+    pub host_staged: bool,
+    /// Whether every peer's device memory was mapped into this rank's GPU when the group was
+    /// built, or why not (then only host-staged and NCCL run).
+    pub peer_access: std::result::Result<(), String>,
+    /// How the islands algorithms' exchange between islands travels in this group (`true`:
+    /// through the host-staged inboxes), or why they cannot run here (no peer access inside an
+    /// island, no host inboxes where they are needed).
+    pub islands: std::result::Result<bool, String>,
+    /// Lines of one inbox chunk (what the fused kernels' rows must fit).
+    pub payload_lines: usize,
+    /// Where the group's NCCL stands.
+    pub nccl: NcclAvailability,
+}
+
+/// Where a communicator's NCCL stands, as the dispatcher needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NcclAvailability {
+    /// Created, or borrowed from the caller.
+    Ready,
+    /// tpar's own, created at the first call planned for NCCL (collective; never inside
+    /// CUDA-graph capture).
+    AtFirstCall,
+    /// Created with `nccl="none"`: calls planned for NCCL are refused, so that the caller
+    /// keeps them on its own NCCL ([`held`]).
+    NotHeld,
+    /// This group has no NCCL, and why (no library, ranks sharing a GPU, a failed creation).
+    Unavailable(String),
 }
 
 /// The dispatcher's answer for one call: what runs it, and why.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Decision {
     pub choice: Choice,
     pub reason: String,
 }
 
-/// Decides one allreduce. Never returns a choice that cannot run; every error says why.
-pub fn decide(req: &Request) -> Result<Decision> {
+/// Decides one allreduce. Never returns a choice that cannot run or that the request's group
+/// does not hold; every refusal says why, typed.
+pub fn decide(req: &Request) -> Result<Decision, NoDecision> {
     let result = decide_inner(req);
     match &result {
         Ok(p) => log::debug!(
@@ -112,26 +158,36 @@ fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Probe>)> {
     ranked
 }
 
-fn decide_inner(req: &Request) -> Result<Decision> {
+fn decide_inner(req: &Request) -> Result<Decision, NoDecision> {
     if let Some(forced) = req.forced {
-        return match eligibility(req, forced) {
+        return match eligibility(req, forced).and_then(|()| held(req, forced)) {
             Ok(()) => Ok(Decision {
                 choice: forced,
                 reason: "forced (TPAR_ALGO or --algo)".into(),
             }),
-            Err(why) => Err(Error::Unsupported(format!(
-                "the forced algorithm {forced} cannot run here: {why}"
-            ))),
+            Err(refusal) => Err(NoDecision::Forced(refusal)),
         };
     }
+    let decision = choose(req)?;
+    match held(req, decision.choice) {
+        Ok(()) => Ok(decision),
+        Err(refusal) => Err(NoDecision::NotHeld { decision, refusal }),
+    }
+}
+
+/// The dispatcher's choice for a request that forces none: the tuning table's where it can
+/// run, else the fabric model's fastest that can (each skip in the reason), then what every
+/// machine has.
+fn choose(req: &Request) -> Result<Decision, NoDecision> {
     if req.world_size == 1 {
         let choice = Choice::Tpar(Algorithm::OneShot);
-        eligibility(req, choice)?;
+        eligibility(req, choice).map_err(|r| NoDecision::Nothing(vec![r]))?;
         return Ok(Decision {
             choice,
             reason: "one rank: the allreduce is a copy".into(),
         });
     }
+    let mut refusals: Vec<Refusal> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     if let Some(table) = req
         .tuning
@@ -156,7 +212,10 @@ fn decide_inner(req: &Request) -> Result<Decision> {
                         },
                     })
                 }
-                Err(why) => skipped.push(format!("tuned {} skipped: {why}", entry.choice)),
+                Err(why) => {
+                    skipped.push(format!("tuned {} skipped: {why}", entry.choice));
+                    refusals.push(why);
+                }
             }
         }
     }
@@ -250,14 +309,58 @@ fn decide_inner(req: &Request) -> Result<Decision> {
                 let line = format!("{choice} skipped: {why}");
                 if !skipped.contains(&line) {
                     skipped.push(line);
+                    refusals.push(why);
                 }
             }
         }
     }
-    Err(Error::Unsupported(format!(
-        "no algorithm can run this allreduce: {}",
-        skipped.join("; ")
-    )))
+    Err(NoDecision::Nothing(refusals))
+}
+
+/// The path of a fused call whose allreduce the dispatcher gave to `choice`, in a group whose
+/// inbox chunks hold `payload_lines` lines: the fused kernel where [`fused_eligibility`]
+/// allows and `prefer` picks it (both paths give the same bits: where both can run, only speed
+/// decides, by `tpar tune`'s table or the built-in rule of [`crate::norm::faster_path`]), else
+/// the allreduce followed by tpar's separate residual + RMSNorm kernel, with the reason.
+pub fn decide_fused(
+    choice: Choice,
+    dtype: DType,
+    hidden: usize,
+    payload_lines: usize,
+    prefer: Prefer,
+) -> FusedDecision {
+    let unfused = |why: String| FusedDecision {
+        fused: false,
+        reason: format!("allreduce + separate residual/RMSNorm kernel: {why}"),
+    };
+    if let Err(refusal) = fused_eligibility(choice, dtype, hidden, payload_lines) {
+        return unfused(refusal.to_string());
+    }
+    let fused = FusedDecision {
+        fused: true,
+        reason: format!(
+            "fused {choice} kernel: {} rows per launch",
+            crate::norm::rows_per_chunk(dtype, hidden, payload_lines)
+        ),
+    };
+    match (prefer, choice) {
+        (
+            Prefer::Faster {
+                world_size,
+                tokens,
+                measured,
+            },
+            Choice::Tpar(algorithm),
+        ) => match crate::norm::faster_path(algorithm, dtype, hidden, world_size, tokens, measured)
+        {
+            (true, why) => FusedDecision {
+                reason: format!("{}; {why}", fused.reason),
+                ..fused
+            },
+            (false, why) => unfused(why),
+        },
+        _ => fused,
+    }
 }
 
 #[cfg(test)]
@@ -287,6 +390,7 @@ mod tests {
             bytes,
             capturing: false,
             forced: None,
+            group: None,
         }
     }
 
@@ -360,6 +464,7 @@ mod tests {
                                         bytes,
                                         capturing,
                                         forced: force,
+                                        group: None,
                                     };
                                     match decide(&req) {
                                         Ok(plan) => {

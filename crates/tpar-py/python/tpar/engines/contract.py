@@ -3,10 +3,17 @@
 :class:`TparCustomAllreduce` is what vLLM's ``CudaCommunicator`` and SGLang's
 ``GroupCoordinator`` construct once the plugin has swapped their class (see
 :mod:`tpar.engines`): built from the engine's CPU (gloo) group and the rank's device, it
-answers ``should_custom_ar`` from tpar's plan (so a size tpar would give to NCCL stays on the
-engine's own NCCL, which already exists: tpar opens none), and ``custom_all_reduce`` returns a
-new tensor. Construction is a group decision (:func:`group_vote`): if any rank cannot open tpar,
-every rank stays disabled and the engine's NCCL reduces every size on every rank alike.
+answers ``should_custom_ar`` from the decision tpar's call would make (so a size tpar would give
+to NCCL stays on the engine's own NCCL, which already exists: tpar opens none), and
+``custom_all_reduce`` returns a new tensor. It is also the one class for a communicator the
+caller built itself (:meth:`TparCustomAllreduce.from_communicator`; ``tpar.adapter`` names it).
+
+Construction is a group decision (:func:`group_vote`) that never stalls: a first vote carries
+what each rank found without any collective of tpar's (its device, its host: a group over
+several hosts is declined there), then the ranks create the communicator together, and a rank
+that fails tells the others at once; if any rank cannot open tpar, every rank stays disabled
+with one warning naming the rank whose failure was the cause and its reason, and the engine's
+NCCL reduces every size on every rank alike.
 """
 
 from __future__ import annotations
@@ -15,14 +22,11 @@ import contextlib
 import inspect
 import logging
 import os
+import socket
 import sys
 
 DEFAULT_MAX_SIZE = 8 << 20
 """The engines' default ``max_size`` (vLLM's and SGLang's CustomAllreduce: 8 MiB)."""
-
-# Reasons travel over gloo as fixed-size byte rows (no pickled objects: gloo's object
-# collectives break under torch.inference_mode, see pytorch issue 126032).
-_REASON_BYTES = 480
 
 # Sizes the log line reports the route of, from 1 KiB up to max_size.
 _LOG_SIZES = tuple(1 << s for s in range(10, 31))
@@ -58,34 +62,29 @@ def enabled() -> bool:
     return os.environ.get("TPAR_ALLREDUCE", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
-def group_vote(group, failure: str | None):
-    """Every rank of ``group`` calls this with None (it can use tpar) or the reason it cannot;
-    returns None when every rank can, else ``(rank, reason, failed)``: the lowest group rank
-    that failed, its reason and how many ranks failed, the same tuple on every rank.
+def group_vote(group, failure: str | None, cause: int | None = None):
+    """Every rank of ``group`` calls this with None (it can use tpar) or the reason it cannot
+    (``cause``: the group rank whose failure that was, when it was another rank's); returns
+    None when every rank can, else ``(rank, reason, failed)``: the rank whose failure was the
+    cause (the lowest that failed for its own reason), its reason and how many ranks failed,
+    the same tuple on every rank. Every rank's host travels with its vote: a group over
+    several hosts is declined, naming them.
 
-    A MIN allreduce of the success flag decides; only when it is 0 are the reasons gathered.
-    Every rank makes the same collectives in the same order, whatever it voted."""
-    import torch
+    One all-gather of a short row per rank decides. Every rank makes the same collective,
+    whatever it voted."""
     import torch.distributed as dist
 
-    flag = torch.tensor([0 if failure else 1], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    if int(flag.item()) == 1:
-        return None
-    row = torch.zeros(_REASON_BYTES, dtype=torch.uint8)
-    if failure:
-        encoded = failure.encode("utf-8", "replace")[: _REASON_BYTES - 1]
-        row[0] = 1
-        row[1 : 1 + len(encoded)] = torch.tensor(list(encoded), dtype=torch.uint8)
-    rows = [torch.zeros_like(row) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(rows, row, group=group)
-    failed = [
-        (rank, bytes(r[1:].tolist()).rstrip(b"\0").decode("utf-8", "replace"))
-        for rank, r in enumerate(rows)
-        if int(r[0]) == 1
-    ]
-    rank, reason = failed[0]
-    return rank, reason, len(failed)
+    from .._group import first_cause, gather_records, host_split
+
+    rank = dist.get_rank(group)
+    record = {"host": socket.gethostname(), "reason": failure, "cause": rank}
+    if failure is not None and cause is not None:
+        record["cause"] = cause
+    records = gather_records(group, record)
+    split = host_split([r.get("host") for r in records])
+    if split is not None:
+        return split[0], split[1], 1
+    return first_cause(records)
 
 
 def _communicator_kwargs(communicator_class) -> dict:
@@ -119,6 +118,9 @@ class TparCustomAllreduce:
 
     Never raises from the constructor for a failure to open tpar: every rank votes, and if any
     failed, all stay ``disabled`` with one warning naming the rank and its reason.
+
+    ``tpar.adapter.TparAllreduce(comm, max_bytes)`` is this class over a communicator the
+    caller built (:meth:`from_communicator`).
     """
 
     # What the engines read before (or without) a successful construction.
@@ -137,7 +139,7 @@ class TparCustomAllreduce:
         self.max_size = int(max_size)
         self.engine_kwargs = dict(kwargs)
         self.comm = None
-        self._routes: dict = {}
+        self._native = None
         self._cuda = False
         self._plan_warned = False
 
@@ -154,9 +156,10 @@ class TparCustomAllreduce:
         verdict = group_vote(group, failure)
         if verdict is None:
             # Every rank reaches the communicator's own collectives (rendezvous over the
-            # group): opening it cannot leave one rank waiting for a collective the others skip.
-            failure = self._open()
-            verdict = group_vote(group, failure)
+            # group): opening it cannot leave one rank waiting for a collective the others skip,
+            # and a rank that fails there tells the others at once.
+            failure, cause = self._open()
+            verdict = group_vote(group, failure, cause)
         if verdict is not None:
             self.close()
             rank, reason, failed = verdict
@@ -170,14 +173,38 @@ class TparCustomAllreduce:
                 reason,
             )
             return
+        self._enable()
+        logger.info("%s", self.describe())
+
+    @classmethod
+    def from_communicator(cls, comm, max_size=DEFAULT_MAX_SIZE):
+        """This class over a :class:`tpar.Communicator` the caller built (and owns: ``close``
+        closes it), enabled at once (there is nothing to vote on): sizes over ``max_size`` and
+        those tpar's decision gives to NCCL stay on the caller's path."""
+        self = cls.__new__(cls)
+        self.group = None
+        self.engine_kwargs = {}
+        self.max_size = int(max_size)
+        self.rank, self.world_size = comm.rank, comm.world_size
+        self._cuda = comm.device is not None
+        self.device = _torch_device(comm.device)
+        self._plan_warned = False
+        self._IS_CAPTURING = False
+        self.mnnvl_lamport_ag_multicast_ptr = 0
+        self.comm = comm
+        self._enable()
+        return self
+
+    def _enable(self):
+        self._native = self.comm._comm
         self.disabled = False
         self.original_disabled = False
-        logger.info("%s", self.describe())
 
     # -- construction ------------------------------------------------------------------------
 
     def _preflight(self, device):
-        """Why this rank cannot open tpar, found without any collective, or None."""
+        """Why this rank cannot open tpar, found without any collective, or None: a device
+        that is not there, a bad ``max_size``, no tpar module."""
         try:
             import torch
 
@@ -186,12 +213,20 @@ class TparCustomAllreduce:
             device = torch.device(device)
             if device.type == "cuda":
                 if not torch.cuda.is_available():
-                    return "torch sees no CUDA device"
+                    return f"{device}: torch sees no CUDA device"
+                count = torch.cuda.device_count()
                 index = torch.cuda.current_device() if device.index is None else device.index
+                if index >= count:
+                    return (
+                        f"cuda:{index} does not exist: torch sees {count} CUDA device(s), "
+                        f"cuda:0 to cuda:{count - 1}"
+                    )
                 device = torch.device("cuda", index)
                 self._cuda = True
             elif device.type != "cpu":
                 return f"device {device} is neither CUDA nor the CPU"
+            if self.max_size < 1:
+                return f"max_size={self.max_size}: give the largest message in bytes (at least 1)"
             self.device = device
             import tpar  # noqa: F401  (the native module: a missing or broken one is a reason)
         except Exception as error:  # every failure is a vote, never a one-rank exception
@@ -199,7 +234,9 @@ class TparCustomAllreduce:
         return None
 
     def _open(self):
-        """Opens the tpar communicator over the group; the reason it failed, or None."""
+        """Opens the tpar communicator over the group: ``(None, None)``, or the reason it
+        failed and the group rank whose failure that was (where it was another rank's, or
+        None)."""
         try:
             import tpar
 
@@ -210,8 +247,12 @@ class TparCustomAllreduce:
                 **_communicator_kwargs(tpar.Communicator),
             )
         except Exception as error:
-            return f"{type(error).__name__}: {error}"
-        return None
+            cause = getattr(error, "cause_rank", None)
+            reason = getattr(error, "cause", None)
+            if cause is not None and reason:
+                return reason, cause
+            return f"{type(error).__name__}: {error}", None
+        return None, None
 
     def describe(self) -> str:
         """One line: which group tpar took and what runs per size (bf16), for the log."""
@@ -261,43 +302,41 @@ class TparCustomAllreduce:
     # -- the calls the engines make ----------------------------------------------------------
 
     def should_custom_ar(self, inp) -> bool:
-        """True when tpar reduces ``inp``: f32/f16/bf16, contiguous, on this rank's device, at
-        most ``max_size`` bytes, and planned for tpar's own kernels. The answer depends only on
-        (dtype, size, capture state), which every rank shares, so all ranks route alike; it is
-        cached per that key (SGLang asks twice per call)."""
-        if self.disabled or self.comm is None:
+        """True when tpar reduces ``inp``: f32/f16/bf16, contiguous, not empty, on this rank's
+        device, at most ``max_size`` bytes, and decided for tpar's own kernels (a size tpar
+        would give to NCCL stays on the engine's NCCL). The answer is the decision tpar's call
+        makes (one query into tpar, cached there per dtype, size and capture state of the
+        current stream, which every rank shares), so all ranks route alike and SGLang's second
+        question gets the same answer."""
+        native = self._native
+        if not self._routable(inp):
             return False
-        import torch
-
-        if inp.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            return False
-        nbytes = inp.numel() * inp.element_size()
-        if nbytes == 0 or nbytes > self.max_size or not inp.is_contiguous():
-            return False
-        if inp.device.type != self.device.type or (
-            self._cuda and inp.device.index != self.device.index
-        ):
-            return False
-        capturing = self._IS_CAPTURING or (inp.is_cuda and torch.cuda.is_current_stream_capturing())
-        key = (inp.dtype, nbytes, capturing)
-        route = self._routes.get(key)
-        if route is None:
-            route = self._plan_name(
-                nbytes, inp.dtype, capturing
-            ) != "nccl" and self.comm.should_use(inp)
-            self._routes[key] = route
-        return route
+        choice, _why = native.decision(inp, None, self.max_size)
+        return choice is not None and choice != "nccl"
 
     def custom_all_reduce(self, input):
         """The sum of ``input`` over the group in a new tensor (the input is left as it was and
         the result is never a view of tpar's buffers). Never None where ``should_custom_ar``
-        said True; None where it said False, as the engines' own class does."""
-        if not self.should_custom_ar(input):
+        said True; None where it said False, as the engines' own class does: the call itself
+        decides once and refuses what ``should_custom_ar`` refuses."""
+        if not self._routable(input):
             return None
-        import torch
+        try:
+            return self._native.all_reduce_new(input, None, self.max_size)
+        except _refused():
+            return None
 
-        out = torch.empty_like(input)
-        return self.comm.all_reduce(input, out=out)
+    def _routable(self, inp) -> bool:
+        """Whether tpar is open and ``inp`` is not empty and where this object reduces (a GPU
+        object's tensors on the GPU, a CPU object's on the host): what the call itself does not
+        refuse but the engines' contract does."""
+        if self.disabled or self._native is None:
+            return False
+        is_cuda = getattr(inp, "is_cuda", None)
+        if is_cuda is None:  # a numpy array (tpar.adapter over a CPU communicator)
+            return not self._cuda and inp.size > 0
+        # numel(), not nbytes: Dynamo traces this under SGLang's torch.compile.
+        return is_cuda == self._cuda and inp.numel() > 0
 
     def fused_allreduce_rmsnorm(self, input_, residual, weight, eps):
         """SGLang's communicator-native fused API (``GroupCoordinator.fused_allreduce_rmsnorm``
@@ -311,23 +350,22 @@ class TparCustomAllreduce:
         the capture state, which every rank shares, so all ranks take the same path."""
         if residual is None or not self.should_custom_ar(input_):
             return None
-        hidden = input_.shape[-1] if input_.dim() else None
-        if (
-            tuple(residual.shape) != tuple(input_.shape)
-            or tuple(weight.shape) != (hidden,)
-            or residual.dtype != input_.dtype
-            or weight.dtype != input_.dtype
-            or residual.device != input_.device
-            or weight.device != input_.device
-        ):
+        residual, weight = residual.contiguous(), weight.contiguous()
+        if self.fused_refusal(input_, residual, weight) is not None:
             return None
         if input_.is_cuda:
             from .. import ops
 
             return ops.fused_add_rms_norm(input_, residual, weight, float(eps), self.comm)
-        return self.comm.fused_add_rms_norm(
-            input_, residual.contiguous(), weight.contiguous(), float(eps), in_place=False
-        )
+        return self.comm.fused_add_rms_norm(input_, residual, weight, float(eps), in_place=False)
+
+    def fused_refusal(self, x, residual, weight):
+        """None where tpar's fused op takes these operands on this object, else ``(reason,
+        why)``: the communicator's one check of the fused operands (:meth:`tpar.Communicator.
+        fused_fit`) within ``max_size``, or why this object takes nothing."""
+        if self.disabled or self.comm is None:
+            return "disabled", "tpar is not enabled for this group"
+        return self.comm.fused_fit(x, residual, weight, self.max_size)
 
     def custom_all_gather(self, inp):
         """None: tpar has no all-gather, so the engine uses its NCCL."""
@@ -367,10 +405,12 @@ class TparCustomAllreduce:
         return {} if self.comm is None else self.comm.memory_footprint()
 
     def close(self):
-        """Releases the communicator; afterwards the object is disabled."""
-        comm, self.comm = self.comm, None
+        """Releases the communicator; afterwards the object is disabled. It lets go of the
+        engine's group too: a process group referenced past ``destroy_process_group`` is torn
+        down during the interpreter's exit, where gloo's threads can abort the process."""
+        comm, self.comm, self._native = self.comm, None, None
         self.disabled = True
-        self._routes.clear()
+        self.group = None
         if comm is not None:
             comm.close()
 
@@ -380,6 +420,20 @@ class TparCustomAllreduce:
             self.close()
         except Exception:
             pass
+
+
+def _refused():
+    """tpar.TparRefused (tpar is imported by the time a call runs)."""
+    import tpar
+
+    return tpar.TparRefused
+
+
+def _torch_device(ordinal):
+    """A torch.device for a communicator's CUDA ordinal (None: the CPU)."""
+    import torch
+
+    return torch.device("cpu") if ordinal is None else torch.device("cuda", ordinal)
 
 
 def enabled_tpar(custom) -> TparCustomAllreduce | None:

@@ -64,8 +64,8 @@ the gate is SGLang's own answer and the fused entry is SGLang's function's answe
 
 CUDA graphs: SGLang's decode graphs are captured inside its ``graph_capture`` (which enters
 tpar's ``capture()``); its default prefill graphs (breakable, no torch.compile) capture the
-fused call as they capture tpar's plain allreduce (``should_custom_ar`` also asks
-``torch.cuda.is_current_stream_capturing``); neither was run inside a real SGLang. Under ``--enable-torch-compile`` Dynamo
+fused call as they capture tpar's plain allreduce (tpar's decision reads the capture state of
+the current stream itself); neither was run inside a real SGLang. Under ``--enable-torch-compile`` Dynamo
 traces these wrappers: checked on the CPU with Dynamo's eager backend (tpar is called on every
 call, with the eager bits), not with SGLang's compiled CUDA path.
 """
@@ -95,32 +95,10 @@ def tpar_allreduce_of(coordinator) -> TparCustomAllreduce | None:
 
 
 def _operand_refusal(custom: TparCustomAllreduce, x, residual, weight):
-    """``(kind, reason)`` when tpar's fused op does not take these operands, else None."""
-    import torch
-
-    if x.dim() != 2:
-        return "shape", f"input of {x.dim()} dimensions (tpar fuses tokens x hidden)"
-    if not (x.is_contiguous() and residual.is_contiguous() and weight.is_contiguous()):
-        return "contiguous", "a non-contiguous operand"
-    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return "dtype", f"input dtype {x.dtype}"
-    if residual.dtype != x.dtype or weight.dtype != x.dtype:
-        return "mixed", (
-            f"residual {residual.dtype} / weight {weight.dtype} beside input {x.dtype} "
-            "(e.g. Gemma's fp32 gamma)"
-        )
-    if tuple(residual.shape) != tuple(x.shape) or tuple(weight.shape) != (x.shape[1],):
-        return (
-            "shapes",
-            f"residual {tuple(residual.shape)} / weight {tuple(weight.shape)} for input {tuple(x.shape)}",
-        )
-    nbytes = x.numel() * x.element_size()
-    if nbytes > custom.max_size:
-        return (
-            "size",
-            f"{x.shape[0]} x {x.shape[1]} {x.dtype} is {nbytes} bytes, over tpar's max_size {custom.max_size}",
-        )
-    return None
+    """``(kind, reason)`` when tpar's fused op does not take these operands, else None: the
+    communicator's one check of the fused operands (one library, device and dtype, shapes
+    ``(..., hidden)`` and ``(hidden,)``, contiguous, within ``max_size``)."""
+    return custom.fused_refusal(x, residual, weight)
 
 
 def _fusion_coordinator(fusion_module, use_attn_tp_group: bool):
@@ -170,7 +148,7 @@ def tpar_fused(fusion_module, x, residual, weight, eps, use_attn_tp_group: bool)
     if fused is None:
         return None, (
             "plan",
-            f"tpar's plan gives {x.shape[0]} x {x.shape[1]} {x.dtype} to the engine's NCCL",
+            f"tpar's decision gives {tuple(x.shape)} {x.dtype} to the engine's NCCL",
         )
     return fused, None
 

@@ -129,6 +129,35 @@ impl CudaCommunicator {
         }
     }
 
+    /// Panics where `algorithm` cannot run on this group: the dispatcher's eligibility, with
+    /// this group's facts, decides before any launch, so reaching one is a bug.
+    pub(crate) fn assert_supported(&self, algorithm: Algorithm) {
+        if let Err(why) = self.supports(algorithm) {
+            panic!("{algorithm} reached a launch on a group that cannot run it ({why}): the dispatcher's eligibility let it through");
+        }
+    }
+
+    /// [`CudaCommunicator::supports`] as an error, for the entries that take an algorithm
+    /// without the dispatcher (benchmarks, tests).
+    pub(crate) fn refuse_unsupported(&self, algorithm: Algorithm) -> Result<()> {
+        self.supports(algorithm)
+            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))
+    }
+
+    /// Whether this group built host-staged inboxes (an input of the dispatcher's eligibility).
+    pub fn has_host_inboxes(&self) -> bool {
+        self.host_inboxes.is_some()
+    }
+
+    /// Whether every peer's device memory was mapped when the group was built, or why not (an
+    /// input of the dispatcher's eligibility).
+    pub fn peer_access(&self) -> std::result::Result<(), &str> {
+        self.peer_access
+            .as_ref()
+            .map(|_| ())
+            .map_err(String::as_str)
+    }
+
     /// Reports an error a kernel left in the error word (or an earlier one). Asynchronous
     /// errors surface here: at the next call, or at [`CudaCommunicator::synchronize`].
     pub fn check(&self) -> Result<()> {
@@ -172,6 +201,7 @@ impl CudaCommunicator {
         stream: &CudaStream,
     ) -> Result<()> {
         let operands = Operands::check(input.as_ref(), &output, self.ctx.ordinal(), stream)?;
+        self.refuse_unsupported(algorithm)?;
         // The spans live to the end of this function: cudarc's buffers record the call's work
         // on their events when they are dropped, after it was queued.
         self.enqueue(&operands, algorithm, stream)
@@ -185,8 +215,7 @@ impl CudaCommunicator {
         stream: &CudaStream,
     ) -> Result<()> {
         self.check()?;
-        self.supports(algorithm)
-            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        self.assert_supported(algorithm);
         driver::bind(&self.ctx)?;
         let dtype = operands.dtype();
         let count = operands.count();
@@ -305,6 +334,12 @@ impl CudaCommunicator {
             reserved: 0,
             island_of: self.islands.island_of_ranks(),
         }
+    }
+
+    /// How the islands algorithms' exchange between islands travels in this group (`true`:
+    /// through the host-staged inboxes), or why they cannot run.
+    pub fn islands_path(&self) -> std::result::Result<bool, String> {
+        self.islands_path.clone()
     }
 
     /// The islands this communicator's islands algorithms reduce over.

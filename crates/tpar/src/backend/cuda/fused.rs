@@ -4,7 +4,7 @@
 //! the separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever no fused
 //! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same
 //! bits: the semantics and the CPU reference are in [`crate::norm`]; the path is picked by
-//! [`crate::norm::plan`]. The entry an engine calls,
+//! `dispatch::decide_fused` and given to the launch. The entry an engine calls,
 //! with the dispatcher's decision for the allreduce, is on the call path:
 //! `Communicator::fused_add_rms_norm` (crate::communicator's `fused` module).
 
@@ -18,9 +18,8 @@ use super::threads_needed;
 pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use super::{driver, launch_shape, CudaCommunicator};
 use crate::algorithm::Algorithm;
-use crate::dtype::DType;
-use crate::error::{Error, Result};
-use crate::norm::{self, FusedDecision};
+use crate::error::Result;
+use crate::norm;
 
 /// The epilogue's operands (`struct TparNormArgs` in fused.cuh), passed by value.
 #[repr(C)]
@@ -47,72 +46,56 @@ struct FusedArgs {
 }
 
 impl CudaCommunicator {
-    /// Queues the fused op with its allreduce on tpar's `algorithm` (the fused kernel where
-    /// [`CudaCommunicator::fused_plan`] allows, else the allreduce into `y` and the separate
-    /// norm kernel), its operands given as spans checked
-    /// against this rank's GPU, `stream`, one dtype and the call's shape.
+    /// Queues the fused op with its allreduce on tpar's `algorithm`, as the fused kernel where
+    /// `fused` (the dispatcher's `decide_fused`) says so, else the allreduce into `y` and the
+    /// separate norm kernel; its operands given as spans checked against this rank's GPU,
+    /// `stream`, one dtype and the call's shape.
     pub fn fused_add_rms_norm(
         &self,
         spans: FusedSpans<'_>,
         algorithm: Algorithm,
+        fused: bool,
         stream: &CudaStream,
-    ) -> Result<FusedDecision> {
+    ) -> Result<()> {
         let operands = FusedOperands::check(&spans, self.ctx.ordinal(), stream)?;
+        self.refuse_unsupported(algorithm)?;
         // The spans live until this returns, after the work is queued.
-        self.fused_enqueue(&operands, algorithm, stream, false)
+        self.fused_enqueue(&operands, algorithm, fused, stream)
     }
 
-    /// The path a fused call whose allreduce runs on `algorithm` (`None`: NCCL) takes here:
-    /// with `tokens`, the faster of the two where both can run (`tpar tune`'s measurement on
-    /// this machine, else the built-in rule: [`norm::Prefer::Faster`]); without, the fused
-    /// kernel wherever it can run (what benchmarks and self-tests time and check).
-    pub fn fused_plan(
-        &self,
-        algorithm: Option<Algorithm>,
-        dtype: DType,
-        hidden: usize,
-        tokens: Option<usize>,
-    ) -> FusedDecision {
-        let measured = tokens
-            .and_then(|_| crate::backend::machine::fused_table(self.world_size(), dtype, hidden));
-        let prefer = match tokens {
-            None => norm::Prefer::Fused,
-            Some(tokens) => norm::Prefer::Faster {
-                world_size: self.world_size(),
-                tokens,
-                measured: measured.as_deref(),
-            },
-        };
-        norm::plan(algorithm, dtype, hidden, self.layout.payload_lines, prefer)
+    /// Lines of one inbox chunk: what a fused launch's rows must fit (an input of the
+    /// dispatcher's `fused_eligibility`).
+    pub fn payload_lines(&self) -> usize {
+        self.layout.payload_lines
     }
 
     /// Queues the fused op with its allreduce on tpar's `algorithm`: the fused kernel where
-    /// [`CudaCommunicator::fused_plan`] allows (`faster`: where it is also the faster path for
-    /// the call's tokens), else the allreduce into `y` followed by the separate norm kernel.
-    /// Returns the plan it ran.
+    /// `fused` (the dispatcher's decision) says so, else the allreduce into `y` followed by
+    /// the separate norm kernel.
     pub(crate) fn fused_enqueue(
         &self,
         operands: &FusedOperands,
         algorithm: Algorithm,
+        fused: bool,
         cuda_stream: &CudaStream,
-        faster: bool,
-    ) -> Result<FusedDecision> {
+    ) -> Result<()> {
         let call = operands.call();
         let stream = cuda_stream.cu_stream();
-        let plan = self.fused_plan(
-            Some(algorithm),
-            call.dtype,
-            call.hidden,
-            faster.then_some(call.tokens),
-        );
         if !call.validate()? {
-            return Ok(plan);
+            return Ok(());
         }
-        if !plan.fused {
+        if !fused {
             // The allreduce checks the error word.
-            self.unfused_enqueue(operands, algorithm, cuda_stream)?;
-            return Ok(plan);
+            return self.unfused_enqueue(operands, algorithm, cuda_stream);
         }
+        // The dispatcher's fused_eligibility let it through; launching a kernel that does not
+        // exist or rows that do not fit would be a bug, never a fallback.
+        assert!(
+            norm::has_fused_kernel(algorithm)
+                && norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines) > 0,
+            "fused {algorithm} launched for rows of {} that the dispatcher refuses",
+            call.hidden
+        );
         // Both fused kernels take launches of whole rows, as many as norm::rows_per_chunk:
         // one-shot's slot holds the launch's quads by rows; two-shot's stage-one and gather
         // slots hold them at the same positions and the segment sums in lines the quads leave
@@ -122,8 +105,7 @@ impl CudaCommunicator {
             _ => KernelId::FusedOneShot(call.dtype),
         };
         self.check()?;
-        self.supports(algorithm)
-            .map_err(|why| Error::Unsupported(format!("{algorithm} on this group: {why}")))?;
+        self.assert_supported(algorithm);
         driver::bind(&self.ctx)?;
         let function = self.kernels.get(kernel);
         self.next_call(call.elements() as u64, call.dtype, algorithm, true);
@@ -143,7 +125,7 @@ impl CudaCommunicator {
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory.
             unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
-        Ok(plan)
+        Ok(())
     }
 
     /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,
@@ -338,6 +320,7 @@ mod tests {
     use super::super::errors::header_note;
     use super::super::kernels;
     use super::*;
+    use crate::dtype::DType;
 
     #[test]
     fn the_argument_blocks_mirror_the_header() {
