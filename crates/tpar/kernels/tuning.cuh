@@ -53,9 +53,12 @@
 // per byte this rank pushed (0: poll at once). A poll of host memory is a PCIe read whose
 // request travels the same direction as the rank's own pushes, so polls made before the peers'
 // lines can have arrived only slow the pushes down; at 20 ps a byte (about 50 GB/s, a Gen5 x16
-// link) the first poll comes about when the pushes are done.
+// link) the first poll comes about when the pushes are done. One H200, 2 ranks, 2026-12-02
+// (bench/results/2026-12-02-h200-s6-primitives, call 2 without it, call 3 with it; both with
+// the header off the critical path): 4 KiB 3.88 -> 3.69 us, 32 KiB 8.88 -> 7.50, 42 KiB about
+// 10.4 -> 8.89, 256 KiB 41.5 -> 42.7.
 #ifndef TPAR_HOST_POLL_DELAY_PS_PER_BYTE
-#define TPAR_HOST_POLL_DELAY_PS_PER_BYTE 0
+#define TPAR_HOST_POLL_DELAY_PS_PER_BYTE 20
 #endif
 // Peers whose lines a thread loads at once before checking any (wide one-shot): 8 covers the
 // common world sizes in one round trip within 64 registers.

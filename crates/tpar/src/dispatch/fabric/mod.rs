@@ -277,6 +277,17 @@ impl<'a> Fabric<'a> {
         if n == 0 || n > MAX_RANKS {
             return None;
         }
+        // The PCIe-fabric algorithms exist to keep writes from fanning out where they collapse;
+        // on NVLink and on one GPU nothing collapses and they only add steps. Measured on one
+        // H200 with 8 ranks sharing it (2026-12-02, bench/results/2026-12-02-h200-s6-primitives):
+        // staged 9.7 and islands (4+4) 9.6 us at 4 KiB against one-shot's 4.9, the ring 100.7
+        // us at 1 MiB against two-shot's 49.2, where this model costed them below one-shot.
+        // So they are not costed there, and auto never runs them there.
+        if is_pcie_fabric_algorithm(algorithm)
+            && matches!(self.class(), MachineClass::OneGpu | MachineClass::Nvlink)
+        {
+            return None;
+        }
         let islands = match algorithm {
             Algorithm::Islands | Algorithm::IslandsPull => self.islands?,
             _ => Islands::single(n),
@@ -781,4 +792,17 @@ mod tests {
         let one = fabric.estimate(Choice::Tpar(Algorithm::OneShot), DType::Bf16, 16 * KIB);
         assert!(!one.unwrap().collapses);
     }
+}
+
+/// The algorithms built for PCIe fabrics whose posted writes collapse under fan-out: staged,
+/// islands and the ring, push and pull.
+pub fn is_pcie_fabric_algorithm(algorithm: Algorithm) -> bool {
+    matches!(
+        algorithm,
+        Algorithm::Staged
+            | Algorithm::StagedPull
+            | Algorithm::Islands
+            | Algorithm::IslandsPull
+            | Algorithm::Ring
+    )
 }
