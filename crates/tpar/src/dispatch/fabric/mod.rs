@@ -732,6 +732,19 @@ fn collapse(topology: &Topology, findings: Option<&Findings>, link_gbps: f64) ->
     )
 }
 
+/// The algorithms built for PCIe fabrics whose posted writes collapse under fan-out: staged,
+/// islands and the ring, push and pull.
+pub fn is_pcie_fabric_algorithm(algorithm: Algorithm) -> bool {
+    matches!(
+        algorithm,
+        Algorithm::Staged
+            | Algorithm::StagedPull
+            | Algorithm::Islands
+            | Algorithm::IslandsPull
+            | Algorithm::Ring
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,17 +805,4 @@ mod tests {
         let one = fabric.estimate(Choice::Tpar(Algorithm::OneShot), DType::Bf16, 16 * KIB);
         assert!(!one.unwrap().collapses);
     }
-}
-
-/// The algorithms built for PCIe fabrics whose posted writes collapse under fan-out: staged,
-/// islands and the ring, push and pull.
-pub fn is_pcie_fabric_algorithm(algorithm: Algorithm) -> bool {
-    matches!(
-        algorithm,
-        Algorithm::Staged
-            | Algorithm::StagedPull
-            | Algorithm::Islands
-            | Algorithm::IslandsPull
-            | Algorithm::Ring
-    )
 }
