@@ -1,20 +1,26 @@
-//! Waiting for a peer's line with a deadline. Spins briefly (the fast case: the peer is running
-//! on another core), then yields (ranks may outnumber cores, and the peer needs ours), then
-//! sleeps in short steps. While waiting it checks that the awaited peer still exists, so a
-//! killed rank is reported at once instead of at the deadline.
+//! Waiting for a peer's flag with a deadline. Spins briefly (the fast case: the peer runs on
+//! another core and is about to write), then yields (ranks may outnumber cores, and the peer
+//! needs ours), then sleeps in short steps. While waiting it checks that the awaited peer still
+//! exists, so a rank whose process is gone is reported at once instead of at the deadline, and
+//! it lets the caller look for other reasons to stop (a peer that called with other arguments).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::protocol::line::{word_if_tagged, Tag};
 use crate::sys::{liveness, Liveness};
 
-const SPINS: u32 = 256;
-const YIELDS: u32 = 4096;
+/// How long to spin before yielding when every rank has a core of its own.
+pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(20);
+/// ... and when ranks outnumber cores: the peer we wait for may need this very core.
+pub(crate) const SPIN_SHARED: Duration = Duration::from_nanos(500);
+/// Yield for this long before sleeping.
+const YIELD_FOR: Duration = Duration::from_millis(2);
 const SLEEP: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(50);
+/// Spins between two looks at the clock and at the caller's check.
+const SPINS_PER_CHECK: u32 = 64;
 
 /// What a rank is waiting for, for error messages.
 #[derive(Clone, Copy, Debug)]
@@ -38,62 +44,81 @@ impl fmt::Display for Phase {
 /// reaching a Python caller, for one).
 pub type InterruptCheck = dyn Fn() -> bool + Send + Sync;
 
-/// The deadline and the peers' process ids (where this rank can see them).
+/// The deadline, the peers' process ids (where this rank can see them) and how long to spin.
 pub(crate) struct Watch<'a> {
     pub timeout: Duration,
     pub peer_pids: &'a [Option<u32>],
     pub interrupted: Option<&'a InterruptCheck>,
+    /// Spinning before the first yield ([`SPIN_ALONE`] or [`SPIN_SHARED`]).
+    pub spin: Duration,
 }
 
 impl Watch<'_> {
-    /// The payload word of `line` once it carries `tag`.
+    /// Returns once `flag` holds `epoch`. `check` runs now and then while the flag is late and
+    /// may end the wait with its own error (a mismatched call seen in the peer's header).
     #[inline]
-    pub fn word(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
-        match word_if_tagged(line.load(Ordering::Acquire), tag) {
-            Some(word) => Ok(word),
-            None => self.slow(line, tag, peer, phase),
+    pub fn until(
+        &self,
+        flag: &AtomicU64,
+        epoch: u64,
+        peer: usize,
+        phase: Phase,
+        check: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        if flag.load(Ordering::Acquire) == epoch {
+            return Ok(());
         }
+        self.slow(flag, epoch, peer, phase, check)
     }
 
     #[cold]
-    fn slow(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
+    fn slow(
+        &self,
+        flag: &AtomicU64,
+        epoch: u64,
+        peer: usize,
+        phase: Phase,
+        check: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
         let start = Instant::now();
-        let mut last_check = start;
-        let mut tries: u32 = 0;
+        let mut last_liveness = start;
+        let mut spins: u32 = 0;
         loop {
-            if let Some(word) = word_if_tagged(line.load(Ordering::Acquire), tag) {
-                return Ok(word);
+            if flag.load(Ordering::Acquire) == epoch {
+                return Ok(());
             }
-            tries = tries.saturating_add(1);
-            if tries < SPINS {
+            spins = spins.wrapping_add(1);
+            if spins % SPINS_PER_CHECK != 0 {
                 std::hint::spin_loop();
                 continue;
-            } else if tries < YIELDS {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(SLEEP);
             }
-            if tries % 16 == 0 || tries >= YIELDS {
-                let now = now_after(start);
-                let waited = now - start;
-                if waited >= self.timeout {
-                    return Err(Error::PeerTimeout {
+            let now = now_after(start);
+            let waited = now - start;
+            if waited >= self.spin + YIELD_FOR {
+                std::thread::sleep(SLEEP);
+            } else if waited >= self.spin {
+                std::thread::yield_now();
+                // Every yield is a check (the clock, the caller's check) from here on.
+                spins = spins.wrapping_add(SPINS_PER_CHECK - 1);
+            }
+            check()?;
+            if waited >= self.timeout {
+                return Err(Error::PeerTimeout {
+                    peer,
+                    phase: phase.to_string(),
+                    waited,
+                });
+            }
+            if now - last_liveness >= LIVENESS_EVERY {
+                last_liveness = now;
+                if let Some(err) = self.gone_peers(peer, phase) {
+                    return Err(err);
+                }
+                if self.interrupted.is_some_and(|stop| stop()) {
+                    return Err(Error::Interrupted {
                         peer,
                         phase: phase.to_string(),
-                        waited,
                     });
-                }
-                if now - last_check >= LIVENESS_EVERY {
-                    last_check = now;
-                    if let Some(err) = self.gone_peers(peer, phase) {
-                        return Err(err);
-                    }
-                    if self.interrupted.is_some_and(|stop| stop()) {
-                        return Err(Error::Interrupted {
-                            peer,
-                            phase: phase.to_string(),
-                        });
-                    }
                 }
             }
         }
@@ -141,8 +166,11 @@ fn now_after(start: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::line::pack;
     use std::sync::Arc;
+
+    fn never() -> Result<()> {
+        Ok(())
+    }
 
     const PHASE: Phase = Phase {
         step: "test",
@@ -150,51 +178,68 @@ mod tests {
         chunk: 0,
     };
 
+    fn watch<'a>(timeout: Duration, pids: &'a [Option<u32>]) -> Watch<'a> {
+        Watch {
+            timeout,
+            peer_pids: pids,
+            interrupted: None,
+            spin: SPIN_ALONE,
+        }
+    }
+
     #[test]
-    fn returns_a_word_written_later_by_another_thread() {
-        let line = Arc::new(AtomicU64::new(0));
-        let tag = Tag::for_epoch(7);
+    fn returns_once_another_thread_raises_the_flag() {
+        let flag = Arc::new(AtomicU64::new(6));
         let writer = {
-            let line = line.clone();
+            let flag = flag.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(20));
-                line.store(pack(tag, 99), Ordering::Release);
+                flag.store(7, Ordering::Release);
             })
         };
-        let watch = Watch {
-            timeout: Duration::from_secs(5),
-            peer_pids: &[],
-            interrupted: None,
-        };
-        assert_eq!(watch.word(&line, tag, 1, PHASE).unwrap(), 99);
+        let start = Instant::now();
+        watch(Duration::from_secs(5), &[])
+            .until(&flag, 7, 1, PHASE, &mut never)
+            .unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(15));
         writer.join().unwrap();
     }
 
     #[test]
+    fn the_callers_check_ends_a_late_wait_with_its_error() {
+        let flag = AtomicU64::new(0);
+        let mut calls = 0;
+        let err = watch(Duration::from_secs(30), &[])
+            .until(&flag, 1, 1, PHASE, &mut || {
+                calls += 1;
+                Err(Error::InvalidArgument("seen".into()))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("seen"), "{err}");
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
     fn an_interrupt_stops_the_wait_naming_the_peer() {
-        let line = AtomicU64::new(0);
+        let flag = AtomicU64::new(0);
         let stop = || true;
         let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &[],
             interrupted: Some(&stop),
+            ..watch(Duration::from_secs(30), &[])
         };
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        let err = watch.until(&flag, 1, 1, PHASE, &mut never).unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(matches!(err, Error::Interrupted { peer: 1, .. }), "{err}");
     }
 
     #[test]
     fn times_out_naming_the_peer_and_phase() {
-        let line = AtomicU64::new(pack(Tag::for_epoch(6), 1)); // stale epoch
-        let watch = Watch {
-            timeout: Duration::from_millis(100),
-            peer_pids: &[None, None, None],
-            interrupted: None,
-        };
+        let flag = AtomicU64::new(6); // a stale epoch
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(7), 2, PHASE).unwrap_err();
+        let err = watch(Duration::from_millis(100), &[None, None, None])
+            .until(&flag, 7, 2, PHASE, &mut never)
+            .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(2));
         let msg = err.to_string();
         assert!(
@@ -208,16 +253,14 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
-        let line = AtomicU64::new(0);
+        let flag = AtomicU64::new(0);
         let pids = [None, Some(pid)];
-        let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &pids,
-            interrupted: None,
-        };
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        let err = watch(Duration::from_secs(30), &pids)
+            .until(&flag, 1, 1, PHASE, &mut never)
+            .unwrap_err();
         assert!(matches!(err, Error::PeerGone { peer: 1, .. }), "{err}");
+        assert!(err.to_string().contains("exited"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
     }
 
@@ -233,13 +276,10 @@ mod tests {
             Some(child.id()),
             Some(std::process::id()),
         ];
-        let watch = Watch {
-            timeout: Duration::from_millis(600),
-            peer_pids: &pids,
-            interrupted: None,
-        };
-        let line = AtomicU64::new(0);
-        let err = watch.word(&line, Tag::for_epoch(1), 2, PHASE).unwrap_err();
+        let flag = AtomicU64::new(0);
+        let err = watch(Duration::from_millis(600), &pids)
+            .until(&flag, 1, 2, PHASE, &mut never)
+            .unwrap_err();
         assert!(matches!(err, Error::PeerTimeout { peer: 2, .. }), "{err}");
     }
 
@@ -254,15 +294,10 @@ mod tests {
             .collect();
         let alive = Some(std::process::id());
         let pids = [alive, pids[1], alive, pids[2]];
-        let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &pids,
-            interrupted: None,
-        };
         // Waiting on rank 3 (gone): it comes first, and rank 1 is named too.
-        let line = AtomicU64::new(0);
-        let msg = watch
-            .word(&line, Tag::for_epoch(1), 3, PHASE)
+        let flag = AtomicU64::new(0);
+        let msg = watch(Duration::from_secs(30), &pids)
+            .until(&flag, 1, 3, PHASE, &mut never)
             .unwrap_err()
             .to_string();
         assert!(
