@@ -36,9 +36,11 @@ pub struct BenchArgs {
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", help = concat!(
         "Algorithms to time, comma-separated, from: ", tpar_harness::route_names!(),
-        " (CPU: one-shot, two-shot) [default: all the backend has]"
+        " (CPU: all but host-staged, nccl and auto) [default: all the backend has]"
     ))]
     algos: Option<String>,
+    #[arg(long, value_name = "PARTITION", help = crate::args::ISLANDS_HELP)]
+    islands: Option<String>,
     /// Timed calls per size and algorithm (CUDA: timed graph replays).
     #[arg(long, default_value_t = 100, value_parser = crate::args::iterations_arg)]
     iters: usize,
@@ -167,6 +169,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         parse_size,
     )?;
     let sizes = sizes_with_counts(&bytes, dtype)?;
+    let islands = crate::args::parse_islands(args.islands.as_deref(), world_size)?;
     let timeout = args.timeout;
     for (flag, path) in [("json", &args.json), ("plot", &args.plot)] {
         if let Some(path) = path {
@@ -184,6 +187,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 replays: args.iters,
                 warmup: args.warmup.unwrap_or(cuda_bench::DEFAULT_WARMUP),
                 chain: args.chain,
+                islands,
             },
             timeout,
             args.json,
@@ -205,6 +209,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             warmup: args.warmup.unwrap_or(cpu_bench::default_warmup(args.iters)),
             dtype,
             timeout,
+            islands,
         },
         json: args.json,
         plot: args.plot,

@@ -47,8 +47,22 @@ fn selftest_passes_for_world_sizes_1_to_8() {
             "world size {n}:\n{stdout}\n{}",
             text(&out.stderr)
         );
-        // 3 dtypes x 2 algorithms x 5 counts x 2 placements (+ the timeout case when n > 1).
-        let rows = 60 + usize::from(n > 1);
+        // 3 dtypes x 5 counts x 2 placements for each algorithm, the islands algorithms once
+        // per island partition; with n > 1 also a timeout case and a mismatch case for each
+        // algorithm.
+        let algorithms = tpar::CpuCommunicator::ALGORITHMS;
+        let islands = [tpar::Algorithm::Islands, tpar::Algorithm::IslandsPull];
+        let runs: usize = algorithms
+            .iter()
+            .map(|a| {
+                if islands.contains(a) {
+                    tpar_harness::cpu_selftest::island_partitions(n).len()
+                } else {
+                    1
+                }
+            })
+            .sum();
+        let rows = 30 * runs + if n > 1 { 2 * algorithms.len() } else { 0 };
         assert!(
             stdout.contains(&format!("selftest: {rows} passed, 0 failed")),
             "world size {n}:\n{stdout}"

@@ -10,7 +10,7 @@ use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
-use tpar::{Algorithm, Config, CpuCommunicator, DType};
+use tpar::{Algorithm, Config, CpuCommunicator, DType, Islands};
 
 /// Untimed calls before timing, unless asked otherwise: a tenth of the timed ones, at least 5.
 pub fn default_warmup(iters: usize) -> usize {
@@ -26,6 +26,8 @@ pub struct CpuBenchSettings {
     pub warmup: usize,
     pub dtype: DType,
     pub timeout: Duration,
+    /// The island partition of the islands algorithms (`None`: the backend's default).
+    pub islands: Option<Islands>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -55,6 +57,7 @@ pub fn run(
     let world_size = rank.world_size();
     let config = Config {
         timeout: plan.timeout,
+        islands: plan.islands,
         ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;

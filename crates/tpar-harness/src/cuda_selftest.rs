@@ -28,6 +28,9 @@ pub struct CudaSelftestSettings {
     pub timeout: Duration,
     pub timeout_case: bool,
     pub replays: usize,
+    /// The island partition of the islands algorithms (`Config::islands`; `None`: the
+    /// machine's).
+    pub islands: Option<tpar::Islands>,
 }
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
@@ -113,6 +116,7 @@ pub fn run(make: MakeGroup<'_>, plan: &CudaSelftestSettings) -> Result<Sweep> {
     // A fresh group: the GPU and the process must be fine after the timeout.
     let mut group = make(Config {
         timeout: plan.timeout,
+        islands: plan.islands,
         ..Config::default()
     })?;
     leader |= group.is_leader();

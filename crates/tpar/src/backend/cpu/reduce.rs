@@ -63,11 +63,38 @@ pub fn sum(dtype: DType, count: usize, operands: &[Operand<'_>], target: Target<
             assert!(len >= count * size_of(partials), "operand too short");
         }
     }
+    BLOCKS.with_borrow_mut(|blocks| {
+        let Blocks { acc, staging } = &mut **blocks;
+        sum_blocks(dtype, count, operands, target, acc, staging);
+    });
+}
+
+/// The accumulator and the staging block of a thread, kept between calls: zeroing 16 KiB on
+/// every call would cost as much as a small message's whole reduction.
+struct Blocks {
+    acc: [f32; BLOCK],
+    /// Where an operand or the target is not aligned for its element type, its block goes
+    /// through this aligned copy (callers' buffers may start anywhere; segments are aligned).
+    staging: [u32; BLOCK],
+}
+
+thread_local! {
+    static BLOCKS: std::cell::RefCell<Box<Blocks>> = std::cell::RefCell::new(Box::new(Blocks {
+        acc: [0.0; BLOCK],
+        staging: [0; BLOCK],
+    }));
+}
+
+fn sum_blocks(
+    dtype: DType,
+    count: usize,
+    operands: &[Operand<'_>],
+    target: Target<'_>,
+    acc: &mut [f32; BLOCK],
+    staging: &mut [u32; BLOCK],
+) {
+    let size_of = |partials: bool| if partials { 4 } else { dtype.size() };
     let kernels = simd::kernels();
-    let mut acc = [0f32; BLOCK];
-    // Where an operand or the target is not aligned for its element type, its block goes
-    // through this aligned copy (callers' buffers may start anywhere; segments are aligned).
-    let mut staging = [0u32; BLOCK];
     let mut target = target;
     let mut start = 0;
     while start < count {
@@ -84,7 +111,7 @@ pub fn sum(dtype: DType, count: usize, operands: &[Operand<'_>], target: Target<
             };
             let size = size_of(partials);
             let src = &bytes[start * size..(start + len) * size];
-            let src = aligned(src, &mut staging);
+            let src = aligned(src, staging);
             let first = i == 0;
             if partials || dtype == DType::F32 {
                 let src: &[f32] = bytemuck::cast_slice(src);
