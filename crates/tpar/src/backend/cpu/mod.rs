@@ -33,6 +33,9 @@ pub use crate::wait::InterruptCheck;
 use crate::wait::{SPIN_ALONE, SPIN_SHARED};
 use layout::{CpuLayout, SEGMENT_HEADER_BYTES};
 
+/// The stamp (six words) fits before the first buffer.
+const _: () = assert!(SEGMENT_HEADER_BYTES >= 6 * 8);
+
 const SEGMENT_MAGIC: u64 = 0x7470_6172_5f73_686d; // "tpar_shm"
 /// 2: the CPU layout of [`layout`] (1 was the GPU's LL lines).
 const SEGMENT_VERSION: u64 = 2;
@@ -241,7 +244,6 @@ impl CpuCommunicator {
         segments[rank].unlink();
 
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        debug_assert!(SEGMENT_HEADER_BYTES >= 6 * 8);
         Ok(CpuCommunicator {
             rank,
             world_size,

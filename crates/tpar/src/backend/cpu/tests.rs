@@ -573,8 +573,8 @@ fn schedule_result(
 /// magnitude, of both signs.
 fn order_sensitive_input(dtype: DType, rank: usize, seed: u64, count: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; count * dtype.size()];
-    let mut x =
-        seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (rank as u64 + 1) * 0x2545_f491_4f6c_dd1d;
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (rank as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
     for i in 0..count {
         x ^= x << 13;
         x ^= x >> 7;
