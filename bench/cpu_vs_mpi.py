@@ -18,6 +18,7 @@ algorithm at each size against MPI.
 
     python3 bench/cpu_vs_mpi.py
     python3 bench/cpu_vs_mpi.py --ranks 2 --dtypes bf16 --sizes 4K,1M --rounds 5
+    python3 bench/cpu_vs_mpi.py --realtime     # both peers under chrt -f 10 (root)
 
 Needs Open MPI (mpirun, mpicc): on Debian or Ubuntu `apt-get install openmpi-bin
 libopenmpi-dev`. Builds tpar (`cargo build --release -p tpar-cli`) when target/release/tpar is
@@ -77,6 +78,10 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+# `chrt -f 10` in front of both peers' commands with --realtime.
+PREFIX: list[str] = []
+
+
 def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
     if done.returncode != 0:
@@ -107,7 +112,7 @@ def tpar_binary(given: str | None) -> str:
 
 
 def mpi_round(mpirun, exe, n, dtype, sizes, iters, warmup) -> dict[int, dict]:
-    cmd = [mpirun, "-np", str(n), "--oversubscribe"]
+    cmd = [*PREFIX, mpirun, "-np", str(n), "--oversubscribe"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += [exe, dtype, str(iters), str(warmup)] + [str(s) for s in sizes]
@@ -118,7 +123,7 @@ def mpi_round(mpirun, exe, n, dtype, sizes, iters, warmup) -> dict[int, dict]:
 def tpar_round(tpar, n, dtype, sizes, algos, iters, warmup) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "tpar.json"
-        cmd = [tpar, "bench", "--backend", "cpu", "-n", str(n), "--dtype", dtype]
+        cmd = [*PREFIX, tpar, "bench", "--backend", "cpu", "-n", str(n), "--dtype", dtype]
         cmd += ["--sizes", ",".join(str(s) for s in sizes), "--algos", algos]
         cmd += ["--iters", str(iters), "--warmup", str(warmup), "--json", str(out)]
         run(cmd)
@@ -223,6 +228,7 @@ def compare(args, mpirun, exe, mpi_version, tpar, n, dtype) -> tuple[dict, list[
             ),
             "tpar": f"tpar bench --backend cpu --algos {args.algos}",
         },
+        "scheduling": "SCHED_FIFO (chrt -f 10)" if PREFIX else "the default (CFS)",
         "load_average": {"before": loads[0], "after": loads[1]},
         "results": results,
     }
@@ -243,6 +249,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20, help="untimed calls first")
     parser.add_argument("--rounds", type=int, default=3, help="alternating runs of each peer")
     parser.add_argument("--tpar", help="the tpar binary [default: target/release/tpar]")
+    parser.add_argument(
+        "--realtime",
+        action="store_true",
+        help="run both peers under `chrt -f 10` (SCHED_FIFO; needs root): on a machine that "
+        "others load, other processes then take the cores only in the kernel's 5%% reserve",
+    )
     parser.add_argument("--out-dir", default=str(ROOT / "bench" / "results"))
     parser.add_argument(
         "--name", default="", help="file name tag [default: the host name and the date]"
@@ -256,6 +268,8 @@ def main() -> int:
     if min(args.ranks) < 2 or args.rounds < 1 or args.iters < 1 or args.warmup < 0:
         parser.error("--ranks need at least 2, --rounds and --iters at least 1")
 
+    if args.realtime:
+        PREFIX.extend(["chrt", "-f", "10"])
     mpirun, mpicc, mpi_version = open_mpi()
     tpar = tpar_binary(args.tpar)
     out_dir = Path(args.out_dir)

@@ -47,7 +47,8 @@ pub struct SelftestArgs {
     /// Seconds a rank waits for a peer in the sweep.
     #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
     timeout: std::time::Duration,
-    /// Skip the peer-timeout cases (they cost about a second).
+    /// Skip the fault cases (CPU: a silent peer and a mismatched call per algorithm; CUDA: a
+    /// silent peer); they cost about a second.
     #[arg(long)]
     no_timeout_case: bool,
 }

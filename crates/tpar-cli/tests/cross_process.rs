@@ -98,9 +98,15 @@ fn bench_writes_json_with_every_row_correct() {
         );
     }
     let rows = json["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 4);
+    // Every algorithm of the CPU backend at each size.
+    let algorithms = tpar::CpuCommunicator::ALGORITHMS;
+    assert_eq!(rows.len(), 2 * algorithms.len());
     let sizes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
-    assert_eq!(sizes, vec![4096, 4096, 262144, 262144]);
+    let want: Vec<u64> = [4096u64, 262144]
+        .iter()
+        .flat_map(|&s| std::iter::repeat_n(s, algorithms.len()))
+        .collect();
+    assert_eq!(sizes, want);
     for row in rows {
         assert_eq!(row["correct"], true, "{row}");
         assert!(row["p50_us"].as_f64().unwrap() > 0.0);

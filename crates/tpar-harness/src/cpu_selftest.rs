@@ -20,8 +20,8 @@ pub struct CpuSelftestSettings {
     pub algorithms: Vec<Algorithm>,
     /// How long a rank waits for a peer in the sweep.
     pub timeout: Duration,
-    /// Run the peer-timeout cases first (they cost about a second together; need two ranks
-    /// or more).
+    /// Run the fault cases first: per algorithm a silent peer (they cost about a second
+    /// together) and a mismatched call. They need two ranks or more.
     pub timeout_case: bool,
     /// The island partition of the islands algorithms; `None`: several (see
     /// [`island_partitions`]).
@@ -104,7 +104,7 @@ pub fn run(
     } else {
         Vec::new()
     };
-    let mismatches = if n > 1 {
+    let mismatches = if plan.timeout_case && n > 1 {
         mismatch_cases(rank, plan)?
     } else {
         Vec::new()

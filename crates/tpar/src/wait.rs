@@ -11,8 +11,12 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::sys::{liveness, Liveness};
 
-/// How long to spin before yielding when every rank has a core of its own.
-pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(20);
+/// How long to spin before yielding when every rank has a core of its own: a peer running
+/// beside this rank writes within a microsecond or two; one that takes longer may share this
+/// core with it (other processes load the machine), and then every microsecond spun is one it
+/// cannot run. (20 us here made a 4 KiB two-shot take 43 us instead of 2 on a machine at load
+/// 4 on 2 cores: two waits spun out in full while the peer waited for the core.)
+pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(3);
 /// ... and when ranks outnumber cores: the peer we wait for may need this very core.
 pub(crate) const SPIN_SHARED: Duration = Duration::from_nanos(500);
 /// Yield for this long before sleeping.
@@ -20,7 +24,7 @@ const YIELD_FOR: Duration = Duration::from_millis(2);
 const SLEEP: Duration = Duration::from_micros(50);
 const LIVENESS_EVERY: Duration = Duration::from_millis(50);
 /// Spins between two looks at the clock and at the caller's check.
-const SPINS_PER_CHECK: u32 = 64;
+const SPINS_PER_CHECK: u32 = 16;
 
 /// What a rank is waiting for, for error messages.
 #[derive(Clone, Copy, Debug)]

@@ -119,6 +119,9 @@ fn read_and_write(
     }
 }
 
+/// Bytes reduced at a time where the result is sent on at once (a whole number of units).
+const PIECE_BYTES: usize = 16 << 10;
+
 /// The header's 8 words packed into 4 words of 8 bytes after a cell's flag.
 const HEADER_WORDS: usize = HEADER_LINES / 2;
 
@@ -299,7 +302,7 @@ impl Round<'_> {
     fn one_shot(&mut self, data: &mut Data<'_>) -> Result<()> {
         let len = data.out.len();
         self.raise(self.rank, Cell::Header, true);
-        for peer in self.peers().collect::<Vec<_>>() {
+        for peer in self.peers() {
             self.send(peer, self.rank, 0, data.mine());
             self.raise(peer, Cell::Input(self.rank), true);
         }
@@ -331,7 +334,7 @@ impl Round<'_> {
         let (n, rank, len) = (self.world_size, self.rank, data.out.len());
         let gather = n;
         self.raise(rank, Cell::Header, true);
-        for owner in self.peers().collect::<Vec<_>>() {
+        for owner in self.peers() {
             let part = self.share_bytes(len, n, owner);
             self.send(owner, rank, part.start, &data.mine()[part]);
             self.raise(owner, Cell::Input(rank), true);
@@ -345,10 +348,18 @@ impl Round<'_> {
                 true,
             )?;
         }
+        // The owned share a piece at a time, each piece sent on while it is still in L1.
         let mine = self.share_bytes(len, n, rank);
-        self.sum_in_rank_order(data, &mine, |me, peer| me.slot(rank, peer, &mine));
-        for peer in self.peers().collect::<Vec<_>>() {
-            self.send(peer, gather, mine.start, &data.out[mine.clone()]);
+        let mut at = mine.start;
+        while at < mine.end {
+            let piece = at..(at + PIECE_BYTES).min(mine.end);
+            self.sum_in_rank_order(data, &piece, |me, peer| me.slot(rank, peer, &piece));
+            for peer in self.peers() {
+                self.send(peer, gather, piece.start, &data.out[piece.clone()]);
+            }
+            at = piece.end;
+        }
+        for peer in self.peers() {
             self.raise(peer, Cell::Final(rank), false);
         }
         for owner in self.peers() {
