@@ -4,12 +4,12 @@
 //! and a rank whose process exits right after its communicator was created, which its peer
 //! must report as exited at once rather than at the deadline as stuck (issue 30, defect 4).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::path::PathBuf;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{job_segments, tpar_command as tpar};
+use common::{job_segments, spawn_external, text, token, tpar_command as tpar};
 
 /// The algorithms tpar's CPU backend added beside one-shot and two-shot, with the islands the
 /// islands forms run over (uneven on purpose).
@@ -21,21 +21,6 @@ const NEW_ALGORITHMS: [(&str, &str); 6] = [
     ("islands-pull", "0,2:1,3"),
     ("ring", ""),
 ];
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn token(tag: &str) -> String {
-    format!(
-        "test-{tag}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
-}
 
 /// `tpar debug-rank` under tpar's own launcher with `args`, islands set where given.
 fn debug_rank(token: &str, islands: &str, args: &[&str]) -> (Output, Duration) {
@@ -49,6 +34,17 @@ fn debug_rank(token: &str, islands: &str, args: &[&str]) -> (Output, Duration) {
     let start = Instant::now();
     let out = cmd.output().expect("tpar runs");
     (out, start.elapsed())
+}
+
+/// `tpar debug-rank -n N --algo ALGO` with `fault`'s flags, under a fresh job token.
+fn faulty_run(algo: &str, islands: &str, n: usize, fault: &[&str]) -> (String, Output, Duration) {
+    let token = token("fault");
+    let n = n.to_string();
+    let mut args = vec!["-n", &n, "--algo", algo];
+    args.extend_from_slice(fault);
+    let (out, took) = debug_rank(&token, islands, &args);
+    assert!(!out.status.success(), "{algo} {fault:?} should fail");
+    (token, out, took)
 }
 
 /// The error line rank `rank` printed.
@@ -89,25 +85,9 @@ fn every_new_algorithm_runs_across_processes() {
 #[test]
 fn a_rank_killed_mid_run_is_named_by_the_others_in_every_new_algorithm() {
     let timeout = 5;
+    let fault = ["--calls", "200", "--die-on", "1@20", "--timeout", "5"];
     for (algo, islands) in NEW_ALGORITHMS {
-        let token = token("kill");
-        let (out, took) = debug_rank(
-            &token,
-            islands,
-            &[
-                "-n",
-                "4",
-                "--algo",
-                algo,
-                "--calls",
-                "200",
-                "--die-on",
-                "1@20",
-                "--timeout",
-                &timeout.to_string(),
-            ],
-        );
-        assert!(!out.status.success(), "{algo}");
+        let (token, out, took) = faulty_run(algo, islands, 4, &fault);
         let stderr = text(&out.stderr);
         for rank in [0, 2, 3] {
             let line = error_of(&stderr, rank);
@@ -126,25 +106,9 @@ fn a_rank_that_stops_calling_is_named_by_the_others_in_the_staged_islands_and_ri
     // The forms in which a rank does not wait on every peer in its first step: the others must
     // still name the silent rank, not a neighbour stuck behind it. (Each run lasts the
     // deadline and then the launcher's grace period before it kills the silent rank.)
+    let fault = ["--calls", "20", "--stall-on", "2@5", "--timeout", "1"];
     for (algo, islands) in [("staged", ""), ("islands", "1+3"), ("ring", "")] {
-        let token = token("stall");
-        let (out, _) = debug_rank(
-            &token,
-            islands,
-            &[
-                "-n",
-                "4",
-                "--algo",
-                algo,
-                "--calls",
-                "20",
-                "--stall-on",
-                "2@5",
-                "--timeout",
-                "1",
-            ],
-        );
-        assert!(!out.status.success(), "{algo}");
+        let (_, out, _) = faulty_run(algo, islands, 4, &fault);
         let stderr = text(&out.stderr);
         for rank in [0, 1, 3] {
             let line = error_of(&stderr, rank);
@@ -158,25 +122,9 @@ fn a_rank_that_stops_calling_is_named_by_the_others_in_the_staged_islands_and_ri
 
 #[test]
 fn a_rank_passing_another_count_fails_every_rank_in_every_new_algorithm() {
+    let fault = ["--count", "1024", "--count-on", "2=2048", "--timeout", "10"];
     for (algo, islands) in NEW_ALGORITHMS {
-        let token = token("count");
-        let (out, took) = debug_rank(
-            &token,
-            islands,
-            &[
-                "-n",
-                "4",
-                "--algo",
-                algo,
-                "--count",
-                "1024",
-                "--count-on",
-                "2=2048",
-                "--timeout",
-                "10",
-            ],
-        );
-        assert!(!out.status.success(), "{algo}");
+        let (_, out, took) = faulty_run(algo, islands, 4, &fault);
         let stderr = text(&out.stderr);
         for rank in 0..4 {
             let line = error_of(&stderr, rank);
@@ -189,31 +137,6 @@ fn a_rank_passing_another_count_fails_every_rank_in_every_new_algorithm() {
         }
         assert!(took < Duration::from_secs(10), "{algo}: {took:?}");
     }
-}
-
-/// Starts `ranks` of a job of `world_size` as an outside launcher would (each rank a process
-/// of its own, not watched by tpar's launcher).
-fn spawn_external(
-    dir: &Path,
-    token: &str,
-    world_size: usize,
-    args: &[&str],
-) -> Vec<(usize, Child)> {
-    (0..world_size)
-        .map(|rank| {
-            let child = tpar()
-                .args(args)
-                .env("TPAR_RENDEZVOUS", dir)
-                .env("TPAR_JOB_TOKEN", token)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world_size.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (rank, child)
-        })
-        .collect()
 }
 
 #[test]
@@ -233,6 +156,7 @@ fn a_rank_that_exits_right_after_creation_is_named_exited_long_before_the_deadli
             &dir,
             &token,
             2,
+            &[0, 1],
             &[
                 "debug-rank",
                 "--calls",

@@ -5,28 +5,18 @@
 //! time it took, and that nothing of the job is left in /dev/shm.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{job_segments as leftover_segments, tpar_command as tpar};
+use common::{
+    job_segments as leftover_segments, spawn_external, text, token, tpar_command as tpar,
+};
 
 fn run(cmd: &mut Command) -> (Output, Duration) {
     let start = Instant::now();
     let out = cmd.output().expect("tpar runs");
     (out, start.elapsed())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn token(tag: &str) -> String {
-    format!(
-        "test-{tag}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    )
 }
 
 #[test]
@@ -260,32 +250,6 @@ fn a_rank_killed_mid_run_fails_the_others_in_time_and_leaves_no_segment() {
     );
     assert!(took < Duration::from_secs(timeout + 1), "{took:?}");
     assert_eq!(leftover_segments(&token), Vec::<String>::new());
-}
-
-/// Starts `ranks` of a job of `world_size` as an outside launcher would.
-fn spawn_external(
-    dir: &Path,
-    token: &str,
-    world_size: usize,
-    ranks: &[usize],
-    args: &[&str],
-) -> Vec<(usize, Child)> {
-    ranks
-        .iter()
-        .map(|&rank| {
-            let child = tpar()
-                .args(args)
-                .env("TPAR_RENDEZVOUS", dir)
-                .env("TPAR_JOB_TOKEN", token)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world_size.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (rank, child)
-        })
-        .collect()
 }
 
 /// Nothing of an outside-launched job stays in /dev/shm; then its directory is removed.

@@ -1,6 +1,6 @@
 //! Waiting for a peer's flag with a deadline. Spins briefly (the fast case: the peer runs on
 //! another core and is about to write), then yields (ranks may outnumber cores, and the peer
-//! needs ours), then sleeps in short steps. While waiting it checks that the awaited peer still
+//! needs ours), then sleeps in short, growing steps. While waiting it checks that the awaited peer still
 //! exists, so a rank whose process is gone is reported at once instead of at the deadline, and
 //! it lets the caller look for other reasons to stop (a peer that called with other arguments).
 
@@ -21,7 +21,11 @@ pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(3);
 pub(crate) const SPIN_SHARED: Duration = Duration::from_nanos(500);
 /// Yield for this long before sleeping.
 const YIELD_FOR: Duration = Duration::from_millis(2);
+/// The first sleep; each next one doubles, up to [`SLEEP_MAX`]: a wait that reached the sleeps
+/// is already long, and many of them at once (a job of many ranks waiting out a silent peer)
+/// must not keep the cores busy waking up.
 const SLEEP: Duration = Duration::from_micros(50);
+const SLEEP_MAX: Duration = Duration::from_micros(500);
 const LIVENESS_EVERY: Duration = Duration::from_millis(50);
 /// Spins between two looks at the clock and at the caller's check.
 const SPINS_PER_CHECK: u32 = 16;
@@ -87,6 +91,7 @@ impl Watch<'_> {
         let start = Instant::now();
         let mut last_liveness = start;
         let mut spins: u32 = 0;
+        let mut sleep = SLEEP;
         loop {
             if flag.load(Ordering::Acquire) == epoch {
                 return Ok(());
@@ -99,7 +104,8 @@ impl Watch<'_> {
             let now = now_after(start);
             let waited = now - start;
             if waited >= self.spin + YIELD_FOR {
-                std::thread::sleep(SLEEP);
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(SLEEP_MAX);
             } else if waited >= self.spin {
                 std::thread::yield_now();
                 // Every yield is a check (the clock, the caller's check) from here on.

@@ -122,6 +122,31 @@ fn read_and_write(
 /// Bytes reduced at a time where the result is sent on at once (a whole number of units).
 const PIECE_BYTES: usize = 16 << 10;
 
+/// `out[bytes] = operands[0] + operands[1] + ...`, rounded to `dtype` ([`sum`]).
+fn sum_into_out(dtype: DType, out: &mut [u8], bytes: &Range<usize>, operands: &[Operand<'_>]) {
+    let count = bytes.len() / dtype.size();
+    sum(
+        dtype,
+        count,
+        operands,
+        Target::Elements(&mut out[bytes.clone()]),
+    );
+}
+
+/// The inputs of this rank's island over one range, in rank order: this rank's own `mine`,
+/// each other member's from `theirs(member)`.
+fn island_inputs<'s>(
+    islands: &Islands,
+    rank: usize,
+    mine: &'s [u8],
+    theirs: impl Fn(usize) -> &'s [u8],
+) -> Vec<Operand<'s>> {
+    islands
+        .members(islands.island_of(rank))
+        .map(|m| Operand::Elements(if m == rank { mine } else { theirs(m) }))
+        .collect()
+}
+
 /// The header's 8 words packed into 4 words of 8 bytes after a cell's flag.
 const HEADER_WORDS: usize = HEADER_LINES / 2;
 
@@ -129,13 +154,8 @@ impl Round<'_> {
     pub fn run(&mut self, mut data: Data<'_>) -> Result<()> {
         if self.world_size == 1 {
             let all = 0..data.out.len();
-            let count = data.elements(&all);
-            sum(
-                data.dtype,
-                count,
-                &[mine_into_out(data.input, &all)],
-                Target::Elements(data.out),
-            );
+            let mine = [mine_into_out(data.input, &all)];
+            sum_into_out(data.dtype, data.out, &all, &mine);
             return Ok(());
         }
         match self.header.algorithm {
@@ -261,6 +281,39 @@ impl Round<'_> {
         self.segments[segment].write(range.start + offset, data);
     }
 
+    /// Copies `data` into slot `slot` of `segment` at `offset`, then raises `cell` there: a
+    /// push into a peer's segment, or a publication in this rank's own.
+    fn post(
+        &mut self,
+        segment: usize,
+        slot: usize,
+        offset: usize,
+        data: &[u8],
+        cell: Cell,
+        with_header: bool,
+    ) {
+        self.send(segment, slot, offset, data);
+        self.raise(segment, cell, with_header);
+    }
+
+    /// Waits for `cell` of `segment` (raised by `peer`), then copies `bytes` of slot `slot`
+    /// there into the same bytes of `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn fetch(
+        &self,
+        out: &mut [u8],
+        segment: usize,
+        cell: Cell,
+        peer: usize,
+        step: &'static str,
+        slot: usize,
+        bytes: &Range<usize>,
+    ) -> Result<()> {
+        self.wait(segment, cell, peer, step, false)?;
+        out[bytes.clone()].copy_from_slice(self.slot(segment, slot, bytes));
+        Ok(())
+    }
+
     /// Bytes `bytes` of slot `slot` of `segment`.
     fn slot(&self, segment: usize, slot: usize, bytes: &Range<usize>) -> &[u8] {
         let start = self.layout.slot(self.epoch, slot).start;
@@ -275,7 +328,6 @@ impl Round<'_> {
         bytes: &Range<usize>,
         from: impl Fn(&'s Self, usize) -> &'s [u8],
     ) {
-        let count = data.elements(bytes);
         let input = data.input;
         let operands: Vec<Operand> = (0..self.world_size)
             .map(|r| {
@@ -286,8 +338,7 @@ impl Round<'_> {
                 }
             })
             .collect();
-        let target = Target::Elements(&mut data.out[bytes.clone()]);
-        sum(data.dtype, count, &operands, target);
+        sum_into_out(data.dtype, data.out, bytes, &operands);
     }
 
     /// The byte range of share `i` of `m` of this round's units.
@@ -303,8 +354,14 @@ impl Round<'_> {
         let len = data.out.len();
         self.raise(self.rank, Cell::Header, true);
         for peer in self.peers() {
-            self.send(peer, self.rank, 0, data.mine());
-            self.raise(peer, Cell::Input(self.rank), true);
+            self.post(
+                peer,
+                self.rank,
+                0,
+                data.mine(),
+                Cell::Input(self.rank),
+                true,
+            );
         }
         for peer in self.peers() {
             self.wait(self.rank, Cell::Input(peer), peer, "one-shot receive", true)?;
@@ -318,8 +375,7 @@ impl Round<'_> {
     /// and sums in rank order.
     fn one_shot_pull(&mut self, data: &mut Data<'_>) -> Result<()> {
         let len = data.out.len();
-        self.send(self.rank, 0, 0, data.mine());
-        self.raise(self.rank, Cell::Header, true);
+        self.post(self.rank, 0, 0, data.mine(), Cell::Header, true);
         for peer in self.peers() {
             self.wait(peer, Cell::Header, peer, "one-shot-pull read", true)?;
         }
@@ -336,8 +392,14 @@ impl Round<'_> {
         self.raise(rank, Cell::Header, true);
         for owner in self.peers() {
             let part = self.share_bytes(len, n, owner);
-            self.send(owner, rank, part.start, &data.mine()[part]);
-            self.raise(owner, Cell::Input(rank), true);
+            self.post(
+                owner,
+                rank,
+                part.start,
+                &data.mine()[part],
+                Cell::Input(rank),
+                true,
+            );
         }
         for peer in self.peers() {
             self.wait(
@@ -363,15 +425,17 @@ impl Round<'_> {
             self.raise(peer, Cell::Final(rank), false);
         }
         for owner in self.peers() {
-            self.wait(
+            let part = self.share_bytes(len, n, owner);
+            let step = "two-shot all-gather";
+            self.fetch(
+                data.out,
                 rank,
                 Cell::Final(owner),
                 owner,
-                "two-shot all-gather",
-                false,
+                step,
+                gather,
+                &part,
             )?;
-            let part = self.share_bytes(len, n, owner);
-            data.out[part.clone()].copy_from_slice(self.slot(rank, gather, &part));
         }
         Ok(())
     }
@@ -384,8 +448,7 @@ impl Round<'_> {
         self.check_every_header()?;
         for s in 1..n {
             let (to, from) = ((rank + s) % n, (rank + n - s) % n);
-            self.send(to, rank, 0, data.mine());
-            self.raise(to, Cell::Input(rank), true);
+            self.post(to, rank, 0, data.mine(), Cell::Input(rank), true);
             self.wait(rank, Cell::Input(from), from, "staged receive", true)?;
         }
         self.sum_in_rank_order(data, &(0..len), |me, peer| me.slot(rank, peer, &(0..len)));
@@ -396,8 +459,7 @@ impl Round<'_> {
     /// The sum then reads the published inputs in rank order.
     fn staged_pull(&mut self, data: &mut Data<'_>) -> Result<()> {
         let (n, rank, len) = (self.world_size, self.rank, data.out.len());
-        self.send(rank, 0, 0, data.mine());
-        self.raise(rank, Cell::Header, true);
+        self.post(rank, 0, 0, data.mine(), Cell::Header, true);
         for s in 1..n {
             let from = (rank + n - s) % n;
             self.wait(from, Cell::Header, from, "staged-pull read", true)?;
@@ -435,6 +497,21 @@ impl Round<'_> {
         merged
     }
 
+    /// For each island in order, the rank whose partial of it this rank sums in step 2 of
+    /// the islands algorithms: this rank itself for its own island.
+    fn partial_senders(&self) -> Vec<usize> {
+        let own = self.islands.island_of(self.rank);
+        (0..self.islands.count())
+            .map(|i| {
+                if i == own {
+                    self.rank
+                } else {
+                    island_sender(self.islands, i, self.rank)
+                }
+            })
+            .collect()
+    }
+
     /// This rank's range of the round (bytes) in its island: share `position` of `size`.
     fn island_range(&self, rank: usize, len: usize) -> Range<usize> {
         let island = self.islands.island_of(rank);
@@ -457,8 +534,7 @@ impl Round<'_> {
 
         // 1. Inside the island.
         for &m in &members {
-            self.send(m, rank, 0, data.mine());
-            self.raise(m, Cell::Input(rank), false);
+            self.post(m, rank, 0, data.mine(), Cell::Input(rank), false);
         }
         for &m in &members {
             self.wait(rank, Cell::Input(m), m, "islands: island inputs", false)?;
@@ -468,17 +544,10 @@ impl Round<'_> {
             let bytes = unit_bytes(&range, len);
             let (layout, epoch) = (self.layout, self.epoch);
             let own = &self.segments[rank];
-            let operands: Vec<Operand> = islands
-                .members(island)
-                .map(|m| {
-                    if m == rank {
-                        Operand::Elements(&data.mine()[bytes.clone()])
-                    } else {
-                        let at = layout.slot(epoch, m).start;
-                        Operand::Elements(own.bytes(at + bytes.start..at + bytes.end))
-                    }
-                })
-                .collect();
+            let operands = island_inputs(&islands, rank, &data.mine()[bytes.clone()], |m| {
+                let at = layout.slot(epoch, m).start;
+                own.bytes(at + bytes.start..at + bytes.end)
+            });
             let target = Target::Partials(&mut self.scratch[f32_image(&bytes, dtype)]);
             sum(dtype, bytes.len() / dtype.size(), &operands, target);
         }
@@ -497,15 +566,7 @@ impl Round<'_> {
         }
         let mine = self.island_range(rank, len);
         let image = f32_image(&mine, dtype);
-        let senders: Vec<usize> = (0..islands.count())
-            .map(|i| {
-                if i == island {
-                    rank
-                } else {
-                    island_sender(&islands, i, rank)
-                }
-            })
-            .collect();
+        let senders = self.partial_senders();
         for &sender in senders.iter().filter(|&&s| s != rank) {
             self.wait(
                 rank,
@@ -525,22 +586,17 @@ impl Round<'_> {
                 }
             })
             .collect();
-        sum(
-            dtype,
-            data.elements(&mine),
-            &operands,
-            Target::Elements(&mut data.out[mine.clone()]),
-        );
+        sum_into_out(dtype, data.out, &mine, &operands);
 
         // 3. Inside the island again: every member's rounded range.
         for &m in &members {
-            self.send(m, gather, mine.start, &data.out[mine.clone()]);
-            self.raise(m, Cell::Final(rank), false);
+            let rounded = &data.out[mine.clone()];
+            self.post(m, gather, mine.start, rounded, Cell::Final(rank), false);
         }
         for &m in &members {
-            self.wait(rank, Cell::Final(m), m, "islands: island finals", false)?;
             let part = self.island_range(m, len);
-            data.out[part.clone()].copy_from_slice(self.slot(rank, gather, &part));
+            let step = "islands: island finals";
+            self.fetch(data.out, rank, Cell::Final(m), m, step, gather, &part)?;
         }
         Ok(())
     }
@@ -554,8 +610,7 @@ impl Round<'_> {
         let island = islands.island_of(rank);
         let members: Vec<usize> = islands.members(island).filter(|&m| m != rank).collect();
         let (input_slot, partial_slot, final_slot) = (0, 1, n);
-        self.send(rank, input_slot, 0, data.mine());
-        self.raise(rank, Cell::Header, true);
+        self.post(rank, input_slot, 0, data.mine(), Cell::Header, true);
         // Every header is compared; the island's inputs are among them.
         self.check_every_header()?;
 
@@ -567,17 +622,11 @@ impl Round<'_> {
             let image = f32_image(&bytes, dtype);
             let input_start = self.layout.slot(self.epoch, input_slot).start;
             let (own, peers) = split_own(&mut *self.segments, rank);
-            let operands: Vec<Operand> = islands
-                .members(island)
-                .map(|m| {
-                    if m == rank {
-                        Operand::Elements(&data.mine()[bytes.clone()])
-                    } else {
-                        let at = input_start + bytes.start..input_start + bytes.end;
-                        Operand::Elements(peers.get(m).bytes(at))
-                    }
-                })
-                .collect();
+            let operands = island_inputs(&islands, rank, &data.mine()[bytes.clone()], |m| {
+                peers
+                    .get(m)
+                    .bytes(input_start + bytes.start..input_start + bytes.end)
+            });
             let target = own.bytes_mut(partial_start + image.start..partial_start + image.end);
             sum(
                 dtype,
@@ -591,15 +640,7 @@ impl Round<'_> {
         // 2. Read every other island's partial over this rank's range; sum in island order.
         let mine = self.island_range(rank, len);
         let image = f32_image(&mine, dtype);
-        let senders: Vec<usize> = (0..islands.count())
-            .map(|i| {
-                if i == island {
-                    rank
-                } else {
-                    island_sender(&islands, i, rank)
-                }
-            })
-            .collect();
+        let senders = self.partial_senders();
         for &sender in senders.iter().filter(|&&s| s != rank) {
             let step = "islands-pull: partials";
             self.wait(sender, Cell::PartialPublished, sender, step, false)?;
@@ -608,26 +649,30 @@ impl Round<'_> {
             .iter()
             .map(|&s| Operand::Partials(self.slot(s, partial_slot, &image)))
             .collect();
-        sum(
-            dtype,
-            data.elements(&mine),
-            &operands,
-            Target::Elements(&mut data.out[mine.clone()]),
+        sum_into_out(dtype, data.out, &mine, &operands);
+        let rounded = &data.out[mine.clone()];
+        self.post(
+            rank,
+            final_slot,
+            mine.start,
+            rounded,
+            Cell::FinalPublished,
+            false,
         );
-        self.send(rank, final_slot, mine.start, &data.out[mine.clone()]);
-        self.raise(rank, Cell::FinalPublished, false);
 
         // 3. Read the island's rounded ranges.
         for &m in &members {
-            self.wait(
+            let part = self.island_range(m, len);
+            let step = "islands-pull: island finals";
+            self.fetch(
+                data.out,
                 m,
                 Cell::FinalPublished,
                 m,
-                "islands-pull: island finals",
-                false,
+                step,
+                final_slot,
+                &part,
             )?;
-            let part = self.island_range(m, len);
-            data.out[part.clone()].copy_from_slice(self.slot(m, final_slot, &part));
         }
         Ok(())
     }
@@ -639,6 +684,7 @@ impl Round<'_> {
         let (n, rank, len, dtype) = (self.world_size, self.rank, data.out.len(), data.dtype);
         let (left, right) = ring_neighbours(rank, n);
         let (reduce_slot, gather_slot) = (0, 1);
+        const GATHER: &str = "ring all-gather";
         let chunk = |c: usize| self.share_bytes(len, n, c);
         let chunks: Vec<Range<usize>> = (0..n).map(chunk).collect();
         self.raise(rank, Cell::Header, true);
@@ -691,38 +737,28 @@ impl Round<'_> {
             Operand::Partials(received),
             mine_into_out(data.input, &own_chunk),
         ];
-        sum(
-            dtype,
-            data.elements(&own_chunk),
-            &operands,
-            Target::Elements(&mut data.out[own_chunk.clone()]),
-        );
+        sum_into_out(dtype, data.out, &own_chunk, &operands);
 
         for s in 0..n - 1 {
             let c = ring_gather_chunk(rank, n, s);
             let bytes = chunks[c].clone();
             if s > 0 {
-                self.wait(
-                    rank,
-                    Cell::RingGather(s - 1),
-                    left,
-                    "ring all-gather",
-                    false,
-                )?;
-                data.out[bytes.clone()].copy_from_slice(self.slot(rank, gather_slot, &bytes));
+                let cell = Cell::RingGather(s - 1);
+                self.fetch(data.out, rank, cell, left, GATHER, gather_slot, &bytes)?;
             }
-            self.send(right, gather_slot, bytes.start, &data.out[bytes.clone()]);
-            self.raise(right, Cell::RingGather(s), false);
+            let rounded = &data.out[bytes.clone()];
+            self.post(
+                right,
+                gather_slot,
+                bytes.start,
+                rounded,
+                Cell::RingGather(s),
+                false,
+            );
         }
-        self.wait(
-            rank,
-            Cell::RingGather(n - 2),
-            left,
-            "ring all-gather",
-            false,
-        )?;
         let last = chunks[(rank + 1) % n].clone();
-        data.out[last.clone()].copy_from_slice(self.slot(rank, gather_slot, &last));
+        let cell = Cell::RingGather(n - 2);
+        self.fetch(data.out, rank, cell, left, GATHER, gather_slot, &last)?;
         Ok(())
     }
 }
