@@ -41,6 +41,10 @@ impl Data<'_> {
     fn mine(&self) -> &[u8] {
         self.input.unwrap_or(self.out)
     }
+
+    fn elements(&self, bytes: &Range<usize>) -> usize {
+        bytes.len() / self.dtype.size()
+    }
 }
 
 /// This rank's input over `bytes` as an operand of a sum written to `out[bytes]` (in place:
@@ -49,12 +53,6 @@ fn mine_into_out<'a>(input: Option<&'a [u8]>, bytes: &Range<usize>) -> Operand<'
     match input {
         Some(input) => Operand::Elements(&input[bytes.clone()]),
         None => Operand::Target,
-    }
-}
-
-impl Data<'_> {
-    fn elements(&self, bytes: &Range<usize>) -> usize {
-        bytes.len() / self.dtype.size()
     }
 }
 
