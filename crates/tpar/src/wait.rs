@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use crate::error::{Error, Result};
 use crate::sys::{liveness, Liveness};
 
-/// How long to spin before yielding when every rank has a core of its own: a peer running
-/// beside this rank writes within a microsecond or two; one that takes longer may share this
-/// core with it (other processes load the machine), and then every microsecond spun is one it
-/// cannot run. (20 us here made a 4 KiB two-shot take 43 us instead of 2 on a machine at load
-/// 4 on 2 cores: two waits spun out in full while the peer waited for the core.)
-pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(3);
-/// ... and when ranks outnumber cores: the peer we wait for may need this very core.
+/// How long to spin before yielding when the awaited peer runs on another core: it is busy
+/// with its part of the round (tens of microseconds for a large one), and a yield on a loaded
+/// machine can hand this core to another process for a whole time slice.
+pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(50);
+/// ... and when the peer last ran on this very core, or ranks outnumber cores: then every
+/// microsecond spun is one the peer cannot run. (Spinning 20 us whatever the peer's core made
+/// a 4 KiB two-shot take 43 us instead of 2 on a machine at load 4 on 2 cores: two waits spun
+/// out in full while the peer waited for the core.)
 pub(crate) const SPIN_SHARED: Duration = Duration::from_nanos(500);
 /// Yield for this long before sleeping.
 const YIELD_FOR: Duration = Duration::from_millis(2);
@@ -57,13 +58,15 @@ pub(crate) struct Watch<'a> {
     pub timeout: Duration,
     pub peer_pids: &'a [Option<u32>],
     pub interrupted: Option<&'a InterruptCheck>,
-    /// Spinning before the first yield ([`SPIN_ALONE`] or [`SPIN_SHARED`]).
+    /// Spinning before the first yield at most ([`SPIN_ALONE`] or [`SPIN_SHARED`]).
     pub spin: Duration,
 }
 
 impl Watch<'_> {
     /// Returns once `flag` holds `epoch`. `check` runs now and then while the flag is late and
-    /// may end the wait with its own error (a mismatched call seen in the peer's header).
+    /// may end the wait with its own error (a mismatched call seen in the peer's header);
+    /// `spin` says, when the flag is late, how long to spin before yielding (at most
+    /// `self.spin`).
     #[inline]
     pub fn until(
         &self,
@@ -72,11 +75,12 @@ impl Watch<'_> {
         peer: usize,
         phase: Phase,
         check: &mut dyn FnMut() -> Result<()>,
+        spin: &dyn Fn() -> Duration,
     ) -> Result<()> {
         if flag.load(Ordering::Acquire) == epoch {
             return Ok(());
         }
-        self.slow(flag, epoch, peer, phase, check)
+        self.slow(flag, epoch, peer, phase, check, spin().min(self.spin))
     }
 
     #[cold]
@@ -87,6 +91,7 @@ impl Watch<'_> {
         peer: usize,
         phase: Phase,
         check: &mut dyn FnMut() -> Result<()>,
+        spin: Duration,
     ) -> Result<()> {
         let start = Instant::now();
         let mut last_liveness = start;
@@ -103,10 +108,10 @@ impl Watch<'_> {
             }
             let now = now_after(start);
             let waited = now - start;
-            if waited >= self.spin + YIELD_FOR {
+            if waited >= spin + YIELD_FOR {
                 std::thread::sleep(sleep);
                 sleep = (sleep * 2).min(SLEEP_MAX);
-            } else if waited >= self.spin {
+            } else if waited >= spin {
                 std::thread::yield_now();
                 // Every yield is a check (the clock, the caller's check) from here on.
                 spins = spins.wrapping_add(SPINS_PER_CHECK - 1);
@@ -182,6 +187,10 @@ mod tests {
         Ok(())
     }
 
+    fn full() -> Duration {
+        SPIN_ALONE
+    }
+
     const PHASE: Phase = Phase {
         step: "test",
         seq: 1,
@@ -209,7 +218,7 @@ mod tests {
         };
         let start = Instant::now();
         watch(Duration::from_secs(5), &[])
-            .until(&flag, 7, 1, PHASE, &mut never)
+            .until(&flag, 7, 1, PHASE, &mut never, &full)
             .unwrap();
         assert!(start.elapsed() >= Duration::from_millis(15));
         writer.join().unwrap();
@@ -220,10 +229,17 @@ mod tests {
         let flag = AtomicU64::new(0);
         let mut calls = 0;
         let err = watch(Duration::from_secs(30), &[])
-            .until(&flag, 1, 1, PHASE, &mut || {
-                calls += 1;
-                Err(Error::InvalidArgument("seen".into()))
-            })
+            .until(
+                &flag,
+                1,
+                1,
+                PHASE,
+                &mut || {
+                    calls += 1;
+                    Err(Error::InvalidArgument("seen".into()))
+                },
+                &full,
+            )
             .unwrap_err();
         assert!(err.to_string().contains("seen"), "{err}");
         assert_eq!(calls, 1);
@@ -238,7 +254,9 @@ mod tests {
             ..watch(Duration::from_secs(30), &[])
         };
         let start = Instant::now();
-        let err = watch.until(&flag, 1, 1, PHASE, &mut never).unwrap_err();
+        let err = watch
+            .until(&flag, 1, 1, PHASE, &mut never, &full)
+            .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(matches!(err, Error::Interrupted { peer: 1, .. }), "{err}");
     }
@@ -248,7 +266,7 @@ mod tests {
         let flag = AtomicU64::new(6); // a stale epoch
         let start = Instant::now();
         let err = watch(Duration::from_millis(100), &[None, None, None])
-            .until(&flag, 7, 2, PHASE, &mut never)
+            .until(&flag, 7, 2, PHASE, &mut never, &full)
             .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(2));
         let msg = err.to_string();
@@ -267,7 +285,7 @@ mod tests {
         let pids = [None, Some(pid)];
         let start = Instant::now();
         let err = watch(Duration::from_secs(30), &pids)
-            .until(&flag, 1, 1, PHASE, &mut never)
+            .until(&flag, 1, 1, PHASE, &mut never, &full)
             .unwrap_err();
         assert!(matches!(err, Error::PeerGone { peer: 1, .. }), "{err}");
         assert!(err.to_string().contains("exited"), "{err}");
@@ -288,7 +306,7 @@ mod tests {
         ];
         let flag = AtomicU64::new(0);
         let err = watch(Duration::from_millis(600), &pids)
-            .until(&flag, 1, 2, PHASE, &mut never)
+            .until(&flag, 1, 2, PHASE, &mut never, &full)
             .unwrap_err();
         assert!(matches!(err, Error::PeerTimeout { peer: 2, .. }), "{err}");
     }
@@ -307,7 +325,7 @@ mod tests {
         // Waiting on rank 3 (gone): it comes first, and rank 1 is named too.
         let flag = AtomicU64::new(0);
         let msg = watch(Duration::from_secs(30), &pids)
-            .until(&flag, 1, 3, PHASE, &mut never)
+            .until(&flag, 1, 3, PHASE, &mut never, &full)
             .unwrap_err()
             .to_string();
         assert!(

@@ -16,7 +16,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::layout::{f32_image, unit_bytes, Cell, CpuLayout};
+use super::layout::{f32_image, unit_bytes, Cell, CpuLayout, CPU_WORD};
 use super::reduce::{sum, widen, Operand, Target};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
@@ -26,8 +26,8 @@ use crate::protocol::header::{CallHeader, HEADER_LINES};
 use crate::protocol::schedule::{
     island_sender, ring_gather_chunk, ring_neighbours, ring_reduce_chunk, share, units_for_bytes,
 };
-use crate::sys::SharedSegment;
-use crate::wait::{Phase, Watch};
+use crate::sys::{current_cpu, SharedSegment};
+use crate::wait::{Phase, Watch, SPIN_SHARED};
 
 /// The data of one round: this rank's input (`None`: in place, the input is `out` itself).
 pub(super) struct Data<'a> {
@@ -150,6 +150,12 @@ const HEADER_WORDS: usize = HEADER_LINES / 2;
 
 impl Round<'_> {
     pub fn run(&mut self, mut data: Data<'_>) -> Result<()> {
+        // Where this rank runs, for peers deciding how long to spin for it.
+        let cpu = current_cpu().map_or(0, |c| c as u64 + 1);
+        let word = self.segments[self.rank].word(CPU_WORD);
+        if word.load(Ordering::Relaxed) != cpu {
+            word.store(cpu, Ordering::Relaxed);
+        }
         if self.world_size == 1 {
             let all = 0..data.out.len();
             let mine = [mine_into_out(data.input, &all)];
@@ -251,11 +257,24 @@ impl Round<'_> {
             peer,
             self.phase(step),
             &mut || self.peek(peer),
+            &|| self.spin_for(peer),
         )?;
         if with_header {
             self.compare(peer, self.header_in(segment, cell))?;
         }
         Ok(())
+    }
+
+    /// How long to spin for `peer` before yielding: briefly when it last ran on this core
+    /// (it may be waiting for it), else up to the watch's limit.
+    fn spin_for(&self, peer: usize) -> std::time::Duration {
+        let theirs = self.segments[peer].word(CPU_WORD).load(Ordering::Relaxed);
+        let mine = current_cpu().map_or(0, |c| c as u64 + 1);
+        if theirs != 0 && theirs == mine {
+            SPIN_SHARED
+        } else {
+            self.watch.spin
+        }
     }
 
     /// Compares every peer's header (waiting for each to start the round).

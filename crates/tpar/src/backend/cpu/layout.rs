@@ -7,7 +7,7 @@
 //! so its pages come from the rank's own NUMA node):
 //!
 //! ```text
-//! [segment header: SEGMENT_HEADER_BYTES]
+//! [segment header: SEGMENT_HEADER_BYTES: the stamp, then the owner's CPU (CPU_WORD)]
 //! buffer 0: [cells: cells_per_buffer x CELL_BYTES][slot 0][slot 1] ... [slot n]
 //! buffer 1: ...
 //! ```
@@ -37,6 +37,10 @@ pub const CELL_BYTES: usize = 128;
 
 /// Bytes before the first buffer: the segment's stamp (magic, job, rank, layout); a page.
 pub const SEGMENT_HEADER_BYTES: usize = 4096;
+
+/// Byte offset, in the segment's header page, of the word that says on which CPU the owner
+/// ran when its last round began (CPU + 1; 0: unknown). Alone in its cell, away from the stamp.
+pub const CPU_WORD: usize = CELL_BYTES;
 
 /// Data regions start on cache-line boundaries.
 const ALIGN: usize = 64;

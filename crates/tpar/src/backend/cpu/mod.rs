@@ -71,8 +71,14 @@ pub fn segment_bytes(world_size: usize, config: &Config) -> usize {
 }
 
 /// The island partition of a CPU communicator: `Config::islands`, else `TPAR_ISLANDS`, else
-/// one island.
-fn resolve_islands(config: &Config, world_size: usize) -> Result<Islands> {
+/// one island. A `TPAR_ISLANDS` that does not describe this group (the variable is the whole
+/// process's, and a process may also hold groups of other sizes) leaves one island and the
+/// reason, which refuses the islands algorithms on this communicator (and nothing else).
+fn resolve_islands(
+    config: &Config,
+    world_size: usize,
+    from_env: Result<Option<Islands>>,
+) -> Result<(Islands, Option<String>)> {
     if let Some(given) = config.islands {
         if given.world_size() != world_size {
             return Err(Error::InvalidArgument(format!(
@@ -80,9 +86,12 @@ fn resolve_islands(config: &Config, world_size: usize) -> Result<Islands> {
                 given.world_size()
             )));
         }
-        return Ok(given);
+        return Ok((given, None));
     }
-    Ok(Islands::from_env(world_size)?.unwrap_or_else(|| Islands::single(world_size)))
+    Ok(match from_env {
+        Ok(found) => (found.unwrap_or_else(|| Islands::single(world_size)), None),
+        Err(e) => (Islands::single(world_size), Some(e.to_string())),
+    })
 }
 
 /// One rank's endpoint of a CPU allreduce group.
@@ -107,6 +116,8 @@ pub struct CpuCommunicator {
     interrupt: Option<std::sync::Arc<InterruptCheck>>,
     /// Private f32 scratch of one slot (the islands' partials).
     scratch: Vec<u8>,
+    /// Why the islands algorithms are refused here (a `TPAR_ISLANDS` of another group size).
+    islands_refused: Option<String>,
 }
 
 impl CpuCommunicator {
@@ -138,7 +149,8 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let islands = resolve_islands(&config, world_size)?;
+        let (islands, islands_refused) =
+            resolve_islands(&config, world_size, Islands::from_env(world_size))?;
         let layout = CpuLayout::new(world_size, chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 
@@ -262,6 +274,7 @@ impl CpuCommunicator {
             poisoned: None,
             interrupt: None,
             scratch: vec![0u8; layout.slot_bytes],
+            islands_refused,
         })
     }
 
@@ -348,6 +361,15 @@ impl CpuCommunicator {
             return Err(Error::Unsupported(format!(
                 "the CPU backend runs {}; {algorithm} is a GPU algorithm",
                 Self::ALGORITHMS.map(Algorithm::name).join(", ")
+            )));
+        }
+        if let Some(why) = self
+            .islands_refused
+            .as_ref()
+            .filter(|_| matches!(algorithm, Algorithm::Islands | Algorithm::IslandsPull))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{algorithm} needs this group's islands: {why}; set Config::islands for this group"
             )));
         }
         let result = self.run_call(dtype, input, output, algorithm);

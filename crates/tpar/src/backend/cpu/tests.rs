@@ -883,3 +883,37 @@ fn probe_kernels() {
         }
     }
 }
+
+#[test]
+fn islands_come_from_the_config_else_the_environment_else_one_island() {
+    let four = Islands::parse("2+2", 4).unwrap();
+    let given = Config {
+        islands: Some(four),
+        ..Config::default()
+    };
+    // The config wins over the environment, and must describe the group.
+    let env = Ok(Some(Islands::parse("1+3", 4).unwrap()));
+    assert_eq!(resolve_islands(&given, 4, env).unwrap(), (four, None));
+    let err = resolve_islands(&given, 3, Ok(None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("describe 4 ranks") && err.contains("has 3"),
+        "{err}"
+    );
+    let none = Config::default();
+    assert_eq!(
+        resolve_islands(&none, 4, Ok(Some(four))).unwrap(),
+        (four, None)
+    );
+    assert_eq!(
+        resolve_islands(&none, 4, Ok(None)).unwrap(),
+        (Islands::single(4), None)
+    );
+    // A TPAR_ISLANDS of another group size: one island here, and the islands algorithms
+    // refused with the reason (a process may hold groups of several sizes).
+    let other = Err(Error::InvalidArgument("TPAR_ISLANDS=4+4: 8 ranks".into()));
+    let (islands, refused) = resolve_islands(&none, 2, other).unwrap();
+    assert_eq!(islands, Islands::single(2));
+    assert!(refused.unwrap().contains("TPAR_ISLANDS=4+4"));
+}
