@@ -49,23 +49,25 @@ pub struct CpuBench {
     pub binding: String,
 }
 
-/// Puts this rank on a core of its own where every rank can have one (the r-th CPU this
-/// process may use), as mpirun does for a few ranks: otherwise the scheduler may run two ranks
+/// Puts rank r on the r-th CPU this process may use (r modulo their number where ranks
+/// outnumber them), as mpirun does for a few ranks: otherwise the scheduler may run two ranks
 /// on one core while another idles, which halved large-message throughput in some runs here.
 /// It also puts the rank's shared segment, which it allocates next, on that core's NUMA node.
 /// Returns how ranks are bound, for the report.
 fn bind_rank(rank: usize, world_size: usize) -> String {
     let cpus = tpar::allowed_cpus();
-    if world_size > cpus.len() {
-        return format!(
-            "none: {world_size} ranks share {} cores (the scheduler places them)",
-            cpus.len()
-        );
+    if cpus.is_empty() {
+        return "none: this process's CPUs could not be read".to_owned();
     }
-    match tpar::pin_to_cpu(cpus[rank]) {
-        Ok(()) => format!(
+    match tpar::pin_to_cpu(cpus[rank % cpus.len()]) {
+        Ok(()) if world_size <= cpus.len() => format!(
             "rank r on the r-th allowed core ({:?})",
             &cpus[..world_size]
+        ),
+        Ok(()) => format!(
+            "rank r on allowed core r mod {} ({:?}): {world_size} ranks share them",
+            cpus.len(),
+            cpus
         ),
         Err(e) => format!("none: pinning failed ({e})"),
     }
