@@ -49,27 +49,51 @@ pub struct CpuBench {
     pub binding: String,
 }
 
-/// Puts rank r on the r-th CPU this process may use (r modulo their number where ranks
-/// outnumber them), as mpirun does for a few ranks: otherwise the scheduler may run two ranks
-/// on one core while another idles, which halved large-message throughput in some runs here.
-/// It also puts the rank's shared segment, which it allocates next, on that core's NUMA node.
-/// Returns how ranks are bound, for the report.
-fn bind_rank(rank: usize, world_size: usize) -> String {
-    let cpus = tpar::allowed_cpus();
-    if cpus.is_empty() {
-        return "none: this process's CPUs could not be read".to_owned();
+/// Rank r on the r-th CPU this process may use (r modulo their number where ranks outnumber
+/// them) while the bench runs, as mpirun does for a few ranks: otherwise the scheduler may run
+/// two ranks on one core while another idles, which halved large-message throughput in some
+/// runs here. It also puts the rank's shared segment, which it allocates next, on that core's
+/// NUMA node. Dropped, it gives the process its CPUs back.
+struct Binding {
+    /// How ranks are bound, for the report.
+    said: String,
+    restore: Vec<usize>,
+}
+
+impl Binding {
+    fn new(rank: usize, world_size: usize) -> Binding {
+        let cpus = tpar::allowed_cpus();
+        if cpus.is_empty() {
+            return Binding {
+                said: "none: this process's CPUs could not be read".to_owned(),
+                restore: cpus,
+            };
+        }
+        let said = match tpar::set_allowed_cpus(&[cpus[rank % cpus.len()]]) {
+            Ok(()) if world_size <= cpus.len() => format!(
+                "rank r on the r-th allowed core ({:?})",
+                &cpus[..world_size]
+            ),
+            Ok(()) => format!(
+                "rank r on allowed core r mod {} ({:?}): {world_size} ranks share them",
+                cpus.len(),
+                cpus
+            ),
+            Err(e) => format!("none: pinning failed ({e})"),
+        };
+        Binding {
+            said,
+            restore: cpus,
+        }
     }
-    match tpar::pin_to_cpu(cpus[rank % cpus.len()]) {
-        Ok(()) if world_size <= cpus.len() => format!(
-            "rank r on the r-th allowed core ({:?})",
-            &cpus[..world_size]
-        ),
-        Ok(()) => format!(
-            "rank r on allowed core r mod {} ({:?}): {world_size} ranks share them",
-            cpus.len(),
-            cpus
-        ),
-        Err(e) => format!("none: pinning failed ({e})"),
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        if !self.restore.is_empty() {
+            // Best effort: a process that cannot widen its own mask again keeps one core.
+            let _ = tpar::set_allowed_cpus(&self.restore);
+        }
     }
 }
 
@@ -82,7 +106,7 @@ pub fn run(
     mut on_row: impl FnMut(&[CpuRow]),
 ) -> Result<CpuBench> {
     let world_size = rank.world_size();
-    let binding = bind_rank(rank.rank(), world_size);
+    let binding = Binding::new(rank.rank(), world_size);
     let config = Config {
         timeout: plan.timeout,
         islands: plan.islands,
@@ -127,6 +151,6 @@ pub fn run(
     Ok(CpuBench {
         rows,
         memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
-        binding,
+        binding: binding.said.clone(),
     })
 }

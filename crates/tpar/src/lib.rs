@@ -58,4 +58,4 @@ pub use error::{Error, Result};
 pub use islands::Islands;
 pub use memory::MemoryFootprint;
 pub use rendezvous::{RankEnv, Rendezvous};
-pub use sys::{allowed_cpus, dir_writable, free_bytes, host_name, pin_to_cpu};
+pub use sys::{allowed_cpus, dir_writable, free_bytes, host_name, set_allowed_cpus};

@@ -262,16 +262,18 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Keeps the calling thread on `cpu` from now on (and with it the memory it allocates first,
-/// on `cpu`'s NUMA node).
-pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
+/// Keeps the calling thread on `cpus` from now on (one CPU: and with it the memory it
+/// allocates first, on that CPU's NUMA node).
+pub fn set_allowed_cpus(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: cpu < CPU_SETSIZE (checked above); the set is ours.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        // SAFETY: cpu < CPU_SETSIZE (checked above); the set is ours.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     // SAFETY: pid 0 is this thread; the size is the set's own.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc == 0 {
