@@ -218,7 +218,8 @@ def compare(args, mpirun, exe, mpi_version, tpar, n, dtype) -> tuple[dict, list[
         "peers": {
             "mpi": (
                 f"{mpi_version}: MPI_Allreduce timed by bench/mpi_allreduce.c under "
-                f"mpirun -np {n} --oversubscribe; "
+                f"mpirun -np {n} --oversubscribe (its default binding: a core per rank where "
+                "there are enough, else none); "
                 + (
                     "MPI_FLOAT with MPI_SUM"
                     if dtype == "f32"
@@ -226,7 +227,7 @@ def compare(args, mpirun, exe, mpi_version, tpar, n, dtype) -> tuple[dict, list[
                     "in f32 and rounding to nearest even (MPI has no bf16 type)"
                 )
             ),
-            "tpar": f"tpar bench --backend cpu --algos {args.algos}",
+            "tpar": f"tpar bench --backend cpu --algos {args.algos}; binding: {first['binding']}",
         },
         "scheduling": "SCHED_FIFO (chrt -f 10)" if PREFIX else "the default (CFS)",
         "load_average": {"before": loads[0], "after": loads[1]},

@@ -49,11 +49,11 @@ pub struct CpuBench {
     pub binding: String,
 }
 
-/// Rank r on the r-th CPU this process may use (r modulo their number where ranks outnumber
-/// them) while the bench runs, as mpirun does for a few ranks: otherwise the scheduler may run
-/// two ranks on one core while another idles, which halved large-message throughput in some
-/// runs here. It also puts the rank's shared segment, which it allocates next, on that core's
-/// NUMA node. Dropped, it gives the process its CPUs back.
+/// Rank r on the r-th CPU this process may use while the bench runs, where every rank can
+/// have one (as mpirun binds a few ranks to cores; where ranks outnumber cores, neither binds):
+/// otherwise the scheduler may run two ranks on one core while another idles, which halved
+/// large-message throughput in some runs here. It also puts the rank's shared segment, which
+/// it allocates next, on that core's NUMA node. Dropped, it gives the process its CPUs back.
 struct Binding {
     /// How ranks are bound, for the report.
     said: String,
@@ -63,27 +63,27 @@ struct Binding {
 impl Binding {
     fn new(rank: usize, world_size: usize) -> Binding {
         let cpus = tpar::allowed_cpus();
-        if cpus.is_empty() {
+        if world_size > cpus.len() {
             return Binding {
-                said: "none: this process's CPUs could not be read".to_owned(),
-                restore: cpus,
+                said: format!(
+                    "none: {world_size} ranks on {} allowed cores (the scheduler places them)",
+                    cpus.len()
+                ),
+                restore: Vec::new(),
             };
         }
-        let said = match tpar::set_allowed_cpus(&[cpus[rank % cpus.len()]]) {
-            Ok(()) if world_size <= cpus.len() => format!(
-                "rank r on the r-th allowed core ({:?})",
-                &cpus[..world_size]
-            ),
-            Ok(()) => format!(
-                "rank r on allowed core r mod {} ({:?}): {world_size} ranks share them",
-                cpus.len(),
-                cpus
-            ),
-            Err(e) => format!("none: pinning failed ({e})"),
-        };
-        Binding {
-            said,
-            restore: cpus,
+        match tpar::set_allowed_cpus(&[cpus[rank]]) {
+            Ok(()) => Binding {
+                said: format!(
+                    "rank r on the r-th allowed core ({:?})",
+                    &cpus[..world_size]
+                ),
+                restore: cpus,
+            },
+            Err(e) => Binding {
+                said: format!("none: pinning failed ({e})"),
+                restore: Vec::new(),
+            },
         }
     }
 }
