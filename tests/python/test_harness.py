@@ -62,17 +62,24 @@ def report_of(output):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_verify_on_the_cpu_backend_checks_every_row_on_every_rank(n):
-    task = {"backend": "cpu", "counts": [0, 7, 1023], "dtypes": ["f32", "bf16"]}
+    task = {
+        "backend": "cpu",
+        "counts": [0, 7, 1023],
+        "dtypes": ["f32", "bf16"],
+        "algorithms": ["one-shot", "two-shot"],
+    }
     for code, output in run_job(n, task):
         assert code == 0, output
         report = report_of(output)
         assert report["backend"] == "cpu" and report["world_size"] == n
-        # A peer-timeout row, then 2 algorithms x 2 dtypes x 3 counts x 2 placements.
-        assert len(report["rows"]) == 1 + 2 * 2 * 3 * 2, report
+        # A peer-timeout and a mismatch row per algorithm, then 2 algorithms x 2 dtypes x
+        # 3 counts x 2 placements.
+        assert len(report["rows"]) == 2 * 2 + 2 * 2 * 3 * 2, report
         assert report["failed"] == 0 and report["passed"] == len(report["rows"]), report
         first = report["rows"][0]
-        assert first["case"] == "peer timeout" and first["result"].startswith("pass"), first
-        cases = {(r["case"], r["dtype"], r["elements"], r["placement"]) for r in report["rows"][1:]}
+        assert first["case"] == "peer timeout, one-shot", first
+        assert first["result"].startswith("pass"), first
+        cases = {(r["case"], r["dtype"], r["elements"], r["placement"]) for r in report["rows"][4:]}
         assert ("two-shot", "bf16", "1023", "in place") in cases
         assert all(r["failed_ranks"] == 0 for r in report["rows"])
 
@@ -117,8 +124,9 @@ def test_verify_alone_passes_on_one_rank(tmp_path):
         rendezvous=str(tmp_path / "rdv"),
         token=secrets.token_hex(16),
     )
-    # One rank has no peer to time out: the sweep rows only.
-    assert report["failed"] == 0 and len(report["rows"]) == 2 * 2 * 2, report
+    # One rank has no peer to time out: the sweep rows only, for each of the CPU's 8
+    # algorithms (one island partition of one rank) x 2 counts x 2 placements.
+    assert report["failed"] == 0 and len(report["rows"]) == 8 * 2 * 2, report
 
 
 def gpu_visible():

@@ -243,6 +243,18 @@ pub fn check_outputs(json: Option<&str>, plot: Option<&str>) -> Result<()> {
     }
 }
 
+/// Help of `--islands` (bench and selftest).
+pub const ISLANDS_HELP: &str = "The island partition of the islands algorithms: sizes in rank order (4+4, 3+5, 2+2+4) or members with ':' between islands (0-3:4-7, 0,2,4,6:1,3,5,7) [default: TPAR_ISLANDS, else the machine's (CPU: one island; selftest: several)]";
+
+/// `--islands TEXT` for `world_size` ranks: the partition, or a usage error saying what is
+/// wrong with it.
+pub fn parse_islands(text: Option<&str>, world_size: usize) -> Result<Option<tpar::Islands>> {
+    text.map(|t| {
+        tpar::Islands::parse(t, world_size).map_err(|e| usage(anyhow::anyhow!("--islands: {e}")))
+    })
+    .transpose()
+}
+
 /// `--backend auto|cpu|cuda`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -314,7 +326,10 @@ mod tests {
             Ok(s.parse::<tpar::Algorithm>()?)
         })
         .unwrap();
-        assert_eq!(algos, tpar::CpuCommunicator::ALGORITHMS.to_vec());
+        assert_eq!(
+            algos,
+            [tpar::Algorithm::OneShot, tpar::Algorithm::TwoShot].to_vec()
+        );
     }
 
     #[test]

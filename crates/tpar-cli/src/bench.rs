@@ -36,9 +36,11 @@ pub struct BenchArgs {
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = concat!(
         "Algorithms to time, comma-separated, from: ", tpar_harness::selection_names!(),
-        " (CPU: one-shot, two-shot) [default: all the backend has]"
+        " (CPU: all but host-staged, nccl and auto) [default: all the backend has]"
     ))]
     algos: Option<String>,
+    #[arg(long, value_name = "PARTITION", help = crate::args::ISLANDS_HELP)]
+    islands: Option<String>,
     /// Timed calls per size and algorithm (CUDA: timed graph replays).
     #[arg(long, default_value_t = 100, value_parser = crate::args::iterations_arg)]
     iters: usize,
@@ -177,6 +179,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         parse_size,
     )?;
     let sizes = sizes_with_counts(&bytes, dtype)?;
+    let islands = crate::args::parse_islands(args.islands.as_deref(), world_size)?;
     let timeout = args.timeout;
     check_outputs(args.json.as_deref(), args.plot.as_deref())?;
     if args.plot.is_some() && bytes.iter().all(|&b| b == 0) {
@@ -195,6 +198,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 replays: args.iters,
                 warmup: args.warmup.unwrap_or(cuda_bench::DEFAULT_WARMUP),
                 chain: args.chain,
+                islands,
             },
             timeout,
             args.json,
@@ -216,6 +220,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             warmup: args.warmup.unwrap_or(cpu_bench::default_warmup(args.iters)),
             dtype,
             timeout,
+            islands,
         },
         json: args.json,
         plot: args.plot,

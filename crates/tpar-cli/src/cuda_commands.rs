@@ -89,7 +89,11 @@ pub fn bench(
         Ok(())
     };
     on_cuda_ranks(processes, world_size, timeout, |make, mode| {
-        body(make(cuda_config(timeout))?, mode)
+        let config = tpar::Config {
+            islands: plan.islands,
+            ..cuda_config(timeout)
+        };
+        body(make(config)?, mode)
     })
 }
 

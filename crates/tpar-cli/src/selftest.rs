@@ -1,8 +1,9 @@
-//! `tpar selftest`: a correctness sweep. Every algorithm x dtype x element count x placement
-//! (in place or not) runs twice with different inputs and is compared bitwise with the exact
-//! expected sum (so every rank holds the same bits), after a peer-timeout case that must fail
-//! in time and leave the process able to communicate again. Prints a pass/fail table and ends
-//! non-zero on any failure.
+//! `tpar selftest`: a correctness sweep. Every algorithm (the islands algorithms over several
+//! island partitions, or `--islands`) x dtype x element count x placement (in place or not)
+//! runs twice with different inputs and is compared bitwise with the exact expected sum (so
+//! every rank holds the same bits), after peer-timeout cases (a silent rank must be named in
+//! time, and the process must be able to communicate again) and, on the CPU, mismatch cases
+//! for every algorithm. Prints a pass/fail table and ends non-zero on any failure.
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -44,6 +45,8 @@ pub struct SelftestArgs {
         " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
+    #[arg(long, value_name = "PARTITION", help = crate::args::ISLANDS_HELP)]
+    islands: Option<String>,
     /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
     #[arg(long)]
     processes: bool,
@@ -53,7 +56,8 @@ pub struct SelftestArgs {
     /// Seconds a rank waits for a peer in the sweep.
     #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
     timeout: std::time::Duration,
-    /// Skip the peer-timeout case (it costs about a second).
+    /// Skip the fault cases (CPU: a silent peer and a mismatched call per algorithm; CUDA: a
+    /// silent peer); they cost about a second.
     #[arg(long)]
     no_timeout_case: bool,
 }
@@ -79,6 +83,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         .check_processes(args.processes)
         .map_err(crate::args::setup_error)?;
     let (backend, world_size) = (setup.backend, setup.world_size);
+    let islands = crate::args::parse_islands(args.islands.as_deref(), world_size)?;
     if backend == Backend::Cpu {
         crate::args::check_cpu_job(
             CpuJobNeeds::selftest(world_size, &counts, &dtypes),
@@ -96,6 +101,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
                 timeout,
                 timeout_case: !args.no_timeout_case && world_size > 1,
                 replays: args.replays,
+                islands,
             },
         );
     }
@@ -107,6 +113,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             algorithms,
             timeout,
             timeout_case: !args.no_timeout_case && world_size > 1,
+            islands,
         },
     };
     run_ranks(world_size, timeout, |rank| selftest_rank(rank, &settings))

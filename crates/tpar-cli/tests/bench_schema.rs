@@ -260,3 +260,33 @@ fn cpu_bench_json_follows_the_schema_and_a_lying_skipped_row_does_not() {
         .iter()
         .any(|e| e.contains("results[1].p50_us")));
 }
+
+#[test]
+fn the_open_mpi_comparisons_in_bench_results_follow_the_schema() {
+    // bench/cpu_vs_mpi.py's files: tpar's rows and Open MPI's (algo "mpi") side by side.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");
+    let schema = schema();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.contains("cpu-vs-mpi") && name.ends_with(".json")) {
+            continue;
+        }
+        let report: Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.path()).unwrap()).unwrap();
+        assert_eq!(check(&schema, &report), Vec::<String>::new(), "{name}");
+        let algos: Vec<&str> = report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["algo"].as_str())
+            .collect();
+        assert!(
+            algos.contains(&"mpi") && algos.iter().any(|a| *a != "mpi"),
+            "{name}: both peers"
+        );
+        seen += 1;
+    }
+    // With no file there is nothing to check (the script is run by hand, not by CI).
+    eprintln!("{seen} comparison file(s) checked");
+}

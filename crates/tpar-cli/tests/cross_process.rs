@@ -5,28 +5,18 @@
 //! time it took, and that nothing of the job is left in /dev/shm.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{job_segments as leftover_segments, tpar_command as tpar};
+use common::{
+    job_segments as leftover_segments, spawn_external, text, token, tpar_command as tpar,
+};
 
 fn run(cmd: &mut Command) -> (Output, Duration) {
     let start = Instant::now();
     let out = cmd.output().expect("tpar runs");
     (out, start.elapsed())
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn token(tag: &str) -> String {
-    format!(
-        "test-{tag}-{}-{}",
-        std::process::id(),
-        Instant::now().elapsed().as_nanos()
-    )
 }
 
 #[test]
@@ -47,8 +37,22 @@ fn selftest_passes_for_world_sizes_1_to_8() {
             "world size {n}:\n{stdout}\n{}",
             text(&out.stderr)
         );
-        // 3 dtypes x 2 algorithms x 5 counts x 2 placements (+ the timeout case when n > 1).
-        let rows = 60 + usize::from(n > 1);
+        // 3 dtypes x 5 counts x 2 placements for each algorithm, the islands algorithms once
+        // per island partition; with n > 1 also a timeout case and a mismatch case for each
+        // algorithm.
+        let algorithms = tpar::CpuCommunicator::ALGORITHMS;
+        let islands = [tpar::Algorithm::Islands, tpar::Algorithm::IslandsPull];
+        let runs: usize = algorithms
+            .iter()
+            .map(|a| {
+                if islands.contains(a) {
+                    tpar_harness::cpu_selftest::island_partitions(n).len()
+                } else {
+                    1
+                }
+            })
+            .sum();
+        let rows = 30 * runs + if n > 1 { 2 * algorithms.len() } else { 0 };
         assert!(
             stdout.contains(&format!("selftest: {rows} passed, 0 failed")),
             "world size {n}:\n{stdout}"
@@ -84,9 +88,15 @@ fn bench_writes_json_with_every_row_correct() {
         );
     }
     let rows = json["results"].as_array().unwrap();
-    assert_eq!(rows.len(), 4);
+    // Every algorithm of the CPU backend at each size.
+    let algorithms = tpar::CpuCommunicator::ALGORITHMS;
+    assert_eq!(rows.len(), 2 * algorithms.len());
     let sizes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
-    assert_eq!(sizes, vec![4096, 4096, 262144, 262144]);
+    let want: Vec<u64> = [4096u64, 262144]
+        .iter()
+        .flat_map(|&s| std::iter::repeat_n(s, algorithms.len()))
+        .collect();
+    assert_eq!(sizes, want);
     for row in rows {
         assert_eq!(row["correct"], true, "{row}");
         assert!(row["p50_us"].as_f64().unwrap() > 0.0);
@@ -240,32 +250,6 @@ fn a_rank_killed_mid_run_fails_the_others_in_time_and_leaves_no_segment() {
     );
     assert!(took < Duration::from_secs(timeout + 1), "{took:?}");
     assert_eq!(leftover_segments(&token), Vec::<String>::new());
-}
-
-/// Starts `ranks` of a job of `world_size` as an outside launcher would.
-fn spawn_external(
-    dir: &Path,
-    token: &str,
-    world_size: usize,
-    ranks: &[usize],
-    args: &[&str],
-) -> Vec<(usize, Child)> {
-    ranks
-        .iter()
-        .map(|&rank| {
-            let child = tpar()
-                .args(args)
-                .env("TPAR_RENDEZVOUS", dir)
-                .env("TPAR_JOB_TOKEN", token)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world_size.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            (rank, child)
-        })
-        .collect()
 }
 
 /// Nothing of an outside-launched job stays in /dev/shm; then its directory is removed.

@@ -146,7 +146,12 @@ impl Setup {
         if backend == Backend::Cpu {
             let cpu_runs = |c: &Selection| matches!(c, Selection::Forced(Choice::Tpar(a)) if tpar::CpuCommunicator::ALGORITHMS.contains(a));
             if let Some(c) = choices.iter().find(|c| !cpu_runs(c)) {
-                usage!("--algos {c}: the CPU backend runs one-shot and two-shot ({c} needs --backend cuda)");
+                usage!(
+                    "--algos {c}: the CPU backend runs {} ({c} needs --backend cuda)",
+                    tpar::CpuCommunicator::ALGORITHMS
+                        .map(|a| a.name())
+                        .join(", ")
+                );
             }
         }
         Ok(Setup {

@@ -1,6 +1,7 @@
 //! The CPU backend's benchmark on one rank of a job: each algorithm over a sweep of sizes,
 //! timed by the wall clock per call after a warm-up, every timed call checked against the
-//! exact sum (and the check tallied across ranks).
+//! exact sum (and the check tallied across ranks). Each rank runs on a core of its own where
+//! there are enough.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use super::known::{total_across_ranks, KnownData};
 use super::ranks::Rank;
 use super::stats::{bus_bandwidth_gbps, percentile};
 use super::Result;
-use tpar::{Algorithm, Config, CpuCommunicator, DType};
+use tpar::{Algorithm, Config, CpuCommunicator, DType, Islands};
 
 /// Untimed calls before timing, unless asked otherwise: a tenth of the timed ones, at least 5.
 pub fn default_warmup(iters: usize) -> usize {
@@ -26,6 +27,8 @@ pub struct CpuBenchSettings {
     pub warmup: usize,
     pub dtype: DType,
     pub timeout: Duration,
+    /// The island partition of the islands algorithms (`None`: the backend's default).
+    pub islands: Option<Islands>,
 }
 
 #[derive(Serialize, Clone, Debug)]
@@ -38,10 +41,60 @@ pub struct CpuRow {
     pub correct: bool,
 }
 
-/// The rows of a run and the shared memory each rank's communicator took.
+/// The rows of a run, the shared memory each rank's communicator took and how ranks were
+/// placed on cores.
 pub struct CpuBench {
     pub rows: Vec<CpuRow>,
     pub memory_per_rank_bytes: u64,
+    pub binding: String,
+}
+
+/// Rank r on the r-th CPU this process may use while the bench runs, where every rank can
+/// have one (as mpirun binds a few ranks to cores; where ranks outnumber cores, neither binds):
+/// otherwise the scheduler may run two ranks on one core while another idles, which halved
+/// large-message throughput in some runs here. It also puts the rank's shared segment, which
+/// it allocates next, on that core's NUMA node. Dropped, it gives the process its CPUs back.
+struct Binding {
+    /// How ranks are bound, for the report.
+    said: String,
+    restore: Vec<usize>,
+}
+
+impl Binding {
+    fn new(rank: usize, world_size: usize) -> Binding {
+        let cpus = tpar::allowed_cpus();
+        if world_size > cpus.len() {
+            return Binding {
+                said: format!(
+                    "none: {world_size} ranks on {} allowed cores (the scheduler places them)",
+                    cpus.len()
+                ),
+                restore: Vec::new(),
+            };
+        }
+        match tpar::set_allowed_cpus(&[cpus[rank]]) {
+            Ok(()) => Binding {
+                said: format!(
+                    "rank r on the r-th allowed core ({:?})",
+                    &cpus[..world_size]
+                ),
+                restore: cpus,
+            },
+            Err(e) => Binding {
+                said: format!("none: pinning failed ({e})"),
+                restore: Vec::new(),
+            },
+        }
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        if !self.restore.is_empty() {
+            // Best effort: a process that cannot widen its own mask again keeps one core.
+            let _ = tpar::set_allowed_cpus(&self.restore);
+        }
+    }
 }
 
 /// Times every (size, algorithm) of `settings` on this rank. `on_step` hears each one before it
@@ -53,8 +106,10 @@ pub fn run(
     mut on_row: impl FnMut(&[CpuRow]),
 ) -> Result<CpuBench> {
     let world_size = rank.world_size();
+    let binding = Binding::new(rank.rank(), world_size);
     let config = Config {
         timeout: settings.timeout,
+        islands: settings.islands,
         ..Config::default()
     };
     let mut comm = CpuCommunicator::new(&rank.rendezvous, config)?;
@@ -96,5 +151,6 @@ pub fn run(
     Ok(CpuBench {
         rows,
         memory_per_rank_bytes: comm.memory_footprint().allocated_bytes(),
+        binding: binding.said.clone(),
     })
 }

@@ -34,6 +34,9 @@ pub struct CudaBenchSettings {
     pub replays: usize,
     pub warmup: usize,
     pub chain: usize,
+    /// The island partition of the islands algorithms (`Config::islands`; `None`: the
+    /// machine's).
+    pub islands: Option<tpar::Islands>,
 }
 
 #[derive(Clone, Debug)]

@@ -32,6 +32,9 @@ pub struct CudaSelftestSettings {
     pub timeout: Duration,
     pub timeout_case: bool,
     pub replays: usize,
+    /// The island partition of the islands algorithms (`Config::islands`; `None`: the
+    /// machine's).
+    pub islands: Option<tpar::Islands>,
 }
 
 const CASE_DEADLINE: Duration = Duration::from_secs(1);
@@ -93,6 +96,7 @@ pub fn run(make: MakeGroup<'_>, settings: &CudaSelftestSettings) -> Result<Sweep
     // A fresh group: the GPU and the process must be fine after the failures.
     let mut group = make(Config {
         timeout: settings.timeout,
+        islands: settings.islands,
         ..Config::default()
     })?;
     leader |= group.is_leader();
@@ -102,7 +106,11 @@ pub fn run(make: MakeGroup<'_>, settings: &CudaSelftestSettings) -> Result<Sweep
             sweep(&mut group, algo, algo.name(), settings, &mut rows)?;
             continue;
         }
-        for islands in Islands::test_partitions(world_size) {
+        let partitions = match settings.islands {
+            Some(given) => vec![given],
+            None => Islands::test_partitions(world_size),
+        };
+        for islands in partitions {
             let mut island_group = make(Config {
                 timeout: settings.timeout,
                 islands: Some(islands),

@@ -76,13 +76,10 @@ impl CpuJobNeeds {
     /// A CPU communicator per rank with the default chunk size, plus `buffer_copies` buffers of
     /// the largest message (bench and selftest keep two inputs, two expected sums and an output).
     pub fn cpu(world_size: usize, max_message_bytes: u64, buffer_copies: u64) -> CpuJobNeeds {
-        let layout = tpar::protocol::layout::InboxLayout::new(
-            world_size,
-            tpar::Config::default().cpu_chunk_bytes(),
-        );
+        let segment = tpar::backend::cpu::segment_bytes(world_size, &tpar::Config::default());
         CpuJobNeeds {
             world_size,
-            shm_per_rank: layout.total_bytes() as u64,
+            shm_per_rank: segment as u64,
             buffers_per_rank: max_message_bytes.saturating_mul(buffer_copies),
         }
     }

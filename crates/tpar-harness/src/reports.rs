@@ -25,6 +25,8 @@ pub struct CpuBenchReport {
     pub iters: usize,
     pub warmup: usize,
     pub timing: &'static str,
+    /// How the ranks were placed on cores.
+    pub binding: String,
     pub memory_per_rank_bytes: u64,
     pub results: Vec<CpuRow>,
 }
@@ -44,6 +46,7 @@ impl CpuBenchReport {
             iters: settings.iters,
             warmup: settings.warmup,
             timing: "wall clock per call on rank 0; p50/p99 over the timed calls",
+            binding: run.binding,
             memory_per_rank_bytes: run.memory_per_rank_bytes,
             results: run.rows,
         }

@@ -31,6 +31,7 @@ pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBench
         replays,
         warmup: cuda_bench::DEFAULT_WARMUP,
         chain: 50,
+        islands: None,
     }
 }
 

@@ -164,6 +164,7 @@ fn verify<'py>(
                     timeout,
                     timeout_case: timeout_case && world > 1,
                     replays,
+                    islands: None,
                 };
                 cuda_selftest::run(&|c| CudaRanks::process(&me, c), &plan).map(|s| s.rows)
             } else {
@@ -173,6 +174,7 @@ fn verify<'py>(
                     algorithms,
                     timeout,
                     timeout_case: timeout_case && world > 1,
+                    islands: None,
                 };
                 cpu_selftest::run(&me, &plan, |_| {})
             }

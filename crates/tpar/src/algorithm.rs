@@ -23,7 +23,7 @@ pub enum Algorithm {
     /// the reduced pieces. Two steps; each rank moves 2 (n-1)/n x bytes.
     TwoShot,
     /// Every rank stages its input in its own memory and raises a flag; every rank reads all
-    /// peers' inputs (GPU only: for machines where peer reads beat peer writes).
+    /// peers' inputs (for machines where peer reads beat peer writes).
     OneShotPull,
     /// One-shot push through pinned host memory mapped into every GPU (GPU only: for machines
     /// with no peer-to-peer access at all).

@@ -17,8 +17,10 @@ pub struct Config {
     pub timeout: Duration,
     /// Payload bytes of one chunk: a larger call is cut into chunks of this size, each one
     /// exchange (one kernel launch on a GPU). Every inbox slot holds a chunk, so a rank's
-    /// inbox takes about 6 x (world size + 1) x this many bytes (an 8-byte line carries 4
-    /// payload bytes; three buffers by epoch). `None`: each backend's own default,
+    /// inbox takes about 6 x (world size + 1) x this many bytes on CUDA (an 8-byte line
+    /// carries 4 payload bytes; three buffers by epoch) and 2 x (world size + 1) x on the CPU
+    /// (plain data, two buffers; its islands and ring chunks of 16-bit dtypes carry half, so
+    /// that their f32 partials fit a slot). `None`: each backend's own default,
     /// [`Config::CPU_CHUNK_BYTES`] or [`Config::CUDA_CHUNK_BYTES`] (their docs say why they
     /// differ); read it through [`Config::cpu_chunk_bytes`] / [`Config::cuda_chunk_bytes`].
     pub chunk_bytes: Option<usize>,
@@ -38,8 +40,9 @@ impl Config {
 
     /// The CPU backend's chunk when none is given: 128 KiB. Its inboxes live in /dev/shm,
     /// which containers keep small (Docker's default is 64 MiB): at 128 KiB the CPU self-test
-    /// runs there with up to 6 ranks, at 256 KiB with only 4 (2026-12-01, a 64 MiB tmpfs on
-    /// /dev/shm; at 8 ranks one inbox set takes 54 MiB at 128 KiB, 108 MiB at 256 KiB). The
+    /// ran there with up to 6 ranks, at 256 KiB with only 4 (2026-12-01, a 64 MiB tmpfs on
+    /// /dev/shm, with the LL layout; at 8 ranks one inbox set took 54 MiB at 128 KiB, 108 MiB
+    /// at 256 KiB; the CPU's plain layout since takes a third of that). The
     /// 256 KiB chunk itself is sound on the CPU: `tpar selftest --backend cpu -n 7` and `-n 8`
     /// passed 10 runs each at load averages up to 15 on 2 cores, after the wait fix that
     /// explained an earlier failure there (`wait::Watch::gone_peers`).

@@ -1,9 +1,10 @@
 //! tpar: low-latency allreduce across the ranks of one host, for tensor-parallel inference.
 //!
 //! The crate is organised in layers:
-//! - [`protocol`]: the wire format every transport shares (LL lines that carry a tag beside the
-//!   data, call headers, buffer layout, chunking, the fixed reduction order). Pure functions,
-//!   no I/O; the GPU kernels implement the same format.
+//! - [`protocol`]: what every transport shares: the algorithms' schedules and summation order,
+//!   call headers, chunking, and the GPU's wire format (LL lines that carry a tag beside the
+//!   data, buffer layout), which the kernels implement. Pure functions, no I/O. The CPU backend
+//!   moves plain data with its own layout ([`backend::cpu::layout`]).
 //! - [`rendezvous`] and [`launch`]: how the ranks of one job find each other on this host
 //!   (a private directory and a random job token) and how `tpar` starts its own ranks.
 //! - [`backend`]: transports. [`backend::cpu`] runs the protocol over POSIX shared memory
@@ -57,4 +58,4 @@ pub use error::{Error, Result};
 pub use islands::Islands;
 pub use memory::MemoryFootprint;
 pub use rendezvous::{RankEnv, Rendezvous};
-pub use sys::{dir_writable, free_bytes, host_name};
+pub use sys::{allowed_cpus, dir_writable, free_bytes, host_name, set_allowed_cpus};

@@ -123,6 +123,52 @@ impl SharedSegment {
         unsafe { std::slice::from_raw_parts(self.ptr as *const AtomicU64, self.len / 8) }
     }
 
+    /// The 8-byte word at byte `offset` (a multiple of 8): a flag.
+    pub fn word(&self, offset: usize) -> &AtomicU64 {
+        debug_assert_eq!(offset % 8, 0);
+        &self.lines()[offset / 8]
+    }
+
+    /// Bytes `range` of the mapping. Panics when the range is not inside it.
+    ///
+    /// Other processes write this memory while it is mapped. What keeps them apart from these
+    /// reads is the callers' protocol: a writer stores a range, then a flag with release
+    /// ordering; a reader loads the flag with acquire ordering before it reads, and no writer
+    /// touches the range again until the readers have said they are done (the CPU backend's
+    /// epochs). A peer that breaks the protocol can make this process read wrong numbers; it
+    /// cannot make it read outside the mapping. Within this process the borrow rules hold as
+    /// usual: writes go through `&mut self`.
+    pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "range outside the segment"
+        );
+        // SAFETY: the range is inside the live mapping (checked above); the mapping lives as
+        // long as `self`; writers in this process need `&mut self`, and other processes keep
+        // off the range by the protocol described above.
+        unsafe { std::slice::from_raw_parts((self.ptr as *const u8).add(range.start), range.len()) }
+    }
+
+    /// Bytes `range` of the mapping, writable (the protocol of [`SharedSegment::bytes`] keeps
+    /// other processes' readers off the range while it is written).
+    pub fn bytes_mut(&mut self, range: std::ops::Range<usize>) -> &mut [u8] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "range outside the segment"
+        );
+        // SAFETY: as in `bytes`; `&mut self` makes this the only reference into the mapping
+        // in this process while it lives.
+        unsafe {
+            std::slice::from_raw_parts_mut((self.ptr as *mut u8).add(range.start), range.len())
+        }
+    }
+
+    /// Copies `data` into the mapping at byte `offset`.
+    pub fn write(&mut self, offset: usize, data: &[u8]) {
+        self.bytes_mut(offset..offset + data.len())
+            .copy_from_slice(data);
+    }
+
     /// Start of the mapping, for registering it with the GPU driver.
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr as *mut u8
@@ -186,6 +232,51 @@ pub fn lock_exclusive(file: &std::fs::File) -> io::Result<()> {
     use std::os::unix::io::AsRawFd;
     // SAFETY: flock on a descriptor `file` keeps open for the duration of the call.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The CPU this thread runs on now (it may move at any time), where the OS says.
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's state.
+    let cpu = unsafe { libc::sched_getcpu() };
+    usize::try_from(cpu).ok()
+}
+
+/// The CPUs this process may run on (its affinity mask, so a container's cpuset counts), in
+/// ascending order; empty where the mask cannot be read.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the size is the set's own.
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if rc != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: cpu < CPU_SETSIZE, inside the set.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Keeps the calling thread on `cpus` from now on (one CPU: and with it the memory it
+/// allocates first, on that CPU's NUMA node).
+pub fn set_allowed_cpus(cpus: &[usize]) -> io::Result<()> {
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is plain data; zeroed is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: cpu < CPU_SETSIZE (checked above); the set is ours.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: pid 0 is this thread; the size is the set's own.
+    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if rc == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())

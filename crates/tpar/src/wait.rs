@@ -1,20 +1,35 @@
-//! Waiting for a peer's line with a deadline. Spins briefly (the fast case: the peer is running
-//! on another core), then yields (ranks may outnumber cores, and the peer needs ours), then
-//! sleeps in short steps. While waiting it checks that the awaited peer still exists, so a
-//! killed rank is reported at once instead of at the deadline.
+//! Waiting for a peer's flag with a deadline. Spins briefly (the fast case: the peer runs on
+//! another core and is about to write), then yields (ranks may outnumber cores, and the peer
+//! needs ours), then sleeps in short, growing steps. While waiting it checks that the awaited peer still
+//! exists, so a rank whose process is gone is reported at once instead of at the deadline, and
+//! it lets the caller look for other reasons to stop (a peer that called with other arguments).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::protocol::line::{word_if_tagged, Tag};
 use crate::sys::{liveness, Liveness};
 
-const SPINS: u32 = 256;
-const YIELDS: u32 = 4096;
+/// How long to spin before yielding when the awaited peer runs on another core: it is busy
+/// with its part of the round (tens of microseconds for a large one), and a yield on a loaded
+/// machine can hand this core to another process for a whole time slice.
+pub(crate) const SPIN_ALONE: Duration = Duration::from_micros(50);
+/// ... and when the peer last ran on this very core, or ranks outnumber cores: then every
+/// microsecond spun is one the peer cannot run. (Spinning 20 us whatever the peer's core made
+/// a 4 KiB two-shot take 43 us instead of 2 on a machine at load 4 on 2 cores: two waits spun
+/// out in full while the peer waited for the core.)
+pub(crate) const SPIN_SHARED: Duration = Duration::from_nanos(500);
+/// Yield for this long before sleeping.
+const YIELD_FOR: Duration = Duration::from_millis(2);
+/// The first sleep; each next one doubles, up to [`SLEEP_MAX`]: a wait that reached the sleeps
+/// is already long, and many of them at once (a job of many ranks waiting out a silent peer)
+/// must not keep the cores busy waking up.
 const SLEEP: Duration = Duration::from_micros(50);
+const SLEEP_MAX: Duration = Duration::from_micros(500);
 const LIVENESS_EVERY: Duration = Duration::from_millis(50);
+/// Spins between two looks at the clock and at the caller's check.
+const SPINS_PER_CHECK: u32 = 16;
 
 /// What a rank is waiting for, for error messages.
 #[derive(Clone, Copy, Debug)]
@@ -38,62 +53,87 @@ impl fmt::Display for Phase {
 /// reaching a Python caller, for one).
 pub type InterruptCheck = dyn Fn() -> bool + Send + Sync;
 
-/// The deadline and the peers' process ids (where this rank can see them).
+/// The deadline, the peers' process ids (where this rank can see them) and how long to spin.
 pub(crate) struct Watch<'a> {
     pub timeout: Duration,
     pub peer_pids: &'a [Option<u32>],
     pub interrupted: Option<&'a InterruptCheck>,
+    /// Spinning before the first yield at most ([`SPIN_ALONE`] or [`SPIN_SHARED`]).
+    pub spin: Duration,
 }
 
 impl Watch<'_> {
-    /// The payload word of `line` once it carries `tag`.
+    /// Returns once `flag` holds `epoch`. `check` runs now and then while the flag is late and
+    /// may end the wait with its own error (a mismatched call seen in the peer's header);
+    /// `spin` says, when the flag is late, how long to spin before yielding (at most
+    /// `self.spin`).
     #[inline]
-    pub fn word(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
-        match word_if_tagged(line.load(Ordering::Acquire), tag) {
-            Some(word) => Ok(word),
-            None => self.slow(line, tag, peer, phase),
+    pub fn until(
+        &self,
+        flag: &AtomicU64,
+        epoch: u64,
+        peer: usize,
+        phase: Phase,
+        check: &mut dyn FnMut() -> Result<()>,
+        spin: &dyn Fn() -> Duration,
+    ) -> Result<()> {
+        if flag.load(Ordering::Acquire) == epoch {
+            return Ok(());
         }
+        self.slow(flag, epoch, peer, phase, check, spin().min(self.spin))
     }
 
     #[cold]
-    fn slow(&self, line: &AtomicU64, tag: Tag, peer: usize, phase: Phase) -> Result<u32> {
+    fn slow(
+        &self,
+        flag: &AtomicU64,
+        epoch: u64,
+        peer: usize,
+        phase: Phase,
+        check: &mut dyn FnMut() -> Result<()>,
+        spin: Duration,
+    ) -> Result<()> {
         let start = Instant::now();
-        let mut last_check = start;
-        let mut tries: u32 = 0;
+        let mut last_liveness = start;
+        let mut spins: u32 = 0;
+        let mut sleep = SLEEP;
         loop {
-            if let Some(word) = word_if_tagged(line.load(Ordering::Acquire), tag) {
-                return Ok(word);
+            if flag.load(Ordering::Acquire) == epoch {
+                return Ok(());
             }
-            tries = tries.saturating_add(1);
-            if tries < SPINS {
+            spins = spins.wrapping_add(1);
+            if spins % SPINS_PER_CHECK != 0 {
                 std::hint::spin_loop();
                 continue;
-            } else if tries < YIELDS {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(SLEEP);
             }
-            if tries % 16 == 0 || tries >= YIELDS {
-                let now = now_after(start);
-                let waited = now - start;
-                if waited >= self.timeout {
-                    return Err(Error::PeerTimeout {
+            let now = now_after(start);
+            let waited = now - start;
+            if waited >= spin + YIELD_FOR {
+                std::thread::sleep(sleep);
+                sleep = (sleep * 2).min(SLEEP_MAX);
+            } else if waited >= spin {
+                std::thread::yield_now();
+                // Every yield is a check (the clock, the caller's check) from here on.
+                spins = spins.wrapping_add(SPINS_PER_CHECK - 1);
+            }
+            check()?;
+            if waited >= self.timeout {
+                return Err(Error::PeerTimeout {
+                    peer,
+                    phase: phase.to_string(),
+                    waited,
+                });
+            }
+            if now - last_liveness >= LIVENESS_EVERY {
+                last_liveness = now;
+                if let Some(err) = self.gone_peers(peer, phase) {
+                    return Err(err);
+                }
+                if self.interrupted.is_some_and(|stop| stop()) {
+                    return Err(Error::Interrupted {
                         peer,
                         phase: phase.to_string(),
-                        waited,
                     });
-                }
-                if now - last_check >= LIVENESS_EVERY {
-                    last_check = now;
-                    if let Some(err) = self.gone_peers(peer, phase) {
-                        return Err(err);
-                    }
-                    if self.interrupted.is_some_and(|stop| stop()) {
-                        return Err(Error::Interrupted {
-                            peer,
-                            phase: phase.to_string(),
-                        });
-                    }
                 }
             }
         }
@@ -141,8 +181,15 @@ fn now_after(start: Instant) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::line::pack;
     use std::sync::Arc;
+
+    fn never() -> Result<()> {
+        Ok(())
+    }
+
+    fn full() -> Duration {
+        SPIN_ALONE
+    }
 
     const PHASE: Phase = Phase {
         step: "test",
@@ -150,51 +197,77 @@ mod tests {
         chunk: 0,
     };
 
+    fn watch<'a>(timeout: Duration, pids: &'a [Option<u32>]) -> Watch<'a> {
+        Watch {
+            timeout,
+            peer_pids: pids,
+            interrupted: None,
+            spin: SPIN_ALONE,
+        }
+    }
+
     #[test]
-    fn returns_a_word_written_later_by_another_thread() {
-        let line = Arc::new(AtomicU64::new(0));
-        let tag = Tag::for_epoch(7);
+    fn returns_once_another_thread_raises_the_flag() {
+        let flag = Arc::new(AtomicU64::new(6));
         let writer = {
-            let line = line.clone();
+            let flag = flag.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(20));
-                line.store(pack(tag, 99), Ordering::Release);
+                flag.store(7, Ordering::Release);
             })
         };
-        let watch = Watch {
-            timeout: Duration::from_secs(5),
-            peer_pids: &[],
-            interrupted: None,
-        };
-        assert_eq!(watch.word(&line, tag, 1, PHASE).unwrap(), 99);
+        let start = Instant::now();
+        watch(Duration::from_secs(5), &[])
+            .until(&flag, 7, 1, PHASE, &mut never, &full)
+            .unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(15));
         writer.join().unwrap();
     }
 
     #[test]
+    fn the_callers_check_ends_a_late_wait_with_its_error() {
+        let flag = AtomicU64::new(0);
+        let mut calls = 0;
+        let err = watch(Duration::from_secs(30), &[])
+            .until(
+                &flag,
+                1,
+                1,
+                PHASE,
+                &mut || {
+                    calls += 1;
+                    Err(Error::InvalidArgument("seen".into()))
+                },
+                &full,
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("seen"), "{err}");
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
     fn an_interrupt_stops_the_wait_naming_the_peer() {
-        let line = AtomicU64::new(0);
+        let flag = AtomicU64::new(0);
         let stop = || true;
         let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &[],
             interrupted: Some(&stop),
+            ..watch(Duration::from_secs(30), &[])
         };
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        let err = watch
+            .until(&flag, 1, 1, PHASE, &mut never, &full)
+            .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(1));
         assert!(matches!(err, Error::Interrupted { peer: 1, .. }), "{err}");
     }
 
     #[test]
     fn times_out_naming_the_peer_and_phase() {
-        let line = AtomicU64::new(pack(Tag::for_epoch(6), 1)); // stale epoch
-        let watch = Watch {
-            timeout: Duration::from_millis(100),
-            peer_pids: &[None, None, None],
-            interrupted: None,
-        };
+        let flag = AtomicU64::new(6); // a stale epoch
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(7), 2, PHASE).unwrap_err();
+        let err = watch(Duration::from_millis(100), &[None, None, None])
+            .until(&flag, 7, 2, PHASE, &mut never, &full)
+            .unwrap_err();
         assert!(start.elapsed() < Duration::from_secs(2));
         let msg = err.to_string();
         assert!(
@@ -208,16 +281,14 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
-        let line = AtomicU64::new(0);
+        let flag = AtomicU64::new(0);
         let pids = [None, Some(pid)];
-        let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &pids,
-            interrupted: None,
-        };
         let start = Instant::now();
-        let err = watch.word(&line, Tag::for_epoch(1), 1, PHASE).unwrap_err();
+        let err = watch(Duration::from_secs(30), &pids)
+            .until(&flag, 1, 1, PHASE, &mut never, &full)
+            .unwrap_err();
         assert!(matches!(err, Error::PeerGone { peer: 1, .. }), "{err}");
+        assert!(err.to_string().contains("exited"), "{err}");
         assert!(start.elapsed() < Duration::from_secs(2));
     }
 
@@ -233,13 +304,10 @@ mod tests {
             Some(child.id()),
             Some(std::process::id()),
         ];
-        let watch = Watch {
-            timeout: Duration::from_millis(600),
-            peer_pids: &pids,
-            interrupted: None,
-        };
-        let line = AtomicU64::new(0);
-        let err = watch.word(&line, Tag::for_epoch(1), 2, PHASE).unwrap_err();
+        let flag = AtomicU64::new(0);
+        let err = watch(Duration::from_millis(600), &pids)
+            .until(&flag, 1, 2, PHASE, &mut never, &full)
+            .unwrap_err();
         assert!(matches!(err, Error::PeerTimeout { peer: 2, .. }), "{err}");
     }
 
@@ -254,15 +322,10 @@ mod tests {
             .collect();
         let alive = Some(std::process::id());
         let pids = [alive, pids[1], alive, pids[2]];
-        let watch = Watch {
-            timeout: Duration::from_secs(30),
-            peer_pids: &pids,
-            interrupted: None,
-        };
         // Waiting on rank 3 (gone): it comes first, and rank 1 is named too.
-        let line = AtomicU64::new(0);
-        let msg = watch
-            .word(&line, Tag::for_epoch(1), 3, PHASE)
+        let flag = AtomicU64::new(0);
+        let msg = watch(Duration::from_secs(30), &pids)
+            .until(&flag, 1, 3, PHASE, &mut never, &full)
             .unwrap_err()
             .to_string();
         assert!(

@@ -1,7 +1,9 @@
-//! What the integration tests share: the `tpar` binary with no rank environment or forced
-//! algorithm inherited from whatever runs the tests, and a job's leftover shared memory.
+//! What the integration tests share: the `tpar` binary with no rank environment, forced
+//! algorithm or islands inherited from whatever runs the tests, ranks started as an outside
+//! launcher would, and a job's leftover shared memory.
 
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 
 /// The `tpar` binary, with standard input closed and none of the launcher's variables, job
 /// token or `TPAR_ALGO` of the environment the tests run in.
@@ -15,6 +17,7 @@ pub fn tpar_command() -> Command {
         "LOCAL_RANK",
         "LOCAL_WORLD_SIZE",
         "TPAR_ALGO",
+        "TPAR_ISLANDS",
     ] {
         cmd.env_remove(key);
     }
@@ -31,4 +34,50 @@ pub fn job_segments(token: &str) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(&format!("tpar-{token}-")))
         .collect()
+}
+
+/// Starts `ranks` of a job of `world_size` as an outside launcher would.
+#[allow(dead_code)] // not every test file starts ranks itself
+pub fn spawn_external(
+    dir: &Path,
+    token: &str,
+    world_size: usize,
+    ranks: &[usize],
+    args: &[&str],
+) -> Vec<(usize, Child)> {
+    ranks
+        .iter()
+        .map(|&rank| {
+            let child = tpar_command()
+                .args(args)
+                .env("TPAR_RENDEZVOUS", dir)
+                .env("TPAR_JOB_TOKEN", token)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world_size.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            (rank, child)
+        })
+        .collect()
+}
+
+/// Standard output or error as text.
+#[allow(dead_code)]
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A job token of its own for one test run: the tag, this process and the clock.
+#[allow(dead_code)]
+pub fn token(tag: &str) -> String {
+    format!(
+        "test-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
 }

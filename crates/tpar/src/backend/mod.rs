@@ -1,5 +1,6 @@
 //! Transports that carry the [`crate::protocol`]. Each one implements the same algorithms with
-//! the same line format and reduction order, so their results are interchangeable bit for bit.
+//! the same schedules and summation order, so their results are interchangeable bit for bit
+//! (the GPU in LL lines, the CPU in plain copies with its own layout).
 
 pub mod cpu;
 pub mod cuda;

@@ -4,6 +4,12 @@
 //! 16-byte LL line on the GPU), so shares, ring chunks and island ranges fall at the same
 //! places on every backend.
 //!
+//! A *message* is one exchange: a call larger than a backend's chunk is cut into chunks (each
+//! one launch on a GPU, one round on the CPU), and each chunk follows the schedule on its own,
+//! with `U` its units. Only the ring's order depends on where an element sits in its message
+//! (its chunk c), so ring results agree bit for bit between backends only where they cut
+//! calls at the same places; every other algorithm's order does not depend on it.
+//!
 //! # The algorithms
 //!
 //! `n` ranks, each with an input `x_r`; `share(U, m, i)` is [`share`]. Sums are taken in f32

@@ -1,13 +1,20 @@
-//! The CPU backend: the push protocol over POSIX shared memory between the processes (or
-//! threads) of one host.
+//! The CPU backend: tpar's algorithms over POSIX shared memory between the processes (or
+//! threads) of one host, designed for CPUs: plain copies of the data, one flag per transfer in
+//! its own cache line (coherent caches make a flag written after the data safe, so there are
+//! no per-word tags), and a vectorised reduction in f32 ([`reduce`]). Every algorithm follows
+//! its schedule in [`crate::protocol::schedule`] (push forms write into the peer's segment,
+//! pull forms read from it) and sums in the order the schedule defines, so every rank gets the
+//! same bits.
 //!
-//! Each rank owns one inbox segment (layout in [`crate::protocol::layout`]) that its peers map
-//! and write into with 8-byte LL stores; a rank only ever reads its own inbox. Segments are
-//! created 0600 under a name that carries the job token, stamped with a hash of the token,
-//! and unlinked as soon as every rank has mapped every segment, so nothing stays in /dev/shm
-//! even if a rank is killed later.
+//! Each rank owns one segment (layout in [`layout`]) that its peers map. Segments are created
+//! 0600 under a name that carries the job token, stamped with a hash of the token, and
+//! unlinked as soon as every rank has mapped every segment, so nothing stays in /dev/shm even
+//! if a rank is killed later.
 
-use std::sync::atomic::Ordering;
+mod algorithms;
+pub mod layout;
+mod reduce;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -16,21 +23,22 @@ use crate::algorithm::Algorithm;
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::islands::Islands;
 use crate::memory::MemoryFootprint;
-use crate::protocol::header::{CallHeader, HEADER_LINES};
-use crate::protocol::layout::{chunks, owned_lines, InboxLayout, SEGMENT_HEADER_LINES};
-use crate::protocol::line::{lines_for_bytes, pack, put_word, word_at, Tag};
-use crate::protocol::reduce::Accumulator;
+use crate::protocol::header::CallHeader;
+use crate::protocol::layout::chunks;
 use crate::rendezvous::Rendezvous;
 use crate::sys::{liveness, Liveness, SharedSegment};
 pub use crate::wait::InterruptCheck;
-use crate::wait::{Phase, Watch};
+use crate::wait::{SPIN_ALONE, SPIN_SHARED};
+use layout::{CpuLayout, SEGMENT_HEADER_BYTES};
 
-/// Lines of a reduction block: large enough to stream, small enough to stay in L1/L2.
-const BLOCK_LINES: usize = 1024;
+/// The stamp (six words) fits before the first buffer.
+const _: () = assert!(SEGMENT_HEADER_BYTES >= 6 * 8);
 
 const SEGMENT_MAGIC: u64 = 0x7470_6172_5f73_686d; // "tpar_shm"
-const SEGMENT_VERSION: u64 = 1;
+/// 2: the CPU layout of [`layout`] (1 was the GPU's LL lines).
+const SEGMENT_VERSION: u64 = 2;
 
 pub use crate::rendezvous::segment_prefix;
 
@@ -40,37 +48,94 @@ fn token_hash(token: &str) -> u64 {
 }
 
 #[derive(Serialize, Deserialize)]
-struct InboxRecord {
+struct SegmentRecord {
     segment: String,
     pid: u32,
-    payload_lines: usize,
+    /// `/proc/self/ns/pid` of the rank: equal to this rank's, the pid names the same process.
+    pid_namespace: Option<String>,
+    slot_bytes: usize,
+    /// The island partition this rank was given ([`Islands`]' text form).
+    islands: String,
+}
+
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// Bytes of /dev/shm each rank's segment takes in a communicator of `world_size` ranks with
+/// `config` (for checking a job against the host before it starts).
+pub fn segment_bytes(world_size: usize, config: &Config) -> usize {
+    CpuLayout::new(world_size, config.cpu_chunk_bytes()).total_bytes()
+}
+
+/// The island partition of a CPU communicator: `Config::islands`, else `TPAR_ISLANDS`, else
+/// one island. A `TPAR_ISLANDS` that does not describe this group (the variable is the whole
+/// process's, and a process may also hold groups of other sizes) leaves one island and the
+/// reason, which refuses the islands algorithms on this communicator (and nothing else).
+fn resolve_islands(
+    config: &Config,
+    world_size: usize,
+    from_env: Result<Option<Islands>>,
+) -> Result<(Islands, Option<String>)> {
+    if let Some(given) = config.islands {
+        if given.world_size() != world_size {
+            return Err(Error::InvalidArgument(format!(
+                "islands {given} describe {} ranks, but this group has {world_size}",
+                given.world_size()
+            )));
+        }
+        return Ok((given, None));
+    }
+    Ok(match from_env {
+        Ok(found) => (found.unwrap_or_else(|| Islands::single(world_size)), None),
+        Err(e) => (Islands::single(world_size), Some(e.to_string())),
+    })
 }
 
 /// One rank's endpoint of a CPU allreduce group.
 pub struct CpuCommunicator {
     rank: usize,
     world_size: usize,
-    layout: InboxLayout,
-    /// Every rank's inbox, indexed by rank; `inboxes[rank]` is this rank's own.
-    inboxes: Vec<SharedSegment>,
+    layout: CpuLayout,
+    islands: Islands,
+    /// Every rank's segment, indexed by rank; `segments[rank]` is this rank's own.
+    segments: Vec<SharedSegment>,
     /// Peers' process ids where this process can see them (same pid namespace).
     peer_pids: Vec<Option<u32>>,
     timeout: Duration,
-    /// Epoch of the last chunk sent; the next chunk uses `epoch + 1`.
+    /// How long a wait spins before it yields: short when ranks outnumber cores.
+    spin: Duration,
+    /// Epoch of the last round; the next round uses `epoch + 1`.
     epoch: u64,
     seq: u32,
     /// Set by the first failed call: the ranks' epochs may no longer agree.
     poisoned: Option<String>,
     /// Asked while a wait is slow; true interrupts the call (and poisons the communicator).
     interrupt: Option<std::sync::Arc<InterruptCheck>>,
+    /// Private f32 scratch of one slot (the islands' partials).
+    scratch: Vec<u8>,
+    /// Why the islands algorithms are refused here (a `TPAR_ISLANDS` of another group size).
+    islands_refused: Option<String>,
 }
 
 impl CpuCommunicator {
     /// The algorithms this backend runs.
-    pub const ALGORITHMS: [Algorithm; 2] = [Algorithm::OneShot, Algorithm::TwoShot];
+    pub const ALGORITHMS: [Algorithm; 8] = [
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::OneShotPull,
+        Algorithm::Staged,
+        Algorithm::StagedPull,
+        Algorithm::Islands,
+        Algorithm::IslandsPull,
+        Algorithm::Ring,
+    ];
 
     /// Joins the ranks of `rendezvous` in a new communicator. Every rank must call this, in
-    /// the same order relative to its other communicators, with the same `config`.
+    /// the same order relative to its other communicators, with the same `config` (chunk size
+    /// and islands; the timeout is each rank's own).
     pub fn new(rendezvous: &Rendezvous, config: Config) -> Result<CpuCommunicator> {
         // Taken before anything can fail on one rank alone, so that every rank's count of
         // communicators stays the same after a failed creation.
@@ -84,98 +149,132 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
-        let layout = InboxLayout::new(world_size, chunk_bytes);
+        let (islands, islands_refused) =
+            resolve_islands(&config, world_size, Islands::from_env(world_size))?;
+        let layout = CpuLayout::new(world_size, chunk_bytes);
         let token_stamp = token_hash(rendezvous.token());
 
         let name = rendezvous.shm_name(&format!("{instance}-r{rank}"));
         let own = SharedSegment::create(&name, layout.total_bytes())?;
-        let header = [
-            SEGMENT_MAGIC,
-            SEGMENT_VERSION,
-            token_stamp,
-            rank as u64,
-            world_size as u64,
-            layout.payload_lines as u64,
-        ];
-        for (line, value) in own.lines().iter().zip(header) {
-            line.store(value, Ordering::Release);
+        let stamp = |r: usize| {
+            [
+                SEGMENT_MAGIC,
+                SEGMENT_VERSION,
+                token_stamp,
+                r as u64,
+                world_size as u64,
+                layout.slot_bytes as u64,
+            ]
+        };
+        for (i, value) in stamp(rank).into_iter().enumerate() {
+            own.word(8 * i)
+                .store(value, std::sync::atomic::Ordering::Release);
         }
 
         let key = format!("cpu-{instance}");
+        let my_namespace = pid_namespace();
         rendezvous.publish(
-            &format!("{key}-inbox"),
-            &InboxRecord {
+            &format!("{key}-segment"),
+            &SegmentRecord {
                 segment: name,
                 pid: std::process::id(),
-                payload_lines: layout.payload_lines,
+                pid_namespace: my_namespace.clone(),
+                slot_bytes: layout.slot_bytes,
+                islands: islands.to_string(),
             },
         )?;
-        let records: Vec<InboxRecord> =
-            rendezvous.gather(&format!("{key}-inbox"), config.timeout)?;
+        let records: Vec<SegmentRecord> =
+            rendezvous.gather(&format!("{key}-segment"), config.timeout)?;
 
-        let mut inboxes = Vec::with_capacity(world_size);
-        let mut own = Some(own);
+        // Settings first, for every peer, before any segment is opened: a rank that finds a
+        // disagreement returns and removes its segment, which a peer still opening segments
+        // would otherwise report as missing instead of the disagreement.
         for (peer, record) in records.iter().enumerate() {
-            if record.payload_lines != layout.payload_lines {
+            if record.slot_bytes != layout.slot_bytes {
                 return Err(Error::InvalidArgument(format!(
                     "rank {peer} uses chunks of {} B, this rank (rank {rank}) {} B; every rank must use the same Config::chunk_bytes",
-                    record.payload_lines * 4,
-                    layout.payload_lines * 4
+                    record.slot_bytes, layout.slot_bytes
                 )));
             }
+            if record.islands != islands.to_string() {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {peer} uses islands {}, this rank (rank {rank}) {islands}; every rank must use the same Config::islands (or {})",
+                    record.islands,
+                    crate::islands::ENV_ISLANDS
+                )));
+            }
+        }
+        let mut segments = Vec::with_capacity(world_size);
+        let mut own = Some(own);
+        for (peer, record) in records.iter().enumerate() {
             let segment = if peer == rank {
                 own.take().expect("own segment")
             } else {
                 SharedSegment::open(&record.segment)?
             };
-            let stamp: Vec<u64> = segment.lines()[..header.len()]
-                .iter()
-                .map(|l| l.load(Ordering::Acquire))
+            let found: Vec<u64> = (0..6)
+                .map(|i| {
+                    segment
+                        .word(8 * i)
+                        .load(std::sync::atomic::Ordering::Acquire)
+                })
                 .collect();
-            let expected = [
-                SEGMENT_MAGIC,
-                SEGMENT_VERSION,
-                token_stamp,
-                peer as u64,
-                world_size as u64,
-                layout.payload_lines as u64,
-            ];
-            if stamp[..3] != expected[..3] {
+            let expected = stamp(peer);
+            if found[..3] != expected[..3] {
                 return Err(Error::ForeignJob {
                     what: format!(
-                        "shared memory {} presented as rank {peer}'s inbox",
+                        "shared memory {} presented as rank {peer}'s segment",
                         record.segment
                     ),
                 });
             }
-            if stamp != expected || segment.len_bytes() < layout.total_bytes() {
+            if found != expected || segment.len_bytes() < layout.total_bytes() {
                 return Err(Error::InvalidArgument(format!(
-                    "rank {peer}'s inbox {} does not match this job's layout",
+                    "rank {peer}'s segment {} does not match this job's layout",
                     record.segment
                 )));
             }
-            inboxes.push(segment);
+            segments.push(segment);
         }
-        // Everyone has mapped everyone: the names can go, the mappings stay.
-        rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
-        inboxes[rank].unlink();
-
+        // Whose process this rank can watch: a peer in the same pid namespace; where the
+        // namespace cannot be read, a peer whose pid is alive now. This is decided before the
+        // barrier below, while every peer is still waiting in it: after it, a peer may already
+        // have returned and exited, and a check then (as before) left it unwatched, so that
+        // its exit was reported only at the deadline, as "stuck".
         let peer_pids = records
             .iter()
-            .map(|r| (liveness(r.pid) == Liveness::Alive).then_some(r.pid))
+            .map(|r| {
+                let same_namespace = match (&r.pid_namespace, &my_namespace) {
+                    (Some(theirs), Some(mine)) => theirs == mine,
+                    _ => liveness(r.pid) == Liveness::Alive,
+                };
+                same_namespace.then_some(r.pid)
+            })
             .collect();
-        debug_assert!(SEGMENT_HEADER_LINES >= header.len());
+        // Everyone has mapped everyone: the names can go, the mappings stay.
+        rendezvous.barrier(&format!("{key}-mapped"), config.timeout)?;
+        segments[rank].unlink();
+
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(CpuCommunicator {
             rank,
             world_size,
             layout,
-            inboxes,
+            islands,
+            segments,
             peer_pids,
             timeout: config.timeout,
+            spin: if world_size > cores {
+                SPIN_SHARED
+            } else {
+                SPIN_ALONE
+            },
             epoch: 0,
             seq: 0,
             poisoned: None,
             interrupt: None,
+            scratch: vec![0u8; layout.slot_bytes],
+            islands_refused,
         })
     }
 
@@ -187,15 +286,20 @@ impl CpuCommunicator {
         self.world_size
     }
 
+    /// The island partition the islands algorithms reduce over.
+    pub fn islands(&self) -> Islands {
+        self.islands
+    }
+
     /// Changes the per-wait deadline (all ranks should use the same).
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
 
-    /// Memory this communicator holds: its own inbox, and its peers' inboxes mapped.
+    /// Memory this communicator holds: its own segment, and its peers' segments mapped.
     pub fn memory_footprint(&self) -> MemoryFootprint {
-        let own = self.inboxes[self.rank].len_bytes() as u64;
-        let all: u64 = self.inboxes.iter().map(|s| s.len_bytes() as u64).sum();
+        let own = self.segments[self.rank].len_bytes() as u64;
+        let all: u64 = self.segments.iter().map(|s| s.len_bytes() as u64).sum();
         MemoryFootprint {
             shared_host_bytes: own,
             peer_mapped_bytes: all - own,
@@ -253,9 +357,19 @@ impl CpuCommunicator {
                 output.len()
             )));
         }
-        if !matches!(algorithm, Algorithm::OneShot | Algorithm::TwoShot) {
+        if !Self::ALGORITHMS.contains(&algorithm) {
             return Err(Error::Unsupported(format!(
-                "the CPU backend runs one-shot and two-shot; {algorithm} is a GPU algorithm"
+                "the CPU backend runs {}; {algorithm} is a GPU algorithm",
+                Self::ALGORITHMS.map(Algorithm::name).join(", ")
+            )));
+        }
+        if let Some(why) = self
+            .islands_refused
+            .as_ref()
+            .filter(|_| matches!(algorithm, Algorithm::Islands | Algorithm::IslandsPull))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{algorithm} needs this group's islands: {why}; set Config::islands for this group"
             )));
         }
         let result = self.run_call(dtype, input, output, algorithm);
@@ -274,8 +388,8 @@ impl CpuCommunicator {
     ) -> Result<()> {
         self.seq = self.seq.wrapping_add(1);
         let count = output.len() / dtype.size();
-        let mut acc = Accumulator::new(dtype);
-        for (index, elements) in chunks(count, self.layout.chunk_elements(dtype)).enumerate() {
+        let round_elements = self.layout.round_bytes(algorithm, dtype) / dtype.size();
+        for (index, elements) in chunks(count, round_elements).enumerate() {
             self.epoch += 1;
             let header = CallHeader {
                 seq: self.seq,
@@ -285,41 +399,30 @@ impl CpuCommunicator {
                 chunk: index as u32,
             };
             let bytes = elements.start * dtype.size()..elements.end * dtype.size();
-            // Stage one reads the input; nothing is written to `output` before it is done,
-            // which is what makes in-place calls safe.
-            let source = match input {
-                Some(input) => &input[bytes.clone()],
-                None => &output[bytes.clone()],
+            let mut round = algorithms::Round {
+                rank: self.rank,
+                world_size: self.world_size,
+                layout: self.layout,
+                islands: &self.islands,
+                segments: &mut self.segments,
+                watch: crate::wait::Watch {
+                    timeout: self.timeout,
+                    peer_pids: &self.peer_pids,
+                    interrupted: self.interrupt.as_deref(),
+                    spin: self.spin,
+                },
+                epoch: self.epoch,
+                header,
+                scratch: &mut self.scratch,
             };
-            self.push_stage_one(&header, source);
-            self.check_headers(&header)?;
-            let out = &mut output[bytes];
-            if algorithm == Algorithm::TwoShot {
-                self.reduce_owned_and_push(&mut acc, &header, out.len())?;
-                self.gather(&header, out)?;
-            } else {
-                self.reduce_all(&mut acc, &header, out)?;
-            }
+            let data = algorithms::Data {
+                dtype,
+                input: input.map(|i| &i[bytes.clone()]),
+                out: &mut output[bytes],
+            };
+            round.run(data)?;
         }
         Ok(())
-    }
-
-    /// Starts the epoch counter elsewhere, to test tag wrap-around.
-    #[cfg(test)]
-    pub(crate) fn set_epoch_for_test(&mut self, epoch: u64) {
-        self.epoch = epoch;
-    }
-
-    fn tag(&self) -> Tag {
-        Tag::for_epoch(self.epoch)
-    }
-
-    fn watch(&self) -> Watch<'_> {
-        Watch {
-            timeout: self.timeout,
-            peer_pids: &self.peer_pids,
-            interrupted: self.interrupt.as_deref(),
-        }
     }
 
     /// A check asked every ~50 ms while a call waits for a peer: when it says true the call
@@ -327,172 +430,6 @@ impl CpuCommunicator {
     /// ranks' epochs no longer agree). The Python package stops on Ctrl-C this way.
     pub fn set_interrupt(&mut self, check: Option<std::sync::Arc<InterruptCheck>>) {
         self.interrupt = check;
-    }
-
-    /// Writes the header and this rank's payload into every peer's stage-one slot: all lines
-    /// for one-shot, the receiver's owned lines for two-shot.
-    fn push_stage_one(&self, header: &CallHeader, source: &[u8]) {
-        let tag = self.tag();
-        let lines = lines_for_bytes(source.len());
-        let header_words = header.encode();
-        // Start with the next rank so that ranks do not all write to rank 0 first.
-        for step in 0..self.world_size {
-            let peer = (self.rank + 1 + step) % self.world_size;
-            let inbox = self.inboxes[peer].lines();
-            let slot = self.layout.stage_one_slot(self.epoch, self.rank);
-            let payload = self.layout.stage_one_payload(self.epoch, self.rank);
-            let range = if header.algorithm == Algorithm::TwoShot {
-                owned_lines(lines, self.world_size, peer)
-            } else {
-                0..lines
-            };
-            let first = range.start;
-            for (k, line) in inbox[payload + range.start..payload + range.end]
-                .iter()
-                .enumerate()
-            {
-                line.store(pack(tag, word_at(source, first + k)), Ordering::Release);
-            }
-            // The header goes last: a receiver that sees it will find the payload arriving
-            // (it still checks each line's tag; this only shortens its wait).
-            for (i, word) in header_words.iter().enumerate() {
-                inbox[slot + i].store(pack(tag, *word), Ordering::Release);
-            }
-        }
-    }
-
-    /// Compares every peer's header with this rank's own.
-    fn check_headers(&self, mine: &CallHeader) -> Result<()> {
-        let tag = self.tag();
-        let inbox = self.inboxes[self.rank].lines();
-        let phase = self.phase("header exchange", mine);
-        let watch = self.watch();
-        for peer in 0..self.world_size {
-            let slot = self.layout.stage_one_slot(self.epoch, peer);
-            let mut words = [0u32; HEADER_LINES];
-            for (i, word) in words.iter_mut().enumerate() {
-                *word = watch.word(&inbox[slot + i], tag, peer, phase)?;
-            }
-            let theirs = CallHeader::decode(&words);
-            if theirs != Some(*mine) {
-                return Err(Error::CallMismatch {
-                    seq: mine.seq,
-                    rank: self.rank,
-                    mine: mine.describe(),
-                    peer,
-                    theirs: theirs.map_or_else(
-                        || "a header this version cannot read (another tpar version?)".to_owned(),
-                        |h| h.describe(),
-                    ),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn phase(&self, step: &'static str, header: &CallHeader) -> Phase {
-        Phase {
-            step,
-            seq: header.seq,
-            chunk: header.chunk,
-        }
-    }
-
-    /// Adds `lines` of every rank's stage-one payload (in rank order) into the accumulator,
-    /// one block at a time, handing each block to `emit(first_line, accumulator)`.
-    fn accumulate(
-        &self,
-        acc: &mut Accumulator,
-        header: &CallHeader,
-        lines: std::ops::Range<usize>,
-        step: &'static str,
-        mut emit: impl FnMut(usize, &Accumulator),
-    ) -> Result<()> {
-        let tag = self.tag();
-        let phase = self.phase(step, header);
-        let watch = self.watch();
-        let inbox = self.inboxes[self.rank].lines();
-        let mut words = [0u32; BLOCK_LINES];
-        let mut start = lines.start;
-        while start < lines.end {
-            let end = (start + BLOCK_LINES).min(lines.end);
-            let block = &mut words[..end - start];
-            acc.reset(end - start);
-            for peer in 0..self.world_size {
-                let payload = self.layout.stage_one_payload(self.epoch, peer) + start;
-                for (word, line) in block.iter_mut().zip(&inbox[payload..]) {
-                    *word = watch.word(line, tag, peer, phase)?;
-                }
-                acc.add_words(0, block, peer == 0);
-            }
-            emit(start, acc);
-            start = end;
-        }
-        Ok(())
-    }
-
-    /// One-shot: reduce every line from every rank's stage-one slot into `out`.
-    fn reduce_all(&self, acc: &mut Accumulator, header: &CallHeader, out: &mut [u8]) -> Result<()> {
-        let count = out.len() / header.dtype.size();
-        let per_word = 4 / header.dtype.size();
-        self.accumulate(
-            acc,
-            header,
-            0..lines_for_bytes(out.len()),
-            "one-shot receive",
-            |first_line, acc| {
-                let first = first_line * per_word;
-                acc.store(out, first, acc.sums().len().min(count - first));
-            },
-        )
-    }
-
-    /// Two-shot, reduce-scatter half: reduce the lines this rank owns and push the result into
-    /// every rank's gather slot at the same offsets.
-    fn reduce_owned_and_push(
-        &self,
-        acc: &mut Accumulator,
-        header: &CallHeader,
-        chunk_bytes: usize,
-    ) -> Result<()> {
-        let owned = owned_lines(lines_for_bytes(chunk_bytes), self.world_size, self.rank);
-        let tag = self.tag();
-        let gather = self.layout.gather_slot(self.epoch);
-        // Each block is rounded to the dtype once, then pushed to every rank.
-        let mut lines = Vec::with_capacity(BLOCK_LINES);
-        self.accumulate(
-            acc,
-            header,
-            owned,
-            "two-shot reduce-scatter",
-            |first_line, acc| {
-                lines.clear();
-                lines.extend((0..acc.words()).map(|w| pack(tag, acc.word(w))));
-                for step in 0..self.world_size {
-                    let inbox = self.inboxes[(self.rank + 1 + step) % self.world_size].lines();
-                    for (slot, line) in inbox[gather + first_line..].iter().zip(&lines) {
-                        slot.store(*line, Ordering::Release);
-                    }
-                }
-            },
-        )
-    }
-
-    /// Two-shot, all-gather half: copy every owner's reduced lines from the gather slot.
-    fn gather(&self, header: &CallHeader, out: &mut [u8]) -> Result<()> {
-        let tag = self.tag();
-        let phase = self.phase("two-shot all-gather", header);
-        let watch = self.watch();
-        let inbox = self.inboxes[self.rank].lines();
-        let gather = self.layout.gather_slot(self.epoch);
-        let lines = lines_for_bytes(out.len());
-        for owner in 0..self.world_size {
-            for i in owned_lines(lines, self.world_size, owner) {
-                let word = watch.word(&inbox[gather + i], tag, owner, phase)?;
-                put_word(out, i, word);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -502,6 +439,7 @@ impl std::fmt::Debug for CpuCommunicator {
             .field("rank", &self.rank)
             .field("world_size", &self.world_size)
             .field("layout", &self.layout)
+            .field("islands", &self.islands)
             .field("epoch", &self.epoch)
             .field("poisoned", &self.poisoned)
             .finish()

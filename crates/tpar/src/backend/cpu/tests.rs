@@ -1,5 +1,6 @@
 //! The CPU backend with threads as ranks: every algorithm, dtype and placement against the
-//! exact expected sum, chunking, tag wrap-around, mismatches, timeouts and memory accounting.
+//! exact expected sum and against the bits its schedule defines, island partitions, chunking,
+//! mismatches (also between algorithms), silent peers, timeouts and memory accounting.
 //! Cross-process behaviour (kills, launcher) is tested through the `tpar` binary.
 
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::check::{fill_expected, fill_input, first_mismatch};
+use crate::islands::Islands;
 use crate::rendezvous::{ensure_private_dir, random_token, RankEnv};
 
 struct Job {
@@ -157,25 +159,6 @@ fn results_are_bitwise_identical_across_ranks_and_algorithms() {
 }
 
 #[test]
-fn tags_wrap_around_without_a_wrong_result() {
-    let job = Job::new();
-    let failures = job.run(2, SMALL_CHUNKS, |mut comm| {
-        comm.set_epoch_for_test(u64::from(u32::MAX) - 7);
-        let mut failures = Vec::new();
-        for seed in 0..12 {
-            let algo = CpuCommunicator::ALGORITHMS[seed as usize % 2];
-            failures.extend(checked_call(&mut comm, DType::F32, 100, algo, false, seed));
-        }
-        assert!(
-            comm.epoch > u64::from(u32::MAX) + 8,
-            "the test must cross the wrap"
-        );
-        failures
-    });
-    assert!(failures.iter().all(Vec::is_empty), "{failures:?}");
-}
-
-#[test]
 fn a_size_mismatch_fails_on_every_rank_naming_both_sizes() {
     let job = Job::new();
     let errors = job.run(3, SMALL_CHUNKS, |mut comm| {
@@ -249,7 +232,7 @@ fn footprint_counts_the_inbox_and_peer_mappings() {
     let job = Job::new();
     let config = Config::default();
     let footprints = job.run(4, config, |comm| comm.memory_footprint());
-    let inbox = InboxLayout::new(4, config.cpu_chunk_bytes()).total_bytes() as u64;
+    let inbox = segment_bytes(4, &config) as u64;
     for f in footprints {
         assert_eq!(f.shared_host_bytes, inbox);
         assert_eq!(f.peer_mapped_bytes, 3 * inbox);
@@ -538,4 +521,329 @@ fn eight_groups_of_eight_ranks_cost_little_more_than_one() {
     );
     // Generous for a loaded CI machine of 2 cores running 8 rank threads; typically ~0.1 s.
     assert!(extra < Duration::from_secs(2), "{rank0:?}");
+}
+
+/// What the schedule (`protocol::schedule`'s module doc) says every element of a call sums to,
+/// computed element by element from its definition: rank order for one-shot, two-shot and the
+/// staged forms; island partials in rank order, summed in island order for the islands forms;
+/// `x_{c+1} + ... + x_{c+n-1} + x_c` for an element in ring chunk c. A call is cut into rounds
+/// of `round_bytes`, each a message of the schedule.
+fn schedule_result(
+    algorithm: Algorithm,
+    islands: &Islands,
+    dtype: DType,
+    inputs: &[Vec<u8>],
+    round_bytes: usize,
+) -> Vec<u8> {
+    use crate::protocol::reduce::reduce_in_rank_order;
+    use crate::protocol::schedule::{share, units_for_bytes, UNIT_BYTES};
+    let n = inputs.len();
+    let size = dtype.size();
+    let len = inputs[0].len();
+    let mut out = vec![0u8; len];
+    let mut start = 0;
+    while start < len {
+        let round = round_bytes.min(len - start);
+        let units = units_for_bytes(round);
+        for e in 0..round / size {
+            let i = start / size + e;
+            let value = |r: usize| dtype.load_f32(&inputs[r], i);
+            let total = match algorithm {
+                Algorithm::Islands | Algorithm::IslandsPull => reduce_in_rank_order(
+                    (0..islands.count())
+                        .map(|island| reduce_in_rank_order(islands.members(island).map(value))),
+                ),
+                Algorithm::Ring => {
+                    let unit = e * size / UNIT_BYTES;
+                    let c = (0..n)
+                        .find(|&c| share(units, n, c).contains(&unit))
+                        .unwrap();
+                    reduce_in_rank_order((1..=n).map(|k| value((c + k) % n)))
+                }
+                _ => reduce_in_rank_order((0..n).map(value)),
+            };
+            dtype.store_f32(&mut out, i, total);
+        }
+        start += round;
+    }
+    out
+}
+
+/// Inputs whose sums depend on the order of the additions: values over many binary orders of
+/// magnitude, of both signs.
+fn order_sensitive_input(dtype: DType, rank: usize, seed: u64, count: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; count * dtype.size()];
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (rank as u64 + 1).wrapping_mul(0x2545_f491_4f6c_dd1d);
+    for i in 0..count {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mantissa = (x % 1000) as f32 / 1000.0 + 1.0;
+        let exponent = ((x >> 20) % 24) as i32 - 12;
+        let sign = if (x >> 40) & 1 == 1 { -1.0 } else { 1.0 };
+        dtype.store_f32(&mut bytes, i, sign * mantissa * 2f32.powi(exponent));
+    }
+    bytes
+}
+
+/// The island partitions a test covers for `n` ranks: one island, halves, 1 + (n-1), three
+/// islands, and interleaved islands (not contiguous in rank order).
+fn partitions(n: usize) -> Vec<Islands> {
+    let mut texts = vec![n.to_string()];
+    if n >= 2 {
+        texts.push(format!("{}+{}", n / 2, n - n / 2));
+        texts.push(format!("1+{}", n - 1));
+    }
+    if n >= 3 {
+        texts.push(format!("1+1+{}", n - 2));
+    }
+    if n >= 5 {
+        texts.push(format!("2+2+{}", n - 4));
+    }
+    if n >= 4 {
+        let even: Vec<String> = (0..n).step_by(2).map(|r| r.to_string()).collect();
+        let odd: Vec<String> = (1..n).step_by(2).map(|r| r.to_string()).collect();
+        texts.push(format!("{}:{}", even.join(","), odd.join(",")));
+    }
+    let mut all: Vec<Islands> = Vec::new();
+    for t in texts {
+        let islands = Islands::parse(&t, n).unwrap();
+        if !all.contains(&islands) {
+            all.push(islands);
+        }
+    }
+    all
+}
+
+#[test]
+fn every_algorithm_gives_the_bits_its_schedule_defines_on_every_rank() {
+    // Small chunks so that calls span several rounds; counts that end mid-unit.
+    let chunk = 256;
+    for n in [2, 3, 5] {
+        let mut differing = 0;
+        for islands in partitions(n) {
+            let job = Job::new();
+            let config = Config {
+                islands: Some(islands),
+                chunk_bytes: Some(chunk),
+                ..SMALL_CHUNKS
+            };
+            let results = job.run(n, config, move |mut comm| {
+                let mut failures = Vec::new();
+                let mut differs_from_rank_order = 0;
+                for algo in CpuCommunicator::ALGORITHMS {
+                    let islands_algo = matches!(algo, Algorithm::Islands | Algorithm::IslandsPull);
+                    // The island partition only matters to the islands algorithms.
+                    if !islands_algo && islands.count() > 1 {
+                        continue;
+                    }
+                    for dtype in DType::ALL {
+                        for (seed, count) in [(1u64, 1usize), (2, 13), (3, 301), (4, 1000)] {
+                            let inputs: Vec<Vec<u8>> = (0..n)
+                                .map(|r| order_sensitive_input(dtype, r, seed, count))
+                                .collect();
+                            let round = comm.layout.round_bytes(algo, dtype);
+                            let want = schedule_result(algo, &islands, dtype, &inputs, round);
+                            let rank_order = schedule_result(
+                                Algorithm::OneShot,
+                                &islands,
+                                dtype,
+                                &inputs,
+                                round,
+                            );
+                            differs_from_rank_order += usize::from(want != rank_order);
+                            for in_place in [false, true] {
+                                let mine = &inputs[comm.rank()];
+                                let mut out = vec![0xAAu8; mine.len()];
+                                if in_place {
+                                    out.copy_from_slice(mine);
+                                    comm.all_reduce_bytes(dtype, None, &mut out, algo).unwrap();
+                                } else {
+                                    comm.all_reduce_bytes(dtype, Some(mine), &mut out, algo)
+                                        .unwrap();
+                                }
+                                if let Some((i, got, expected)) = first_mismatch(dtype, &out, &want)
+                                {
+                                    failures.push(format!(
+                                        "n {n} islands {islands} {algo} {dtype} count {count} in_place {in_place}: [{i}] = {got}, the schedule says {expected}"
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+                (failures, differs_from_rank_order)
+            });
+            for (failures, _) in &results {
+                assert!(failures.is_empty(), "{failures:#?}");
+            }
+            differing += results[0].1;
+            assert_eq!(job.leftover_segments(), 0);
+        }
+        // The inputs do tell the orders apart (else this test could not fail). Two ranks have
+        // one addition per element, which every order gives the same bits.
+        if n > 2 {
+            assert!(differing > 0, "n {n}");
+        }
+    }
+}
+
+#[test]
+fn ranks_that_disagree_on_the_islands_are_refused_naming_both() {
+    let job = Job::new();
+    let errors = each_rank(&job, 4, |rank, env| {
+        let text = if rank == 3 { "1+3" } else { "2+2" };
+        let config = Config {
+            islands: Some(Islands::parse(text, 4).unwrap()),
+            ..Config::default()
+        };
+        CpuCommunicator::new(&Rendezvous::join(env).unwrap(), config)
+            .unwrap_err()
+            .to_string()
+    });
+    for msg in &errors {
+        assert!(
+            msg.contains("2+2") && msg.contains("1+3") && msg.contains("islands"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn islands_of_another_world_size_are_refused() {
+    let job = Job::new();
+    let errors = each_rank(&job, 2, |_, env| {
+        let config = Config {
+            islands: Some(Islands::parse("2+2", 4).unwrap()),
+            ..Config::default()
+        };
+        CpuCommunicator::new(&Rendezvous::join(env).unwrap(), config)
+            .unwrap_err()
+            .to_string()
+    });
+    assert!(errors[0].contains("describe 4 ranks"), "{}", errors[0]);
+}
+
+#[test]
+fn ranks_calling_different_algorithms_fail_on_every_rank_naming_both() {
+    // Every pair of the CPU's algorithms, the last rank calling the other one.
+    let algos = CpuCommunicator::ALGORITHMS;
+    let pairs: Vec<(Algorithm, Algorithm)> = algos
+        .iter()
+        .flat_map(|&a| algos.iter().map(move |&b| (a, b)))
+        .filter(|(a, b)| a != b)
+        .collect();
+    let job = Job::new();
+    let config = Config {
+        timeout: Duration::from_secs(20),
+        islands: Some(Islands::parse("1+2", 3).unwrap()),
+        ..Config::default()
+    };
+    let results = each_rank(&job, 3, move |rank, env| {
+        let rdv = Rendezvous::join(env).unwrap();
+        let mut out = Vec::new();
+        for &(a, b) in &pairs {
+            let mut comm = CpuCommunicator::new(&rdv, config).unwrap();
+            let algo = if rank == 2 { b } else { a };
+            let start = Instant::now();
+            let err = comm
+                .all_reduce_in_place(&mut [1f32; 100], algo)
+                .unwrap_err();
+            out.push((a, b, err.to_string(), start.elapsed()));
+        }
+        out
+    });
+    for (rank, rows) in results.iter().enumerate() {
+        for (a, b, msg, took) in rows {
+            assert!(
+                msg.contains(&format!("(f32 ({a}")) || msg.contains(&format!("of f32 ({a}")),
+                "rank {rank}, {a} vs {b}: {msg}"
+            );
+            assert!(
+                msg.contains(&format!("of f32 ({b}")),
+                "rank {rank}, {a} vs {b}: {msg}"
+            );
+            assert!(
+                *took < Duration::from_secs(5),
+                "rank {rank}, {a} vs {b}: {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_silent_rank_is_named_by_every_other_rank_in_every_algorithm() {
+    let job = Job::new();
+    let n = 4;
+    let config = Config {
+        islands: Some(Islands::parse("1+3", n).unwrap()),
+        ..Config::default()
+    };
+    let results = each_rank(&job, n, move |rank, env| {
+        let rdv = Rendezvous::join(env).unwrap();
+        let mut out = Vec::new();
+        for algo in CpuCommunicator::ALGORITHMS {
+            let mut comm = CpuCommunicator::new(&rdv, config).unwrap();
+            comm.set_timeout(Duration::from_millis(400));
+            let mut data = vec![1f32; 1000];
+            comm.all_reduce_in_place(&mut data, algo).unwrap();
+            // Rank 2 (inside the larger island, not a ring neighbour of rank 0) stops calling.
+            if rank == 2 {
+                std::thread::sleep(Duration::from_millis(900));
+                out.push(None);
+                continue;
+            }
+            let start = Instant::now();
+            let err = comm.all_reduce_in_place(&mut data, algo).unwrap_err();
+            out.push(Some((algo, err.to_string(), start.elapsed())));
+        }
+        out
+    });
+    for (rank, rows) in results.iter().enumerate() {
+        for (algo, msg, took) in rows.iter().flatten() {
+            assert!(
+                msg.contains("rank 2") && msg.contains("timed out"),
+                "rank {rank}, {algo}: {msg}"
+            );
+            assert!(
+                *took < Duration::from_millis(1500),
+                "rank {rank}, {algo}: {took:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn islands_come_from_the_config_else_the_environment_else_one_island() {
+    let four = Islands::parse("2+2", 4).unwrap();
+    let given = Config {
+        islands: Some(four),
+        ..Config::default()
+    };
+    // The config wins over the environment, and must describe the group.
+    let env = Ok(Some(Islands::parse("1+3", 4).unwrap()));
+    assert_eq!(resolve_islands(&given, 4, env).unwrap(), (four, None));
+    let err = resolve_islands(&given, 3, Ok(None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("describe 4 ranks") && err.contains("has 3"),
+        "{err}"
+    );
+    let none = Config::default();
+    assert_eq!(
+        resolve_islands(&none, 4, Ok(Some(four))).unwrap(),
+        (four, None)
+    );
+    assert_eq!(
+        resolve_islands(&none, 4, Ok(None)).unwrap(),
+        (Islands::single(4), None)
+    );
+    // A TPAR_ISLANDS of another group size: one island here, and the islands algorithms
+    // refused with the reason (a process may hold groups of several sizes).
+    let other = Err(Error::InvalidArgument("TPAR_ISLANDS=4+4: 8 ranks".into()));
+    let (islands, refused) = resolve_islands(&none, 2, other).unwrap();
+    assert_eq!(islands, Islands::single(2));
+    assert!(refused.unwrap().contains("TPAR_ISLANDS=4+4"));
 }
