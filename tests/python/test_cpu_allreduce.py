@@ -119,7 +119,7 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
         with pytest.raises(tpar.TparError, match="must match"):
             comm.all_reduce(np.ones(4, dtype=np.float32), out=np.ones(5, dtype=np.float32))
         with pytest.raises(tpar.TparError, match="unknown CPU algorithm"):
-            comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="ring")
+            comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="rings")
         x = np.arange(5, dtype=np.float32)
         assert comm.all_reduce(x) is x and list(x) == [0, 1, 2, 3, 4]
         assert (

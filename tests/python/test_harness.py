@@ -104,7 +104,7 @@ def test_verify_without_the_timeout_case_has_only_sweep_rows():
 def test_verify_refuses_what_it_cannot_run_with_the_fix(tmp_path):
     with pytest.raises(tpar.TparError, match='give "cpu" or "cuda"'):
         tpar.verify(backend="gpu")
-    with pytest.raises(tpar.TparError, match="CPU backend runs one-shot and two-shot"):
+    with pytest.raises(tpar.TparError, match="the CPU backend runs one-shot, two-shot"):
         tpar.verify(backend="cpu", algorithms=["host-staged"])
     with pytest.raises(tpar.TparError, match="unknown"):
         tpar.verify(backend="cpu", dtypes=["int8"])

@@ -30,9 +30,6 @@ use crate::fused::{self, OperandChecks, Operands};
 /// `Duration` and the kernels' globaltimer deadline can hold.
 const MAX_TIMEOUT_S: f64 = 365.0 * 86400.0;
 
-/// The algorithms of the CPU backend, as `algorithm=` names them.
-const CPU_ALGORITHMS: &str = "one-shot, two-shot";
-
 /// Checks the arguments of `Comm.new` that Python cannot type, naming the Python argument.
 fn check_args(
     rank: usize,
@@ -134,15 +131,21 @@ fn closed() -> PyErr {
     TparError::new_err("the communicator is closed; create a new one")
 }
 
-/// The CPU backend's algorithm for `algorithm=` (None: one-shot).
+/// The CPU backend's algorithm for `algorithm=` (None: one-shot): any of
+/// [`CpuCommunicator::ALGORITHMS`].
 fn cpu_algorithm(algorithm: Option<&str>) -> PyResult<Algorithm> {
-    match algorithm {
-        None | Some("one-shot") => Ok(Algorithm::OneShot),
-        Some("two-shot") => Ok(Algorithm::TwoShot),
-        Some(other) => Err(TparError::new_err(format!(
-            "unknown CPU algorithm {other:?}; use one of {CPU_ALGORITHMS}"
-        ))),
-    }
+    let Some(name) = algorithm else {
+        return Ok(Algorithm::OneShot);
+    };
+    name.parse::<Algorithm>()
+        .ok()
+        .filter(|a| CpuCommunicator::ALGORITHMS.contains(a))
+        .ok_or_else(|| {
+            TparError::new_err(format!(
+                "unknown CPU algorithm {name:?}; use one of {}",
+                CpuCommunicator::ALGORITHMS.map(Algorithm::name).join(", ")
+            ))
+        })
 }
 
 /// A forced choice's name as `last_algorithm` keeps it: its index in [`Choice::ALL`] plus one

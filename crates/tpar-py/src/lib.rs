@@ -149,7 +149,8 @@ fn verify<'py>(
         .find(|a| !cuda && !CpuCommunicator::ALGORITHMS.contains(a))
     {
         return Err(TparError::new_err(format!(
-            "algorithm {a}: the CPU backend runs one-shot and two-shot (backend=\"cuda\" runs the others)"
+            "algorithm {a}: the CPU backend runs {} (backend=\"cuda\" runs the others)",
+            CpuCommunicator::ALGORITHMS.map(Algorithm::name).join(", ")
         )));
     }
     let me = harness_rank(rank, world_size, rendezvous, token)?;

@@ -189,7 +189,7 @@ def errors(comm):
         "residual is not contiguous",
     )
     refused(lambda: comm.fused_add_rms_norm(x, r, w, float("nan")), "eps=nan")
-    refused(lambda: comm.fused_add_rms_norm(x, r, w, algorithm="ring"), "ring")
+    refused(lambda: comm.fused_add_rms_norm(x, r, w, algorithm="rings"), "rings")
     print(f"ok errors; fused plan for 8 x 8192 bf16: {comm.fused_plan(8, 8192)}", flush=True)
 
 

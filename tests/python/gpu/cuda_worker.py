@@ -146,7 +146,7 @@ def errors(comm):
     refused(
         lambda: comm.all_reduce(torch.ones(comm.max_bytes // 4 + 1, device="cuda")), "max_bytes"
     )
-    refused(lambda: comm.all_reduce(torch.ones(8, device="cuda"), algorithm="ring"), "ring")
+    refused(lambda: comm.all_reduce(torch.ones(8, device="cuda"), algorithm="rings"), "rings")
     refused(
         lambda: comm.all_reduce(torch.ones(8, device="cuda"), out=torch.ones(9, device="cuda")),
         "must match",
