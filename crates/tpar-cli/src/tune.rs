@@ -79,6 +79,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             return Ok(());
         };
         let report = TuneReport {
+            provenance: crate::provenance::provenance(group.device()?),
             table: tuned.table,
             written_to: path.display().to_string(),
             measurements: tuned.rows,

@@ -216,6 +216,9 @@ impl StepReport {
 /// fused op's (fused against allreduce + norm per algorithm and token count).
 #[derive(Serialize)]
 pub struct TuneReport {
+    /// Where, when and by what the table was measured.
+    #[serde(flatten)]
+    pub provenance: Provenance,
     pub table: TuningTable,
     pub written_to: String,
     pub measurements: Vec<CudaRow>,

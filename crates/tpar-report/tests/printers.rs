@@ -103,6 +103,7 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
         fused_row(64, "fused", 21.51),
     ];
     let report = TuneReport {
+        provenance: tpar_harness::provenance::Provenance::collect("cuda: test".into(), "abc123"),
         table,
         written_to: "/tmp/t.json".into(),
         measurements: rows,
