@@ -163,17 +163,20 @@ pub fn faster_path(
 ///   call4): faster at 1 and 8 tokens on 2 ranks (4.38 against 5.74, 4.87 against 6.31) and on 8
 ///   ranks (6.60 against 8.38, 15.45 against 17.86); slower at 32 tokens, 512 KiB, on 2 ranks
 ///   (11.30 against 10.19) and 8 (56.58 against 48.67), and at 64;
-/// - two-shot, 512 KiB: faster at every size measured, up to 8 x 32 (30.38 against 35.73;
-///   a8aa1e3, the kernels before this session's: not measured again);
-/// - host-staged, 256 KiB: faster at 2 x 16 (44.76 against 45.34), slower at 2 x 32 (88.17
-///   against 85.78, 4527420) and 2 x 64 (197.46 against 191.70; kernels before this session's).
+/// - two-shot, 128 KiB (`tpar tune -n 8`, call3's tune8.json): faster up to 8 tokens (11.66
+///   against 12.51 at 8), slower from 16 (15.95 against 15.28); the kernels before this
+///   session's had been faster up to 8 x 32 (a8aa1e3);
+/// - host-staged, 128 KiB (the same tune, 8 ranks through one GPU's link): faster up to 8
+///   tokens (536.75 against 560.77), slower from 16 (1056.66 against 1043.28); on 2 ranks the
+///   kernels before this session's were even at 2 x 16 (44.76 against 45.34) and slower at
+///   2 x 32 (88.17 against 85.78, 4527420).
 ///
 /// `None` for an algorithm without a fused kernel.
 pub fn built_in_limit(algorithm: Algorithm) -> Option<u64> {
     match algorithm {
         Algorithm::OneShot => Some(128 << 10),
-        Algorithm::TwoShot => Some(512 << 10),
-        Algorithm::HostStaged => Some(256 << 10),
+        Algorithm::TwoShot => Some(128 << 10),
+        Algorithm::HostStaged => Some(128 << 10),
         _ => None,
     }
 }
@@ -503,9 +506,9 @@ mod tests {
             (Algorithm::OneShot, 2, 1),
             (Algorithm::OneShot, 2, 8),
             (Algorithm::OneShot, 8, 8),
-            (Algorithm::TwoShot, 2, 16),
-            (Algorithm::TwoShot, 8, 32),
-            (Algorithm::HostStaged, 2, 16),
+            (Algorithm::TwoShot, 2, 8),
+            (Algorithm::TwoShot, 8, 8),
+            (Algorithm::HostStaged, 2, 8),
         ] {
             let p = at(a, n, tokens);
             assert!(p.fused, "{a} {n} x {tokens}: {p:?}");
@@ -517,6 +520,8 @@ mod tests {
             (Algorithm::OneShot, 8, 32),
             (Algorithm::OneShot, 2, 64),
             (Algorithm::OneShot, 8, 16),
+            (Algorithm::TwoShot, 8, 16),
+            (Algorithm::HostStaged, 2, 16),
             (Algorithm::HostStaged, 2, 32),
             (Algorithm::HostStaged, 2, 64),
         ] {
@@ -581,7 +586,7 @@ mod tests {
             DType::Bf16,
             8192,
             65536,
-            faster(2, 16, Some(&table)),
+            faster(2, 8, Some(&table)),
         );
         assert!(two.fused && two.reason.contains("Sixth session"), "{two:?}");
         // Slower at the largest measured: not fused above it either.
