@@ -223,6 +223,30 @@ impl CudaRanks {
         (bad, detail)
     }
 
+    /// After every local rank queued a call that disagrees with a peer's (another count or
+    /// shape): (local ranks that did not report a mismatched call, a detail for the row: rank 0's
+    /// message, or what a rank reported instead).
+    pub fn tally_mismatch(&self) -> (u64, String) {
+        let (mut bad, mut detail) = (0, String::new());
+        for (i, comm) in self.comms.iter().enumerate() {
+            match comm.cuda().synchronize(&self.streams[i]) {
+                Err(e @ tpar::Error::CallMismatch { .. }) => {
+                    if self.ranks[i] == 0 {
+                        detail = format!(" (rank 0: {e})");
+                    }
+                }
+                other => {
+                    bad += 1;
+                    detail = format!(
+                        ": rank {}: expected a mismatch, got {other:?}",
+                        self.ranks[i]
+                    );
+                }
+            }
+        }
+        (bad, detail)
+    }
+
     /// The sum over every rank of the job of each local rank's `local` value.
     pub fn total(&mut self, local: u64) -> Result<u64> {
         match &mut self.control {

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tpar::check::{fill_expected, fill_input};
 use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType};
-use tpar::{Config, Error, Islands};
+use tpar::{Config, Islands};
 
 use super::cuda_ranks::{say_findings, CudaRanks, RankBuffers};
 use super::known::KnownData;
@@ -353,23 +353,7 @@ fn failure_rows(
                 forced,
             )?;
         }
-        let (mut bad, mut detail) = (0, String::new());
-        for (i, comm) in group.comms.iter().enumerate() {
-            match comm.cuda().synchronize(&group.streams[i]) {
-                Err(e @ Error::CallMismatch { .. }) => {
-                    if group.ranks[i] == 0 {
-                        detail = format!(" (rank 0: {e})");
-                    }
-                }
-                other => {
-                    bad += 1;
-                    detail = format!(
-                        ": rank {}: expected a mismatch, got {other:?}",
-                        group.ranks[i]
-                    );
-                }
-            }
-        }
+        let (bad, detail) = group.tally_mismatch();
         let bad = group.total(bad)?;
         row_of("mismatch", "1000 vs 2000", bad, detail)
     };

@@ -408,23 +408,7 @@ fn mismatched_rows(make: MakeGroup<'_>, algorithm: Algorithm) -> Result<FusedRow
             &group.streams[i],
         )?;
     }
-    let (mut bad, mut detail) = (0, String::new());
-    for (i, comm) in group.comms.iter().enumerate() {
-        match comm.cuda().synchronize(&group.streams[i]) {
-            Err(e @ Error::CallMismatch { .. }) => {
-                if group.ranks[i] == 0 {
-                    detail = format!(" (rank 0: {e})");
-                }
-            }
-            other => {
-                bad += 1;
-                detail = format!(
-                    ": rank {}: expected a mismatch, got {other:?}",
-                    group.ranks[i]
-                );
-            }
-        }
-    }
+    let (bad, detail) = group.tally_mismatch();
     Ok(FusedRow {
         cells: [
             failure_row_name(algorithm, "mismatch"),
