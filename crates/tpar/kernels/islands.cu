@@ -18,6 +18,13 @@
 // launch's ranges within a slot).
 // Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
 #define TPAR_ISLANDS_KERNEL 1
+// The slow paths as calls here: inlined into this kernel's five waits they took NVRTC 38 s for
+// sm_90 (2 cores, 2026-12-02; every other file 8 s at most), as calls 2.6 s, and a GPU's first
+// use compiles every file (100 s on one H200, most of it this one). The waits' fast path (one
+// poll that finds the line) stays inline either way.
+#ifndef TPAR_SLOW_PATH_INLINE
+#define TPAR_SLOW_PATH_INLINE 0
+#endif
 #include "tpar_ll.cuh"
 
 template <int DT>

@@ -442,6 +442,7 @@ pub fn kernel_for(algorithm: Algorithm, dtype: DType) -> Option<(&'static str, S
 mod tests {
     use super::*;
     use crate::backend::cuda::nvrtc;
+    use crate::error::Error;
     use crate::protocol::header::{HEADER_LINES, HEADER_MAGIC};
     use crate::protocol::layout::{BUFFERS, SEGMENT_HEADER_LINES};
 
@@ -897,10 +898,23 @@ mod tests {
             return;
         }
         let version = nvrtc::nvrtc_version().unwrap();
-        for arch in ARCHITECTURES {
-            for (name, source) in SOURCES.into_iter().chain([ANATOMY_SOURCE]) {
-                let cubin = nvrtc::compile_cubin(name, source, &HEADERS, arch)
-                    .unwrap_or_else(|e| panic!("{name} sm_{arch} (NVRTC {version:?}): {e}"));
+        let jobs: Vec<(u32, &str, &str)> = ARCHITECTURES
+            .into_iter()
+            .flat_map(|arch| {
+                SOURCES
+                    .into_iter()
+                    .chain([ANATOMY_SOURCE])
+                    .map(move |(name, source)| (arch, name, source))
+            })
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cubins = nvrtc::side_by_side(&jobs, threads, |&(arch, name, source)| {
+            nvrtc::compile_cubin(name, source, &HEADERS, arch)
+                .map_err(|e| Error::Compile(format!("{name} sm_{arch} (NVRTC {version:?}): {e}")))
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+        for (&(arch, name, _), cubin) in jobs.iter().zip(cubins) {
+            {
                 assert!(
                     cubin.starts_with(b"\x7fELF"),
                     "{name} sm_{arch}: not an ELF CUBIN"

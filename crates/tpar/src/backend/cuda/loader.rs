@@ -78,10 +78,7 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
     }
     let arch = (major * 10 + minor) as u32;
     // Compiled (or read from the disk cache) before measuring: only the load takes GPU memory.
-    let cubins = kernels::SOURCES
-        .iter()
-        .map(|(file, source)| nvrtc::cached_cubin(file, source, &kernels::HEADERS, arch))
-        .collect::<Result<Vec<_>>>()?;
+    let cubins = nvrtc::cached_cubins(&kernels::SOURCES, &kernels::HEADERS, arch)?;
     // The window holds the function lookups too. On one H200 (2026-12-01) it measured 2.0 MiB
     // with them inside and 0 with the module loads alone: with lazy module loading, the
     // driver's default, a kernel's code likely reaches the GPU when its function is fetched.

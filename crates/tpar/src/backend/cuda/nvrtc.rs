@@ -208,3 +208,86 @@ pub fn cached_cubin(
     }
     Ok(cubin)
 }
+
+/// [`cached_cubin`] for every file of `sources`, in their order, compiled side by side on up to
+/// as many threads as the machine has cores (NVRTC compiles different programs concurrently):
+/// a GPU's first use compiles every file, which took 100 s one after the other on one H200
+/// (2026-12-02), and the longest file alone takes under a tenth of that.
+pub fn cached_cubins(
+    sources: &[(&str, &str)],
+    headers: &[(&str, &str)],
+    arch: u32,
+) -> Result<Vec<Vec<u8>>> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    side_by_side(sources, threads, |(file, source)| {
+        cached_cubin(file, source, headers, arch)
+    })
+}
+
+/// `work` over every item on up to `threads` threads, the results in the items' order; the
+/// first error (in that order) is the result.
+pub(crate) fn side_by_side<I: Sync, T: Send>(
+    items: &[I],
+    threads: usize,
+    work: impl Fn(&I) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut results: Vec<Option<Result<T>>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.clamp(1, items.len().max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(i) else {
+                            return done;
+                        };
+                        done.push((i, work(item)));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.expect("every item taken by one thread"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn side_by_side_keeps_the_order_and_gives_the_first_error() {
+        let items: Vec<u32> = (0..37).collect();
+        for threads in [1, 2, 5, 64] {
+            let squares = side_by_side(&items, threads, |&x| Ok(x * x)).unwrap();
+            assert_eq!(squares, items.iter().map(|x| x * x).collect::<Vec<_>>());
+            let failed = side_by_side(&items, threads, |&x| {
+                if x % 10 == 7 {
+                    Err(Error::Compile(format!("item {x}")))
+                } else {
+                    Ok(x)
+                }
+            });
+            assert_eq!(
+                failed.unwrap_err().to_string(),
+                Error::Compile("item 7".into()).to_string()
+            );
+        }
+        assert!(side_by_side(&[] as &[u32], 4, |&x| Ok(x))
+            .unwrap()
+            .is_empty());
+    }
+}
