@@ -266,6 +266,17 @@ pub enum BackendArg {
     Cuda,
 }
 
+/// Prints a job's note (TPAR_ALGO forced, the backend fallen back) on standard error once per
+/// job: by the process the user started, not again by each rank process it launches (they
+/// run with the job's rendezvous set).
+pub fn print_note_once(note: Option<&str>) {
+    if std::env::var_os(tpar::rendezvous::ENV_RENDEZVOUS).is_none() {
+        if let Some(note) = note {
+            tpar_report::print_err(note);
+        }
+    }
+}
+
 /// Settles the backend, world size and algorithms of a job from its flags (see
 /// [`Setup::resolve`]); a wrong request is a usage error.
 pub fn setup(backend: BackendArg, world_size: Option<usize>, algos: Option<&str>) -> Result<Setup> {

@@ -188,6 +188,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         ));
     }
     if backend == Backend::Cuda {
+        crate::args::print_note_once(setup.note.as_deref());
         return crate::cuda_commands::bench(
             args.processes,
             world_size,

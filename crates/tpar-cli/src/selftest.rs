@@ -91,6 +91,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
         )?;
     }
     if backend == Backend::Cuda {
+        crate::args::print_note_once(setup.note.as_deref());
         return crate::cuda_commands::selftest(
             args.processes,
             world_size,

@@ -241,6 +241,11 @@ impl CudaRanks {
                         ": rank {}: expected a mismatch, got {other:?}",
                         self.ranks[i]
                     );
+                    // With a process per rank only rank 0's detail reaches the table: each
+                    // rank that got something else says what on standard error.
+                    if self.control.is_some() {
+                        eprintln!("tpar[rank {}]: mismatch row{detail}", self.ranks[i]);
+                    }
                 }
             }
         }

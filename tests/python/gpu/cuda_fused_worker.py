@@ -55,6 +55,10 @@ def same(got, want, what):
     digest.update(bits(got).numpy().tobytes())
 
 
+# The largest fused call per rank the built-in rule fuses (crates/tpar/src/norm.rs).
+FUSED_BUILT_IN_BYTES = 128 * 1024
+
+
 def eager(comm):
     ran = set()
     # Processes sharing a GPU are time-sliced (milliseconds per call): a short sweep there.
@@ -103,8 +107,13 @@ def eager(comm):
                 if (r is rg) != in_place or (y is xg) != out_is_x:
                     fail(f"{what}: returned the wrong tensors")
                 fused, reason = comm.last_fused_path
-                if algorithm in ("one-shot", "two-shot") and hidden <= 16384 and not fused:
+                # Forced one-shot/two-shot fuse where the built-in rule measured the fused
+                # kernel faster (norm.rs: up to 128 KiB a rank; no tuning table on this machine).
+                small = tokens * hidden * dtype.itemsize <= FUSED_BUILT_IN_BYTES
+                if algorithm in ("one-shot", "two-shot") and hidden <= 16384 and small and not fused:
                     fail(f"{what}: {algorithm} ran unfused: {reason}")
+                if not fused and not reason:
+                    fail(f"{what}: ran unfused without saying why")
                 if hidden > 16384 and fused:
                     fail(f"{what}: a row above the fused kernels' 16384 says fused: {reason}")
                 same(y, want_y, what + ": y")

@@ -279,7 +279,14 @@ impl Communicator {
                 comm.cuda.rank(),
                 sharing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
             );
-            log::warn!("{warning}");
+            // Once per process: a job that makes many communicators (selftest makes one per
+            // row) would otherwise repeat it for every one. Each communicator keeps it.
+            static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+            if !warned.contains(&warning) {
+                log::warn!("{warning}");
+                warned.push(warning.clone());
+            }
             comm.warnings.push(warning);
         }
         if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
