@@ -160,6 +160,17 @@ __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
     return a.island_of[peer] != a.island_of[a.rank] && a.cross_inboxes[a.rank] != a.inboxes[a.rank];
 }
 
+// Word 7 of a rank's call header is 0 while the call runs; a rank that gives up rewrites the
+// header's last line with TPAR_NOTICE | code << 8 | the rank that caused it, so that peers
+// waiting for it name the cause instead of it (keep_waiting, HeaderMatches).
+#define TPAR_NOTICE 0x80000000u
+// This rank's notice (0 while no thread has given up): the code and the rank its error word names.
+__device__ TPAR_SLOW_PATH u32 own_notice(const TparArgs& a) {
+    const u64 error = ld_sys(a.error);
+    if (error == 0) return 0u;
+    return TPAR_NOTICE | ((u32)(error & 0xff) << 8) | (u32)((error >> TPAR_ERR_PEER_SHIFT) & 0xff);
+}
+
 // This rank's call header (4 LL lines) into stage-one slot `rank` of every peer's inbox, by the
 // calling thread. Only a thread whose wait has turned slow pushes it (keep_waiting), or one
 // that found a peer's call different (wait_flag): a call whose lines all arrive in time never
@@ -169,7 +180,9 @@ __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
 __device__ TPAR_SLOW_PATH void push_header(const TparArgs& a, const Call& call) {
     for (u32 line = 0; line < TPAR_HEADER_LINES / 2; ++line) {
         const u32 w0 = header_word(a, 2 * line, call.code);
-        const u32 w1 = header_word(a, 2 * line + 1, call.code);
+        // Word 7 carries this rank's notice if it has given up meanwhile: a header pushed by
+        // a thread whose wait turned slow after another thread gave up must not erase it.
+        const u32 w1 = 2 * line + 1 == 7 ? own_notice(a) : header_word(a, 2 * line + 1, call.code);
         for (u32 p = 0; p < a.world_size; ++p) {
             if (p != a.rank) {
                 st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 2 * line, call.tag, call.id,
@@ -197,11 +210,6 @@ __device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { 
 
 // ---- giving up, and telling the peers why ----
 
-// Word 7 of a rank's call header is 0 while the call runs; a rank that gives up rewrites the
-// header's last line with TPAR_NOTICE | code << 8 | the rank that caused it, so that peers
-// waiting for it name the cause instead of it (keep_waiting, HeaderMatches).
-#define TPAR_NOTICE 0x80000000u
-
 __device__ __forceinline__ const u64* peer_header(const TparArgs& a, const Call& call, u32 peer) {
     return inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
 }
@@ -214,17 +222,27 @@ __device__ TPAR_SLOW_PATH u32 notice_of(const TparArgs& a, const Call& call, u32
     const Wide v = ld_wide(peer_header(a, call, peer) + 6);
     return v.t0 == call.tag && (v.w1 & TPAR_NOTICE) ? v.w1 : 0u;
 }
-// Reports the failure in this rank's error word and tells every peer (its header's last line).
-__device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 code, u32 peer, u32 phase, u32 field,
-                                       u32 detail) {
-    report_error(a, code, peer, phase, field, detail);
-    const u32 word = TPAR_NOTICE | (code << 8) | peer;
+__device__ __forceinline__ void push_notice(const TparArgs& a, const Call& call, u32 word) {
     for (u32 p = 0; p < a.world_size; ++p) {
         if (p != a.rank) {
             st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 6, call.tag, call.id, a.call_hash,
                     word);
         }
     }
+}
+// Reports the failure in this rank's error word and tells every peer (its header's last line).
+// Another thread of this rank may be pushing the header right now, having read the error word
+// before it was set (push_header): the notice is pushed again once such a push has landed, so
+// that the last write of that line carries it. (3 processes sharing one H200, 2026-12-02: in the
+// ring's mismatch row the header of a later slow wait erased the notice, and the third rank
+// timed out instead of naming the mismatch.)
+__device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 code, u32 peer, u32 phase, u32 field,
+                                       u32 detail) {
+    report_error(a, code, peer, phase, field, detail);
+    const u32 word = own_notice(a);  // the first report wins; this one may have lost
+    push_notice(a, call, word);
+    __nanosleep(4000);
+    push_notice(a, call, word);
 }
 
 // The step of a wait that missed for a while (every `check_mask + 1` polls), out of line: the
@@ -239,6 +257,9 @@ __device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 
 template <typename SlowCheck>
 __device__ TPAR_SLOW_PATH bool slow_step(const TparArgs& a, const Call& call, bool first, u32 peer, u32 phase,
                                        SlowCheck slow_check) {
+    // A rank that has given up (another thread's error) is done with this call: it pushes no
+    // header, which would overwrite its notice to the peers.
+    if (ld_sys(a.error) != 0) return false;
     if (first) push_header(a, call);
     if (!slow_check()) return false;
     const u64 waited = now_ns() - call.start;
