@@ -321,8 +321,8 @@ struct HeaderMatches {
     u32 phase;
     __device__ bool operator()() const {
         const u32 notice = notice_of(a, call, peer);
-        // A notice naming this rank is the peer's view of this rank: the peer's header, below,
-        // names what differs from here.
+        // A notice naming this rank is the peer's view of this rank: the headers, below, name
+        // what differs from here.
         if (notice != 0 && (notice & 0xff) != a.rank) {
             const u32 code = (notice >> 8) & 0xff, cause = notice & 0xff;
             if (code == TPAR_ERR_MISMATCH) {
@@ -336,6 +336,20 @@ struct HeaderMatches {
         if (field != 0) {
             give_up(a, call, TPAR_ERR_MISMATCH, peer, TPAR_PHASE_HEADER, field, theirs);
             return false;
+        }
+        // The peer may be passing on a third rank's view: that this rank's call differs from
+        // the third rank's (3 processes on one H200, 2026-12-02, ring: rank 1 relayed rank 0's
+        // mismatch with rank 2 to rank 2, whose call matched rank 1's, and rank 2 timed out).
+        // Every peer pushed its header once its wait turned slow: name the first that differs.
+        if (notice != 0 && ((notice >> 8) & 0xff) == TPAR_ERR_MISMATCH) {
+            for (u32 other = 0; other < a.world_size; ++other) {
+                if (other == a.rank || other == peer) continue;
+                field = header_difference(a, call, other, &theirs);
+                if (field != 0) {
+                    give_up(a, call, TPAR_ERR_MISMATCH, other, TPAR_PHASE_HEADER, field, theirs);
+                    return false;
+                }
+            }
         }
         return true;
     }

@@ -42,6 +42,7 @@ vllm_utils.get_cpu_distributed_timeout_or_none = lambda: None
 vllm_utils.get_distributed_timeout_or_none = lambda: None
 from vllm.distributed import parallel_state as ps, tensor_model_parallel_all_reduce
 import vllm.ir.ops
+import tpar.ops
 from tpar.engines import TparCustomAllreduce
 from tpar.engines import vllm_fusion
 import torch._inductor.config as inductor_config
@@ -72,6 +73,25 @@ ca = TparCustomAllreduce(
 assert not ca.disabled, "tpar did not open on this group"
 device = group.device_communicator = DeviceCommunicator(ca, group.device_group)
 fused_calls = []
+
+
+class CountingNative:
+    """The native communicator as tpar.ops sees it, counting the fused calls that reach it
+    (torch.ops.tpar's kernels call the binding directly, not the Python Communicator)."""
+
+    def __init__(self, native):
+        self._native = native
+
+    def fused_add_rms_norm(self, *a, **k):
+        fused_calls.append(1)
+        return self._native.fused_add_rms_norm(*a, **k)
+
+    def __getattr__(self, name):
+        return getattr(self._native, name)
+
+
+real_native = tpar.ops._native
+tpar.ops._native = lambda handle: CountingNative(real_native(handle))
 real = ca.comm.fused_add_rms_norm
 ca.comm.fused_add_rms_norm = lambda *a, **k: fused_calls.append(1) or real(*a, **k)
 
