@@ -18,13 +18,12 @@
 // launch's ranges within a slot).
 // Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
 #define TPAR_ISLANDS_KERNEL 1
-// The slow paths as calls here: inlined into this kernel's five waits they took NVRTC 38 s for
-// sm_90 (2 cores, 2026-12-02; every other file 8 s at most), as calls 2.6 s, and a GPU's first
-// use compiles every file (100 s on one H200, most of it this one). The waits' fast path (one
-// poll that finds the line) stays inline either way.
-#ifndef TPAR_SLOW_PATH_INLINE
-#define TPAR_SLOW_PATH_INLINE 0
-#endif
+// The slow paths stay inlined here (tuning.cuh's default), though that makes this the slowest
+// file to compile (NVRTC, sm_90, 2 cores: 38 s inlined, 2.4 s as calls; the files compile side
+// by side, so a GPU's first use waits about as long as this one). As calls, islands 4+4 at 8
+// ranks on one H200 took 11.2 / 16.2 / 18.6 / 25.5 us at 4 / 32 / 42 / 64 KiB (2026-12-02,
+// 13d51f6 and bf2bfd0, bench/results/2026-12-02-h200-s7-gpu-suite), against 13.2 / 15.0 / 15.3 /
+// 16.3 inlined in an earlier call (cccdc7f): waits that miss are common in this kernel.
 #include "tpar_ll.cuh"
 
 template <int DT>
