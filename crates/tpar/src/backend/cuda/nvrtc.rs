@@ -212,7 +212,9 @@ pub fn cached_cubin(
 /// [`cached_cubin`] for every file of `sources`, in their order, compiled side by side on up to
 /// as many threads as the machine has cores (NVRTC compiles different programs concurrently):
 /// a GPU's first use compiles every file, which took 100 s one after the other on one H200
-/// (2026-12-02), and the longest file alone takes under a tenth of that.
+/// (2026-12-02) and then waits for the longest file alone (islands.cu: 38 s of the 81 s all
+/// files took on 2 cores here; 17-21 s for everything on the H200 host while that file took
+/// its slow paths as calls).
 pub fn cached_cubins(
     sources: &[(&str, &str)],
     headers: &[(&str, &str)],
