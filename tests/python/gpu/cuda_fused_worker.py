@@ -110,7 +110,12 @@ def eager(comm):
                 # Forced one-shot/two-shot fuse where the built-in rule measured the fused
                 # kernel faster (norm.rs: up to 128 KiB a rank; no tuning table on this machine).
                 small = tokens * hidden * dtype.itemsize <= FUSED_BUILT_IN_BYTES
-                if algorithm in ("one-shot", "two-shot") and hidden <= 16384 and small and not fused:
+                if (
+                    algorithm in ("one-shot", "two-shot")
+                    and hidden <= 16384
+                    and small
+                    and not fused
+                ):
                     fail(f"{what}: {algorithm} ran unfused: {reason}")
                 if not fused and not reason:
                     fail(f"{what}: ran unfused without saying why")
