@@ -402,11 +402,14 @@ def test_call_arguments_never_panic(tmp_path):
             with pytest.raises(tpar.TparError):
                 comm.all_reduce(bad)
         for nbytes in (-1, 1.5, "x"):
-            with pytest.raises(tpar.TparError):
-                comm.plan(nbytes)
-        if shutil.which("nvidia-smi") is None:  # where there is a GPU, CUDA plans it
-            with pytest.raises(tpar.TparError, match="no GPU"):
-                comm.plan(1024)
+            # plan() is the published name decision_for() is kept under.
+            for ask in (comm.decision_for, comm.plan):
+                with pytest.raises(tpar.TparError):
+                    ask(nbytes)
+        if shutil.which("nvidia-smi") is None:  # where there is a GPU, CUDA decides it
+            for ask in (comm.decision_for, comm.plan):
+                with pytest.raises(tpar.TparError, match="no GPU"):
+                    ask(1024)
         fp = comm.memory_footprint()
         assert (
             fp["nccl_bytes"] == 0 and fp["shared_host_bytes"] > 0 and fp["nccl_estimated"] is False

@@ -283,10 +283,12 @@ def test_the_custom_ops_eagerly_under_opcheck_and_torch_compile(tmp_path):
         torch.ops.tpar.fused_add_rms_norm(x, r, w, 1e-5, comm.handle)
 
 
-def test_the_cuda_plan_question_needs_a_gpu(tmp_path):
+def test_the_cuda_fused_decision_question_needs_a_gpu(tmp_path):
     with one_rank(tmp_path) as comm:
-        with pytest.raises(tpar.TparError, match="no GPU"):
-            comm.fused_plan(1, 8192)
+        # fused_plan() is the published name fused_decision() is kept under.
+        for ask in (comm.fused_decision, comm.fused_plan):
+            with pytest.raises(tpar.TparError, match="no GPU"):
+                ask(1, 8192)
 
 
 def test_the_readme_example_of_the_fused_op_runs_as_written():

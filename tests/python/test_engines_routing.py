@@ -51,7 +51,7 @@ class DecidingNative:
         self.reduced.append((tensor, out))
         return out
 
-    def plan(self, nbytes, dtype, capturing):
+    def decision_for_bytes(self, dtype, nbytes, capturing):
         return (
             "one-shot" if nbytes <= 64 << 10 else "two-shot" if nbytes <= 1 << 20 else "nccl"
         ), "test"
@@ -64,8 +64,8 @@ class StandIn:
         self._comm = DecidingNative()
         self.rank, self.world_size, self.device = 0, 4, None
 
-    def plan(self, nbytes, dtype="bf16", capturing=False):
-        return self._comm.plan(nbytes, dtype, capturing)
+    def decision_for(self, nbytes, dtype="bf16", capturing=False):
+        return self._comm.decision_for_bytes(dtype, nbytes, capturing)
 
     def close(self):
         self.closed = True
@@ -115,7 +115,7 @@ def test_custom_all_reduce_is_out_of_place_and_never_none_when_routed():
     assert given is x and out is y
 
 
-def test_log_line_names_the_route_per_size():
+def test_log_line_names_the_choice_per_size():
     ca = enabled_object()
     ca._cuda = True  # the line lists tpar's decisions per size on a GPU
     line = ca.describe()
@@ -126,13 +126,13 @@ def test_log_line_names_the_route_per_size():
     ), line
 
 
-def test_a_failing_plan_keeps_the_log_line_on_nccl_and_warns_once():
+def test_a_failing_decision_keeps_the_log_line_on_nccl_and_warns_once():
     ca = enabled_object()
     ca._cuda = True
 
     def broken(*args):
-        raise RuntimeError("no plan (test)")
+        raise RuntimeError("no decision (test)")
 
-    ca.comm.plan = broken
+    ca.comm.decision_for = broken
     assert "engine NCCL" in ca.describe()
-    assert ca._plan_warned
+    assert ca._decision_warned

@@ -24,10 +24,10 @@ use tpar_report::{bench, emit, emit_to, print_out, ranks, selftest};
 pub fn selftest(
     processes: bool,
     world_size: usize,
-    plan: CudaSelftestSettings,
+    settings: CudaSelftestSettings,
 ) -> Result<ExitCode> {
-    on_cuda_ranks(processes, world_size, plan.timeout, |make, mode| {
-        let sweep = cuda_selftest::run(make, &plan)?;
+    on_cuda_ranks(processes, world_size, settings.timeout, |make, mode| {
+        let sweep = cuda_selftest::run(make, &settings)?;
         if sweep.leader {
             print_out(&format!(
                 "tpar selftest: cuda backend, {} ({mode}); each row checked bitwise against the exact sum\n{}\n{}",
@@ -46,18 +46,18 @@ pub fn selftest(
 pub fn bench(
     processes: bool,
     world_size: usize,
-    plan: CudaBenchSettings,
+    settings: CudaBenchSettings,
     timeout: Duration,
     json: Option<String>,
     plot: Option<String>,
 ) -> Result<ExitCode> {
     let body = |mut group: CudaRanks, mode: &'static str| -> Result<()> {
         let leader = group.is_leader();
-        let mut progress = Progress::new(leader, plan.sizes.len() * plan.choices.len());
+        let mut progress = Progress::new(leader, settings.sizes.len() * settings.choices.len());
         let report = cuda_bench_group(
             &mut group,
             mode,
-            &plan,
+            &settings,
             crate::provenance::COMMIT,
             |bytes, algo| progress.step_at(bytes, algo),
         )?;
@@ -77,7 +77,7 @@ pub fn bench(
             format!(
                 "tpar bench: {device}, {} ({mode}), {}",
                 ranks(world_size),
-                plan.dtype
+                settings.dtype
             )
         };
         let rows = report.results.iter().filter(|r| r.skipped.is_none());
@@ -90,7 +90,7 @@ pub fn bench(
     };
     on_cuda_ranks(processes, world_size, timeout, |make, mode| {
         let config = tpar::Config {
-            islands: plan.islands,
+            islands: settings.islands,
             ..cuda_config(timeout)
         };
         body(make(config)?, mode)

@@ -22,14 +22,14 @@ pub struct DoctorArgs {
     /// Fixtures: crates/tpar/fixtures/topologies/*.json.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
-    /// Ranks to plan for [default: one per GPU].
+    /// Ranks to decide for [default: one per GPU].
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
-    /// Element type to plan for: f32, f16 or bf16.
+    /// Element type to decide for: f32, f16 or bf16.
     #[arg(long, default_value = "bf16")]
     dtype: DType,
     #[arg(long, value_name = "NAME", help = concat!(
-        "Plan as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::selection_names!()
+        "Decide as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::selection_names!()
     ))]
     algo: Option<String>,
     /// Print the report as JSON on stdout (the text goes to stderr).

@@ -55,14 +55,14 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
     crate::args::check_outputs(args.json.as_deref(), None)?;
     let (world_size, topology) = tune::machine(args.world_size)?;
     let timeout = args.timeout;
-    let plan = tune::plan(sizes, args.dtype, args.iters);
+    let settings = tune::settings(sizes, args.dtype, args.iters);
     on_cuda_ranks(args.processes, world_size, timeout, |make, _mode| {
         let mut group = make(cuda_config(timeout))?;
         let mut progress = crate::progress::Progress::new(
             group.is_leader(),
-            plan.sizes.len() * plan.choices.len(),
+            settings.sizes.len() * settings.choices.len(),
         );
-        let tuned = tune::run(&mut group, &plan, &topology, |bytes, algo| {
+        let tuned = tune::run(&mut group, &settings, &topology, |bytes, algo| {
             progress.step_at(bytes, algo)
         })?;
         progress.finish();
@@ -86,7 +86,7 @@ pub fn run(args: TuneArgs) -> Result<ExitCode> {
             fused: Some(fused),
         };
         let heading = format!("{}, {} on {topology}", ranks(world_size), args.dtype);
-        let text = tpar_report::tune::tune(&report, &heading, &plan.sizes);
+        let text = tpar_report::tune::tune(&report, &heading, &settings.sizes);
         Ok(emit(&text, args.json.as_deref(), &report)?)
     })
 }

@@ -117,7 +117,9 @@ fn kind(value: &Value) -> &'static str {
         "bench"
     } else if has("table") && has("measurements") {
         "tune"
-    } else if has("checks") && has("plans") {
+    } else if has("checks") && (has("decisions") || has("plans")) {
+        // `plans` is the key doctor wrote for its per-size decisions before it was `decisions`;
+        // the files recorded then keep it.
         "doctor"
     } else {
         "envelope"

@@ -396,7 +396,7 @@ fn doctor_explains_a_described_machine_at_every_size() {
         let line = stdout
             .lines()
             .find(|l| l.starts_with(&format!("{size} ")))
-            .unwrap_or_else(|| panic!("no plan line for {size}:\n{stdout}"));
+            .unwrap_or_else(|| panic!("no decision line for {size}:\n{stdout}"));
         assert!(line.contains(" because") || line.contains(": "), "{line}");
     }
     assert!(
@@ -407,7 +407,7 @@ fn doctor_explains_a_described_machine_at_every_size() {
 }
 
 #[test]
-fn doctor_json_parses_and_every_size_has_a_runnable_plan() {
+fn doctor_json_parses_and_every_size_has_a_runnable_decision() {
     for name in [
         "8x-rtx-pro-6000-pcie-2switch",
         "4x-rtx-4090-no-p2p",
@@ -420,21 +420,21 @@ fn doctor_json_parses_and_every_size_has_a_runnable_plan() {
         let json: serde_json::Value =
             serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON");
         assert_eq!(json["ok"], true);
-        let plans = json["plans"].as_array().unwrap();
-        assert_eq!(plans.len(), 9, "4 KiB to 256 MiB in steps of 4");
-        for p in plans {
+        let decisions = json["decisions"].as_array().unwrap();
+        assert_eq!(decisions.len(), 9, "4 KiB to 256 MiB in steps of 4");
+        for d in decisions {
             assert!(
-                p["choice"].is_string() && !p["reason"].as_str().unwrap().is_empty(),
-                "{name}: {p}"
+                d["choice"].is_string() && !d["reason"].as_str().unwrap().is_empty(),
+                "{name}: {d}"
             );
             // A described machine also gets the model's latency for what runs there.
             assert!(
-                p["model_us"].as_f64().is_some_and(|us| us > 0.0),
-                "{name}: {p}"
+                d["model_us"].as_f64().is_some_and(|us| us > 0.0),
+                "{name}: {d}"
             );
         }
         if name == "4x-rtx-4090-no-p2p" {
-            assert_eq!(plans[0]["choice"], "host-staged");
+            assert_eq!(decisions[0]["choice"], "host-staged");
         }
     }
 }

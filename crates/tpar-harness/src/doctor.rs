@@ -19,15 +19,15 @@ use tpar::topology::Topology;
 use tpar::Config;
 use tpar::DType;
 
-/// What to examine and plan for.
+/// What to examine and decide for.
 #[derive(Clone, Debug)]
 pub struct DoctorOptions {
     /// A machine described in this JSON file instead of this one (touches no GPU).
     pub topology: Option<PathBuf>,
-    /// Ranks to plan for (default: one per GPU).
+    /// Ranks to decide for (default: one per GPU).
     pub world_size: Option<usize>,
     pub dtype: DType,
-    /// Plan as if this route were forced (from `--algo` or TPAR_ALGO).
+    /// Decide as if this choice were forced (from `--algo` or TPAR_ALGO).
     pub forced: Option<Choice>,
 }
 
@@ -83,7 +83,8 @@ pub struct Report {
     pub checks: Vec<Check>,
     /// The init measurement of the links between this machine's GPUs (two or more GPUs).
     pub links: Option<LinkMeasurements>,
-    pub plans: Vec<SizeDecision>,
+    /// The dispatcher's decision at each size (4 KiB to 256 MiB in steps of 4).
+    pub decisions: Vec<SizeDecision>,
     pub ok: bool,
 }
 
@@ -120,7 +121,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
                 return Err(DoctorError::NoGpu(format!(
                     "tpar doctor: no GPU to examine here ({e}).\n\
                      tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
-                     To plan for another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
+                     To see what tpar decides on another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
                 )));
             }
         },
@@ -141,8 +142,8 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         }
     }
     let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
-    // The model's time is of the model's own plan; with a forced path or a tuning table it
-    // would describe another plan than the one shown, so it is left out then.
+    // The model's time is of the model's own decision; with a forced path or a tuning table
+    // it would describe another decision than the one shown, so it is left out then.
     let model = (forced.is_none() && tuning.as_ref().is_none_or(TuningTable::is_first_use))
         .then(|| {
             crate::planner::latency_model::modelled_latency_with(
@@ -162,7 +163,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         .map(|i| i.to_string());
     let islands_via_host = islands.is_some() && fabric.cross_via_host();
     let collapse = fabric.collapse().clone();
-    let mut plans = Vec::new();
+    let mut decisions = Vec::new();
     for bytes in size_buckets() {
         let req = Request {
             topology: &topology,
@@ -175,7 +176,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             forced,
             group: None,
         };
-        plans.push(match decide(&req) {
+        decisions.push(match decide(&req) {
             Ok(p) => SizeDecision {
                 bytes,
                 choice: Some(p.choice),
@@ -190,7 +191,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             },
         });
     }
-    let ok = plans.iter().all(|p| p.choice.is_some()) && checks.iter().all(|c| c.ok);
+    let ok = decisions.iter().all(|d| d.choice.is_some()) && checks.iter().all(|c| c.ok);
     let report = Report {
         class: classify(&topology, world_size),
         islands,
@@ -204,14 +205,14 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         tuning_table: tuning.map(|t| t.kept_at().display().to_string()),
         checks,
         links,
-        plans,
+        decisions,
         ok,
     };
     Ok(report)
 }
 
 /// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum
-/// on a few ranks; NCCL loads. A path that fails goes into the findings and is never planned.
+/// on a few ranks; NCCL loads. A path that fails goes into the findings and is never chosen.
 fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut add = |name: &str, result: Result<String>| {
@@ -288,7 +289,7 @@ fn gpu_checks(topology: &Topology, world_size: usize, findings: &mut Findings) -
 
 /// With two or more GPUs: measures every link (push and pull bandwidth, latency, then all
 /// links at once, then the write fan-out over root complexes), keeps the result where
-/// communicators find it, and feeds it to the plans. With one GPU: says why the fan-out is not
+/// communicators find it, and feeds it to the decisions. With one GPU: says why the fan-out is not
 /// measured.
 fn link_measurement(
     topology: &Topology,
@@ -380,15 +381,15 @@ pub fn summary_row(name: &str, r: &Report) -> String {
         r.class.name()
     );
     for bytes in [4u64 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
-        let cell = r
-            .plans
-            .iter()
-            .find(|p| p.bytes == bytes)
-            .map_or("-".to_owned(), |p| match (p.choice, p.model_us) {
-                (Some(c), Some(us)) => format!("{c} {us:.1}"),
-                (Some(c), None) => c.to_string(),
-                (None, _) => "none".into(),
-            });
+        let cell =
+            r.decisions
+                .iter()
+                .find(|p| p.bytes == bytes)
+                .map_or("-".to_owned(), |p| match (p.choice, p.model_us) {
+                    (Some(c), Some(us)) => format!("{c} {us:.1}"),
+                    (Some(c), None) => c.to_string(),
+                    (None, _) => "none".into(),
+                });
         row.push_str(&format!(" {cell} |"));
     }
     row
@@ -476,7 +477,7 @@ mod tests {
     use super::*;
 
     /// The README shows `tpar doctor --topology` for every shipped fixture (8 ranks, or fewer
-    /// where the machine has fewer GPUs, bf16): class, islands and the plans with the model's
+    /// where the machine has fewer GPUs, bf16): class, islands and the decisions with the model's
     /// time. The rows there must be what doctor says now.
     #[test]
     fn the_readme_table_is_doctor_over_every_fixture() {

@@ -4,7 +4,7 @@
 //! [`TuningTable`] the dispatcher reads, keeping the fastest correct choice per size. Then the
 //! fused allreduce + residual + RMSNorm against allreduce + the separate norm kernel, 1 to 512
 //! tokens at the model's hidden size, to the [`FusedTable`] that decides which of the two
-//! paths a fused call takes on this machine (`tpar::norm::plan`).
+//! paths a fused call takes on this machine (`tpar::dispatch::decide_fused`).
 
 use std::path::PathBuf;
 
@@ -23,7 +23,7 @@ use tpar::{Algorithm, DType};
 
 /// What tuning measures: every choice (tpar's algorithms and NCCL) at each of `sizes`
 /// ((bytes, elements) pairs), by the graph-replay timing of `tpar bench`.
-pub fn plan(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchSettings {
+pub fn settings(sizes: Vec<(u64, usize)>, dtype: DType, replays: usize) -> CudaBenchSettings {
     CudaBenchSettings {
         sizes,
         choices: Choice::ALL.map(Selection::Forced).to_vec(),
@@ -53,18 +53,23 @@ pub struct Tuned {
     pub rows: Vec<CudaRow>,
 }
 
-/// Measures `plan` on `group` (every rank of the job calls this together), makes the table
+/// Measures `settings` on `group` (every rank of the job calls this together), makes the table
 /// and, on the rank holding rank 0, saves it where the dispatcher of this machine looks.
 /// `progress` hears each (size, choice) before it is timed.
 pub fn run(
     group: &mut CudaRanks,
-    plan: &CudaBenchSettings,
+    settings: &CudaBenchSettings,
     topology: &Topology,
     progress: impl FnMut(u64, Selection),
 ) -> Result<Tuned> {
-    let floors = cuda_bench::measure_floors(group, plan)?;
-    let rows = cuda_bench::run(group, plan, &floors, progress)?;
-    let table = table_from(&rows, topology.fingerprint(), group.world_size, plan.dtype)?;
+    let floors = cuda_bench::measure_floors(group, settings)?;
+    let rows = cuda_bench::run(group, settings, &floors, progress)?;
+    let table = table_from(
+        &rows,
+        topology.fingerprint(),
+        group.world_size,
+        settings.dtype,
+    )?;
     let written_to = if group.is_leader() {
         Some(table.save()?)
     } else {
@@ -369,7 +374,7 @@ mod tests {
             (t.rows[1].tokens, t.rows[1].fused_us, t.rows[1].separate_us),
             (64, 21.51, 19.18)
         );
-        // The plan then never fuses at 64 tokens on this machine, and does at 1.
+        // The fused decision then never fuses at 64 tokens on this machine, and does at 1.
         let at = |tokens| {
             tpar::dispatch::decide_fused(
                 Choice::Tpar(Algorithm::OneShot),

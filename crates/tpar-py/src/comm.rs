@@ -647,7 +647,7 @@ impl Comm {
     /// and dtype), and returns the array holding the result; `algorithm` forces a choice
     /// (on the CPU: one-shot or two-shot). A torch CUDA tensor is reduced on torch's current
     /// stream of its device, decided once and queued without synchronising; a refusal (a
-    /// dtype, layout, device or size tpar does not take, or a call planned for NCCL with
+    /// dtype, layout, device or size tpar does not take, or a call decided for NCCL with
     /// nccl="none") raises `TparRefused` before anything is queued.
     #[pyo3(signature = (tensor, out=None, algorithm=None))]
     fn all_reduce<'py>(
@@ -731,15 +731,20 @@ impl Comm {
     }
 
     /// `(choice, reason)`: what a CUDA call of `bytes` of `dtype` runs and why; `(None, why)`
-    /// where such a call is refused (e.g. planned for NCCL with nccl="none": the reason names
+    /// where such a call is refused (e.g. decided for NCCL with nccl="none": the reason names
     /// the choice). `capturing`: asked for a call inside CUDA-graph capture.
-    fn plan(&self, dtype: &str, bytes: u64, capturing: bool) -> PyResult<(String, String)> {
-        guard("plan", || {
+    fn decision_for_bytes(
+        &self,
+        dtype: &str,
+        bytes: u64,
+        capturing: bool,
+    ) -> PyResult<(String, String)> {
+        guard("decision_for_bytes", || {
             let dtype: DType = dtype.parse().map_err(err)?;
             let held = self.cuda_locked();
             let comm = held
                 .as_ref()
-                .ok_or_else(|| self.no_cuda("a CUDA call planned"))?;
+                .ok_or_else(|| self.no_cuda("a CUDA call's decision asked"))?;
             let decided = comm.decide(Selection::Auto, dtype, bytes, capturing);
             Ok(match &*decided {
                 Ok(d) => (d.choice.name().to_owned(), d.reason.clone()),
@@ -756,7 +761,7 @@ impl Comm {
     /// fused kernel runs it or the allreduce is followed by tpar's separate norm kernel, and
     /// why; a refused allreduce says so in the reason, with `fused` False.
     #[pyo3(signature = (dtype, tokens, hidden, capturing, algorithm=None))]
-    fn fused_plan(
+    fn fused_decision(
         &self,
         dtype: &str,
         tokens: usize,
@@ -764,7 +769,7 @@ impl Comm {
         capturing: bool,
         algorithm: Option<&str>,
     ) -> PyResult<(String, bool, String)> {
-        guard("fused_plan", || {
+        guard("fused_decision", || {
             let dtype: DType = dtype.parse().map_err(err)?;
             let bytes = tokens
                 .checked_mul(hidden)
@@ -776,7 +781,7 @@ impl Comm {
             let held = self.cuda_locked();
             let comm = held
                 .as_ref()
-                .ok_or_else(|| self.no_cuda("a CUDA fused call planned"))?;
+                .ok_or_else(|| self.no_cuda("a CUDA fused call's decision asked"))?;
             let decided = comm.decide(selection, dtype, bytes as u64, capturing);
             Ok(match &*decided {
                 Ok(d) => {

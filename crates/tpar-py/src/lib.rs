@@ -158,7 +158,7 @@ fn verify<'py>(
     let rows = py
         .detach(|| {
             if cuda {
-                let plan = cuda_selftest::CudaSelftestSettings {
+                let settings = cuda_selftest::CudaSelftestSettings {
                     counts,
                     dtypes,
                     algorithms,
@@ -167,9 +167,9 @@ fn verify<'py>(
                     replays,
                     islands: None,
                 };
-                cuda_selftest::run(&|c| CudaRanks::process(&me, c), &plan).map(|s| s.rows)
+                cuda_selftest::run(&|c| CudaRanks::process(&me, c), &settings).map(|s| s.rows)
             } else {
-                let plan = cpu_selftest::CpuSelftestSettings {
+                let settings = cpu_selftest::CpuSelftestSettings {
                     counts,
                     dtypes,
                     algorithms,
@@ -177,7 +177,7 @@ fn verify<'py>(
                     timeout_case: timeout_case && world > 1,
                     islands: None,
                 };
-                cpu_selftest::run(&me, &plan, |_| {})
+                cpu_selftest::run(&me, &settings, |_| {})
             }
         })
         .map_err(harness_err)?;
@@ -250,7 +250,7 @@ fn tune<'py>(
     })?;
     let topology = tpar::topology::Topology::detect().map_err(err)?;
     let me = harness_rank(rank, world_size, rendezvous, token)?;
-    let plan = tune::plan(pairs, dtype, iters);
+    let settings = tune::settings(pairs, dtype, iters);
     let tuned = py
         .detach(|| {
             let config = Config {
@@ -258,7 +258,7 @@ fn tune<'py>(
                 ..Config::default()
             };
             let mut group = CudaRanks::process(&me, config)?;
-            tune::run(&mut group, &plan, &topology, |_, _| {})
+            tune::run(&mut group, &settings, &topology, |_, _| {})
         })
         .map_err(harness_err)?;
     let d = PyDict::new(py);

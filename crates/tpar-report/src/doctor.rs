@@ -118,14 +118,14 @@ pub fn doctor(r: &Report) -> String {
             .as_ref()
             .map_or(String::new(), |p| format!("; tuning table {p}"))
     ));
-    let modelled = r.plans.iter().any(|s| s.model_us.is_some());
+    let modelled = r.decisions.iter().any(|s| s.model_us.is_some());
     let header: &[&str] = if modelled {
         &["size", "algorithm", "model us", "why"]
     } else {
         &["size", "algorithm", "why"]
     };
     let mut p = Table::new(header, header.len());
-    for s in &r.plans {
+    for s in &r.decisions {
         let mut row = vec![
             size(s.bytes),
             s.choice.map_or("NONE".into(), |c| c.to_string()),

@@ -1,5 +1,5 @@
 //! The plain text table every report prints, and the cell formats the tables share: message
-//! sizes, rank counts, rows that did not run, a route with what it ran.
+//! sizes, rank counts, rows that did not run, a selection with what it ran.
 
 /// "1 rank", "8 ranks": for the headers that say how many ranks ran.
 pub fn ranks(n: usize) -> String {
@@ -18,7 +18,7 @@ pub fn skipped_row(mut cells: Vec<String>, columns: usize, why: &str) -> Vec<Str
     cells
 }
 
-/// `auto (one-shot)`: a route's name with what it ran, where that is known.
+/// `auto (one-shot)`: a selection's name with what it ran, where that is known.
 pub fn name_with_runs(name: &str, runs: Option<&str>) -> String {
     match runs {
         Some(choice) => format!("{name} ({choice})"),

@@ -3,7 +3,7 @@
 This package drives tpar's Rust library:
 
 - CUDA tensors (torch) go to tpar's CUDA communicator, which picks tpar's own kernels or NCCL
-  for each message (see :meth:`Communicator.plan`), queues the work on the tensor's current
+  for each message (see :meth:`Communicator.decision_for`), queues the work on the tensor's current
   stream with no extra synchronisation, and works inside CUDA-graph capture; ``tpar.ops``
   registers ``torch.ops.tpar.all_reduce`` for torch.compile.
 - :meth:`Communicator.fused_add_rms_norm` runs the allreduce with the residual add and RMSNorm
@@ -49,7 +49,7 @@ __all__ = [
     "verify",
 ]  # tpar.adapter, tpar.ops: see there
 
-# The names plan() takes for a dtype, besides f32/f16/bf16.
+# The names decision_for() and fused_decision() take for a dtype, besides f32/f16/bf16.
 _DTYPE_NAMES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 
 # Open communicators by handle, so that torch.ops.tpar.all_reduce (which takes plain values)
@@ -303,7 +303,7 @@ class Communicator:
     ``nccl`` says what serves calls tpar's dispatcher gives to NCCL (large messages):
     ``"none"`` (the default, for engines that already hold NCCL: such calls are refused with
     :class:`TparRefused`, and :meth:`should_use` says False and :meth:`decision` and
-    :meth:`plan` say so beforehand), ``"own"`` (tpar creates its own NCCL communicator at the
+    :meth:`decision_for` say so beforehand), ``"own"`` (tpar creates its own NCCL communicator at the
     first such call, about 0.5 GiB of device memory, counted in :meth:`memory_footprint`), or
     an existing communicator to borrow: a torch ProcessGroupNCCL or an ``ncclComm_t`` address
     (int) of the same ranks, from the same libnccl.so.2 tpar loads, alive until this
@@ -437,7 +437,7 @@ class Communicator:
         :attr:`last_algorithm` says what ran. numpy arrays and CPU tensors are reduced
         through shared memory (``algorithm``: one-shot or two-shot). tpar's own algorithms
         accumulate in fp32 in rank order, so every rank gets bitwise the same result. A
-        tensor tpar does not take (dtype, layout, device, over ``max_bytes``, a size planned
+        tensor tpar does not take (dtype, layout, device, over ``max_bytes``, a size decided
         for NCCL with ``nccl="none"``) raises :class:`TparRefused` before anything runs."""
         return self._comm.all_reduce(tensor, out, algorithm)
 
@@ -497,15 +497,19 @@ class Communicator:
         "device", "size", ...): the one check of the fused operands, which the call makes too."""
         return self._comm.fused_fit(x, residual, weight, max_bytes)
 
-    def fused_plan(self, tokens: int, hidden: int, dtype="bf16", capturing=False):
+    def fused_decision(self, tokens: int, hidden: int, dtype="bf16", capturing=False):
         """``(algorithm, fused, reason)``: what a CUDA :meth:`fused_add_rms_norm` of ``tokens x
-        hidden`` elements of ``dtype`` runs here: its allreduce (as :meth:`plan` for the same
-        bytes), whether the fused kernel runs it (else the allreduce and tpar's separate norm
-        kernel), and why."""
+        hidden`` elements of ``dtype`` runs here: its allreduce (as :meth:`decision_for` for the
+        same bytes), whether the fused kernel runs it (else the allreduce and tpar's separate
+        norm kernel), and why."""
         tokens = _integer("tokens", tokens, allow_none=False, high=1 << 40)
         hidden = _integer("hidden", hidden, allow_none=False, high=1 << 40)
         name = _DTYPE_NAMES.get(str(dtype), str(dtype))
-        return self._comm.fused_plan(name, tokens, hidden, bool(capturing))
+        return self._comm.fused_decision(name, tokens, hidden, bool(capturing))
+
+    def fused_plan(self, tokens: int, hidden: int, dtype="bf16", capturing=False):
+        """:meth:`fused_decision`, under the name it was published with (kept for callers)."""
+        return self.fused_decision(tokens, hidden, dtype, capturing)
 
     # -- questions and lifecycle ------------------------------------------------------------
 
@@ -517,13 +521,18 @@ class Communicator:
         take another path knowingly (:meth:`decision` says why)."""
         return self._comm.decision(tensor, None, max_bytes)[0] is not None
 
-    def plan(self, nbytes: int, dtype="bf16", capturing=False):
+    def decision_for(self, nbytes: int, dtype="bf16", capturing=False):
         """``(algorithm, reason)``: what a CUDA call of ``nbytes`` of ``dtype`` (f32, f16 or
-        bf16, or a torch dtype) runs on this machine, and why. With ``nccl="none"`` a call
-        planned for NCCL is refused by :meth:`all_reduce`, and the reason says so."""
+        bf16, or a torch dtype) runs on this machine, and why (:meth:`decision` asks the same
+        of a tensor). With ``nccl="none"`` a call decided for NCCL is refused by
+        :meth:`all_reduce`, and the reason says so."""
         nbytes = _integer("nbytes", nbytes, allow_none=False, high=1 << 62)
         name = _DTYPE_NAMES.get(str(dtype), str(dtype))
-        return self._comm.plan(name, nbytes, bool(capturing))
+        return self._comm.decision_for_bytes(name, nbytes, bool(capturing))
+
+    def plan(self, nbytes: int, dtype="bf16", capturing=False):
+        """:meth:`decision_for`, under the name it was published with (kept for callers)."""
+        return self.decision_for(nbytes, dtype, capturing)
 
     @contextlib.contextmanager
     def capture(self):

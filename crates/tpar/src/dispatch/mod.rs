@@ -1,12 +1,12 @@
 //! The dispatcher: which algorithm runs an allreduce of so many bytes on this machine, and why;
-//! or an error that says why nothing can. It is a total function (every request yields a plan
-//! whose algorithm can run there, or an explicit error), checked by enumeration in its tests.
+//! or an error that says why nothing can. It is a total function (every request yields a decision
+//! whose choice can run there, or an explicit error), checked by enumeration in its tests.
 //!
 //! Order of authority: a forced choice (`TPAR_ALGO`, `--algo`; one that cannot run is an error,
 //! never a substitute), then the tuning table measured on this machine by `tpar tune`, then
 //! the fabric model's ranking ([`fabric`]: each algorithm's schedule costed on this machine's
 //! links), corrected by what the first-use measurement timed here where it did. The model
-//! plans writes that collapse (fanned out over root complexes on a machine where that
+//! chooses writes that collapse (fanned out over root complexes on a machine where that
 //! collapses) only when nothing else can run, unless they were measured here. The findings
 //! (`Findings`) veto paths that failed a check and carry what `tpar doctor` measured. Every
 //! decision is logged with its reason at debug level (`RUST_LOG=tpar=debug`).
@@ -45,7 +45,7 @@ pub use refusal::{eligibility, fused_eligibility, held, NoDecision, Reason, Refu
 pub use rules::{classify, Class};
 pub use tuning::{Probe, TuningEntry, TuningTable};
 
-/// One allreduce to plan.
+/// One allreduce to decide.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
     pub topology: &'a Topology,
@@ -90,10 +90,10 @@ pub struct GroupFacts {
 pub enum NcclAvailability {
     /// Created, or borrowed from the caller.
     Ready,
-    /// tpar's own, created at the first call planned for NCCL (collective; never inside
+    /// tpar's own, created at the first call decided for NCCL (collective; never inside
     /// CUDA-graph capture).
     AtFirstCall,
-    /// Created with `nccl="none"`: calls planned for NCCL are refused, so that the caller
+    /// Created with `nccl="none"`: calls decided for NCCL are refused, so that the caller
     /// keeps them on its own NCCL ([`held`]).
     NotHeld,
     /// This group has no NCCL, and why (no library, ranks sharing a GPU, a failed creation).
@@ -113,7 +113,7 @@ pub fn decide(req: &Request) -> Result<Decision, NoDecision> {
     let result = decide_inner(req);
     match &result {
         Ok(p) => log::debug!(
-            "plan: {} ranks, {} of {}: {} because {}",
+            "decision: {} ranks, {} of {}: {} because {}",
             req.world_size,
             human_bytes(req.bytes),
             req.dtype,
@@ -121,7 +121,7 @@ pub fn decide(req: &Request) -> Result<Decision, NoDecision> {
             p.reason
         ),
         Err(e) => log::debug!(
-            "plan: {} ranks, {}: no plan: {e}",
+            "decision: {} ranks, {}: no decision: {e}",
             req.world_size,
             human_bytes(req.bytes)
         ),
@@ -396,7 +396,7 @@ mod tests {
 
     /// Every fixture (with and without NCCL, and as one GPU), world sizes 1 to 16, every dtype,
     /// sizes 0 to 1 GiB (and a size that is no whole element), every forced choice, capturing
-    /// or not: each request yields a plan whose choice can run, or an error with a reason.
+    /// or not: each request yields a decision whose choice can run, or an error with a reason.
     #[test]
     fn the_dispatcher_is_total() {
         let mut topologies: Vec<Topology> = FIXTURES
@@ -447,7 +447,7 @@ mod tests {
             pull_gbps: Some(50.0),
             fanout: None,
         };
-        let (mut plans, mut errors) = (0, 0);
+        let (mut decisions, mut errors) = (0, 0);
         for t in &topologies {
             for world_size in 1..=16 {
                 for dtype in DType::ALL {
@@ -467,16 +467,16 @@ mod tests {
                                         group: None,
                                     };
                                     match decide(&req) {
-                                        Ok(plan) => {
-                                            plans += 1;
+                                        Ok(decision) => {
+                                            decisions += 1;
                                             assert_eq!(
-                                                eligibility(&req, plan.choice),
+                                                eligibility(&req, decision.choice),
                                                 Ok(()),
-                                                "{req:?} -> {plan:?}"
+                                                "{req:?} -> {decision:?}"
                                             );
-                                            assert!(!plan.reason.is_empty());
+                                            assert!(!decision.reason.is_empty());
                                             if let Some(f) = force {
-                                                assert_eq!(plan.choice, f);
+                                                assert_eq!(decision.choice, f);
                                             }
                                         }
                                         Err(e) => {
@@ -488,7 +488,7 @@ mod tests {
                                                 && !t.gpus.is_empty()
                                             {
                                                 // Host-staged runs everywhere up to 16 ranks unless the findings veto it.
-                                                panic!("no plan although host-staged can always run: {req:?}: {e}");
+                                                panic!("no decision although host-staged can always run: {req:?}: {e}");
                                             }
                                         }
                                     }
@@ -500,8 +500,8 @@ mod tests {
             }
         }
         assert!(
-            plans > 10_000 && errors > 1_000,
-            "{plans} plans, {errors} errors"
+            decisions > 10_000 && errors > 1_000,
+            "{decisions} decisions, {errors} errors"
         );
     }
 
@@ -620,7 +620,7 @@ mod tests {
             "{}",
             d.reason
         );
-        // Where a faster plan would collapse, the reason names it and why it was skipped: on
+        // Where a faster choice would collapse, the reason names it and why it was skipped: on
         // the two-socket machine with every GPU on its own root complex, measured to lose a
         // little over half its write bandwidth when writes fan out, one-shot is still the
         // fastest at 1 KiB in the model, but collapses.
@@ -640,13 +640,13 @@ mod tests {
         };
         let fastest = ranked(&req)[0].0.clone();
         assert!(fastest.collapses, "{fastest:?}");
-        let plan = decide(&req).unwrap();
-        assert_ne!(plan.choice, fastest.choice);
+        let decision = decide(&req).unwrap();
+        assert_ne!(decision.choice, fastest.choice);
         let said = format!(
             "{} ({:.1} us modelled) skipped: its writes fan out over root complexes, which collapse here (writes fanned out over root complexes 25.0 GB/s against 52.5 alone (2.1x), reads 53.2: measured here by tpar doctor)",
             fastest.choice, fastest.us
         );
-        assert!(plan.reason.contains(&said), "{}", plan.reason);
+        assert!(decision.reason.contains(&said), "{}", decision.reason);
     }
 
     #[test]
@@ -702,7 +702,7 @@ mod tests {
     }
 
     #[test]
-    fn a_path_that_failed_its_check_is_never_planned_and_the_plan_says_so() {
+    fn a_path_that_failed_its_check_is_never_chosen_and_the_decision_says_so() {
         let h200 = fixture("8x-h200-nvswitch");
         let findings = Findings {
             failed: vec![(
@@ -744,7 +744,7 @@ mod tests {
         let fabric = Fabric::new(&pro, 8, Some(&findings));
         assert!(fabric.collapse().collapses && fabric.collapse().by_peer);
         // Every GPU writing to every peer at once collapsed here: one-shot and two-shot, which
-        // do that, are modelled as collapsing and never planned.
+        // do that, are modelled as collapsing and never chosen.
         for algorithm in [Algorithm::OneShot, Algorithm::TwoShot] {
             let e = fabric
                 .estimate(Choice::Tpar(algorithm), DType::Bf16, 16 * KIB)

@@ -28,7 +28,7 @@ import sys
 DEFAULT_MAX_SIZE = 8 << 20
 """The engines' default ``max_size`` (vLLM's and SGLang's CustomAllreduce: 8 MiB)."""
 
-# Sizes the log line reports the route of, from 1 KiB up to max_size.
+# Sizes the log line reports the choice of, from 1 KiB up to max_size.
 _LOG_SIZES = tuple(1 << s for s in range(10, 31))
 
 logger = logging.getLogger("tpar.engines")
@@ -141,7 +141,7 @@ class TparCustomAllreduce:
         self.comm = None
         self._native = None
         self._cuda = False
-        self._plan_warned = False
+        self._decision_warned = False
 
         import torch.distributed as dist
 
@@ -188,7 +188,7 @@ class TparCustomAllreduce:
         self.rank, self.world_size = comm.rank, comm.world_size
         self._cuda = comm.device is not None
         self.device = _torch_device(comm.device)
-        self._plan_warned = False
+        self._decision_warned = False
         self._IS_CAPTURING = False
         self.mnnvl_lamport_ag_multicast_ptr = 0
         self.comm = comm
@@ -256,13 +256,13 @@ class TparCustomAllreduce:
 
     def describe(self) -> str:
         """One line: which group tpar took and what runs per size (bf16), for the log."""
-        routes = []
+        choices = []
         for size in _LOG_SIZES:
             if size > self.max_size:
                 break
-            routes.append((size, self._plan_name(size, "bf16", False)))
+            choices.append((size, self._choice_name(size, "bf16", False)))
         spans = []
-        for size, name in routes:
+        for size, name in choices:
             if spans and spans[-1][2] == name:
                 spans[-1][1] = size
             else:
@@ -277,21 +277,19 @@ class TparCustomAllreduce:
             f"bf16 {text}; over {_format_bytes(self.max_size)} engine NCCL"
         )
 
-    def _plan_name(self, nbytes: int, dtype, capturing: bool) -> str:
-        """tpar's algorithm for the size, or "nccl" for one the engine's NCCL should take."""
+    def _choice_name(self, nbytes: int, dtype, capturing: bool) -> str:
+        """tpar's algorithm for the size (its decision's choice), or "nccl" for one the engine's
+        NCCL should take."""
         if not self._cuda:
             return "one-shot"
         try:
-            try:
-                algorithm, _reason = self.comm.plan(nbytes, dtype, capturing)
-            except TypeError:  # a Communicator.plan without the capturing argument
-                algorithm, _reason = self.comm.plan(nbytes, dtype)
+            algorithm, _reason = self.comm.decision_for(nbytes, dtype, capturing)
         except Exception as error:
             # The engine's NCCL is always correct; say so once rather than fail the call.
-            if not self._plan_warned:
-                self._plan_warned = True
+            if not self._decision_warned:
+                self._decision_warned = True
                 logger.warning(
-                    "tpar could not plan %d bytes of %s (%s); such sizes stay on the engine's NCCL",
+                    "tpar could not decide %d bytes of %s (%s); such sizes stay on the engine's NCCL",
                     nbytes,
                     dtype,
                     error,
@@ -306,7 +304,7 @@ class TparCustomAllreduce:
         device, at most ``max_size`` bytes, and decided for tpar's own kernels (a size tpar
         would give to NCCL stays on the engine's NCCL). The answer is the decision tpar's call
         makes (one query into tpar, cached there per dtype, size and capture state of the
-        current stream, which every rank shares), so all ranks route alike and SGLang's second
+        current stream, which every rank shares), so all ranks decide alike and SGLang's second
         question gets the same answer."""
         native = self._native
         if not self._routable(inp):
@@ -383,7 +381,7 @@ class TparCustomAllreduce:
 
     @contextlib.contextmanager
     def capture(self):
-        """The engines enter this around CUDA-graph capture: inside, tpar plans every call for
+        """The engines enter this around CUDA-graph capture: inside, tpar decides every call for
         capture, and on exit raises any error a kernel reported."""
         if self.disabled or self.comm is None:
             yield

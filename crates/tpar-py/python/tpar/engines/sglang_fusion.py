@@ -147,7 +147,7 @@ def tpar_fused(fusion_module, x, residual, weight, eps, use_attn_tp_group: bool)
         return None, None
     if fused is None:
         return None, (
-            "plan",
+            "decision",
             f"tpar's decision gives {tuple(x.shape)} {x.dtype} to the engine's NCCL",
         )
     return fused, None

@@ -38,8 +38,8 @@ capture state, which every rank shares, so every rank takes the same path):
 - where tpar's plugin would take this allreduce (the group's ``ca_comm`` is tpar's and its
   ``should_custom_ar`` says yes) and the operands fit tpar's fused op: ``(norm, residual_out)``
   from :meth:`TparCustomAllreduce.fused_allreduce_rmsnorm` (one kernel on the GPU where tpar's
-  plan allows; semantics in :meth:`tpar.Communicator.fused_add_rms_norm`: ``residual_out`` is
-  bitwise vLLM's, ``norm`` may differ from vLLM's kernel in the last bit);
+  fused decision allows; semantics in :meth:`tpar.Communicator.fused_add_rms_norm`:
+  ``residual_out`` is bitwise vLLM's, ``norm`` may differ from vLLM's kernel in the last bit);
 - otherwise, or when tpar's call raises (logged once), vLLM's own unfused sequence:
   ``torch.ops.vllm.all_reduce`` on the group, then ``torch.ops.vllm_ir.fused_add_rms_norm``
   dispatched to the provider vLLM chose for this process. A refusal (operands tpar does not

@@ -15,9 +15,10 @@
 //! kernels, the disk cache), `kernels` (the sources, their ABI mirror and the kernel keys),
 //! `loader` (modules and functions per GPU), `group` (building a group: buffers, exchange,
 //! co-residency), `communicator` (the calls), `errors` (the kernels' error word), `span` (the
-//! checked operands of the public API, and the one unsafe door for raw addresses), `raw` (the
-//! raw-address entry point the CLI still uses), `stream_order` (calls ordered across streams),
-//! `fused` (allreduce + residual add + RMSNorm), `link_measurement` (link measurements).
+//! checked operands of the public API, and the one unsafe door for raw addresses),
+//! `stream_order` (calls ordered across streams), `fused` (allreduce + residual add + RMSNorm),
+//! `separate` (the fused op's pieces apart, for `tpar bench --fused`), `standalone` (kernels on
+//! buffers of their own, for `tpar bench --anatomy`), `link_measurement` (link measurements).
 
 pub mod communicator;
 pub mod driver;
