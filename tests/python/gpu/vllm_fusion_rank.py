@@ -92,8 +92,6 @@ class CountingNative:
 
 real_native = tpar.ops._native
 tpar.ops._native = lambda handle: CountingNative(real_native(handle))
-real = ca.comm.fused_add_rms_norm
-ca.comm.fused_add_rms_norm = lambda *a, **k: fused_calls.append(1) or real(*a, **k)
 
 
 def layer(x, residual, weight):
