@@ -56,6 +56,14 @@ typedef long long i64;
 #define TPAR_PHASE_RING_REDUCE 10
 #define TPAR_PHASE_RING_GATHER 11
 
+// TparArgs::flags. Islands: every rank sends its island's partial of every unit to its
+// partner in each other island, and every rank sums all units itself (no gather step); the
+// host sets it for small calls (islands.cu has both forms, communicator.rs decides).
+#define TPAR_FLAG_ISLANDS_ALL_UNITS 1
+// Set in header word 4 by calls with TPAR_FLAG_ISLANDS_ALL_UNITS: the two forms of the
+// islands exchange lay their partials out differently, so they must be named as a mismatch.
+#define TPAR_HEADER_ISLANDS_ALL 0x20000
+
 // Kernel arguments, passed by value. Field order and types match `KernelArgs` in
 // crates/tpar/src/backend/cuda/kernels.rs.
 struct TparArgs {
@@ -78,22 +86,26 @@ struct TparArgs {
     u32 algo;
     // The call's identity (layout.cuh: call_hash), never 0: every LL line carries it.
     u32 call_hash;
-    u32 reserved;
+    u32 flags;          // TPAR_FLAG_* below
     // Islands: the island of each rank, numbered by their lowest rank (crate::islands).
     unsigned char island_of[TPAR_MAX_RANKS];
 };
+
+// A kernel's argument block: by value, and __grid_constant__ so that the out-of-line steps
+// (prims.cuh, TPAR_COLD) can take it by reference without a per-thread copy on the stack.
+#define TPAR_PARAM const __grid_constant__
 
 // The kernels of one algorithm body, one per dtype: NAME_f32, NAME_f16 and NAME_bf16, each
 // running BODY<its dtype code> on its argument block (of type ARGS, by value). The host looks
 // kernels up by these names (kernels.rs reads this macro to know them), so a .cu file writes
 // its body once and instantiates it with one line.
 #define TPAR_KERNELS_PER_DTYPE(NAME, BODY, ARGS)                                                      \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f32(ARGS args) {              \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f32(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_F32>(args);                                                                  \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f16(ARGS args) {              \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f16(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_F16>(args);                                                                  \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(ARGS args) {             \
+    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_BF16>(args);                                                                 \
     }

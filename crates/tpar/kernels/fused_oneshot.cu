@@ -23,6 +23,11 @@
 //
 // A failed wait (deadline, mismatched header) sets the error word; the thread then stops
 // waiting but still publishes its sums and reaches every barrier, so the kernel exits.
+// One wait site per group of peers (tuning.cuh): the fused kernels' code is large, and this
+// made them faster on one H200 (bench/README.md, "Eighth session").
+#ifndef TPAR_WAIT_SITE_PER_GROUP
+#define TPAR_WAIT_SITE_PER_GROUP 1
+#endif
 #include "tpar_ll.cuh"
 
 template <int DT>
@@ -155,6 +160,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     end_call(a, call);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_bf16(TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
+extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_bf16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }

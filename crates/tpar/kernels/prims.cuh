@@ -68,7 +68,7 @@ __device__ __forceinline__ void end_epoch(const TparArgs& a, const EpochTicket& 
 
 // ---- errors and deadlines ----
 
-__device__ TPAR_SLOW_PATH void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
+__device__ TPAR_COLD void report_error(const TparArgs& a, u32 code, u32 peer, u32 phase, u32 field,
                                              u32 detail) {
     // No atomics on host memory over PCIe: first writer usually wins, any writer is a valid report.
     if (ld_sys(a.error) == 0) {
@@ -165,7 +165,7 @@ __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
 // waiting for it name the cause instead of it (keep_waiting, HeaderMatches).
 #define TPAR_NOTICE 0x80000000u
 // This rank's notice (0 while no thread has given up): the code and the rank its error word names.
-__device__ TPAR_SLOW_PATH u32 own_notice(const TparArgs& a) {
+__device__ TPAR_COLD u32 own_notice(const TparArgs& a) {
     const u64 error = ld_sys(a.error);
     if (error == 0) return 0u;
     return TPAR_NOTICE | ((u32)(error & 0xff) << 8) | (u32)((error >> TPAR_ERR_PEER_SHIFT) & 0xff);
@@ -177,7 +177,7 @@ __device__ TPAR_SLOW_PATH u32 own_notice(const TparArgs& a) {
 // writes it, and a peer reads it only to name a mismatch or to see that this rank began the
 // call. Pushing it at the start of every call cost 0.4-0.5 us at 2 ranks on one H200
 // (2026-12-02, bench/README.md).
-__device__ TPAR_SLOW_PATH void push_header(const TparArgs& a, const Call& call) {
+__device__ TPAR_COLD void push_header(const TparArgs& a, const Call call) {
     for (u32 line = 0; line < TPAR_HEADER_LINES / 2; ++line) {
         const u32 w0 = header_word(a, 2 * line, call.code);
         // Word 7 carries this rank's notice if it has given up meanwhile: a header pushed by
@@ -214,11 +214,11 @@ __device__ __forceinline__ const u64* peer_header(const TparArgs& a, const Call&
     return inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
 }
 // Whether `peer`'s call header of this epoch has arrived (it began this call).
-__device__ TPAR_SLOW_PATH bool header_arrived(const TparArgs& a, const Call& call, u32 peer) {
+__device__ TPAR_COLD bool header_arrived(const TparArgs& a, const Call call, u32 peer) {
     return ld_wide(peer_header(a, call, peer) + 2).t0 == call.tag;
 }
 // `peer`'s notice of this epoch (0: none).
-__device__ TPAR_SLOW_PATH u32 notice_of(const TparArgs& a, const Call& call, u32 peer) {
+__device__ TPAR_COLD u32 notice_of(const TparArgs& a, const Call call, u32 peer) {
     const Wide v = ld_wide(peer_header(a, call, peer) + 6);
     return v.t0 == call.tag && (v.w1 & TPAR_NOTICE) ? v.w1 : 0u;
 }
@@ -236,7 +236,7 @@ __device__ __forceinline__ void push_notice(const TparArgs& a, const Call& call,
 // that the last write of that line carries it. (3 processes sharing one H200, 2026-12-02: in the
 // ring's mismatch row the header of a later slow wait erased the notice, and the third rank
 // timed out instead of naming the mismatch.)
-__device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 code, u32 peer, u32 phase, u32 field,
+__device__ TPAR_COLD void give_up(const TparArgs& a, const Call call, u32 code, u32 peer, u32 phase, u32 field,
                                        u32 detail) {
     report_error(a, code, peer, phase, field, detail);
     const u32 word = own_notice(a);  // the first report wins; this one may have lost
@@ -255,7 +255,7 @@ __device__ TPAR_SLOW_PATH void give_up(const TparArgs& a, const Call& call, u32 
 // eighth of the deadline to say so (its notice, which the slow check reads), so that every rank
 // names the rank that was the cause, not the one it happened to wait for.
 template <typename SlowCheck>
-__device__ TPAR_SLOW_PATH bool slow_step(const TparArgs& a, const Call& call, bool first, u32 peer, u32 phase,
+__device__ TPAR_COLD bool slow_step(const TparArgs& a, const Call call, bool first, u32 peer, u32 phase,
                                        SlowCheck slow_check) {
     // A rank that has given up (another thread's error) is done with this call: it pushes no
     // header, which would overwrite its notice to the peers.
@@ -292,7 +292,7 @@ __device__ __forceinline__ bool keep_waiting(const TparArgs& a, const Call& call
 // ours or has not arrived, else the index of the first word that differs, with the peer's value
 // in *theirs. The op (dtype, algorithm, fused) is compared first, so that a count that differs
 // is read knowing what the count counts; then count, chunk and call hash.
-__device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, const Call& call, u32 peer, u32* theirs) {
+__device__ TPAR_COLD u32 header_difference(const TparArgs& a, const Call call, u32 peer, u32* theirs) {
     const u64* slot = inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
     u32 words[8];
     for (int line = 1; line < TPAR_HEADER_LINES / 2; ++line) {
@@ -316,10 +316,10 @@ __device__ TPAR_SLOW_PATH u32 header_difference(const TparArgs& a, const Call& c
 // names), then the peer's header, compared with ours.
 struct HeaderMatches {
     const TparArgs& a;
-    const Call& call;
+    const Call call;
     u32 peer;
     u32 phase;
-    __device__ bool operator()() const {
+    __device__ TPAR_COLD bool operator()() const {
         const u32 notice = notice_of(a, call, peer);
         // A notice naming this rank is the peer's view of this rank: the headers, below, name
         // what differs from here.
@@ -456,6 +456,29 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
                 v[k] = ld_wide(inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u);
             }
         }
+#if TPAR_WAIT_SITE_PER_GROUP
+        // The lines that have not arrived, waited for one at a time at a single wait site
+        // (its loop and slow steps are inlined once per group, not once per peer).
+        u32 missing = 0;
+#pragma unroll
+        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+            const u32 r = g + k;
+            if (r < a.world_size && r != a.rank && (mask >> r & 1u) && !wide_has(v[k], call.tag, call.id)) {
+                missing |= 1u << k;
+            }
+        }
+        while (missing != 0) {
+            const u32 k = __ffs(missing) - 1, r = g + k;
+            Wide got;
+            const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
+            if (!wait_unit(a, call, p, r, phase, &got)) return false;
+#pragma unroll
+            for (u32 kk = 0; kk < TPAR_RANK_GROUP; ++kk) {
+                if (kk == k) v[kk] = got;
+            }
+            missing &= missing - 1;
+        }
+#endif
 #pragma unroll
         for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
             const u32 r = g + k;
@@ -463,12 +486,14 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
             if (!(mask >> r & 1u)) continue;
             u32 w0 = own0, w1 = own1;
             if (r != a.rank) {
+#if !TPAR_WAIT_SITE_PER_GROUP
                 if (!wide_has(v[k], call.tag, call.id)) {
-                    Wide got;  // the slow path, out of line
+                    Wide got;  // the slow path
                     const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
                     if (!wait_unit(a, call, p, r, phase, &got)) return false;
                     v[k] = got;
                 }
+#endif
                 w0 = v[k].w0;
                 w1 = v[k].w1;
             }

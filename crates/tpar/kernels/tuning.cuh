@@ -42,6 +42,31 @@
 #else
 #define TPAR_SLOW_PATH __noinline__
 #endif
+// How the steps a wait takes only once it has missed for hundreds of polls are compiled
+// (the deadline check, the header push and comparison, giving up): inlined into every wait (1,
+// the default) or out of line (0). They run at most once per 256 polls, but a call inside a
+// wait loop makes the compiler keep the loop's live values on the stack around it: one H200,
+// 2026-12-02 (bench/README.md, "Eighth session"), out of line took two-shot at 2 ranks and 4 KiB
+// from 3.09 to 3.61 us and one-shot at 8 ranks from 3.91 to 6.38; islands.cu, which runs out of
+// registers with them inlined, sets 0 (13.5 -> 9.1 us at 8 ranks 4+4, 4 KiB). A kernel file
+// may set this or the knob below before it includes tpar_ll.cuh; -D (TPAR_KERNEL_DEFINES)
+// overrides both.
+#ifndef TPAR_COLD_INLINE
+#define TPAR_COLD_INLINE 1
+#endif
+#if TPAR_COLD_INLINE
+#define TPAR_COLD __forceinline__
+#else
+#define TPAR_COLD __noinline__
+#endif
+// Whether reduce_unit waits for the lines that missed at one wait site per group of peers (1)
+// or at one site per peer (0: TPAR_RANK_GROUP inlined copies of the wait). Same run: one site
+// per group took the fused one-shot at 2 ranks x 1 token from 5.99 to 4.14 us and at 8 ranks x
+// 8 tokens from 25.98 to 14.44 (the fused kernels set 1), but the plain one-shot at 2 ranks
+// and 4 KiB from 2.16 to 2.48 and two-shot from 3.09 to 3.40 (0 stays the default).
+#ifndef TPAR_WAIT_SITE_PER_GROUP
+#define TPAR_WAIT_SITE_PER_GROUP 0
+#endif
 // Whether the header check polls its four words together also in device memory (it always
 // does in host memory, where waiting for each word in turn costs a PCIe round trip apiece).
 // Same run as above: 1 took 0 B to 1.89 us from 2.17, and changed 4 KiB to 256 KiB by at most

@@ -34,6 +34,11 @@
 // (deadline, mismatched header: the error word is set) a thread stops waiting and pushes
 // nothing more, so the peers fail at their own deadline instead of taking its partial sums,
 // but it reaches every barrier, so the kernel exits.
+// One wait site per group of peers (tuning.cuh): the fused kernels' code is large, and this
+// made them faster on one H200 (bench/README.md, "Eighth session").
+#ifndef TPAR_WAIT_SITE_PER_GROUP
+#define TPAR_WAIT_SITE_PER_GROUP 1
+#endif
 #include "tpar_ll.cuh"
 
 template <int DT>

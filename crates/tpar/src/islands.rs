@@ -239,6 +239,86 @@ impl Islands {
     }
 }
 
+/// The variable that says which form of the islands algorithm's exchange a process's CUDA
+/// communicators run ([`IslandsExchange`]): `ranges`, `all`, or a size in bytes (`16384`, `16K`)
+/// up to which calls take the all-units form. Every rank must give the same (a call whose ranks
+/// differ is named as a mismatch).
+pub const ENV_ISLANDS_EXCHANGE: &str = "TPAR_ISLANDS_EXCHANGE";
+
+/// Which form the islands algorithm's exchange between islands takes (protocol::schedule):
+/// *ranges*, where each member of an island receives the other islands' partials over its
+/// range only and then gathers the other ranges from its island (three steps), or *all units*,
+/// where each member receives every island's partial of every unit from its partner (two
+/// steps, at the island's size times the traffic between islands). Both give the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IslandsExchange {
+    /// Calls of up to this many bytes take the all-units form.
+    all_units_max_bytes: usize,
+}
+
+impl IslandsExchange {
+    /// Without a setting and without a model of the machine: the all-units form wherever it
+    /// fits one launch (one H200, 8 ranks sharing it, 4+4: faster at every size from 4 to 64
+    /// KiB; bench/README.md, "Eighth session"). [`crate::Communicator`] replaces it with the
+    /// fabric model's bound for the machine (`Fabric::islands_all_units_max_bytes`).
+    pub const UNMODELLED: IslandsExchange = IslandsExchange {
+        all_units_max_bytes: usize::MAX,
+    };
+
+    /// Calls of up to `bytes` bytes in the all-units form.
+    pub fn all_units_up_to(bytes: usize) -> IslandsExchange {
+        IslandsExchange {
+            all_units_max_bytes: bytes,
+        }
+    }
+
+    /// From [`ENV_ISLANDS_EXCHANGE`]: `None` where it is unset or `auto` (the model decides).
+    pub fn from_env() -> Result<Option<IslandsExchange>> {
+        match std::env::var(ENV_ISLANDS_EXCHANGE) {
+            Ok(text) => IslandsExchange::parse(&text),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// `ranges`, `all`, `auto` (`None`), or a size in bytes with an optional K or M suffix.
+    pub fn parse(text: &str) -> Result<Option<IslandsExchange>> {
+        let t = text.trim();
+        let bytes = match t.to_ascii_lowercase().as_str() {
+            "auto" => return Ok(None),
+            "ranges" => Some(0),
+            "all" => Some(usize::MAX),
+            lower => {
+                let (digits, scale) = match lower.strip_suffix('k') {
+                    Some(d) => (d, 1 << 10),
+                    None => match lower.strip_suffix('m') {
+                        Some(d) => (d, 1 << 20),
+                        None => (lower, 1),
+                    },
+                };
+                digits
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|n| n.checked_mul(scale))
+            }
+        };
+        bytes.map(|b| Some(IslandsExchange::all_units_up_to(b))).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{ENV_ISLANDS_EXCHANGE}={text:?} is not a form of the islands exchange: give ranges, all, auto, or a size in bytes (16384, 16K) up to which calls exchange all units"
+            ))
+        })
+    }
+
+    /// Calls of up to this many bytes take the all-units form.
+    pub fn all_units_max_bytes(&self) -> usize {
+        self.all_units_max_bytes
+    }
+
+    /// Whether a call of `bytes` takes the all-units form (where it fits one launch).
+    pub fn all_units_at(&self, bytes: usize) -> bool {
+        bytes <= self.all_units_max_bytes
+    }
+}
+
 impl fmt::Display for Islands {
     /// `4+4` where the islands are contiguous in rank order, else `0,2,4,6:1,3,5,7`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -336,5 +416,23 @@ mod tests {
         let one = Islands::single(5);
         assert_eq!((one.count(), one.size(0), one.position(4)), (1, 5, 4));
         assert_eq!(one.to_string(), "5");
+    }
+
+    #[test]
+    fn islands_exchange_reads_its_forms_and_refuses_others() {
+        let form = |t| IslandsExchange::parse(t).unwrap().unwrap();
+        assert!(!form("ranges").all_units_at(1));
+        assert!(form("all").all_units_at(1 << 30));
+        let k = form("16K");
+        assert!(k.all_units_at(16384) && !k.all_units_at(16385));
+        assert!(form("4096").all_units_at(4096));
+        assert_eq!(IslandsExchange::parse("auto").unwrap(), None);
+        for bad in ["", "many", "16Q", "-1"] {
+            let err = IslandsExchange::parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(ENV_ISLANDS_EXCHANGE) && err.contains("ranges"),
+                "{err}"
+            );
+        }
     }
 }

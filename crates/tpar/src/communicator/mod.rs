@@ -178,12 +178,17 @@ impl Communicator {
     }
 
     fn with_slot(
-        cuda: CudaCommunicator,
+        mut cuda: CudaCommunicator,
         slot: NcclSlot,
         nccl_ready: OnceLock<NcclCommunicator>,
         topology: Topology,
     ) -> Result<Communicator> {
         let selection = Selection::from_env()?;
+        // The islands exchange's form from the topology alone (no measured findings, which
+        // may differ between ranks), so that every rank chooses the same.
+        let all_units = crate::dispatch::fabric::Fabric::new(&topology, cuda.world_size(), None)
+            .islands_all_units_max_bytes(DType::Bf16);
+        cuda.model_islands_exchange(crate::islands::IslandsExchange::all_units_up_to(all_units));
         let findings = LinkMeasurements::load(&LinkMeasurements::path(&topology))
             .map(|m| m.to_findings())
             .unwrap_or_default();

@@ -39,6 +39,12 @@
 //!   3. inside: each member writes its rounded range to every member of its island.
 //!
 //!   With one island this is one-shot's sum, in one-shot's order.
+//!
+//!   Small calls may take the *all-units* form of step 2 ([`islands_all_units`]): the member
+//!   of I at position `q % |I|` writes `P_I` of every unit to J's member q, so every rank holds
+//!   every island's partial of every unit, sums them in island order itself, and step 3 goes:
+//!   one step fewer, at |J| times the bytes between islands. The sum, and so the bits, are the
+//!   same.
 //! - **islands-pull**: the same three steps, each read instead of written: members read their
 //!   island peers' inputs, then the partner's published partial over their range, then their
 //!   island peers' published finals.
@@ -288,6 +294,52 @@ pub fn steps(
         }
     };
     steps.retain(|s| !s.transfers.is_empty());
+    steps
+}
+
+/// The islands algorithm's steps in its all-units form (see the module's doc): inside, then
+/// each island's partial of every unit from its sender to every member of every other island;
+/// no third step.
+pub fn islands_all_units(
+    islands: &Islands,
+    dtype: DType,
+    bytes: usize,
+    cross_via_host: bool,
+) -> Vec<Step> {
+    let n = islands.world_size();
+    let units = units_for_bytes(bytes);
+    let same_island = |a: usize, b: usize| islands.island_of(a) == islands.island_of(b);
+    let inside = Step {
+        transfers: (0..n)
+            .flat_map(|from| (0..n).map(move |to| (from, to)))
+            .filter(|&(from, to)| from != to && same_island(from, to))
+            .map(|(from, to)| Transfer {
+                from,
+                to,
+                bytes: ll_bytes(units),
+                access: Access::Write,
+                via_host: false,
+            })
+            .collect(),
+    };
+    let across = Step {
+        transfers: (0..n)
+            .flat_map(|to| {
+                (0..islands.count())
+                    .filter(move |&i| i != islands.island_of(to))
+                    .map(move |i| (island_sender(islands, i, to), to))
+            })
+            .map(|(from, to)| Transfer {
+                from,
+                to,
+                bytes: ll_partial_bytes(units, dtype),
+                access: Access::Write,
+                via_host: cross_via_host,
+            })
+            .collect(),
+    };
+    let mut steps = vec![inside, across];
+    steps.retain(|s| !s.transfers.is_empty() && units > 0);
     steps
 }
 

@@ -9,14 +9,14 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
-use super::errors;
-use super::kernels::{call_hash, KernelArgs, KernelId, MAX_RANKS, THREADS};
+use super::errors::{self, HEADER_ISLANDS_ALL};
+use super::kernels::{call_hash, KernelArgs, KernelId, FLAG_ISLANDS_ALL_UNITS, MAX_RANKS, THREADS};
 use super::loader::KernelSet;
 use super::span::{DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::islands::Islands;
+use crate::islands::{Islands, IslandsExchange};
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout};
 use crate::protocol::schedule::{units_for_bytes, UNIT_BYTES};
@@ -43,6 +43,10 @@ pub struct CudaCommunicator {
     /// peer access between them, or forced by `TPAR_ISLANDS_CROSS=host`), and why not where
     /// it cannot run: islands need peer access inside each island.
     pub(super) islands_path: std::result::Result<bool, String>,
+    /// Which calls of the islands algorithm exchange all units (islands.cu), and whether
+    /// TPAR_ISLANDS_EXCHANGE set it (else the model of the machine may: [`Self::model_islands_exchange`]).
+    pub(super) islands_exchange: IslandsExchange,
+    pub(super) islands_exchange_set: bool,
     /// Peers whose device memory this rank could not map (no peer access).
     pub(super) unreachable_peers: Vec<usize>,
     pub(super) peer_device_mappings: Vec<IpcMapping>,
@@ -243,15 +247,20 @@ impl CudaCommunicator {
             return Ok(());
         }
         let (input, output) = (operands.input(), operands.output());
+        let all_units = self.islands_all_units(algorithm, dtype, count);
+        let header_code = u32::from(dtype.code()) | if all_units { HEADER_ISLANDS_ALL } else { 0 };
         for (index, elements) in chunks(count, self.launch_elements(algorithm, dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
-            let args = self.kernel_args(
+            let mut args = self.kernel_args(
                 algorithm,
                 index,
                 (input + offset, output + offset),
                 elements.len() as u64,
-                (header.count, u32::from(dtype.code())),
+                (header.count, header_code),
             );
+            if all_units {
+                args.flags |= FLAG_ISLANDS_ALL_UNITS;
+            }
             let threads = threads_needed(algorithm, elements.len() * dtype.size(), self.world_size);
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
                 launch_shape(threads, self.max_blocks, pdl_supported)
@@ -284,6 +293,38 @@ impl CudaCommunicator {
         };
         status.last_call = Some(header);
         header
+    }
+
+    /// Whether a call of `count` elements of `dtype` on `algorithm` runs the islands' exchange
+    /// in its all-units form (islands.cu): the islands algorithm over two or more islands, a
+    /// call that is one launch whose partials of every unit fit a slot, and the form the
+    /// group's setting asks for ([`crate::islands::IslandsExchange`]).
+    pub(crate) fn islands_all_units(
+        &self,
+        algorithm: Algorithm,
+        dtype: DType,
+        count: usize,
+    ) -> bool {
+        if algorithm != Algorithm::Islands || self.islands.count() < 2 {
+            return false;
+        }
+        let bytes = count * dtype.size();
+        let fits =
+            units_for_bytes(bytes) <= all_units_launch_units(dtype, self.layout.payload_lines);
+        fits && self.islands_exchange.all_units_at(bytes)
+    }
+
+    /// Which calls of the islands algorithm exchange all units.
+    pub fn islands_exchange(&self) -> IslandsExchange {
+        self.islands_exchange
+    }
+
+    /// The form the machine's model chose, unless TPAR_ISLANDS_EXCHANGE set one. Every rank
+    /// must pass the same (a call whose ranks differ fails as a mismatch, naming it).
+    pub fn model_islands_exchange(&mut self, exchange: IslandsExchange) {
+        if !self.islands_exchange_set {
+            self.islands_exchange = exchange;
+        }
     }
 
     /// Elements of `dtype` one launch of `algorithm` carries: a chunk, or fewer where the
@@ -331,7 +372,7 @@ impl CudaCommunicator {
             chunk: chunk as u32,
             algo: u32::from(algorithm.code()),
             call_hash: call_hash(total_count, header_code, algorithm, chunk as u32),
-            reserved: 0,
+            flags: 0,
             island_of: self.islands.island_of_ranks(),
         }
     }
@@ -384,13 +425,20 @@ impl CudaCommunicator {
             chunk: 0,
             algo: 0,
             call_hash: 0,
-            reserved: 0,
+            flags: 0,
             island_of: [0; MAX_RANKS],
         };
         let f = self.kernels.get(KernelId::Empty);
         // SAFETY: the empty kernel touches nothing.
         unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }
+}
+
+/// Units a launch of the islands' all-units form can carry: every unit's f32 partial in one
+/// slot (two lines a unit for 16-bit data, one for f32).
+pub(crate) fn all_units_launch_units(dtype: DType, payload_lines: usize) -> usize {
+    let partial_lines = if dtype == DType::F32 { 2 } else { 4 };
+    payload_lines / partial_lines
 }
 
 /// Threads one launch of `algorithm` over `bytes` needs: a thread per unit (16-byte LL line)

@@ -33,11 +33,16 @@ pub(super) const FIELD_NOTICE: u64 = 7;
 
 /// Set in header word 4 by fused calls (`TPAR_HEADER_FUSED` in fused.cuh).
 pub(super) const HEADER_FUSED: u32 = 0x1_0000;
+/// Set in header word 4 by islands calls in the all-units form (`TPAR_HEADER_ISLANDS_ALL` in
+/// abi.cuh).
+pub(super) const HEADER_ISLANDS_ALL: u32 = 0x2_0000;
 
 /// What a mismatched header word 4 says about the op the peer called.
 pub(super) fn header_note(word: u32) -> &'static str {
     if word & HEADER_FUSED != 0 {
         ", fused with residual add + RMSNorm"
+    } else if word & HEADER_ISLANDS_ALL != 0 {
+        ", exchanging all units between islands (TPAR_ISLANDS_EXCHANGE)"
     } else {
         ""
     }

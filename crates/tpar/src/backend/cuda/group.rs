@@ -18,7 +18,7 @@ use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STAT
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::islands::Islands;
+use crate::islands::{Islands, IslandsExchange};
 use crate::memory::MemoryFootprint;
 use crate::protocol::layout::{InboxLayout, BUFFERS};
 use crate::protocol::schedule::UNIT_BYTES;
@@ -438,6 +438,7 @@ impl Member {
                 (None, false) => 0,
             };
         }
+        let exchange = IslandsExchange::from_env()?;
         Ok(CudaCommunicator {
             rank,
             world_size: records.len(),
@@ -449,6 +450,8 @@ impl Member {
             own,
             device_inboxes,
             host_inboxes: config.host_staged.then_some(host_inboxes),
+            islands_exchange: exchange.unwrap_or(IslandsExchange::UNMODELLED),
+            islands_exchange_set: exchange.is_some(),
             islands_path: islands_path(
                 &islands,
                 |a, b| {

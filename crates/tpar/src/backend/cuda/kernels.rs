@@ -88,6 +88,8 @@ pub const FLAG_STRIDE_BYTES: usize = 128;
 pub const PULL_PHASES: usize = 3;
 /// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
 pub const THREADS: u32 = 512;
+/// `TparArgs::flags`: the islands exchange in its all-units form (`TPAR_FLAG_ISLANDS_ALL_UNITS`).
+pub const FLAG_ISLANDS_ALL_UNITS: u32 = 1;
 /// A rank's device state (`TparArgs::state`): the epoch of its last launch, the blocks done,
 /// then the lines where a fused launch's blocks exchange segment sums
 /// (`TPAR_STATE_EXCHANGE_LINES`).
@@ -156,7 +158,8 @@ pub struct KernelArgs {
     pub algo: u32,
     /// The call's identity every LL line carries ([`call_hash`]).
     pub call_hash: u32,
-    pub reserved: u32,
+    /// `TPAR_FLAG_*` (abi.cuh): how the islands exchange runs.
+    pub flags: u32,
     /// The island of each rank (crate::islands::Islands::island_of_ranks).
     pub island_of: [u8; MAX_RANKS],
 }
@@ -518,6 +521,14 @@ mod tests {
         assert_eq!(define("TPAR_MAX_BLOCKS"), u64::from(MAX_BLOCKS));
         assert_eq!(define("TPAR_THREADS"), u64::from(THREADS));
         assert_eq!(
+            define("TPAR_FLAG_ISLANDS_ALL_UNITS"),
+            u64::from(FLAG_ISLANDS_ALL_UNITS)
+        );
+        assert_eq!(
+            define("TPAR_HEADER_ISLANDS_ALL"),
+            u64::from(super::super::errors::HEADER_ISLANDS_ALL)
+        );
+        assert_eq!(
             16 + 8 * define("TPAR_STATE_EXCHANGE_LINES"),
             STATE_BYTES as u64
         );
@@ -862,7 +873,7 @@ mod tests {
             ("chunk", std::mem::offset_of!(KernelArgs, chunk), 4),
             ("algo", std::mem::offset_of!(KernelArgs, algo), 4),
             ("call_hash", std::mem::offset_of!(KernelArgs, call_hash), 4),
-            ("reserved", std::mem::offset_of!(KernelArgs, reserved), 4),
+            ("flags", std::mem::offset_of!(KernelArgs, flags), 4),
             (
                 "island_of",
                 std::mem::offset_of!(KernelArgs, island_of),

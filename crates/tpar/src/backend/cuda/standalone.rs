@@ -157,7 +157,7 @@ impl StandaloneRanks {
                 Algorithm::OneShot,
                 0,
             ),
-            reserved: 0,
+            flags: 0,
             island_of: [0; MAX_RANKS],
         }
     }

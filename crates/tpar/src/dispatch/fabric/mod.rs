@@ -357,6 +357,38 @@ impl<'a> Fabric<'a> {
             })
     }
 
+    /// The largest call, in bytes of `dtype`, up to which the islands algorithm should take
+    /// its all-units form ([`schedule::islands_all_units`]): the form saves a step and sends
+    /// each island's partial to every member of the other islands instead of once. On one GPU
+    /// and on NVLink the bytes between islands cost next to nothing: every size (one H200, 8
+    /// ranks sharing it, 4+4: faster at every size from 4 to 64 KiB, bench/README.md "Eighth
+    /// session"). On a PCIe fabric, the largest power of two from 4 KiB to 1 MiB up to which the
+    /// model costs it no slower than the ranges form (0 where it is slower at 4 KiB already).
+    pub fn islands_all_units_max_bytes(&self, dtype: DType) -> usize {
+        if matches!(self.class(), MachineClass::OneGpu | MachineClass::Nvlink) {
+            return usize::MAX;
+        }
+        let Some(islands) = self.islands.filter(|i| i.count() >= 2) else {
+            return 0;
+        };
+        let mut fits = 0;
+        for bytes in (12..=20).map(|p| 1usize << p) {
+            let ranges = schedule::steps(
+                Algorithm::Islands,
+                &islands,
+                dtype,
+                bytes,
+                self.cross_via_host,
+            );
+            let all = schedule::islands_all_units(&islands, dtype, bytes, self.cross_via_host);
+            if self.launch_us(&all).0 > self.launch_us(&ranges).0 {
+                break;
+            }
+            fits = bytes;
+        }
+        fits
+    }
+
     /// The time of a plain push of `bytes` (no LL tags: the data, then a flag) from every rank
     /// to every other at once: the "flat push custom allreduce" of the published tables D and
     /// E, which tpar's one-shot schedule describes with half its bytes.
@@ -804,5 +836,59 @@ mod tests {
         let fabric = Fabric::new(&pro, 8, None);
         let one = fabric.estimate(Choice::Tpar(Algorithm::OneShot), DType::Bf16, 16 * KIB);
         assert!(!one.unwrap().collapses);
+    }
+
+    #[test]
+    fn the_islands_all_units_form_is_bounded_where_bytes_between_islands_cost() {
+        let print = std::env::var("TPAR_PRINT_MODEL").is_ok();
+        for (name, _) in FIXTURES {
+            let t = fixture(name);
+            let fabric = Fabric::new(&t, 8.min(t.gpus.len()), None);
+            let bound = fabric.islands_all_units_max_bytes(DType::Bf16);
+            if print {
+                eprintln!("{name}: {:?} all units up to {bound}", fabric.class());
+            }
+            match fabric.class() {
+                MachineClass::OneGpu | MachineClass::Nvlink => {
+                    assert_eq!(bound, usize::MAX, "{name}")
+                }
+                // A PCIe fabric: a bound the model chose, never past 1 MiB.
+                _ => assert!(bound <= 1 << 20, "{name}: {bound}"),
+            }
+        }
+        // On a PCIe fabric the bound is where the model's two forms cross: the all-units form
+        // no slower at the bound, slower at the next size (or the bound is the largest tried).
+        for (name, _) in FIXTURES {
+            let t = fixture(name);
+            let fabric = Fabric::new(&t, 8.min(t.gpus.len()), None);
+            let (Some(islands), false) = (
+                fabric.islands().filter(|i| i.count() >= 2),
+                matches!(fabric.class(), MachineClass::OneGpu | MachineClass::Nvlink),
+            ) else {
+                continue;
+            };
+            let bound = fabric.islands_all_units_max_bytes(DType::Bf16);
+            let cost = |all: bool, bytes: usize| {
+                let steps = if all {
+                    schedule::islands_all_units(&islands, DType::Bf16, bytes, fabric.cross_via_host)
+                } else {
+                    schedule::steps(
+                        Algorithm::Islands,
+                        &islands,
+                        DType::Bf16,
+                        bytes,
+                        fabric.cross_via_host,
+                    )
+                };
+                fabric.launch_us(&steps).0
+            };
+            if bound > 0 {
+                assert!(cost(true, bound) <= cost(false, bound), "{name} at {bound}");
+            }
+            let next = if bound == 0 { 4096 } else { 2 * bound };
+            if next <= 1 << 20 {
+                assert!(cost(true, next) > cost(false, next), "{name} at {next}");
+            }
+        }
     }
 }
