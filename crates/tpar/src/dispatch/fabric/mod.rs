@@ -301,14 +301,26 @@ impl<'a> Fabric<'a> {
         {
             return None;
         }
+        // The islands algorithm runs its all-units form on the launches the model bounds it
+        // to (what the CUDA communicator does with the same bound).
+        let all_units_up_to = if algorithm == Algorithm::Islands {
+            self.islands_all_units_max_bytes(dtype)
+                .min(all_units_launch_bytes(dtype))
+        } else {
+            0
+        };
         let launch = |payload: u64| -> (f64, bool, usize) {
-            let steps = schedule::steps(
-                algorithm,
-                &islands,
-                dtype,
-                payload as usize,
-                self.cross_via_host,
-            );
+            let steps = if payload > 0 && payload as usize <= all_units_up_to {
+                schedule::islands_all_units(&islands, dtype, payload as usize, self.cross_via_host)
+            } else {
+                schedule::steps(
+                    algorithm,
+                    &islands,
+                    dtype,
+                    payload as usize,
+                    self.cross_via_host,
+                )
+            };
             let (us, collapses) = self.launch_us(&steps);
             (us, collapses, steps.len())
         };
@@ -762,6 +774,13 @@ fn collapse(topology: &Topology, findings: Option<&Findings>, link_gbps: f64) ->
             params::FANOUT_WRITE_GBPS
         ),
     )
+}
+
+/// The largest launch of the islands' all-units form, in bytes of `dtype`: every unit's f32
+/// partial within one slot of [`params::CHUNK_BYTES`] (the CUDA communicator's
+/// `all_units_launch_units`: two 8-byte lines a unit for f32, four for 16-bit data).
+fn all_units_launch_bytes(dtype: DType) -> usize {
+    params::CHUNK_BYTES as usize * dtype.size() / 8
 }
 
 /// The algorithms built for PCIe fabrics whose posted writes collapse under fan-out: staged,
