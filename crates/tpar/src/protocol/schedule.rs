@@ -215,56 +215,14 @@ pub fn steps(
                 }
             })
             .collect(),
-        Algorithm::Islands | Algorithm::IslandsPull => {
-            let pull = algorithm == Algorithm::IslandsPull;
-            let access = if pull { Access::Read } else { Access::Write };
-            let same_island = |a: usize, b: usize| islands.island_of(a) == islands.island_of(b);
-            let range = |q: usize| {
-                let island = islands.island_of(q);
-                share(units, islands.size(island), islands.position(q)).len()
-            };
-            let inside = |bytes: &dyn Fn(usize) -> u64| Step {
-                transfers: (0..n)
-                    .flat_map(|from| (0..n).map(move |to| (from, to)))
-                    .filter(|&(from, to)| from != to && same_island(from, to))
-                    .map(|(from, to)| t(from, to, bytes(from), access, false))
-                    .filter(|x| x.bytes > 0)
-                    .collect(),
-            };
-            let across = Step {
-                transfers: (0..n)
-                    .flat_map(|to| {
-                        (0..islands.count())
-                            .filter(move |&i| i != islands.island_of(to))
-                            .map(move |i| (island_sender(islands, i, to), to))
-                    })
-                    .map(|(from, to)| {
-                        let bytes = if pull {
-                            plain_partial_bytes(range(to), dtype)
-                        } else {
-                            ll_partial_bytes(range(to), dtype)
-                        };
-                        t(from, to, bytes, access, cross_via_host)
-                    })
-                    .filter(|x| x.bytes > 0)
-                    .collect(),
-            };
-            let input = |_| {
-                if pull {
-                    plain_bytes(units)
-                } else {
-                    ll_bytes(units)
-                }
-            };
-            let finals = |from: usize| {
-                if pull {
-                    plain_bytes(range(from))
-                } else {
-                    ll_bytes(range(from))
-                }
-            };
-            vec![inside(&input), across, inside(&finals)]
-        }
+        Algorithm::Islands | Algorithm::IslandsPull => islands_steps(
+            islands,
+            dtype,
+            units,
+            cross_via_host,
+            algorithm == Algorithm::IslandsPull,
+            false,
+        ),
         Algorithm::Ring => {
             let reduce = (0..n.saturating_sub(1)).map(|s| Step {
                 transfers: (0..n)
@@ -306,20 +264,51 @@ pub fn islands_all_units(
     bytes: usize,
     cross_via_host: bool,
 ) -> Vec<Step> {
+    let mut steps = islands_steps(
+        islands,
+        dtype,
+        units_for_bytes(bytes),
+        cross_via_host,
+        false,
+        true,
+    );
+    steps.retain(|s| !s.transfers.is_empty());
+    steps
+}
+
+/// The islands algorithms' steps over `units`: written or, `pull`, read; in the three-step
+/// form, or `all_units` (each partial over every unit, no gather inside the islands).
+fn islands_steps(
+    islands: &Islands,
+    dtype: DType,
+    units: usize,
+    cross_via_host: bool,
+    pull: bool,
+    all_units: bool,
+) -> Vec<Step> {
     let n = islands.world_size();
-    let units = units_for_bytes(bytes);
+    let t = |from, to, bytes, access, via_host| Transfer {
+        from,
+        to,
+        bytes,
+        access,
+        via_host,
+    };
+    let access = if pull { Access::Read } else { Access::Write };
     let same_island = |a: usize, b: usize| islands.island_of(a) == islands.island_of(b);
-    let inside = Step {
+    let range = |q: usize| {
+        if all_units {
+            return units;
+        }
+        let island = islands.island_of(q);
+        share(units, islands.size(island), islands.position(q)).len()
+    };
+    let inside = |bytes: &dyn Fn(usize) -> u64| Step {
         transfers: (0..n)
             .flat_map(|from| (0..n).map(move |to| (from, to)))
             .filter(|&(from, to)| from != to && same_island(from, to))
-            .map(|(from, to)| Transfer {
-                from,
-                to,
-                bytes: ll_bytes(units),
-                access: Access::Write,
-                via_host: false,
-            })
+            .map(|(from, to)| t(from, to, bytes(from), access, false))
+            .filter(|x| x.bytes > 0)
             .collect(),
     };
     let across = Step {
@@ -329,18 +318,36 @@ pub fn islands_all_units(
                     .filter(move |&i| i != islands.island_of(to))
                     .map(move |i| (island_sender(islands, i, to), to))
             })
-            .map(|(from, to)| Transfer {
-                from,
-                to,
-                bytes: ll_partial_bytes(units, dtype),
-                access: Access::Write,
-                via_host: cross_via_host,
+            .map(|(from, to)| {
+                let bytes = if pull {
+                    plain_partial_bytes(range(to), dtype)
+                } else {
+                    ll_partial_bytes(range(to), dtype)
+                };
+                t(from, to, bytes, access, cross_via_host)
             })
+            .filter(|x| x.bytes > 0)
             .collect(),
     };
-    let mut steps = vec![inside, across];
-    steps.retain(|s| !s.transfers.is_empty() && units > 0);
-    steps
+    let input = |_| {
+        if pull {
+            plain_bytes(units)
+        } else {
+            ll_bytes(units)
+        }
+    };
+    let finals = |from: usize| {
+        if pull {
+            plain_bytes(range(from))
+        } else {
+            ll_bytes(range(from))
+        }
+    };
+    if all_units {
+        vec![inside(&input), across]
+    } else {
+        vec![inside(&input), across, inside(&finals)]
+    }
 }
 
 #[cfg(test)]
@@ -418,6 +425,42 @@ mod tests {
                     .iter()
                     .filter(|t| t.to == to)
                     .map(|t| islands.island_of(t.from))
+                    .collect();
+                from_islands.sort_unstable();
+                let want: Vec<usize> = (0..islands.count())
+                    .filter(|&i| i != islands.island_of(to))
+                    .collect();
+                assert_eq!(from_islands, want, "{text}: rank {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_all_units_form_gives_every_rank_every_other_islands_whole_partial_in_two_steps() {
+        let units = 1000;
+        let bytes = 8 * units;
+        for (text, n) in [
+            ("4+4", 8),
+            ("3+5", 8),
+            ("2+2+4", 8),
+            ("1+7", 8),
+            ("0,2,4,6:1,3,5,7", 8),
+        ] {
+            let islands = Islands::parse(text, n).unwrap();
+            let all = islands_all_units(&islands, DType::Bf16, bytes, false);
+            let ranges = steps(Algorithm::Islands, &islands, DType::Bf16, bytes, false);
+            assert_eq!(all.len(), 2, "{text}: inside and across only");
+            assert_eq!(all[0], ranges[0], "{text}: the same first step");
+            for to in 0..n {
+                let mut from_islands: Vec<usize> = all[1]
+                    .transfers
+                    .iter()
+                    .filter(|t| t.to == to)
+                    .map(|t| {
+                        // Every unit's partial: f32 in LL lines, four times the bf16 data.
+                        assert_eq!(t.bytes, 4 * bytes as u64, "{text}: {t:?}");
+                        islands.island_of(t.from)
+                    })
                     .collect();
                 from_islands.sort_unstable();
                 let want: Vec<usize> = (0..islands.count())
