@@ -127,6 +127,18 @@ pub struct Transfer {
     pub via_host: bool,
 }
 
+impl Transfer {
+    fn new(from: usize, to: usize, bytes: u64, access: Access, via_host: bool) -> Transfer {
+        Transfer {
+            from,
+            to,
+            bytes,
+            access,
+            via_host,
+        }
+    }
+}
+
 /// The transfers that run at once; a step begins when the one before it has ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Step {
@@ -166,13 +178,7 @@ pub fn steps(
 ) -> Vec<Step> {
     let n = islands.world_size();
     let units = units_for_bytes(bytes);
-    let t = |from, to, bytes, access, via_host| Transfer {
-        from,
-        to,
-        bytes,
-        access,
-        via_host,
-    };
+    let t = Transfer::new;
     let all_pairs = |bytes: &dyn Fn(usize, usize) -> u64, access, via_host| Step {
         transfers: (0..n)
             .flat_map(|from| (0..n).map(move |to| (from, to)))
@@ -287,13 +293,7 @@ fn islands_steps(
     all_units: bool,
 ) -> Vec<Step> {
     let n = islands.world_size();
-    let t = |from, to, bytes, access, via_host| Transfer {
-        from,
-        to,
-        bytes,
-        access,
-        via_host,
-    };
+    let t = Transfer::new;
     let access = if pull { Access::Read } else { Access::Write };
     let same_island = |a: usize, b: usize| islands.island_of(a) == islands.island_of(b);
     let range = |q: usize| {
