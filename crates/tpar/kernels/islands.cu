@@ -14,7 +14,8 @@
 //      (wait_partial), sum the islands in island order, round once, push the result to every
 //      member of I (push_unit_to, gather slot) and store it; for the other units, wait for
 //      the member of I whose range holds it (gather_unit) and store its result.
-//      All units: the same sum for every unit, stored; nothing pushed.
+//      All units: each rank sums every unit itself, in the pass of step 2 (once it has pushed
+//      the unit's partial, it waits for the other islands' partials of the same unit).
 // Both forms add the same f32 island partials in the same order: the same bits. With one
 // island this is one-shot, in one-shot's order, and stops after step 1. A thread handles the
 // same units in every loop (so in-place calls stay safe: it reads a unit's input before it
@@ -49,8 +50,8 @@ __device__ void islands_push(const TparArgs& a) {
     const u32 members = island_mask(a, me);
     const u32 size = island_size(a, island);
     const u32 position = island_position(a, me);
-    const u64 range_begin = all_units ? 0 : share_start(units, size, position);
-    const u64 range_end = all_units ? units : share_start(units, size, position + 1);
+    const u64 range_begin = share_start(units, size, position);
+    const u64 range_end = share_start(units, size, position + 1);
     const u64 my_slot = slot_payload(a, call.epoch, me);
     auto own_unit = [&](u64 u, u32* w0, u32* w1) {
         *w0 = first0;
@@ -91,13 +92,31 @@ __device__ void islands_push(const TparArgs& a) {
             const u32 q = island_member(a, j, q_position);
             push_partial<DT>(a, call, q, my_slot, u - share_start(units, j_size, q_position), partial);
         }
+        if (!all_units) continue;
+        // All units, 2-3 in the same pass: every island's partial of this unit from its sender,
+        // summed in island order (each sender pushes it in this same pass, before its wait).
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (u32 j = 0; j < islands && ok; ++j) {
+            float term[4] = {0.f, 0.f, 0.f, 0.f};
+            if (j == island) {
+                for (int e = 0; e < 4; ++e) term[e] = partial[e];
+            } else {
+                const u32 sender = island_sender(a, j, me);
+                ok = wait_partial<DT>(a, call, sender, slot_payload(a, call.epoch, sender), u, TPAR_PHASE_ISLANDS_ACROSS,
+                                      term);
+            }
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = j == 0 ? term[e] : acc[e] + term[e];
+        }
+        if (ok) {
+            store_pair<DT>(a.output, u, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
+        }
     }
-    if (islands == 1) {
+    if (islands == 1 || all_units) {
         end_call(a, call);
         return;
     }
-    // 3. This rank's range (all units: every unit): every island's partial, summed in island
-    //    order; in ranges, pushed to every member too.
+    // 3. This rank's range: every island's partial, summed in island order, pushed to every
+    //    member too.
     for (u64 u = tid; u < units && ok; u += stride) {
         if (u < range_begin || u >= range_end) continue;
         u32 w0, w1;
@@ -117,11 +136,11 @@ __device__ void islands_push(const TparArgs& a) {
         }
         if (!ok) break;
         const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
-        if (!all_units) push_unit_to(a, call, members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
+        push_unit_to(a, call, members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
         store_pair<DT>(a.output, u, a.count, words, r0, r1);
     }
-    // 3. The other units (ranges only): from the member of this island whose range holds them.
-    for (u64 u = tid; u < units && ok && !all_units; u += stride) {
+    // 3. The other units: from the member of this island whose range holds them.
+    for (u64 u = tid; u < units && ok; u += stride) {
         if (u >= range_begin && u < range_end) continue;
         const u32 owner = island_member(a, island, share_owner(units, size, u));
         u32 w0, w1;
