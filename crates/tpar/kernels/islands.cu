@@ -14,15 +14,19 @@
 //      (wait_partial), sum the islands in island order, round once, push the result to every
 //      member of I (push_unit_to, gather slot) and store it; for the other units, wait for
 //      the member of I whose range holds it (gather_unit) and store its result.
-//      All units: each rank sums every unit itself, in the pass of step 2 (once it has pushed
-//      the unit's partial, it waits for the other islands' partials of the same unit).
-// Both forms add the same f32 island partials in the same order: the same bits. With one
-// island this is one-shot, in one-shot's order, and stops after step 1. A thread handles the
-// same units in every loop (so in-place calls stay safe: it reads a unit's input before it
-// writes its output), and every wait is for a line that a peer's thread of the same units
-// pushes in an earlier loop, so the loops cannot deadlock. Partials from island J land in
-// stage-one slot `sender` of the receiver, at the unit's index within the receiver's range
-// (all units: at the unit's index; the host keeps a launch's partials within a slot).
+//      All units: each rank sums every unit itself, and pushes nothing.
+// Steps 1 (the reduce) to 3 are one pass over the thread's units: for each unit, the reduce,
+// the partial's push, then the unit's result (a wait for partials or for the gather). Both
+// forms add the same f32 island partials in the same order: the same bits. With one island
+// this is one-shot, in one-shot's order. A thread handles the same units in every loop, in the
+// same order on every rank (so in-place calls stay safe: it reads a unit's input before it
+// writes its output). No wait can close a circle: every rank pushes every unit's input (loop
+// 1) before it waits for anything, and in the pass pushes a unit's partial before it waits
+// for that unit's partials or gather, and a gather is pushed once its owner's partials of the
+// unit have come, each pushed by a sender before that sender waits for anything of the unit.
+// Partials from island J land in stage-one slot `sender` of the receiver, at the unit's index
+// within the receiver's range (all units: at the unit's index; the host keeps a launch's
+// partials within a slot).
 // Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
 #define TPAR_ISLANDS_KERNEL 1
 // The cold steps of its waits out of line here (tuning.cuh): this kernel runs out of
@@ -50,8 +54,8 @@ __device__ void islands_push(const TparArgs& a) {
     const u32 members = island_mask(a, me);
     const u32 size = island_size(a, island);
     const u32 position = island_position(a, me);
-    const u64 range_begin = share_start(units, size, position);
-    const u64 range_end = share_start(units, size, position + 1);
+    const u64 range_begin = all_units ? 0 : share_start(units, size, position);
+    const u64 range_end = all_units ? units : share_start(units, size, position + 1);
     const u64 my_slot = slot_payload(a, call.epoch, me);
     auto own_unit = [&](u64 u, u32* w0, u32* w1) {
         *w0 = first0;
@@ -65,7 +69,8 @@ __device__ void islands_push(const TparArgs& a) {
         own_unit(u, &w0, &w1);
         push_unit_to(a, call, members, my_slot + 2 * u, w0, w1);
     }
-    // 1-2. The island partial, and to every member of another island this rank sends it to.
+    // 1-3, one pass over the units: the island partial, to every member of another island
+    // this rank sends it to, then the unit's result.
     bool ok = true;
     for (u64 u = tid; u < units && ok; u += stride) {
         u32 w0, w1;
@@ -92,9 +97,18 @@ __device__ void islands_push(const TparArgs& a) {
             const u32 q = island_member(a, j, q_position);
             push_partial<DT>(a, call, q, my_slot, u - share_start(units, j_size, q_position), partial);
         }
-        if (!all_units) continue;
-        // All units, 2-3 in the same pass: every island's partial of this unit from its sender,
-        // summed in island order (each sender pushes it in this same pass, before its wait).
+        // 2-3 in the same pass: the units this rank sums (all units, or its range) from every
+        // island's partial of the unit, in island order (each sender pushed it in this same
+        // pass, right after its island's reduce); the others from the member of this island
+        // whose range holds them, which sums them in its own pass.
+        const bool sums = all_units || (u >= range_begin && u < range_end);
+        if (!sums) {
+            const u32 owner = island_member(a, island, share_owner(units, size, u));
+            u32 g0, g1;
+            if (!(ok = gather_unit(a, call, owner, u, TPAR_PHASE_ISLANDS_GATHER, &g0, &g1))) break;
+            store_pair<DT>(a.output, u, a.count, words, g0, g1);
+            continue;
+        }
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         for (u32 j = 0; j < islands && ok; ++j) {
             float term[4] = {0.f, 0.f, 0.f, 0.f};
@@ -102,50 +116,15 @@ __device__ void islands_push(const TparArgs& a) {
                 for (int e = 0; e < 4; ++e) term[e] = partial[e];
             } else {
                 const u32 sender = island_sender(a, j, me);
-                ok = wait_partial<DT>(a, call, sender, slot_payload(a, call.epoch, sender), u, TPAR_PHASE_ISLANDS_ACROSS,
-                                      term);
-            }
-            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = j == 0 ? term[e] : acc[e] + term[e];
-        }
-        if (ok) {
-            store_pair<DT>(a.output, u, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
-        }
-    }
-    if (islands == 1 || all_units) {
-        end_call(a, call);
-        return;
-    }
-    // 3. This rank's range: every island's partial, summed in island order, pushed to every
-    //    member too.
-    for (u64 u = tid; u < units && ok; u += stride) {
-        if (u < range_begin || u >= range_end) continue;
-        u32 w0, w1;
-        own_unit(u, &w0, &w1);
-        float mine[4] = {0.f, 0.f, 0.f, 0.f}, acc[4] = {0.f, 0.f, 0.f, 0.f};
-        ok = reduce_unit<DT>(a, call, members, u, w0, w1, TPAR_PHASE_ISLANDS_INSIDE, mine);
-        for (u32 j = 0; j < islands && ok; ++j) {
-            float term[4] = {0.f, 0.f, 0.f, 0.f};
-            if (j == island) {
-                for (int e = 0; e < 4; ++e) term[e] = mine[e];
-            } else {
-                const u32 sender = island_sender(a, j, me);
-                const u64 base = slot_payload(a, call.epoch, sender);
-                ok = wait_partial<DT>(a, call, sender, base, u - range_begin, TPAR_PHASE_ISLANDS_ACROSS, term);
+                ok = wait_partial<DT>(a, call, sender, slot_payload(a, call.epoch, sender), u - range_begin,
+                                      TPAR_PHASE_ISLANDS_ACROSS, term);
             }
             for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = j == 0 ? term[e] : acc[e] + term[e];
         }
         if (!ok) break;
         const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
-        push_unit_to(a, call, members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
+        if (!all_units) push_unit_to(a, call, members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
         store_pair<DT>(a.output, u, a.count, words, r0, r1);
-    }
-    // 3. The other units: from the member of this island whose range holds them.
-    for (u64 u = tid; u < units && ok; u += stride) {
-        if (u >= range_begin && u < range_end) continue;
-        const u32 owner = island_member(a, island, share_owner(units, size, u));
-        u32 w0, w1;
-        if (!gather_unit(a, call, owner, u, TPAR_PHASE_ISLANDS_GATHER, &w0, &w1)) break;
-        store_pair<DT>(a.output, u, a.count, words, w0, w1);
     }
     end_call(a, call);
 }
