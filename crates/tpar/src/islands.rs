@@ -267,6 +267,11 @@ impl IslandsExchange {
 
     /// Calls of up to `bytes` bytes in the all-units form.
     pub fn all_units_up_to(bytes: usize) -> IslandsExchange {
+        Self::all_units_up_to_const(bytes)
+    }
+
+    /// The same, for constants.
+    pub const fn all_units_up_to_const(bytes: usize) -> IslandsExchange {
         IslandsExchange {
             all_units_max_bytes: bytes,
         }

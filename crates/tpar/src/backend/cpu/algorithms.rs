@@ -68,6 +68,8 @@ pub(super) struct Round<'a> {
     pub header: CallHeader,
     /// Private f32 scratch of one slot.
     pub scratch: &'a mut [u8],
+    /// Islands: the exchange in its all-units form (protocol::schedule::islands_all_units).
+    pub all_units: bool,
 }
 
 /// Peers' segments beside this rank's own, borrowed mutably.
@@ -489,6 +491,12 @@ impl Round<'_> {
     /// receiver in step 2) and every range it sends to another island's member. Sorted and
     /// merged, so each unit is summed once.
     fn partial_ranges(&self, units: usize) -> Vec<Range<usize>> {
+        if self.all_units {
+            return vec![Range {
+                start: 0,
+                end: units,
+            }];
+        }
         let islands = self.islands;
         let island = islands.island_of(self.rank);
         let size = islands.size(island);
@@ -529,8 +537,12 @@ impl Round<'_> {
             .collect()
     }
 
-    /// This rank's range of the round (bytes) in its island: share `position` of `size`.
+    /// This rank's range of the round (bytes) in its island: share `position` of `size` (the
+    /// whole round in the all-units form).
     fn island_range(&self, rank: usize, len: usize) -> Range<usize> {
+        if self.all_units {
+            return 0..len;
+        }
         let island = self.islands.island_of(rank);
         self.share_bytes(len, self.islands.size(island), self.islands.position(rank))
     }
@@ -539,7 +551,8 @@ impl Round<'_> {
     /// sums its island's inputs in rank order into the island partial (f32); (2) every other
     /// island's partial over this rank's range arrives from that island's sender, and this
     /// rank sums the partials in island order and rounds; (3) each member writes its rounded
-    /// range to every member of its island.
+    /// range to every member of its island. In the all-units form a rank's range is the whole
+    /// round and there is no step 3.
     fn islands(&mut self, data: &mut Data<'_>) -> Result<()> {
         let (n, rank, len, dtype) = (self.world_size, self.rank, data.out.len(), data.dtype);
         let islands = *self.islands;
@@ -604,6 +617,10 @@ impl Round<'_> {
             })
             .collect();
         sum_into_out(dtype, data.out, &mine, &operands);
+        if self.all_units {
+            // Every rank summed every unit: no third step.
+            return Ok(());
+        }
 
         // 3. Inside the island again: every member's rounded range.
         for &m in &members {

@@ -23,7 +23,7 @@ use crate::algorithm::Algorithm;
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::islands::Islands;
+use crate::islands::{Islands, IslandsExchange};
 use crate::memory::MemoryFootprint;
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::chunks;
@@ -56,6 +56,8 @@ struct SegmentRecord {
     slot_bytes: usize,
     /// The island partition this rank was given ([`Islands`]' text form).
     islands: String,
+    /// Up to which round the islands' exchange takes its all-units form (TPAR_ISLANDS_EXCHANGE).
+    islands_all_units_max_bytes: usize,
 }
 
 fn pid_namespace() -> Option<String> {
@@ -63,6 +65,14 @@ fn pid_namespace() -> Option<String> {
         .ok()
         .map(|p| p.to_string_lossy().into_owned())
 }
+
+/// The islands' exchange on the CPU backend without TPAR_ISLANDS_EXCHANGE: all units for calls
+/// of up to 64 KiB, the all-units form's largest launch of bf16 on a GPU, so that both backends
+/// run the same form at the same sizes (not measured on CPUs: the development VM's two cores
+/// were busy whenever it could have been).
+const CPU_ISLANDS_EXCHANGE_MAX_BYTES: usize = 64 << 10;
+const CPU_ISLANDS_EXCHANGE: IslandsExchange =
+    IslandsExchange::all_units_up_to_const(CPU_ISLANDS_EXCHANGE_MAX_BYTES);
 
 /// Bytes of /dev/shm each rank's segment takes in a communicator of `world_size` ranks with
 /// `config` (for checking a job against the host before it starts).
@@ -118,6 +128,8 @@ pub struct CpuCommunicator {
     scratch: Vec<u8>,
     /// Why the islands algorithms are refused here (a `TPAR_ISLANDS` of another group size).
     islands_refused: Option<String>,
+    /// Which rounds of the islands algorithm exchange all units (protocol::schedule).
+    islands_exchange: IslandsExchange,
 }
 
 impl CpuCommunicator {
@@ -152,6 +164,7 @@ impl CpuCommunicator {
         let (islands, islands_refused) =
             resolve_islands(&config, world_size, Islands::from_env(world_size))?;
         let layout = CpuLayout::new(world_size, chunk_bytes);
+        let islands_exchange = IslandsExchange::from_env()?.unwrap_or(CPU_ISLANDS_EXCHANGE);
         let token_stamp = token_hash(rendezvous.token());
 
         let name = rendezvous.shm_name(&format!("{instance}-r{rank}"));
@@ -181,6 +194,7 @@ impl CpuCommunicator {
                 pid_namespace: my_namespace.clone(),
                 slot_bytes: layout.slot_bytes,
                 islands: islands.to_string(),
+                islands_all_units_max_bytes: islands_exchange.all_units_max_bytes(),
             },
         )?;
         let records: Vec<SegmentRecord> =
@@ -201,6 +215,16 @@ impl CpuCommunicator {
                     "rank {peer} uses islands {}, this rank (rank {rank}) {islands}; every rank must use the same Config::islands (or {})",
                     record.islands,
                     crate::islands::ENV_ISLANDS
+                )));
+            }
+        }
+        for (peer, record) in records.iter().enumerate() {
+            if record.islands_all_units_max_bytes != islands_exchange.all_units_max_bytes() {
+                return Err(Error::InvalidArgument(format!(
+                    "rank {peer} exchanges all units between islands up to {} B, this rank (rank {rank}) up to {} B; every rank must give the same {}",
+                    record.islands_all_units_max_bytes,
+                    islands_exchange.all_units_max_bytes(),
+                    crate::islands::ENV_ISLANDS_EXCHANGE
                 )));
             }
         }
@@ -275,11 +299,19 @@ impl CpuCommunicator {
             interrupt: None,
             scratch: vec![0u8; layout.slot_bytes],
             islands_refused,
+            islands_exchange,
         })
     }
 
     pub fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Sets the islands' exchange form (every rank the same, before any call), for tests that
+    /// run both forms in one process without TPAR_ISLANDS_EXCHANGE.
+    #[cfg(test)]
+    pub(super) fn set_islands_exchange(&mut self, exchange: IslandsExchange) {
+        self.islands_exchange = exchange;
     }
 
     pub fn world_size(&self) -> usize {
@@ -414,6 +446,9 @@ impl CpuCommunicator {
                 epoch: self.epoch,
                 header,
                 scratch: &mut self.scratch,
+                all_units: algorithm == Algorithm::Islands
+                    && self.islands.count() > 1
+                    && self.islands_exchange.all_units_at(count * dtype.size()),
             };
             let data = algorithms::Data {
                 dtype,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::check::{fill_expected, fill_input, first_mismatch};
-use crate::islands::Islands;
+use crate::islands::{Islands, IslandsExchange};
 use crate::rendezvous::{ensure_private_dir, random_token, RankEnv};
 
 struct Job {
@@ -632,7 +632,13 @@ fn every_algorithm_gives_the_bits_its_schedule_defines_on_every_rank() {
             let results = job.run(n, config, move |mut comm| {
                 let mut failures = Vec::new();
                 let mut differs_from_rank_order = 0;
-                for algo in CpuCommunicator::ALGORITHMS {
+                // Islands twice: the exchange in its ranges form, then in its all-units form.
+                let forms = CpuCommunicator::ALGORITHMS
+                    .into_iter()
+                    .map(|a| (a, 0))
+                    .chain([(Algorithm::Islands, usize::MAX)]);
+                for (algo, all_units_up_to) in forms {
+                    comm.set_islands_exchange(IslandsExchange::all_units_up_to(all_units_up_to));
                     let islands_algo = matches!(algo, Algorithm::Islands | Algorithm::IslandsPull);
                     // The island partition only matters to the islands algorithms.
                     if !islands_algo && islands.count() > 1 {
@@ -666,7 +672,7 @@ fn every_algorithm_gives_the_bits_its_schedule_defines_on_every_rank() {
                                 if let Some((i, got, expected)) = first_mismatch(dtype, &out, &want)
                                 {
                                     failures.push(format!(
-                                        "n {n} islands {islands} {algo} {dtype} count {count} in_place {in_place}: [{i}] = {got}, the schedule says {expected}"
+                                        "n {n} islands {islands} {algo} (all units up to {all_units_up_to} B) {dtype} count {count} in_place {in_place}: [{i}] = {got}, the schedule says {expected}"
                                     ));
                                 }
                             }
