@@ -75,6 +75,11 @@ pub struct Report {
     /// one, and whether their exchange goes through host memory.
     pub islands: Option<String>,
     pub islands_via_host: bool,
+    /// Where there are islands: the largest call of the dtype whose islands exchange takes the
+    /// all-units form (no gather inside the islands), as the fabric model bounds it
+    /// (`Fabric::islands_all_units_max_bytes`, within one launch); larger calls exchange ranges.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub islands_all_units_up_to: Option<u64>,
     /// The fanned-out write and read bandwidths the fabric model uses, and where they come
     /// from (measured here, the file's figures, or the worst published).
     pub collapse: Collapse,
@@ -162,6 +167,11 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         .filter(|i| i.count() > 1)
         .map(|i| i.to_string());
     let islands_via_host = islands.is_some() && fabric.cross_via_host();
+    // From the topology alone, as every rank of a communicator decides it.
+    let islands_all_units_up_to = islands.as_ref().map(|_| {
+        Fabric::new(&topology, world_size, None).islands_all_units_launch_max_bytes(options.dtype)
+            as u64
+    });
     let collapse = fabric.collapse().clone();
     let mut decisions = Vec::new();
     for bytes in size_buckets() {
@@ -196,6 +206,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         class: classify(&topology, world_size),
         islands,
         islands_via_host,
+        islands_all_units_up_to,
         collapse,
         topology,
         source,
@@ -475,6 +486,30 @@ pub fn fanout_text(links: &LinkMeasurements) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Doctor says up to which size the islands exchange all units: the model's bound where
+    /// there are islands, nothing where there are none.
+    #[test]
+    fn doctor_names_the_islands_exchange_form_where_there_are_islands() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+        let bound = |name: &str| {
+            let path = std::path::PathBuf::from(format!(
+                "{root}/crates/tpar/fixtures/topologies/{name}.json"
+            ));
+            examine(&DoctorOptions {
+                topology: Some(path),
+                world_size: Some(8),
+                dtype: DType::Bf16,
+                forced: None,
+            })
+            .unwrap()
+            .islands_all_units_up_to
+        };
+        assert_eq!(bound("8x-rtx-pro-6000-pcie-2switch"), Some(4096));
+        assert_eq!(bound("8x-a800-2islands"), Some(0));
+        assert_eq!(bound("8x-rtx-pro-6000-2socket-broadcom"), Some(64 << 10));
+        assert_eq!(bound("8x-h200-nvswitch"), None);
+    }
 
     /// The README shows `tpar doctor --topology` for every shipped fixture (8 ranks, or fewer
     /// where the machine has fewer GPUs, bf16): class, islands and the decisions with the model's

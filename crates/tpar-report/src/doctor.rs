@@ -154,6 +154,15 @@ fn machine_text(r: &Report) -> String {
         r.class.describe(),
         r.islands_text()
     );
+    if let Some(bytes) = r.islands_all_units_up_to {
+        text.push_str(&match bytes {
+            0 => "\nIslands exchange: by ranges at every size (three steps)".to_owned(),
+            b => format!(
+                "\nIslands exchange: all units up to {} (two steps), by ranges above (three)",
+                human_bytes(b)
+            ),
+        });
+    }
     if r.class.is_pcie() {
         text.push_str(&format!("\nWrite fan-out: {}", r.collapse.source));
     }

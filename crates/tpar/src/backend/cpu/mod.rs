@@ -68,8 +68,9 @@ fn pid_namespace() -> Option<String> {
 
 /// The islands' exchange on the CPU backend without TPAR_ISLANDS_EXCHANGE: all units for calls
 /// of up to 64 KiB, the all-units form's largest launch of bf16 on a GPU, so that both backends
-/// run the same form at the same sizes (not measured on CPUs: the development VM's two cores
-/// were busy whenever it could have been).
+/// run the same form at the same sizes. On the 2-core development VM, 2 ranks, it was faster
+/// at 4 KiB in every run and within the runs' spread from 16 KiB to 1 MiB
+/// (bench/results/2026-12-02-vm-cpu-islands-forms).
 const CPU_ISLANDS_EXCHANGE_MAX_BYTES: usize = 64 << 10;
 const CPU_ISLANDS_EXCHANGE: IslandsExchange =
     IslandsExchange::all_units_up_to_const(CPU_ISLANDS_EXCHANGE_MAX_BYTES);

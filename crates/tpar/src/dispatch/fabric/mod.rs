@@ -304,8 +304,7 @@ impl<'a> Fabric<'a> {
         // The islands algorithm runs its all-units form on the launches the model bounds it
         // to (what the CUDA communicator does with the same bound).
         let all_units_up_to = if algorithm == Algorithm::Islands {
-            self.islands_all_units_max_bytes(dtype)
-                .min(all_units_launch_bytes(dtype))
+            self.islands_all_units_launch_max_bytes(dtype)
         } else {
             0
         };
@@ -399,6 +398,16 @@ impl<'a> Fabric<'a> {
             fits = bytes;
         }
         fits
+    }
+
+    /// [`Fabric::islands_all_units_max_bytes`] within one launch of the all-units form: the
+    /// largest call that takes it (0 where there are no islands or the model never chooses it).
+    pub fn islands_all_units_launch_max_bytes(&self, dtype: DType) -> usize {
+        if self.islands.is_none_or(|i| i.count() < 2) {
+            return 0;
+        }
+        self.islands_all_units_max_bytes(dtype)
+            .min(all_units_launch_bytes(dtype))
     }
 
     /// The time of a plain push of `bytes` (no LL tags: the data, then a flag) from every rank
