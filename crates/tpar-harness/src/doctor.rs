@@ -507,7 +507,7 @@ mod tests {
         };
         assert_eq!(bound("8x-rtx-pro-6000-pcie-2switch"), Some(4096));
         assert_eq!(bound("8x-a800-2islands"), Some(0));
-        assert_eq!(bound("8x-rtx-pro-6000-2socket-broadcom"), Some(64 << 10));
+        assert_eq!(bound("8x-rtx-pro-6000-2socket-broadcom"), Some(128 << 10));
         assert_eq!(bound("8x-h200-nvswitch"), None);
     }
 

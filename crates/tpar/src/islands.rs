@@ -239,7 +239,7 @@ impl Islands {
     }
 }
 
-/// The variable that says which form of the islands algorithm's exchange a process's CUDA
+/// The variable that says which form of the islands algorithm's exchange a process's
 /// communicators run ([`IslandsExchange`]): `ranges`, `all`, or a size in bytes (`16384`, `16K`)
 /// up to which calls take the all-units form. Every rank must give the same (a call whose ranks
 /// differ is named as a mismatch).
@@ -266,12 +266,7 @@ impl IslandsExchange {
     };
 
     /// Calls of up to `bytes` bytes in the all-units form.
-    pub fn all_units_up_to(bytes: usize) -> IslandsExchange {
-        Self::all_units_up_to_const(bytes)
-    }
-
-    /// The same, for constants.
-    pub const fn all_units_up_to_const(bytes: usize) -> IslandsExchange {
+    pub const fn all_units_up_to(bytes: usize) -> IslandsExchange {
         IslandsExchange {
             all_units_max_bytes: bytes,
         }

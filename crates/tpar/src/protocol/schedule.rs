@@ -73,6 +73,13 @@ pub fn units_for_bytes(bytes: usize) -> usize {
     bytes.div_ceil(UNIT_BYTES)
 }
 
+/// Bytes of `dtype` data whose f32 partials fit where a slot carries `slot_bytes` of data: a
+/// partial is f32 whatever the dtype, so 16-bit data fits half as much. It bounds every launch
+/// (CUDA) and round (CPU) of the islands and ring algorithms, and the islands' all-units form.
+pub fn partials_fitting(slot_bytes: usize, dtype: DType) -> usize {
+    slot_bytes * dtype.size() / 4
+}
+
 /// The part of `units` that member `i` of `m` owns: contiguous, in order, sizes differing by at
 /// most one (the first `units % m` members take one more).
 pub fn share(units: usize, m: usize, i: usize) -> Range<usize> {

@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
-use crate::protocol::schedule::UNIT_BYTES;
+use crate::protocol::schedule::{partials_fitting, UNIT_BYTES};
 
 /// Buffers by epoch (see the module doc for why two suffice).
 pub const BUFFERS: usize = 2;
@@ -143,7 +143,7 @@ impl CpuLayout {
     /// f32. Always a whole number of units (and so of elements).
     pub fn round_bytes(&self, algorithm: Algorithm, dtype: DType) -> usize {
         let limit = if carries_f32_partials(algorithm) {
-            self.slot_bytes * dtype.size() / 4
+            partials_fitting(self.slot_bytes, dtype)
         } else {
             self.slot_bytes
         };

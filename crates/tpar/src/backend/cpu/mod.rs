@@ -67,13 +67,13 @@ fn pid_namespace() -> Option<String> {
 }
 
 /// The islands' exchange on the CPU backend without TPAR_ISLANDS_EXCHANGE: all units for calls
-/// of up to 64 KiB, the all-units form's largest launch of bf16 on a GPU, so that both backends
-/// run the same form at the same sizes. On the 2-core development VM, 2 ranks, it was faster
-/// at 4 KiB in every run and within the runs' spread from 16 KiB to 1 MiB
-/// (bench/results/2026-12-02-vm-cpu-islands-forms).
+/// of up to 64 KiB. On the 2-core development VM, 2 ranks, that form was faster at 4 KiB in
+/// every run and within the runs' spread from 16 KiB to 1 MiB
+/// (bench/results/2026-12-02-vm-cpu-islands-forms); a CUDA launch of it carries up to 128 KiB
+/// of 16-bit data.
 const CPU_ISLANDS_EXCHANGE_MAX_BYTES: usize = 64 << 10;
 const CPU_ISLANDS_EXCHANGE: IslandsExchange =
-    IslandsExchange::all_units_up_to_const(CPU_ISLANDS_EXCHANGE_MAX_BYTES);
+    IslandsExchange::all_units_up_to(CPU_ISLANDS_EXCHANGE_MAX_BYTES);
 
 /// Bytes of /dev/shm each rank's segment takes in a communicator of `world_size` ranks with
 /// `config` (for checking a job against the host before it starts).
@@ -218,8 +218,6 @@ impl CpuCommunicator {
                     crate::islands::ENV_ISLANDS
                 )));
             }
-        }
-        for (peer, record) in records.iter().enumerate() {
             if record.islands_all_units_max_bytes != islands_exchange.all_units_max_bytes() {
                 return Err(Error::InvalidArgument(format!(
                     "rank {peer} exchanges all units between islands up to {} B, this rank (rank {rank}) up to {} B; every rank must give the same {}",
@@ -422,6 +420,9 @@ impl CpuCommunicator {
         self.seq = self.seq.wrapping_add(1);
         let count = output.len() / dtype.size();
         let round_elements = self.layout.round_bytes(algorithm, dtype) / dtype.size();
+        let all_units = algorithm == Algorithm::Islands
+            && self.islands.count() > 1
+            && self.islands_exchange.all_units_at(count * dtype.size());
         for (index, elements) in chunks(count, round_elements).enumerate() {
             self.epoch += 1;
             let header = CallHeader {
@@ -447,9 +448,7 @@ impl CpuCommunicator {
                 epoch: self.epoch,
                 header,
                 scratch: &mut self.scratch,
-                all_units: algorithm == Algorithm::Islands
-                    && self.islands.count() > 1
-                    && self.islands_exchange.all_units_at(count * dtype.size()),
+                all_units,
             };
             let data = algorithms::Data {
                 dtype,

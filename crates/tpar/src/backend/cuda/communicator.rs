@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 use crate::islands::{Islands, IslandsExchange};
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout};
-use crate::protocol::schedule::{units_for_bytes, UNIT_BYTES};
+use crate::protocol::line::PAYLOAD_BYTES;
+use crate::protocol::schedule::{partials_fitting, units_for_bytes, UNIT_BYTES};
 
 /// One rank's endpoint of a CUDA allreduce group.
 pub struct CudaCommunicator {
@@ -251,16 +252,13 @@ impl CudaCommunicator {
         let header_code = u32::from(dtype.code()) | if all_units { HEADER_ISLANDS_ALL } else { 0 };
         for (index, elements) in chunks(count, self.launch_elements(algorithm, dtype)).enumerate() {
             let offset = (elements.start * dtype.size()) as u64;
-            let mut args = self.kernel_args(
+            let args = self.kernel_args(
                 algorithm,
                 index,
                 (input + offset, output + offset),
                 elements.len() as u64,
                 (header.count, header_code),
             );
-            if all_units {
-                args.flags |= FLAG_ISLANDS_ALL_UNITS;
-            }
             let threads = threads_needed(algorithm, elements.len() * dtype.size(), self.world_size);
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
                 launch_shape(threads, self.max_blocks, pdl_supported)
@@ -309,8 +307,7 @@ impl CudaCommunicator {
             return false;
         }
         let bytes = count * dtype.size();
-        let fits =
-            units_for_bytes(bytes) <= all_units_launch_units(dtype, self.layout.payload_lines);
+        let fits = units_for_bytes(bytes) <= partial_slot_units(dtype, self.layout.payload_lines);
         fits && self.islands_exchange.all_units_at(bytes)
     }
 
@@ -372,7 +369,12 @@ impl CudaCommunicator {
             chunk: chunk as u32,
             algo: u32::from(algorithm.code()),
             call_hash: call_hash(total_count, header_code, algorithm, chunk as u32),
-            flags: 0,
+            // The header code says which form of the islands exchange the call takes.
+            flags: if header_code & HEADER_ISLANDS_ALL != 0 {
+                FLAG_ISLANDS_ALL_UNITS
+            } else {
+                0
+            },
             island_of: self.islands.island_of_ranks(),
         }
     }
@@ -434,11 +436,10 @@ impl CudaCommunicator {
     }
 }
 
-/// Units a launch of the islands' all-units form can carry: every unit's f32 partial in one
-/// slot (two lines a unit for 16-bit data, one for f32).
-pub(crate) fn all_units_launch_units(dtype: DType, payload_lines: usize) -> usize {
-    let partial_lines = if dtype == DType::F32 { 2 } else { 4 };
-    payload_lines / partial_lines
+/// Units of `dtype` whose f32 partials fit one slot of `payload_lines` lines: a launch of the
+/// islands' all-units form, or the ranges and ring chunks of [`launch_units`].
+pub(crate) fn partial_slot_units(dtype: DType, payload_lines: usize) -> usize {
+    partials_fitting(payload_lines * PAYLOAD_BYTES, dtype) / UNIT_BYTES
 }
 
 /// Threads one launch of `algorithm` over `bytes` needs: a thread per unit (16-byte LL line)
@@ -465,8 +466,7 @@ pub(crate) fn launch_units(
     islands: &Islands,
 ) -> usize {
     let slot_units = payload_lines / 2;
-    let partial_lines = if dtype == DType::F32 { 2 } else { 4 };
-    let per_partial_slot = payload_lines / partial_lines;
+    let per_partial_slot = partial_slot_units(dtype, payload_lines);
     let limited = match algorithm {
         Algorithm::Islands => {
             let smallest = (0..islands.count())

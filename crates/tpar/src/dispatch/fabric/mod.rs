@@ -407,7 +407,10 @@ impl<'a> Fabric<'a> {
             return 0;
         }
         self.islands_all_units_max_bytes(dtype)
-            .min(all_units_launch_bytes(dtype))
+            .min(schedule::partials_fitting(
+                params::CHUNK_BYTES as usize,
+                dtype,
+            ))
     }
 
     /// The time of a plain push of `bytes` (no LL tags: the data, then a flag) from every rank
@@ -783,13 +786,6 @@ fn collapse(topology: &Topology, findings: Option<&Findings>, link_gbps: f64) ->
             params::FANOUT_WRITE_GBPS
         ),
     )
-}
-
-/// The largest launch of the islands' all-units form, in bytes of `dtype`: every unit's f32
-/// partial within one slot of [`params::CHUNK_BYTES`] (the CUDA communicator's
-/// `all_units_launch_units`: two 8-byte lines a unit for f32, four for 16-bit data).
-fn all_units_launch_bytes(dtype: DType) -> usize {
-    params::CHUNK_BYTES as usize * dtype.size() / 8
 }
 
 /// The algorithms built for PCIe fabrics whose posted writes collapse under fan-out: staged,
