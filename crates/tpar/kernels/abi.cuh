@@ -77,9 +77,10 @@ struct TparArgs {
                         // then TPAR_STATE_EXCHANGE_LINES lines (fused.cuh, norm_exchange_lines)
     u64* error;         // this rank's error word, in host-mapped memory
     u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
-    // Islands: every rank's inbox for the exchange between islands (pinned host memory where
-    // the islands have no peer access between them, else the same as `inboxes`).
-    u64* cross_inboxes[TPAR_MAX_RANKS];
+    // The islands kernels: the inbox of this rank that each rank's lines arrive in (for ranks
+    // of other islands its pinned host inbox where the islands have no peer access between
+    // them, whose `inboxes` entries are then their host inboxes too; else its device inbox).
+    u64* recv_inboxes[TPAR_MAX_RANKS];
     u32 rank;
     u32 world_size;
     u32 chunk;

@@ -9,7 +9,7 @@
 //      all units: push P_I of every unit to each member q of every other island J whose
 //        sender in I is this rank: every rank receives every island's partial of every unit,
 //        so there is no third step, at |J| times the traffic between islands (small calls);
-//      through `cross_inboxes` (pinned host memory where islands have no peer access);
+//      through pinned host memory where islands have no peer access (send_inbox);
 //   3. ranges: for the units of this rank's own range, wait for every other island's partial
 //      (wait_partial), sum the islands in island order, round once, push the result to every
 //      member of I (push_unit_to, gather slot) and store it; for the other units, wait for
@@ -27,11 +27,14 @@
 // Partials from island J land in stage-one slot `sender` of the receiver, at the unit's index
 // within the receiver's range (all units: at the unit's index; the host keeps a launch's
 // partials within a slot).
-// Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
+// Lines cross between islands through the inboxes the host resolved per pair (prims.cuh,
+// send_inbox and recv_inbox).
 #define TPAR_ISLANDS_KERNEL 1
-// The cold steps of its waits out of line here (tuning.cuh): this kernel runs out of
-// registers with them inlined (128, spilling), and ran faster without them on one H200
-// (bench/README.md, "Eighth session").
+// The cold steps of its waits out of line here (tuning.cuh): with the islands tested per line
+// it ran out of registers with them inlined (128, spilling) and ran faster out of line on one
+// H200 (bench/README.md, "Eighth session"). Without that test (the host resolves each pair's
+// inboxes) both fit; inlined took 4+4 at 4 KiB from 6.42 to 6.53 us and at 64 KiB from 7.99
+// to 7.77 (bench/README.md, "Ninth session"), so out of line stays, for the smallest calls.
 #ifndef TPAR_COLD_INLINE
 #define TPAR_COLD_INLINE 0
 #endif

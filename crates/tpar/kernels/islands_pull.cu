@@ -11,7 +11,8 @@
 // holds them. Each wait is for a flag that a peer's block with the same index raises in an
 // earlier phase, so the phases cannot deadlock; each phase ends with a barrier, so a block's
 // outputs are written after all its inputs were read (in place stays safe).
-// Lines cross between islands through `cross_inboxes` (prims.cuh, inbox_of).
+// Lines cross between islands through the inboxes the host resolved per pair (prims.cuh,
+// send_inbox and recv_inbox).
 #define TPAR_ISLANDS_KERNEL 1
 #include "tpar_ll.cuh"
 

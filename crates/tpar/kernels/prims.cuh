@@ -141,23 +141,27 @@ struct Call {
     int code;
 };
 
-// Where `owner`'s inbox is, as this rank exchanges lines with `other` through it: the exchange
-// between islands goes through `cross_inboxes` (pinned host memory where islands have no peer
-// access), everything else through `inboxes`. Only the islands kernels define
-// TPAR_ISLANDS_KERNEL before including this header; every other kernel addresses `inboxes`
-// alone, with no per-line test of the islands (measured: the test and the larger argument
-// reads cost registers and spills in the one-shot kernels).
+// Where lines travel: this rank writes rank `to`'s lines into `send_inbox(a, to)` and finds
+// rank `from`'s in `recv_inbox(a, from)`. The host resolves both per pair in the argument
+// block, so a line costs no test: `inboxes` holds, for the islands kernels whose exchange
+// between islands goes through host memory, the host inboxes of the other islands' ranks, and
+// `recv_inboxes` this rank's own inbox per sender. Only the islands kernels define
+// TPAR_ISLANDS_KERNEL before including this header; every other kernel reads its own inbox
+// from `inboxes` (measured: larger argument reads cost registers and spills in the one-shot
+// kernels). The islands kernel tested the islands of every line's pair before: one H200, 8
+// ranks as streams, bf16, 2026-12-02, the same call (bench/README.md, "Ninth session"), 4+4
+// at 4 / 32 / 64 KiB took 7.12 / 7.10 / 8.36 us with the test and 6.41 / 6.45 / 7.99 without.
 #ifndef TPAR_ISLANDS_KERNEL
 #define TPAR_ISLANDS_KERNEL 0
 #endif
-__device__ __forceinline__ u64* inbox_of(const TparArgs& a, u32 owner, u32 other) {
-    if (!TPAR_ISLANDS_KERNEL) return a.inboxes[owner];
-    return a.island_of[owner] == a.island_of[other] ? a.inboxes[owner] : a.cross_inboxes[owner];
+__device__ __forceinline__ u64* send_inbox(const TparArgs& a, u32 to) { return a.inboxes[to]; }
+__device__ __forceinline__ u64* recv_inbox(const TparArgs& a, u32 from) {
+    return TPAR_ISLANDS_KERNEL ? a.recv_inboxes[from] : a.inboxes[a.rank];
 }
 // Whether lines from `peer` reach this rank through host memory (polled with pauses).
 __device__ __forceinline__ bool from_host(const TparArgs& a, u32 peer) {
     if (!TPAR_ISLANDS_KERNEL) return a.algo == TPAR_ALGO_HOST_STAGED;
-    return a.island_of[peer] != a.island_of[a.rank] && a.cross_inboxes[a.rank] != a.inboxes[a.rank];
+    return a.recv_inboxes[peer] != a.inboxes[a.rank];
 }
 
 // Word 7 of a rank's call header is 0 while the call runs; a rank that gives up rewrites the
@@ -185,7 +189,7 @@ __device__ TPAR_COLD void push_header(const TparArgs& a, const Call call) {
         const u32 w1 = 2 * line + 1 == 7 ? own_notice(a) : header_word(a, 2 * line + 1, call.code);
         for (u32 p = 0; p < a.world_size; ++p) {
             if (p != a.rank) {
-                st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 2 * line, call.tag, call.id,
+                st_wide(send_inbox(a, p) + stage_one_slot(a, call.epoch, a.rank) + 2 * line, call.tag, call.id,
                         w0, w1);
             }
         }
@@ -211,7 +215,7 @@ __device__ __forceinline__ void end_call(const TparArgs& a, const Call& call) { 
 // ---- giving up, and telling the peers why ----
 
 __device__ __forceinline__ const u64* peer_header(const TparArgs& a, const Call& call, u32 peer) {
-    return inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
+    return recv_inbox(a, peer) + stage_one_slot(a, call.epoch, peer);
 }
 // Whether `peer`'s call header of this epoch has arrived (it began this call).
 __device__ TPAR_COLD bool header_arrived(const TparArgs& a, const Call call, u32 peer) {
@@ -225,7 +229,7 @@ __device__ TPAR_COLD u32 notice_of(const TparArgs& a, const Call call, u32 peer)
 __device__ __forceinline__ void push_notice(const TparArgs& a, const Call& call, u32 word) {
     for (u32 p = 0; p < a.world_size; ++p) {
         if (p != a.rank) {
-            st_wide(inbox_of(a, p, a.rank) + stage_one_slot(a, call.epoch, a.rank) + 6, call.tag, call.id, a.call_hash,
+            st_wide(send_inbox(a, p) + stage_one_slot(a, call.epoch, a.rank) + 6, call.tag, call.id, a.call_hash,
                     word);
         }
     }
@@ -293,7 +297,7 @@ __device__ __forceinline__ bool keep_waiting(const TparArgs& a, const Call& call
 // in *theirs. The op (dtype, algorithm, fused) is compared first, so that a count that differs
 // is read knowing what the count counts; then count, chunk and call hash.
 __device__ TPAR_COLD u32 header_difference(const TparArgs& a, const Call call, u32 peer, u32* theirs) {
-    const u64* slot = inbox_of(a, a.rank, peer) + stage_one_slot(a, call.epoch, peer);
+    const u64* slot = recv_inbox(a, peer) + stage_one_slot(a, call.epoch, peer);
     u32 words[8];
     for (int line = 1; line < TPAR_HEADER_LINES / 2; ++line) {
         const Wide v = ld_wide(slot + 2 * line);
@@ -388,15 +392,15 @@ __device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const Call& call, co
 // ---- pushing ----
 
 // Unit `u` ({w0, w1}) to line `line` (counted from the inbox's start) of every rank in `mask`
-// but this one, through the inboxes each pair exchanges on (inbox_of).
+// but this one, through the inboxes each pair exchanges on (send_inbox).
 __device__ __forceinline__ void push_unit_to(const TparArgs& a, const Call& call, u32 mask, u64 line, u32 w0, u32 w1) {
     for (u32 p = 0; p < a.world_size; ++p) {
-        if (p != a.rank && (mask >> p & 1u)) st_wide(inbox_of(a, p, a.rank) + line, call.tag, call.id, w0, w1);
+        if (p != a.rank && (mask >> p & 1u)) st_wide(send_inbox(a, p) + line, call.tag, call.id, w0, w1);
     }
 }
 // The same to one rank.
 __device__ __forceinline__ void push_unit(const TparArgs& a, const Call& call, u32 to, u64 line, u32 w0, u32 w1) {
-    st_wide(inbox_of(a, to, a.rank) + line, call.tag, call.id, w0, w1);
+    st_wide(send_inbox(a, to) + line, call.tag, call.id, w0, w1);
 }
 
 // Every rank but this one.
@@ -413,7 +417,7 @@ template <int DT> struct Partial {
 template <int DT>
 __device__ __forceinline__ void push_partial(const TparArgs& a, const Call& call, u32 to, u64 base, u64 u,
                                              const float* acc) {
-    u64* p = inbox_of(a, to, a.rank) + base + 2 * Partial<DT>::LINES * u;
+    u64* p = send_inbox(a, to) + base + 2 * Partial<DT>::LINES * u;
     st_wide(p, call.tag, call.id, __float_as_uint(acc[0]), __float_as_uint(acc[1]));
     if (Partial<DT>::LINES == 2) st_wide(p + 2, call.tag, call.id, __float_as_uint(acc[2]), __float_as_uint(acc[3]));
 }
@@ -421,7 +425,7 @@ __device__ __forceinline__ void push_partial(const TparArgs& a, const Call& call
 template <int DT>
 __device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call, u32 peer, u64 base, u64 u, u32 phase,
                                              float* out) {
-    const u64* p = inbox_of(a, a.rank, peer) + base + 2 * Partial<DT>::LINES * u;
+    const u64* p = recv_inbox(a, peer) + base + 2 * Partial<DT>::LINES * u;
     Wide v = ld_wide(p), v2 = {0u, 0u, 0u, 0u};
     if (Partial<DT>::LINES == 2) v2 = ld_wide(p + 2);
     if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, peer, phase, &v)) return false;
@@ -453,7 +457,7 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
         for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
             const u32 r = g + k;
             if (r < a.world_size && r != a.rank && (mask >> r & 1u)) {
-                v[k] = ld_wide(inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u);
+                v[k] = ld_wide(recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u);
             }
         }
 #if TPAR_WAIT_SITE_PER_GROUP
@@ -470,7 +474,7 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
         while (missing != 0) {
             const u32 k = __ffs(missing) - 1, r = g + k;
             Wide got;
-            const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
+            const u64* p = recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u;
             if (!wait_unit(a, call, p, r, phase, &got)) return false;
 #pragma unroll
             for (u32 kk = 0; kk < TPAR_RANK_GROUP; ++kk) {
@@ -489,7 +493,7 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
 #if !TPAR_WAIT_SITE_PER_GROUP
                 if (!wide_has(v[k], call.tag, call.id)) {
                     Wide got;  // the slow path
-                    const u64* p = inbox_of(a, a.rank, r) + slot_payload(a, call.epoch, r) + 2 * u;
+                    const u64* p = recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u;
                     if (!wait_unit(a, call, p, r, phase, &got)) return false;
                     v[k] = got;
                 }
@@ -511,7 +515,7 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
 // Unit u of the gather slot, reduced by `owner`: waits for it and gives its words.
 __device__ __forceinline__ bool gather_unit(const TparArgs& a, const Call& call, u32 owner, u64 u, u32 phase, u32* w0,
                                             u32* w1) {
-    const u64* p = inbox_of(a, a.rank, owner) + gather_slot(a, call.epoch) + 2 * u;
+    const u64* p = recv_inbox(a, owner) + gather_slot(a, call.epoch) + 2 * u;
     Wide v = ld_wide(p);
     if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, owner, phase, &v)) return false;
     *w0 = v.w0;

@@ -29,7 +29,7 @@ __device__ void staged_push(const TparArgs& a) {
             if (u != tid) load_pair<DT>(a.input, u, a.count, words, &w0, &w1);
             push_unit(a, call, to, my_slot + 2 * u, w0, w1);
         }
-        const u64* slot = inbox_of(a, a.rank, from) + slot_payload(a, call.epoch, from);
+        const u64* slot = recv_inbox(a, from) + slot_payload(a, call.epoch, from);
         for (u64 u = tid; u < units && ok; u += stride) {
             Wide v = ld_wide(slot + 2 * u);
             if (!wide_has(v, call.tag, call.id)) ok = wait_unit(a, call, slot + 2 * u, from, TPAR_PHASE_STAGED, &v);

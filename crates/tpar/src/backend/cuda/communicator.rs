@@ -347,12 +347,16 @@ impl CudaCommunicator {
             Algorithm::HostStaged => self.host_inboxes.expect("checked by supports"),
             _ => self.device_inboxes,
         };
-        let cross_inboxes = match (algorithm, &self.islands_path) {
-            (Algorithm::Islands | Algorithm::IslandsPull, Ok(true)) => {
-                self.host_inboxes.expect("a host path implies host inboxes")
-            }
-            _ => inboxes,
-        };
+        let through_host = matches!(
+            (algorithm, &self.islands_path),
+            (Algorithm::Islands | Algorithm::IslandsPull, Ok(true))
+        );
+        let (inboxes, recv_inboxes) = inboxes_by_pair(
+            self.rank,
+            &self.islands,
+            inboxes,
+            through_host.then(|| self.host_inboxes.expect("a host path implies host inboxes")),
+        );
         KernelArgs {
             input,
             output,
@@ -363,7 +367,7 @@ impl CudaCommunicator {
             state: self.own.state.ptr(),
             error: self.own.error.device_ptr(),
             inboxes,
-            cross_inboxes,
+            recv_inboxes,
             rank: self.rank as u32,
             world_size: self.world_size as u32,
             chunk: chunk as u32,
@@ -421,7 +425,7 @@ impl CudaCommunicator {
             state: 0,
             error: 0,
             inboxes: [0; MAX_RANKS],
-            cross_inboxes: [0; MAX_RANKS],
+            recv_inboxes: [0; MAX_RANKS],
             rank: 0,
             world_size: 0,
             chunk: 0,
@@ -481,6 +485,29 @@ pub(crate) fn launch_units(
     limited.min(slot_units).max(1)
 }
 
+/// The inboxes of one launch, resolved per pair of ranks so that a kernel never tests where a
+/// line travels: the inbox `rank` writes each rank's lines into, and its own inbox that each
+/// rank's lines arrive in (`TparArgs::inboxes`, `recv_inboxes`). With `between_islands` (the
+/// host inboxes, where the islands exchange through host memory) lines between islands travel
+/// through those; every other line through `inboxes`.
+pub(crate) fn inboxes_by_pair(
+    rank: usize,
+    islands: &Islands,
+    inboxes: [u64; MAX_RANKS],
+    between_islands: Option<[u64; MAX_RANKS]>,
+) -> ([u64; MAX_RANKS], [u64; MAX_RANKS]) {
+    let mut send = inboxes;
+    let mut recv = [inboxes[rank]; MAX_RANKS];
+    if let Some(host) = between_islands {
+        let mine = islands.island_of(rank);
+        for peer in (0..islands.world_size()).filter(|&p| islands.island_of(p) != mine) {
+            send[peer] = host[peer];
+            recv[peer] = host[rank];
+        }
+    }
+    (send, recv)
+}
+
 /// Blocks and whether to use programmatic dependent launch for a launch of `threads` threads.
 /// With PDL a rank's next kernel can be resident while this one spins, so with PDL a kernel
 /// gets half the co-resident blocks. PDL is used where that half still gives every thread one
@@ -500,6 +527,41 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_between_islands_travel_through_the_host_inboxes_only_where_asked() {
+        let islands = Islands::from_sizes(&[4, 4]).unwrap();
+        let device: [u64; MAX_RANKS] = std::array::from_fn(|r| 0x1000 * (r as u64 + 1));
+        let host: [u64; MAX_RANKS] = std::array::from_fn(|r| 0x9000_0000 + 0x1000 * r as u64);
+        // Device memory everywhere: every line through `inboxes`, read from this rank's own.
+        let (send, recv) = inboxes_by_pair(1, &islands, device, None);
+        assert_eq!(send, device);
+        assert!(recv.iter().all(|&r| r == device[1]));
+        // Through host memory between islands: rank 1 (island 0) writes ranks 4..8 through
+        // their host inboxes and finds their lines in its own; its island stays on the device.
+        let (send, recv) = inboxes_by_pair(1, &islands, device, Some(host));
+        for peer in 0..8 {
+            let other_island = peer >= 4;
+            assert_eq!(
+                send[peer],
+                if other_island {
+                    host[peer]
+                } else {
+                    device[peer]
+                },
+                "send {peer}"
+            );
+            assert_eq!(
+                recv[peer],
+                if other_island { host[1] } else { device[1] },
+                "recv {peer}"
+            );
+        }
+        // Rank 6 (island 1) sees the mirror image.
+        let (send, recv) = inboxes_by_pair(6, &islands, device, Some(host));
+        assert_eq!((send[2], recv[2]), (host[2], host[6]));
+        assert_eq!((send[5], recv[5]), (device[5], device[6]));
+    }
 
     #[test]
     fn pdl_only_where_half_the_grid_gives_every_thread_one_unit() {

@@ -149,9 +149,11 @@ pub struct KernelArgs {
     pub state: u64,
     pub error: u64,
     pub inboxes: [u64; MAX_RANKS],
-    /// Islands: every rank's inbox for the exchange between islands (host-mapped where the
-    /// islands have no peer access between them); otherwise the same as `inboxes`.
-    pub cross_inboxes: [u64; MAX_RANKS],
+    /// The islands kernels: this rank's inbox that each rank's lines arrive in (its host inbox
+    /// for ranks of other islands where the islands exchange through host memory, whose
+    /// `inboxes` entries are then their host inboxes; else its device inbox). Other kernels
+    /// read their own inbox from `inboxes`.
+    pub recv_inboxes: [u64; MAX_RANKS],
     pub rank: u32,
     pub world_size: u32,
     pub chunk: u32,
@@ -860,8 +862,8 @@ mod tests {
                 8 * MAX_RANKS,
             ),
             (
-                "cross_inboxes",
-                std::mem::offset_of!(KernelArgs, cross_inboxes),
+                "recv_inboxes",
+                std::mem::offset_of!(KernelArgs, recv_inboxes),
                 8 * MAX_RANKS,
             ),
             ("rank", std::mem::offset_of!(KernelArgs, rank), 4),

@@ -146,7 +146,7 @@ impl StandaloneRanks {
             state: m.state.ptr(),
             error: m.error.device_ptr(),
             inboxes,
-            cross_inboxes: inboxes,
+            recv_inboxes: [inboxes[rank]; MAX_RANKS],
             rank: rank as u32,
             world_size: self.ranks.len() as u32,
             chunk: 0,
