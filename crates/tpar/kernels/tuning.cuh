@@ -47,8 +47,9 @@
 // the default) or out of line (0). They run at most once per 256 polls, but a call inside a
 // wait loop makes the compiler keep the loop's live values on the stack around it: one H200,
 // 2026-12-02 (bench/README.md, "Eighth session"), out of line took two-shot at 2 ranks and 4 KiB
-// from 3.09 to 3.61 us and one-shot at 8 ranks from 3.91 to 6.38; islands.cu, which runs out of
-// registers with them inlined, sets 0 (13.5 -> 9.1 us at 8 ranks 4+4, 4 KiB). A kernel file
+// from 3.09 to 3.61 us and one-shot at 8 ranks from 3.91 to 6.38; islands.cu sets 0 (it ran out
+// of registers with them inlined: 13.5 -> 9.1 us at 8 ranks 4+4, 4 KiB; see islands.cu for how
+// the two compare since the host resolves each pair's inboxes). A kernel file
 // may set this or the knob below before it includes tpar_ll.cuh; -D (TPAR_KERNEL_DEFINES)
 // overrides both.
 #ifndef TPAR_COLD_INLINE
