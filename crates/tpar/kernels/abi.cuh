@@ -76,7 +76,7 @@ struct TparArgs {
     u64* state;         // this rank's device state: [0] epoch of the last chunk, [1] blocks done,
                         // then TPAR_STATE_EXCHANGE_LINES lines (fused.cuh, norm_exchange_lines)
     u64* error;         // this rank's error word, in host-mapped memory
-    u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank addresses it
+    u64* inboxes[TPAR_MAX_RANKS];  // every rank's inbox as this rank writes its lines (prims.cuh, send_inbox)
     // The islands kernels: the inbox of this rank that each rank's lines arrive in (for ranks
     // of other islands its pinned host inbox where the islands have no peer access between
     // them, whose `inboxes` entries are then their host inboxes too; else its device inbox).

@@ -9,7 +9,7 @@
 //! and is off with `TPAR_FIRST_USE=0` (set the same on every rank).
 //!
 //! [`measure_local`] runs it for ranks that are streams of this process (`tpar doctor -n 8` on
-//! one GPU); [`Communicator::first_use`] for this process's rank of a job.
+//! one GPU); `Communicator::first_use` for this process's rank of a job.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

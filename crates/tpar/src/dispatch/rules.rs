@@ -1,5 +1,5 @@
 //! The machine as the dispatcher classifies it: its class ([`Class`], the topology's
-//! [`MachineClass`]) for the ranks of a request, and the pairs of distinct GPUs those ranks
+//! [`MachineClass`](crate::topology::MachineClass)) for the ranks of a request, and the pairs of distinct GPUs those ranks
 //! use (what eligibility checks). The choice itself is the fabric model's ([`super::fabric`]),
 //! which replaced the per-class ladders of built-in thresholds.
 

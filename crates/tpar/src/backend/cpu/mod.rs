@@ -1,7 +1,7 @@
 //! The CPU backend: tpar's algorithms over POSIX shared memory between the processes (or
 //! threads) of one host, designed for CPUs: plain copies of the data, one flag per transfer in
 //! its own cache line (coherent caches make a flag written after the data safe, so there are
-//! no per-word tags), and a vectorised reduction in f32 ([`reduce`]). Every algorithm follows
+//! no per-word tags), and a vectorised reduction in f32 (`reduce`). Every algorithm follows
 //! its schedule in [`crate::protocol::schedule`] (push forms write into the peer's segment,
 //! pull forms read from it) and sums in the order the schedule defines, so every rank gets the
 //! same bits.

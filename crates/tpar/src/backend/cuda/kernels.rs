@@ -148,6 +148,9 @@ pub struct KernelArgs {
     pub timeout_ns: u64,
     pub state: u64,
     pub error: u64,
+    /// Every rank's inbox as this rank writes its lines there (device memory, host memory for
+    /// host-staged, and for the islands' exchange between islands where it goes through host
+    /// memory: `inboxes_by_pair` in the communicator).
     pub inboxes: [u64; MAX_RANKS],
     /// The islands kernels: this rank's inbox that each rank's lines arrive in (its host inbox
     /// for ranks of other islands where the islands exchange through host memory, whose
