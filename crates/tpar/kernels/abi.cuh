@@ -100,13 +100,14 @@ struct TparArgs {
 // running BODY<its dtype code> on its argument block (of type ARGS, by value). The host looks
 // kernels up by these names (kernels.rs reads this macro to know them), so a .cu file writes
 // its body once and instantiates it with one line.
+// TPAR_LAUNCH_BOUNDS: tuning.cuh (included after this header, before any kernel is defined).
 #define TPAR_KERNELS_PER_DTYPE(NAME, BODY, ARGS)                                                      \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f32(TPAR_PARAM ARGS args) {            \
+    extern "C" __global__ void TPAR_LAUNCH_BOUNDS NAME##_f32(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_F32>(args);                                                                  \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_f16(TPAR_PARAM ARGS args) {            \
+    extern "C" __global__ void TPAR_LAUNCH_BOUNDS NAME##_f16(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_F16>(args);                                                                  \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(TPAR_THREADS) NAME##_bf16(TPAR_PARAM ARGS args) {            \
+    extern "C" __global__ void TPAR_LAUNCH_BOUNDS NAME##_bf16(TPAR_PARAM ARGS args) {            \
         BODY<TPAR_DTYPE_BF16>(args);                                                                 \
     }

@@ -746,12 +746,29 @@ mod tests {
             assert_eq!(pasted, instantiation_suffixes(macro_name), "{macro_name}");
             let bounded = definition
                 .iter()
-                .filter(|l| l.contains("__launch_bounds__(TPAR_THREADS) NAME##_"))
+                .filter(|l| l.contains("TPAR_LAUNCH_BOUNDS NAME##_"))
                 .count();
             assert_eq!(
                 bounded,
                 pasted.len(),
                 "{macro_name}: every kernel has the launch bound"
+            );
+        }
+        // Whichever way tuning.cuh's knob is set, the bound is THREADS threads a block.
+        let tuning = HEADERS.iter().find(|(n, _)| *n == "tuning.cuh").unwrap().1;
+        let bounds: Vec<&str> = tuning
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define TPAR_LAUNCH_BOUNDS "))
+            .collect();
+        assert_eq!(
+            bounds.len(),
+            2,
+            "tuning.cuh defines TPAR_LAUNCH_BOUNDS both ways"
+        );
+        for bound in bounds {
+            assert!(
+                bound.starts_with("__launch_bounds__(TPAR_THREADS"),
+                "TPAR_LAUNCH_BOUNDS is {bound}"
             );
         }
     }

@@ -1,0 +1,67 @@
+"""scripts/kernel_resources.py reads ptxas's registers and spills of tpar's kernels through
+NVRTC, and passes tuning.cuh's knobs on: ring.cu with TPAR_LAUNCH_MIN_BLOCKS=1 spills in no
+kernel (the knob that moves ptxas off 64 registers). Skips where NVRTC cannot be loaded."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kernel_resources.py"
+
+
+def nvrtc_loadable() -> bool:
+    try:
+        ctypes.CDLL("libnvrtc.so.13")
+    except OSError:
+        return False
+    return True
+
+
+needs_nvrtc = pytest.mark.skipif(
+    not nvrtc_loadable(),
+    reason="libnvrtc.so.13 not loadable (scripts/test.sh installs nvidia-cuda-nvrtc and puts it on LD_LIBRARY_PATH)",
+)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def table(stdout: str) -> dict[str, tuple[int, int, int, int]]:
+    rows = {}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith("tpar_"):
+            rows[fields[0]] = tuple(int(f) for f in fields[1:])
+    return rows
+
+
+@needs_nvrtc
+def test_every_kernel_of_a_file_gets_a_row_and_the_knob_reaches_ptxas():
+    plain = run("ring.cu")
+    assert plain.returncode == 0, plain.stderr
+    rows = table(plain.stdout)
+    assert set(rows) == {"tpar_ring_f32", "tpar_ring_f16", "tpar_ring_bf16"}, plain.stdout
+    assert all(0 < registers <= 128 for registers, *_ in rows.values()), rows
+
+    bounded = run("ring.cu", "-DTPAR_LAUNCH_MIN_BLOCKS=1")
+    assert bounded.returncode == 0, bounded.stderr
+    assert "-DTPAR_LAUNCH_MIN_BLOCKS=1" in bounded.stdout.splitlines()[0]
+    for kernel, (_registers, _stack, stores, loads) in table(bounded.stdout).items():
+        assert (stores, loads) == (0, 0), f"{kernel} spills with one block an SM: {bounded.stdout}"
+
+
+def test_bad_arguments_are_named():
+    done = run("ring.cu", "--bogus")
+    assert done.returncode != 0
+    assert "--bogus" in done.stderr
+    missing = run("no_such_kernel.cu")
+    assert missing.returncode != 0
+    assert "no_such_kernel.cu" in missing.stderr
