@@ -26,12 +26,12 @@ FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) by
 USED = re.compile(r"Used (\d+) registers")
 
 
-def ptxas_log(nvrtc, path, arch, defines):
-    """The compile log of one kernel file, with ptxas's resource lines."""
+def ptxas_log(nvrtc, path, headers, options):
+    """The compile log of one kernel file, with ptxas's resource lines; `headers` are the
+    (name, text) pairs NVRTC may include, `options` the compile options."""
     source = path.read_bytes()
-    headers = sorted(KERNELS.glob("*.cuh"))
-    header_sources = (ctypes.c_char_p * len(headers))(*[h.read_bytes() for h in headers])
-    header_names = (ctypes.c_char_p * len(headers))(*[h.name.encode() for h in headers])
+    header_names = (ctypes.c_char_p * len(headers))(*[name for name, _ in headers])
+    header_sources = (ctypes.c_char_p * len(headers))(*[text for _, text in headers])
     program = ctypes.c_void_p()
     created = nvrtc.nvrtcCreateProgram(
         ctypes.byref(program),
@@ -43,14 +43,6 @@ def ptxas_log(nvrtc, path, arch, defines):
     )
     if created != 0:
         sys.exit(f"nvrtcCreateProgram failed for {path.name}: {created}")
-    options = [
-        f"--gpu-architecture=sm_{arch}",
-        "--std=c++17",
-        "--fmad=false",
-        "-default-device",
-        "-Xptxas=-v",
-        *defines,
-    ]
     option_array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
     compiled = nvrtc.nvrtcCompileProgram(program, len(options), option_array)
     size = ctypes.c_size_t()
@@ -60,7 +52,7 @@ def ptxas_log(nvrtc, path, arch, defines):
     nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
     text = log.value.decode(errors="replace")
     if compiled != 0:
-        sys.exit(f"{path.name} did not compile for sm_{arch}:\n{text}")
+        sys.exit(f"{path.name} did not compile ({' '.join(options)}):\n{text}")
     return text
 
 
@@ -97,11 +89,20 @@ def main():
         sys.exit(
             f"libnvrtc.so.13 not found ({e}): pip install nvidia-cuda-nvrtc and put its nvidia/cu13/lib on LD_LIBRARY_PATH"
         )
+    headers = [(h.name.encode(), h.read_bytes()) for h in sorted(KERNELS.glob("*.cuh"))]
+    options = [
+        f"--gpu-architecture=sm_{args.arch}",
+        "--std=c++17",
+        "--fmad=false",
+        "-default-device",
+        "-Xptxas=-v",
+        *defines,
+    ]
     print(f"sm_{args.arch} {' '.join(defines) or '(no -D)'}")
     print(f"{'kernel':36} {'regs':>5} {'stack':>6} {'spill st':>9} {'spill ld':>9}")
     for path in files:
         for kernel, registers, stack, stores, loads in rows(
-            ptxas_log(nvrtc, path, args.arch, defines)
+            ptxas_log(nvrtc, path, headers, options)
         ):
             print(f"{kernel:36} {registers:>5} {stack:>6} {stores:>9} {loads:>9}")
 

@@ -1,7 +1,7 @@
 //! The machine as the dispatcher classifies it: its class ([`Class`], the topology's
-//! [`MachineClass`](crate::topology::MachineClass)) for the ranks of a request, and the pairs of distinct GPUs those ranks
-//! use (what eligibility checks). The choice itself is the fabric model's ([`super::fabric`]),
-//! which replaced the per-class ladders of built-in thresholds.
+//! [`MachineClass`](crate::topology::MachineClass)) for the ranks of a request, and the pairs
+//! of distinct GPUs those ranks use (what eligibility checks). The choice itself is the fabric
+//! model's ([`super::fabric`]), which replaced the per-class ladders of built-in thresholds.
 
 pub use crate::topology::MachineClass as Class;
 use crate::topology::Topology;
