@@ -34,7 +34,7 @@ __device__ void anatomy(const TparArgs& a) {
     end_call(a, call);
 }
 
-extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_anatomy_0(TPAR_PARAM TparArgs args) { anatomy<0>(args); }
-extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_anatomy_1(TPAR_PARAM TparArgs args) { anatomy<1>(args); }
-extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_anatomy_2(TPAR_PARAM TparArgs args) { anatomy<2>(args); }
-extern "C" __global__ void __launch_bounds__(TPAR_THREADS) tpar_anatomy_3(TPAR_PARAM TparArgs args) { anatomy<3>(args); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_anatomy_0(TPAR_PARAM TparArgs args) { anatomy<0>(args); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_anatomy_1(TPAR_PARAM TparArgs args) { anatomy<1>(args); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_anatomy_2(TPAR_PARAM TparArgs args) { anatomy<2>(args); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_anatomy_3(TPAR_PARAM TparArgs args) { anatomy<3>(args); }

@@ -24,6 +24,8 @@
 // Blocks of a norm kernel must have this many threads (the sum-of-squares tree assumes it);
 // it is also the quads of one segment.
 #define TPAR_NORM_THREADS 512
+// The norm kernels are declared with every kernel's launch bound (TPAR_LAUNCH_BOUNDS, tuning.cuh).
+static_assert(TPAR_NORM_THREADS == TPAR_THREADS, "the norm kernels' blocks are TPAR_THREADS threads");
 // Segments the shared per-segment arrays hold: the fused kernel's longest row (16384 f32
 // elements: 8192 quads); the separate norm kernel folds longer rows in groups of this many.
 #define TPAR_NORM_MAX_SEGMENTS 16

@@ -109,6 +109,6 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_add_rms_norm_f32(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_F32>(n); }
-extern "C" __global__ void __launch_bounds__(512) tpar_add_rms_norm_f16(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_F16>(n); }
-extern "C" __global__ void __launch_bounds__(512) tpar_add_rms_norm_bf16(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_BF16>(n); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_add_rms_norm_f32(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_F32>(n); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_add_rms_norm_f16(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_F16>(n); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_add_rms_norm_bf16(TPAR_PARAM TparNormArgs n) { add_rms_norm<TPAR_DTYPE_BF16>(n); }

@@ -160,6 +160,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     end_call(a, call);
 }
 
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f32(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_f16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
-extern "C" __global__ void __launch_bounds__(512) tpar_fused_oneshot_bf16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_f32(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_f16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
+extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_bf16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }

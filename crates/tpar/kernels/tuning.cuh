@@ -91,13 +91,15 @@
 #ifndef TPAR_RANK_GROUP
 #define TPAR_RANK_GROUP 8
 #endif
-// The blocks per SM the allreduce kernels are compiled for: __launch_bounds__(TPAR_THREADS)
+// The blocks per SM every kernel but the probes is compiled for: __launch_bounds__(TPAR_THREADS)
 // alone (0, the default) or with this as its second argument. With the first alone, ptxas
 // (NVRTC 13, sm_90) compiles some kernels for 64 registers, two blocks an SM, and spills:
 // ring f32 220 bytes of spill stores, islands-pull 140-152, staged-pull 36-40; with 1 none
-// spills (ring f32 100 registers, islands-pull 101-102, staged-pull 87-89) and the others keep
-// their counts within 2 registers (bench/results/2026-12-02-vm-kernel-registers.txt, every kernel
-// both ways; scripts/kernel_resources.py prints it). Not yet timed on a GPU, so not the default.
+// spills (ring f32 100 registers, islands-pull 101-102, staged-pull 87-89; the anatomy's last
+// rung, 64 registers and 516 bytes of spill stores, 97 and none), the separate norm kernel
+// takes 11 more (86, 74 for f32) and the others stay within 2
+// (bench/results/2026-12-02-vm-kernel-registers.txt, every kernel both ways;
+// scripts/kernel_resources.py prints it). Not yet timed on a GPU, so not the default.
 #ifndef TPAR_LAUNCH_MIN_BLOCKS
 #define TPAR_LAUNCH_MIN_BLOCKS 0
 #endif

@@ -591,7 +591,8 @@ mod tests {
 
     /// The kernels a source file declares, by name (test only: the loader looks kernels up by
     /// [`KernelId`]): each `extern "C" __global__` line (the first
-    /// word after the return type and any `__launch_bounds__(...)`, up to its parameter list) and
+    /// word after the return type and the launch bound, `__launch_bounds__(...)` or
+    /// `TPAR_LAUNCH_BOUNDS`, up to its parameter list) and
     /// each instantiation macro's expansion.
     fn kernel_names(source: &str) -> Vec<String> {
         let mut names = Vec::new();
@@ -599,7 +600,11 @@ mod tests {
             if let Some(rest) = line.strip_prefix(KERNEL_DECLARATION) {
                 names.extend(
                     rest.split_whitespace()
-                        .filter(|word| *word != "void" && !word.starts_with("__launch_bounds__"))
+                        .filter(|word| {
+                            *word != "void"
+                                && *word != "TPAR_LAUNCH_BOUNDS"
+                                && !word.starts_with("__launch_bounds__")
+                        })
                         .map(|word| word.split('(').next().unwrap_or(word).to_owned())
                         .next(),
                 );
