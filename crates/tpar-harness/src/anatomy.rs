@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::stats::percentile;
 use super::{bail, Context, Result};
+use tpar::backend::cuda::communicator::{min_block_threads, spread_blocks};
 use tpar::backend::cuda::driver;
 use tpar::backend::cuda::kernels::{self, MAX_BLOCKS, MAX_RANKS, THREADS};
 use tpar::backend::cuda::standalone::{StandaloneKernel, StandaloneKernels, StandaloneRanks};
@@ -42,6 +43,9 @@ pub struct AnatomyRow {
     pub bytes: usize,
     pub pdl: bool,
     pub grid: u32,
+    /// Threads per block: the ladder's kernels take whole blocks, the one-shot kernel the
+    /// communicators' launch shape (spread over smaller blocks where small).
+    pub block_threads: u32,
     /// Per call in a chain of `chain` calls per rank, median and p99 over replays.
     pub p50_us: f64,
     pub p99_us: f64,
@@ -125,19 +129,33 @@ impl Bench {
         })
     }
 
-    /// Blocks for `threads_needed` threads, halved under PDL (the communicators' rule).
-    fn grid(&self, threads_needed: usize, pdl: bool) -> u32 {
+    /// Blocks and threads per block for `threads_needed` threads, at most half the
+    /// co-resident blocks under PDL (the communicators' rule): whole blocks for the ladder,
+    /// and for the one-shot kernel the communicators' spread over smaller blocks under PDL
+    /// (`spread_shape`; without PDL they launch whole blocks).
+    fn shape(&self, threads_needed: usize, pdl: bool, spread: bool) -> (u32, u32) {
         let cap = if pdl {
             (self.max_blocks / 2).max(1)
         } else {
             self.max_blocks
         };
-        (threads_needed.div_ceil(THREADS as usize) as u32).clamp(1, cap)
+        let min_block = if spread && pdl {
+            min_block_threads(self.world_size)
+        } else {
+            THREADS
+        };
+        spread_blocks(threads_needed.max(1) as u32, cap, min_block)
     }
 
-    fn launch_all(&self, f: StandaloneKernel, bytes: usize, grid: u32, pdl: bool) -> Result<()> {
+    fn launch_all(
+        &self,
+        f: StandaloneKernel,
+        bytes: usize,
+        shape: (u32, u32),
+        pdl: bool,
+    ) -> Result<()> {
         for (rank, stream) in self.streams.iter().enumerate() {
-            self.ranks.launch(f, rank, bytes, grid, pdl, stream)?;
+            self.ranks.launch(f, rank, bytes, shape, pdl, stream)?;
         }
         Ok(())
     }
@@ -178,9 +196,15 @@ impl Bench {
     }
 
     /// Median and p99 per call of a chain of `CHAIN` launches of `f` per rank, replayed.
-    fn time(&self, f: StandaloneKernel, bytes: usize, grid: u32, pdl: bool) -> Result<(f64, f64)> {
+    fn time(
+        &self,
+        f: StandaloneKernel,
+        bytes: usize,
+        shape: (u32, u32),
+        pdl: bool,
+    ) -> Result<(f64, f64)> {
         // Eagerly once first: a broken kernel fails here, not inside a capture.
-        self.launch_all(f, bytes, grid, pdl)?;
+        self.launch_all(f, bytes, shape, pdl)?;
         self.synchronize()?;
         self.errors()?;
         let graphs = self
@@ -190,7 +214,7 @@ impl Bench {
             .map(|(rank, s)| -> Result<CudaGraph> {
                 s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)?;
                 let captured =
-                    (0..CHAIN).try_for_each(|_| self.ranks.launch(f, rank, bytes, grid, pdl, s));
+                    (0..CHAIN).try_for_each(|_| self.ranks.launch(f, rank, bytes, shape, pdl, s));
                 let graph = s.end_capture(CUgraphInstantiate_flags(0));
                 captured?;
                 graph?.context("stream capture produced no graph")
@@ -255,9 +279,9 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
             ));
         }
         for (rung, f, bytes, threads, checked) in launches {
-            let grid = bench.grid(threads, pdl);
+            let (grid, block_threads) = bench.shape(threads, pdl, rung == kernels::ANATOMY_RUNGS);
             let (p50, p99) = bench
-                .time(f, bytes, grid, pdl)
+                .time(f, bytes, (grid, block_threads), pdl)
                 .with_context(|| format!("rung {rung}, {bytes} B, pdl {pdl}"))?;
             if rung == 0 {
                 empty = p50;
@@ -275,6 +299,7 @@ fn measure(ctx: &Arc<CudaContext>, world_size: usize, replays: usize) -> Result<
                 bytes,
                 pdl,
                 grid,
+                block_threads,
                 p50_us: p50,
                 p99_us: p99,
                 ratio_to_empty: if empty > 0.0 { p50 / empty } else { 0.0 },

@@ -128,7 +128,7 @@ pub fn anatomy(anatomy: &Anatomy) -> String {
             plain.world_size.to_string(),
             plain.piece.clone(),
             human_bytes(plain.bytes as u64),
-            plain.grid.to_string(),
+            format!("{}x{}", plain.grid, plain.block_threads),
             format!("{:.2}", plain.p50_us),
             format!("{:.2}", plain.ratio_to_empty),
             with.map_or("-".into(), |w| format!("{:.2}", w.p50_us)),

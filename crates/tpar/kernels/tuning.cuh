@@ -92,16 +92,22 @@
 #define TPAR_RANK_GROUP 8
 #endif
 // The blocks per SM every kernel but the probes is compiled for: __launch_bounds__(TPAR_THREADS)
-// alone (0, the default) or with this as its second argument. With the first alone, ptxas
+// alone (0) or with this as its second argument (1, the default). With the first alone, ptxas
 // (NVRTC 13, sm_90) compiles some kernels for 64 registers, two blocks an SM, and spills:
 // ring f32 220 bytes of spill stores, islands-pull 140-152, staged-pull 36-40; with 1 none
 // spills (ring f32 100 registers, islands-pull 101-102, staged-pull 87-89; the anatomy's last
 // rung, 64 registers and 516 bytes of spill stores, 97 and none), the separate norm kernel
 // takes 11 more (86, 74 for f32) and the others stay within 2
 // (bench/results/2026-12-02-vm-kernel-registers.txt, every kernel both ways;
-// scripts/kernel_resources.py prints it). Not yet timed on a GPU, so not the default.
+// scripts/kernel_resources.py prints it). One H200, 8 ranks as streams, 2026-12-02
+// (bench/results/2026-12-02-h200-s10-spread, call 1, both ways twice in one call): ring f32
+// 90.1 -> 72.6 us at 1 MiB and 359.4 -> 293.2 at 4 MiB, islands-pull 19.4-20.9 -> 19.0-19.9 at
+// 4-32 KiB, staged-pull 16.5-16.7 -> 16.3 at 42 KiB, the anatomy's last rung 3.19 -> 2.46;
+// every other kernel within 0.1 us (2 and 8 ranks, 0 B to 256 KiB). The kernels that already
+// took more than 64 registers keep one block an SM either way, so the co-resident grid the
+// host computes does not change.
 #ifndef TPAR_LAUNCH_MIN_BLOCKS
-#define TPAR_LAUNCH_MIN_BLOCKS 0
+#define TPAR_LAUNCH_MIN_BLOCKS 1
 #endif
 #if TPAR_LAUNCH_MIN_BLOCKS
 #define TPAR_LAUNCH_BOUNDS __launch_bounds__(TPAR_THREADS, TPAR_LAUNCH_MIN_BLOCKS)

@@ -74,6 +74,14 @@ impl Algorithm {
         }
     }
 
+    /// The pull algorithms: peers read this rank's plain data and flags, block by block.
+    pub fn is_pull(self) -> bool {
+        matches!(
+            self,
+            Algorithm::OneShotPull | Algorithm::StagedPull | Algorithm::IslandsPull
+        )
+    }
+
     /// The code carried in a call header.
     pub fn code(self) -> u8 {
         match self {

@@ -260,13 +260,26 @@ impl CudaCommunicator {
                 (header.count, header_code),
             );
             let threads = threads_needed(algorithm, elements.len() * dtype.size(), self.world_size);
+            // The pull kernels split their work by block (and size shared memory by
+            // TPAR_THREADS): whole blocks.
+            let min_block_threads = if algorithm.is_pull() {
+                THREADS
+            } else {
+                min_block_threads(self.world_size)
+            };
+            let block_threads = std::cell::Cell::new(THREADS);
             let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                launch_shape(threads, self.max_blocks, pdl_supported)
+                let (grid, threads, pdl) =
+                    spread_shape(threads, self.max_blocks, pdl_supported, min_block_threads);
+                block_threads.set(threads);
+                (grid, pdl)
             });
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
-            unsafe { function.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl)? };
+            unsafe {
+                function.launch_ex(grid, block_threads.get(), stream.cu_stream(), &args, pdl)?
+            };
         }
         Ok(())
     }
@@ -524,6 +537,64 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
     (blocks.min(max_blocks), pdl)
 }
 
+/// The smallest block a launch of the push algorithms (one-shot, two-shot, host-staged,
+/// staged, islands, ring) takes when it spreads its threads over more blocks, for
+/// `world_size` ranks. A small call's one block of 512 threads made one SM issue every line
+/// (at 8 ranks and 4 KiB, 512 threads each pushing 7 lines and polling 7); the same threads
+/// in more, smaller blocks each get an SM's load and store paths to themselves. One H200,
+/// ranks as streams, bf16, 2026-12-02 (bench/results/2026-12-02-h200-s10-spread, call 3),
+/// one-shot at 4 KiB: 8 ranks 3.88 us on one block of 512, 3.41 on two of 256, 3.31 on four
+/// of 128, 3.16 on eight of 64; 2 ranks 2.16 on one, 1.90 on two or four, 2.03 on eight.
+/// So blocks of at least 128 threads up to 4 ranks and of 64 beyond; call 4 of the same run
+/// held it at 3 and 4 ranks (one-shot 4 KiB 2.35 -> 2.20 and 2.61 -> 2.44 us; 64 or 256 within
+/// 0.05 of 128). 5 to 7 ranks are not measured. Two-shot at 4 KiB is 0.07-0.16 us slower
+/// spread (3, 4 and 8 ranks) and faster from 8 KiB; one-shot is the faster of the two there. `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32
+/// up to 512; 512 launches whole blocks, as before), for experiments.
+pub fn min_block_threads(world_size: usize) -> u32 {
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = *SET.get_or_init(|| {
+        std::env::var("TPAR_MIN_BLOCK_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .map(|v| (v / 32 * 32).clamp(32, THREADS))
+    });
+    set.unwrap_or(if world_size <= 4 { 128 } else { 64 })
+}
+
+/// `threads` threads over at most `cap` blocks of at least `min_block_threads` (and at most
+/// THREADS) threads, as many blocks as that allows: (blocks, threads per block).
+pub fn spread_blocks(threads: u32, cap: u32, min_block_threads: u32) -> (u32, u32) {
+    let cap = cap.max(1);
+    let block = threads
+        .div_ceil(cap)
+        .next_multiple_of(32)
+        .clamp(min_block_threads.min(THREADS), THREADS);
+    (threads.div_ceil(block).clamp(1, cap), block)
+}
+
+/// Blocks, threads per block and PDL for a launch of `threads` threads that may spread over
+/// smaller blocks (see [`min_block_threads`]). Every block counts as one SM's share of the
+/// co-resident blocks whatever its size, so a rank never holds more SMs than
+/// [`launch_shape`] lets it. With PDL (where half the blocks hold every thread, as
+/// launch_shape) the threads spread over that half; without it the grid is launch_shape's,
+/// whole blocks: one H200, 8 ranks, 42 KiB (too large for half the grid), one-shot took 5.97
+/// us spread over 16 blocks against 5.82 on 11 whole ones (bench/results/2026-12-02-h200-s10-spread,
+/// call 4), and auto runs one-shot there.
+pub(crate) fn spread_shape(
+    threads: u32,
+    max_blocks: u32,
+    pdl_supported: bool,
+    min_block_threads: u32,
+) -> (u32, u32, bool) {
+    let half = max_blocks / 2;
+    if pdl_supported && half >= 1 && threads <= half * THREADS {
+        let (blocks, block) = spread_blocks(threads, half, min_block_threads);
+        return (blocks, block, true);
+    }
+    let (blocks, pdl) = launch_shape(threads, max_blocks, false);
+    (blocks, THREADS, pdl)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -561,6 +632,51 @@ mod tests {
         let (send, recv) = inboxes_by_pair(6, &islands, device, Some(host));
         assert_eq!((send[2], recv[2]), (host[2], host[6]));
         assert_eq!((send[5], recv[5]), (device[5], device[6]));
+    }
+
+    #[test]
+    fn small_launches_spread_over_smaller_blocks_within_the_same_share_of_sms() {
+        let four_k = threads_needed(Algorithm::OneShot, 4096, 8);
+        // 8 ranks sharing an H200 (16 co-resident blocks each): 4 KiB on eight blocks of 64
+        // with PDL (half of 16), not one of 512.
+        assert_eq!(
+            spread_shape(four_k, 16, true, min_block_threads(8)),
+            (8, 64, true)
+        );
+        // 2 ranks (64 each): four blocks of 128.
+        assert_eq!(
+            spread_shape(four_k, 64, true, min_block_threads(2)),
+            (4, 128, true)
+        );
+        // Blocks of THREADS at the least: launch_shape's grid, whatever the size.
+        for bytes in [0, 4096, 32 << 10, 42 << 10, 256 << 10, 8 << 20] {
+            let threads = threads_needed(Algorithm::OneShot, bytes, 8);
+            for max_blocks in [1, 16, 64] {
+                let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, THREADS);
+                assert_eq!((blocks, pdl), launch_shape(threads, max_blocks, true));
+                assert_eq!(block, THREADS);
+            }
+        }
+        // 42 KiB at 8 ranks does not fit half the grid: no PDL, whole blocks.
+        let mid = threads_needed(Algorithm::OneShot, 42 << 10, 8);
+        assert_eq!(spread_shape(mid, 16, true, 64), (11, 512, false));
+        // Without PDL support, whole blocks too.
+        assert_eq!(spread_shape(four_k, 16, false, 64), (1, 512, false));
+        // Never more blocks than the share, and every thread has a unit to start with.
+        for threads in [1, 31, 33, 512, 513, 4096, 5376, 40000, 1 << 20] {
+            for max_blocks in [1, 2, 8, 16, 64] {
+                for min in [32, 64, 128, 512] {
+                    let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, min);
+                    let cap = if pdl { max_blocks / 2 } else { max_blocks };
+                    assert!(blocks >= 1 && blocks <= cap, "{threads} {max_blocks} {min}");
+                    assert!(block % 32 == 0 && block >= min.min(THREADS) && block <= THREADS);
+                    assert!(
+                        blocks == cap || blocks * block >= threads,
+                        "{threads} {max_blocks} {min}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

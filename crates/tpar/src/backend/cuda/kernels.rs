@@ -86,7 +86,8 @@ pub const MAX_BLOCKS: u32 = 64;
 pub const FLAG_STRIDE_BYTES: usize = 128;
 /// Mirrors `TPAR_PULL_PHASES`: flags per buffer and block of the pull algorithms.
 pub const PULL_PHASES: usize = 3;
-/// Threads per block of every kernel (`TPAR_THREADS`, its `__launch_bounds__`).
+/// Threads per block of every kernel at most (`TPAR_THREADS`, its `__launch_bounds__`): the
+/// push algorithms' small launches take smaller blocks (`communicator::spread_shape`).
 pub const THREADS: u32 = 512;
 /// `TparArgs::flags`: the islands exchange in its all-units form (`TPAR_FLAG_ISLANDS_ALL_UNITS`).
 pub const FLAG_ISLANDS_ALL_UNITS: u32 = 1;

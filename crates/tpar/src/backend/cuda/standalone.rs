@@ -163,8 +163,8 @@ impl StandaloneRanks {
     }
 
     /// Queues `kernel` for rank `rank` on `stream`: an allreduce of `bytes` of bf16 from the
-    /// rank's input into its output, on `grid` blocks (with programmatic dependent launch when
-    /// `pdl`). Every rank must be launched alike, or the kernels wait for each other until
+    /// rank's input into its output, on `grid` blocks of `block_threads` threads (a multiple of
+    /// 32 up to THREADS; with programmatic dependent launch when `pdl`). Every rank must be launched alike, or the kernels wait for each other until
     /// their timeout; the caller synchronises before it drops these buffers (and drops a
     /// graph captured from this before them).
     pub fn launch(
@@ -172,7 +172,7 @@ impl StandaloneRanks {
         kernel: StandaloneKernel,
         rank: usize,
         bytes: usize,
-        grid: u32,
+        (grid, block_threads): (u32, u32),
         pdl: bool,
         stream: &CudaStream,
     ) -> Result<()> {
@@ -186,6 +186,11 @@ impl StandaloneRanks {
         if !(1..=MAX_BLOCKS).contains(&grid) {
             return Err(Error::InvalidArgument(format!(
                 "a grid of {grid} blocks; give 1 to {MAX_BLOCKS}"
+            )));
+        }
+        if block_threads == 0 || block_threads % 32 != 0 || block_threads > THREADS {
+            return Err(Error::InvalidArgument(format!(
+                "blocks of {block_threads} threads; give a multiple of 32 up to {THREADS}"
             )));
         }
         let on = stream.context().ordinal();
@@ -202,7 +207,7 @@ impl StandaloneRanks {
         unsafe {
             kernel.0.launch_ex(
                 grid,
-                THREADS,
+                block_threads,
                 stream.cu_stream(),
                 &self.args(rank, bytes),
                 pdl,
