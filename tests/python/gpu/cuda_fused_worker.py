@@ -55,8 +55,10 @@ def same(got, want, what):
     digest.update(bits(got).numpy().tobytes())
 
 
-# The largest fused call per rank the built-in rule fuses (crates/tpar/src/norm.rs).
-FUSED_BUILT_IN_BYTES = 128 * 1024
+# A fused call per rank the built-in rule fuses at every world size and on one-shot and two-shot
+# (crates/tpar/src/norm.rs, built_in_limit: one-shot's smallest limit, 5 to 7 ranks); above it
+# the rule may run allreduce + norm where tpar measured that faster, and must say so.
+FUSED_BUILT_IN_BYTES = 32 * 1024
 
 
 def eager(comm):
@@ -108,15 +110,12 @@ def eager(comm):
                     fail(f"{what}: returned the wrong tensors")
                 fused, reason = comm.last_fused_path
                 # Forced one-shot/two-shot fuse where the built-in rule measured the fused
-                # kernel faster (norm.rs: up to 128 KiB a rank; no tuning table on this machine).
+                # kernel faster (no tuning table on this machine); where they do not, the
+                # reason names that measurement.
                 small = tokens * hidden * dtype.itemsize <= FUSED_BUILT_IN_BYTES
-                if (
-                    algorithm in ("one-shot", "two-shot")
-                    and hidden <= 16384
-                    and small
-                    and not fused
-                ):
-                    fail(f"{what}: {algorithm} ran unfused: {reason}")
+                if algorithm in ("one-shot", "two-shot") and hidden <= 16384 and not fused:
+                    if small or "slower than allreduce + norm" not in reason:
+                        fail(f"{what}: {algorithm} ran unfused: {reason}")
                 if not fused and not reason:
                     fail(f"{what}: ran unfused without saying why")
                 if hidden > 16384 and fused:
