@@ -548,8 +548,9 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
 /// So blocks of at least 128 threads up to 4 ranks and of 64 beyond; call 4 of the same run
 /// held it at 3 and 4 ranks (one-shot 4 KiB 2.35 -> 2.20 and 2.61 -> 2.44 us; 64 or 256 within
 /// 0.05 of 128). 5 to 7 ranks are not measured. Two-shot at 4 KiB is 0.07-0.16 us slower
-/// spread (3, 4 and 8 ranks) and faster from 8 KiB; one-shot is the faster of the two there. `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32
-/// up to 512; 512 launches whole blocks, as before), for experiments.
+/// spread (3, 4 and 8 ranks) and faster from 8 KiB; one-shot is the faster of the two there.
+/// `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32 up to 512; 512 launches whole
+/// blocks, as before), for experiments.
 pub fn min_block_threads(world_size: usize) -> u32 {
     static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let set = *SET.get_or_init(|| {
@@ -578,8 +579,8 @@ pub fn spread_blocks(threads: u32, cap: u32, min_block_threads: u32) -> (u32, u3
 /// [`launch_shape`] lets it. With PDL (where half the blocks hold every thread, as
 /// launch_shape) the threads spread over that half; without it the grid is launch_shape's,
 /// whole blocks: one H200, 8 ranks, 42 KiB (too large for half the grid), one-shot took 5.97
-/// us spread over 16 blocks against 5.82 on 11 whole ones (bench/results/2026-12-02-h200-s10-spread,
-/// call 4), and auto runs one-shot there.
+/// us spread over 16 blocks against 5.82 on 11 whole ones
+/// (bench/results/2026-12-02-h200-s10-spread, call 4), and auto runs one-shot there.
 pub(crate) fn spread_shape(
     threads: u32,
     max_blocks: u32,

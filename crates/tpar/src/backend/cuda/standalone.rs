@@ -163,10 +163,11 @@ impl StandaloneRanks {
     }
 
     /// Queues `kernel` for rank `rank` on `stream`: an allreduce of `bytes` of bf16 from the
-    /// rank's input into its output, on `grid` blocks of `block_threads` threads (a multiple of
-    /// 32 up to THREADS; with programmatic dependent launch when `pdl`). Every rank must be launched alike, or the kernels wait for each other until
-    /// their timeout; the caller synchronises before it drops these buffers (and drops a
-    /// graph captured from this before them).
+    /// rank's input into its output, on `grid` blocks of `block_threads` threads (a multiple
+    /// of 32 up to THREADS; with programmatic dependent launch when `pdl`). Every rank must be
+    /// launched alike, or the kernels wait for each other until their timeout; the caller
+    /// synchronises before it drops these buffers (and drops a graph captured from this
+    /// before them).
     pub fn launch(
         &self,
         kernel: StandaloneKernel,
