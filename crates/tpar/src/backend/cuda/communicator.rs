@@ -260,26 +260,22 @@ impl CudaCommunicator {
                 (header.count, header_code),
             );
             let threads = threads_needed(algorithm, elements.len() * dtype.size(), self.world_size);
-            // The pull kernels split their work by block (and size shared memory by
-            // TPAR_THREADS): whole blocks.
-            let min_block_threads = if algorithm.is_pull() {
-                THREADS
-            } else {
-                min_block_threads(self.world_size)
-            };
-            let block_threads = std::cell::Cell::new(THREADS);
-            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                let (grid, threads, pdl) =
-                    spread_shape(threads, self.max_blocks, pdl_supported, min_block_threads);
-                block_threads.set(threads);
-                (grid, pdl)
-            });
+            // Whole blocks for the pull kernels (they split their work by block and size
+            // shared memory by TPAR_THREADS) and small two-shot calls; the squeeze per
+            // algorithm; and the grid kept where PDL may not follow the last one.
+            let min_block_threads = min_block_threads_for(algorithm, threads, self.world_size);
+            let (grid, block, pdl) = spread_shape(
+                threads,
+                self.max_blocks,
+                self.kernels.pdl,
+                min_block_threads,
+                pdl_squeeze(algorithm),
+            );
+            let pdl = self.same_grid_behind_last(grid, pdl);
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
-            unsafe {
-                function.launch_ex(grid, block_threads.get(), stream.cu_stream(), &args, pdl)?
-            };
+            unsafe { function.launch_ex(grid, block, stream.cu_stream(), &args, pdl)? };
         }
         Ok(())
     }
@@ -418,11 +414,26 @@ impl CudaCommunicator {
         use std::sync::atomic::Ordering::Relaxed;
         let before = self.last_grid.load(Relaxed);
         let (mut grid, mut pdl) = shape(self.kernels.pdl);
-        if pdl && before + grid > self.max_blocks {
+        if pdl && !pdl_fits_behind(before, grid, self.max_blocks) {
             (grid, pdl) = shape(false);
         }
         self.last_grid.store(grid, Relaxed);
         (grid, pdl)
+    }
+
+    /// Whether an allreduce kernel of `grid` blocks that asks for PDL may have it behind this
+    /// rank's last kernel (the two grids fit this rank's share, as [`Self::launch_behind_last`]
+    /// requires), and remembers the grid. Where they do not, the same grid runs without PDL
+    /// (any grid may: it waits for the last kernel to end). Falling back to the full grid
+    /// instead, as the fused launches do, would leave every later launch of a shape squeezed
+    /// onto half the grid (see [`pdl_squeeze`]) behind a full grid, without PDL for good: on
+    /// one H200 two-shot at 8 ranks and 42 KiB stayed at 6.93 us after a one-shot launch of the
+    /// full grid, against 6.38 squeezed (bench/results/2026-12-02-h200-s11, calls 1 and 2).
+    pub(crate) fn same_grid_behind_last(&self, grid: u32, pdl: bool) -> bool {
+        let before = self
+            .last_grid
+            .swap(grid, std::sync::atomic::Ordering::Relaxed);
+        pdl_fits_behind(before, grid, self.max_blocks) && pdl
     }
 
     /// Launches the empty kernel with the allreduce's launch shape: the fixed cost floor.
@@ -521,6 +532,12 @@ pub(crate) fn inboxes_by_pair(
     (send, recv)
 }
 
+/// Whether a grid of `grid` blocks launched with PDL behind one of `before` blocks fits a
+/// rank's share of `max_blocks` co-resident blocks (both may be resident at once).
+fn pdl_fits_behind(before: u32, grid: u32, max_blocks: u32) -> bool {
+    before + grid <= max_blocks
+}
+
 /// Blocks and whether to use programmatic dependent launch for a launch of `threads` threads.
 /// With PDL a rank's next kernel can be resident while this one spins, so with PDL a kernel
 /// gets half the co-resident blocks. PDL is used where that half still gives every thread one
@@ -562,6 +579,61 @@ pub fn min_block_threads(world_size: usize) -> u32 {
     set.unwrap_or(if world_size <= 4 { 128 } else { 64 })
 }
 
+/// The smallest block for a launch of `threads` threads of `algorithm` at `world_size` ranks:
+/// whole blocks for the pull algorithms (their kernels split lines by block) and, from 3
+/// ranks, for a two-shot call that one block holds; [`min_block_threads`] otherwise. One
+/// H200, bf16, ranks as streams (bench/results/2026-12-02-h200-s11, call 1, against 1834fa2
+/// in the same call), two-shot at 4 KiB on one block of 512 against spread: 3 ranks 3.41 ->
+/// 3.29 us, 4 ranks 3.53 -> 3.37, 8 ranks 4.30 -> 4.20, but 2 ranks 2.99 -> 3.08; from 8 KiB
+/// the rule does not apply and nothing moved.
+pub(crate) fn min_block_threads_for(algorithm: Algorithm, threads: u32, world_size: usize) -> u32 {
+    let one_block_two_shot =
+        algorithm == Algorithm::TwoShot && threads <= THREADS && world_size > 2;
+    if algorithm.is_pull() || one_block_two_shot {
+        THREADS
+    } else {
+        min_block_threads(world_size)
+    }
+}
+
+/// How many times the threads that half the grid holds a launch of `algorithm` may need and
+/// still run on half the grid with PDL, each thread taking more than one unit (every kernel
+/// loops over its units with the grid's stride); above it the launch takes the whole grid
+/// without PDL. One H200, bf16, ranks as streams, the same binary at 1, 2 and 4, alternating
+/// (bench/results/2026-12-02-h200-s11, call 1), the squeezed sizes against the whole grid:
+/// - two-shot faster up to 3 units a thread: 8 ranks 42 / 64 / 96 KiB 6.93 / 6.99 / 7.44 ->
+///   6.38 / 6.40 / 7.23 us; 2 ranks 256 / 512 KiB 4.51 / 8.97 -> 4.30 / 8.53; 4 ranks 128 KiB
+///   5.39 -> 5.26; slower at 4 units (8 ranks 128 KiB 7.45 -> 8.09);
+/// - host-staged (2 ranks) faster at 1.5 to 4 units: 256 / 512 KiB 43.6 / 87.1 -> 41.1 / 82.2;
+/// - staged (8 ranks) faster up to 2: 42 / 48 KiB 13.0 / 13.5 -> 12.2 / 12.7, 64 KiB even;
+///   slower beyond (128 KiB 27.5 -> 30.3);
+/// - one-shot slower just above the fit (8 ranks 42 KiB 5.85 -> 6.57, 2 ranks 192 KiB 3.06 ->
+///   3.46) and islands slower everywhere (8 ranks 42 KiB 7.62 -> 10.4): they keep 1, as do the
+///   ring (whose launches fit) and the pull algorithms (not measured).
+///
+/// Call 3 of the same run held these defaults against 1834fa2, alternating: two-shot 8 ranks
+/// 42 / 64 / 96 KiB 6.92 / 6.97 / 7.43 -> 6.38 / 6.38 / 7.20, 2 ranks 512 KiB 8.91 -> 8.53;
+/// host-staged 512 KiB 86.8 -> 82.3; staged 42 KiB 13.0 -> 12.2; nothing else moved by more
+/// than noise. Across GPUs (a rank's share is the whole GPU) the squeeze applies only above
+/// what half of it holds (264 KiB on an H200): not measured there.
+///
+/// `TPAR_PDL_SQUEEZE` (1 to 16) sets one factor for every algorithm, for experiments.
+pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = *SET.get_or_init(|| {
+        std::env::var("TPAR_PDL_SQUEEZE")
+            .ok()
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .map(|v| v.clamp(1, 16))
+    });
+    set.unwrap_or(match algorithm {
+        Algorithm::TwoShot => 3,
+        Algorithm::HostStaged => 4,
+        Algorithm::Staged => 2,
+        _ => 1,
+    })
+}
+
 /// `threads` threads over at most `cap` blocks of at least `min_block_threads` (and at most
 /// THREADS) threads, as many blocks as that allows: (blocks, threads per block).
 pub fn spread_blocks(threads: u32, cap: u32, min_block_threads: u32) -> (u32, u32) {
@@ -581,15 +653,18 @@ pub fn spread_blocks(threads: u32, cap: u32, min_block_threads: u32) -> (u32, u3
 /// whole blocks: one H200, 8 ranks, 42 KiB (too large for half the grid), one-shot took 5.97
 /// us spread over 16 blocks against 5.82 on 11 whole ones
 /// (bench/results/2026-12-02-h200-s10-spread, call 4), and auto runs one-shot there.
+/// A launch of up to `squeeze` times what half the grid holds also runs there with PDL, on
+/// whole blocks, its threads taking more than one unit each (see [`pdl_squeeze`]).
 pub(crate) fn spread_shape(
     threads: u32,
     max_blocks: u32,
     pdl_supported: bool,
     min_block_threads: u32,
+    squeeze: u32,
 ) -> (u32, u32, bool) {
     let half = max_blocks / 2;
-    if pdl_supported && half >= 1 && threads <= half * THREADS {
-        let (blocks, block) = spread_blocks(threads, half, min_block_threads);
+    if pdl_supported && half >= 1 && threads <= squeeze.max(1) * half * THREADS {
+        let (blocks, block) = spread_blocks(threads.min(half * THREADS), half, min_block_threads);
         return (blocks, block, true);
     }
     let (blocks, pdl) = launch_shape(threads, max_blocks, false);
@@ -641,33 +716,36 @@ mod tests {
         // 8 ranks sharing an H200 (16 co-resident blocks each): 4 KiB on eight blocks of 64
         // with PDL (half of 16), not one of 512.
         assert_eq!(
-            spread_shape(four_k, 16, true, min_block_threads(8)),
+            spread_shape(four_k, 16, true, min_block_threads(8), 1),
             (8, 64, true)
         );
         // 2 ranks (64 each): four blocks of 128.
         assert_eq!(
-            spread_shape(four_k, 64, true, min_block_threads(2)),
+            spread_shape(four_k, 64, true, min_block_threads(2), 1),
             (4, 128, true)
         );
         // Blocks of THREADS at the least: launch_shape's grid, whatever the size.
         for bytes in [0, 4096, 32 << 10, 42 << 10, 256 << 10, 8 << 20] {
             let threads = threads_needed(Algorithm::OneShot, bytes, 8);
             for max_blocks in [1, 16, 64] {
-                let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, THREADS);
+                let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, THREADS, 1);
                 assert_eq!((blocks, pdl), launch_shape(threads, max_blocks, true));
                 assert_eq!(block, THREADS);
             }
         }
         // 42 KiB at 8 ranks does not fit half the grid: no PDL, whole blocks.
         let mid = threads_needed(Algorithm::OneShot, 42 << 10, 8);
-        assert_eq!(spread_shape(mid, 16, true, 64), (11, 512, false));
+        assert_eq!(spread_shape(mid, 16, true, 64, 1), (11, 512, false));
+        // Squeezed: half the grid (8 blocks of 512) with PDL, some threads taking two units.
+        assert_eq!(spread_shape(mid, 16, true, 64, 2), (8, 512, true));
+        assert_eq!(spread_shape(mid * 4, 16, true, 64, 2), (16, 512, false));
         // Without PDL support, whole blocks too.
-        assert_eq!(spread_shape(four_k, 16, false, 64), (1, 512, false));
+        assert_eq!(spread_shape(four_k, 16, false, 64, 1), (1, 512, false));
         // Never more blocks than the share, and every thread has a unit to start with.
         for threads in [1, 31, 33, 512, 513, 4096, 5376, 40000, 1 << 20] {
             for max_blocks in [1, 2, 8, 16, 64] {
                 for min in [32, 64, 128, 512] {
-                    let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, min);
+                    let (blocks, block, pdl) = spread_shape(threads, max_blocks, true, min, 1);
                     let cap = if pdl { max_blocks / 2 } else { max_blocks };
                     assert!(blocks >= 1 && blocks <= cap, "{threads} {max_blocks} {min}");
                     assert!(block % 32 == 0 && block >= min.min(THREADS) && block <= THREADS);
@@ -678,6 +756,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn two_shot_and_pull_keep_whole_blocks_where_spreading_measured_slower() {
+        let at = |algorithm, bytes| {
+            let threads = threads_needed(algorithm, bytes, 8);
+            min_block_threads_for(algorithm, threads, 8)
+        };
+        assert_eq!(at(Algorithm::TwoShot, 4096), THREADS);
+        let two_ranks = threads_needed(Algorithm::TwoShot, 4096, 2);
+        assert_eq!(
+            min_block_threads_for(Algorithm::TwoShot, two_ranks, 2),
+            min_block_threads(2)
+        );
+        assert_eq!(at(Algorithm::TwoShot, 8192), min_block_threads(8));
+        assert_eq!(at(Algorithm::OneShot, 4096), min_block_threads(8));
+        assert_eq!(at(Algorithm::OneShotPull, 4096), THREADS);
+        assert_eq!(at(Algorithm::IslandsPull, 1 << 20), THREADS);
+    }
+
+    #[test]
+    fn only_the_algorithms_measured_faster_squeezed_run_on_half_the_grid() {
+        if std::env::var_os("TPAR_PDL_SQUEEZE").is_some() {
+            eprintln!("skipped: TPAR_PDL_SQUEEZE is set");
+            return;
+        }
+        // 8 ranks sharing an H200 (16 blocks each), 64 KiB: twice what half the grid holds.
+        let threads = threads_needed(Algorithm::TwoShot, 64 << 10, 8);
+        let shape = |algorithm| spread_shape(threads, 16, true, 64, pdl_squeeze(algorithm));
+        assert_eq!(shape(Algorithm::TwoShot), (8, THREADS, true));
+        assert_eq!(shape(Algorithm::Staged), (8, THREADS, true));
+        assert_eq!(shape(Algorithm::OneShot), (16, THREADS, false));
+        assert_eq!(shape(Algorithm::Islands), (16, THREADS, false));
+        // Two-shot at 128 KiB (four units a thread, measured slower): the whole grid.
+        let big = threads_needed(Algorithm::TwoShot, 128 << 10, 8);
+        assert_eq!(
+            spread_shape(big, 16, true, 64, pdl_squeeze(Algorithm::TwoShot)),
+            (16, THREADS, false)
+        );
+    }
+
+    #[test]
+    fn a_squeezed_launch_behind_a_full_grid_keeps_its_grid_so_the_next_takes_pdl() {
+        // 8 ranks sharing an H200 (16 blocks each), 42 KiB: one-shot takes the full grid
+        // without PDL, two-shot squeezes onto half of it with PDL.
+        let max_blocks = 16;
+        let full = spread_shape(
+            threads_needed(Algorithm::OneShot, 42 << 10, 8),
+            max_blocks,
+            true,
+            64,
+            1,
+        );
+        let squeezed = spread_shape(
+            threads_needed(Algorithm::TwoShot, 42 << 10, 8),
+            max_blocks,
+            true,
+            64,
+            2,
+        );
+        assert_eq!(
+            (full.0, full.2, squeezed.0, squeezed.2),
+            (11, false, 8, true)
+        );
+        let mut last = full.0;
+        let mut pdl = Vec::new();
+        for _ in 0..3 {
+            pdl.push(squeezed.2 && pdl_fits_behind(last, squeezed.0, max_blocks));
+            last = squeezed.0;
+        }
+        assert_eq!(pdl, [false, true, true]);
     }
 
     #[test]
