@@ -602,9 +602,10 @@ pub(crate) fn min_block_threads_for(algorithm: Algorithm, threads: u32, world_si
 /// without PDL. One H200, bf16, ranks as streams, the same binary at 1, 2 and 4, alternating
 /// (bench/results/2026-12-02-h200-s11, call 1), the squeezed sizes against the whole grid:
 /// - two-shot faster up to 3 units a thread: 8 ranks 42 / 64 / 96 KiB 6.93 / 6.99 / 7.44 ->
-///   6.38 / 6.40 / 7.23 us; 2 ranks 256 / 512 KiB 4.51 / 8.97 -> 4.30 / 8.53; 4 ranks 128 KiB
-///   5.39 -> 5.26; slower at 4 units (8 ranks 128 KiB 7.45 -> 8.09);
-/// - host-staged (2 ranks) faster at 1.5 to 4 units: 256 / 512 KiB 43.6 / 87.1 -> 41.1 / 82.2;
+///   6.38 / 6.40 / 7.23 us; 2 ranks 256 KiB 4.51 -> 4.30 (512 KiB, two such launches, 8.97 ->
+///   8.53); 4 ranks 128 KiB 5.39 -> 5.26; slower at 4 units (8 ranks 128 KiB 7.45 -> 8.09);
+/// - host-staged (2 ranks) faster at 1.5 and 2 units: 192 / 256 KiB 33.8 / 43.6 -> 32.2 /
+///   41.1 (no launch of more units was measured: 512 KiB is two launches of 256);
 /// - staged (8 ranks) faster up to 2: 42 / 48 KiB 13.0 / 13.5 -> 12.2 / 12.7, 64 KiB even;
 ///   slower beyond (128 KiB 27.5 -> 30.3);
 /// - one-shot slower just above the fit (8 ranks 42 KiB 5.85 -> 6.57, 2 ranks 192 KiB 3.06 ->
@@ -628,7 +629,7 @@ pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
     });
     set.unwrap_or(match algorithm {
         Algorithm::TwoShot => 3,
-        Algorithm::HostStaged => 4,
+        Algorithm::HostStaged => 2,
         Algorithm::Staged => 2,
         _ => 1,
     })
