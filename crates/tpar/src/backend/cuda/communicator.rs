@@ -564,17 +564,14 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
 /// of 128, 3.16 on eight of 64; 2 ranks 2.16 on one, 1.90 on two or four, 2.03 on eight.
 /// So blocks of at least 128 threads up to 4 ranks and of 64 beyond; call 4 of the same run
 /// held it at 3 and 4 ranks (one-shot 4 KiB 2.35 -> 2.20 and 2.61 -> 2.44 us; 64 or 256 within
-/// 0.05 of 128). 5 to 7 ranks are not measured. Two-shot at 4 KiB is 0.07-0.16 us slower
-/// spread (3, 4 and 8 ranks) and faster from 8 KiB; one-shot is the faster of the two there.
+/// 0.05 of 128). 5 to 7 ranks are not measured. Two-shot calls that one block holds keep it
+/// from 3 ranks ([`min_block_threads_for`]).
 /// `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32 up to 512; 512 launches whole
 /// blocks, as before), for experiments.
 pub fn min_block_threads(world_size: usize) -> u32 {
     static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let set = *SET.get_or_init(|| {
-        std::env::var("TPAR_MIN_BLOCK_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .map(|v| (v / 32 * 32).clamp(32, THREADS))
+        env_u32("TPAR_MIN_BLOCK_THREADS").map(|v| (v / 32 * 32).clamp(32, THREADS))
     });
     set.unwrap_or(if world_size <= 4 { 128 } else { 64 })
 }
@@ -621,18 +618,18 @@ pub(crate) fn min_block_threads_for(algorithm: Algorithm, threads: u32, world_si
 /// `TPAR_PDL_SQUEEZE` (1 to 16) sets one factor for every algorithm, for experiments.
 pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
     static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| {
-        std::env::var("TPAR_PDL_SQUEEZE")
-            .ok()
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .map(|v| v.clamp(1, 16))
-    });
+    let set = *SET.get_or_init(|| env_u32("TPAR_PDL_SQUEEZE").map(|v| v.clamp(1, 16)));
     set.unwrap_or(match algorithm {
         Algorithm::TwoShot => 3,
         Algorithm::HostStaged => 2,
         Algorithm::Staged => 2,
         _ => 1,
     })
+}
+
+/// An experiment knob's value: the environment variable `name` as a number, if it parses.
+fn env_u32(name: &str) -> Option<u32> {
+    std::env::var(name).ok()?.trim().parse().ok()
 }
 
 /// `threads` threads over at most `cap` blocks of at least `min_block_threads` (and at most
