@@ -149,7 +149,12 @@ def rank_main(check, args):
                 comm.close()
             del comm, y  # even cycles: released by garbage collection alone
             if cycle in (10, cycles):
+                # Free device memory is the GPU's: every rank ends the cycle first, or a peer
+                # still holding this cycle's communicator shows as a leak (6 MiB at 2 ranks
+                # on one H200, 2026-12-02), and one that has made the next one's as a gain.
+                barrier()
                 at[cycle] = figures()
+                barrier()
         out.update(at=at, seconds=time.monotonic() - start)
     elif check == "streams":
         k, graphed = args["streams"], args["graph"]
