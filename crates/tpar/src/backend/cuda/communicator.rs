@@ -59,7 +59,7 @@ pub struct CudaCommunicator {
     /// the settings that shape its buffers: what an init self-test result depends on.
     pub(super) group_key: String,
     pub(super) status: Mutex<Status>,
-    /// Blocks of this rank's last kernel launch (see [`CudaCommunicator::launch_behind_last`]).
+    /// Blocks of this rank's last kernel launch (see [`CudaCommunicator::same_grid_behind_last`]).
     pub(super) last_grid: std::sync::atomic::AtomicU32,
 }
 
@@ -403,32 +403,19 @@ impl CudaCommunicator {
         self.islands
     }
 
-    /// The grid and PDL choice for this rank's next kernel, given `shape(pdl_supported)`, and
+    /// Whether this rank's next kernel, of `grid` blocks, may take the PDL it asks for, and
     /// remembers the grid. A kernel launched with PDL may become resident while this rank's
     /// previous kernel still spins (every tpar kernel lets its dependents launch once it has
     /// read the call counter); where ranks share a GPU, the two together must fit this rank's
     /// share of co-resident blocks, or a peer's spinning grid may never become resident and
     /// both wait until the deadline (seen on one H200 with 8 ranks: a PDL norm kernel behind a
-    /// full-grid allreduce). So PDL is used only where the previous grid and this one fit.
-    pub(crate) fn launch_behind_last(&self, shape: impl Fn(bool) -> (u32, bool)) -> (u32, bool) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let before = self.last_grid.load(Relaxed);
-        let (mut grid, mut pdl) = shape(self.kernels.pdl);
-        if pdl && !pdl_fits_behind(before, grid, self.max_blocks) {
-            (grid, pdl) = shape(false);
-        }
-        self.last_grid.store(grid, Relaxed);
-        (grid, pdl)
-    }
-
-    /// Whether an allreduce kernel of `grid` blocks that asks for PDL may have it behind this
-    /// rank's last kernel (the two grids fit this rank's share, as [`Self::launch_behind_last`]
-    /// requires), and remembers the grid. Where they do not, the same grid runs without PDL
-    /// (any grid may: it waits for the last kernel to end). Falling back to the full grid
-    /// instead, as the fused launches do, would leave every later launch of a shape squeezed
-    /// onto half the grid (see [`pdl_squeeze`]) behind a full grid, without PDL for good: on
-    /// one H200 two-shot at 8 ranks and 42 KiB stayed at 6.93 us after a one-shot launch of the
-    /// full grid, against 6.38 squeezed (bench/results/2026-12-02-h200-s11, calls 1 and 2).
+    /// full-grid allreduce). So PDL is used only where the previous grid and this one fit;
+    /// where they do not, the same grid runs without PDL (any grid may: it waits for the last
+    /// kernel to end). Falling back to the full grid instead, as launches did before, left
+    /// every later launch of a shape cut for PDL behind a full grid, without PDL for good: on
+    /// one H200 two-shot at 8 ranks and 42 KiB, squeezed onto half the grid (see
+    /// [`pdl_squeeze`]), stayed at 6.93 us after a one-shot launch of the full grid, against
+    /// 6.38 (bench/results/2026-12-02-h200-s11, calls 1 and 2).
     pub(crate) fn same_grid_behind_last(&self, grid: u32, pdl: bool) -> bool {
         let before = self
             .last_grid

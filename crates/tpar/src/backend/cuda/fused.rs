@@ -115,10 +115,12 @@ impl CudaCommunicator {
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
             let (units, spread) = launch_units(algorithm, rows as u32, segments);
-            let (grid, pdl) = self.launch_behind_last(|pdl_supported| {
-                fused_shape(units, spread, self.max_blocks, pdl_supported)
-            });
-            let per_row = blocks_per_row(spread, self.max_blocks, pdl);
+            // The shape chosen for PDL stays where PDL may not follow the last grid (as the
+            // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
+            let (grid, shaped_for_pdl) =
+                fused_shape(units, spread, self.max_blocks, self.kernels.pdl);
+            let pdl = self.same_grid_behind_last(grid, shaped_for_pdl);
+            let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
@@ -233,8 +235,7 @@ impl CudaCommunicator {
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let (grid, pdl) =
-            self.launch_behind_last(|pdl_supported| (grid, pdl_supported && after_grid.is_some()));
+        let pdl = self.same_grid_behind_last(grid, self.kernels.pdl && after_grid.is_some());
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
