@@ -614,9 +614,22 @@ pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
     })
 }
 
-/// An experiment knob's value: the environment variable `name` as a number, if it parses.
+/// An experiment knob's value: the environment variable `name` as a number. A value that is
+/// not one is ignored with a warning that says so, so that an experiment does not measure the
+/// defaults while its author thinks otherwise.
 fn env_u32(name: &str) -> Option<u32> {
-    std::env::var(name).ok()?.trim().parse().ok()
+    knob_value(name, std::env::var(name).ok().as_deref()).unwrap_or_else(|why| {
+        log::warn!("{why}");
+        None
+    })
+}
+
+/// [`env_u32`]'s reading of `value`, the variable `name`'s (None: unset).
+fn knob_value(name: &str, value: Option<&str>) -> std::result::Result<Option<u32>, String> {
+    let Some(value) = value else { return Ok(None) };
+    value.trim().parse().map(Some).map_err(|_| {
+        format!("{name}={value:?} is not a whole number: ignored, the built-in rule applies (unset it, or give a number such as {name}=2)")
+    })
 }
 
 /// `threads` threads over at most `cap` blocks of at least `min_block_threads` (and at most
@@ -780,6 +793,18 @@ mod tests {
             spread_shape(big, 16, true, 64, pdl_squeeze(Algorithm::TwoShot)),
             (16, THREADS, false)
         );
+    }
+
+    #[test]
+    fn an_experiment_knob_that_is_not_a_number_is_named_and_ignored() {
+        assert_eq!(knob_value("TPAR_PDL_SQUEEZE", None), Ok(None));
+        assert_eq!(knob_value("TPAR_PDL_SQUEEZE", Some(" 2 ")), Ok(Some(2)));
+        let why = knob_value("TPAR_PDL_SQUEEZE", Some("2x")).unwrap_err();
+        assert!(
+            why.starts_with("TPAR_PDL_SQUEEZE=\"2x\" is not a whole number"),
+            "{why}"
+        );
+        assert!(knob_value("TPAR_MIN_BLOCK_THREADS", Some("-64")).is_err());
     }
 
     #[test]
