@@ -617,7 +617,7 @@ pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
 /// An experiment knob's value: the environment variable `name` as a number. A value that is
 /// not one is ignored with a warning that says so, so that an experiment does not measure the
 /// defaults while its author thinks otherwise.
-fn env_u32(name: &str) -> Option<u32> {
+pub(super) fn env_u32(name: &str) -> Option<u32> {
     knob_value(name, std::env::var(name).ok().as_deref()).unwrap_or_else(|why| {
         log::warn!("{why}");
         None

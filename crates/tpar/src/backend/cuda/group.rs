@@ -12,7 +12,7 @@ use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 
 use super::check_available;
-use super::communicator::{CudaCommunicator, Owned};
+use super::communicator::{env_u32, CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES};
 use super::loader::{kernel_set, KernelSet};
@@ -101,9 +101,7 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         blocks = blocks.min(fit);
     }
     // TPAR_MAX_BLOCKS lowers the cap, for tuning experiments.
-    let cap = std::env::var("TPAR_MAX_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<u32>().ok())
+    let cap = env_u32("TPAR_MAX_BLOCKS")
         .filter(|v| *v >= 1)
         .unwrap_or(MAX_BLOCKS);
     Ok(blocks.min(cap).min(MAX_BLOCKS))
