@@ -292,3 +292,43 @@ fn the_open_mpi_comparisons_in_bench_results_follow_the_schema() {
     // With no file there is nothing to check (the script is run by hand, not by CI).
     eprintln!("{seen} comparison file(s) checked");
 }
+
+#[test]
+fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
+    let schema = schema();
+    let items = &schema["properties"]["results"]["items"];
+    let mut row = serde_json::to_value(tpar_harness::cuda_bench::CudaRow {
+        bytes: 4096,
+        algo: "one-shot".into(),
+        p50_us: 3.2,
+        p99_us: 3.3,
+        busbw_gbps: 2.0,
+        correct: true,
+        graph_single_us: 9.0,
+        wire_floor_us: 0.1,
+        chain: 50,
+        replays: 50,
+        runs: None,
+        launch: Some(tpar::backend::cuda::LaunchShape {
+            grid: 8,
+            block: 64,
+            pdl: true,
+        }),
+        skipped: None,
+    })
+    .unwrap();
+    assert_eq!(
+        row["launch"],
+        serde_json::json!({"grid": 8, "block": 64, "pdl": true})
+    );
+    assert_eq!(check(items, &row), Vec::<String>::new());
+    row["launch"].as_object_mut().unwrap().remove("pdl");
+    assert_eq!(check(items, &row), vec!["$.launch: no `pdl`".to_owned()]);
+    row["launch"]["grid"] = 0.into();
+    assert!(
+        check(items, &row)
+            .iter()
+            .any(|e| e.contains("$.launch.grid")),
+        "{row}"
+    );
+}

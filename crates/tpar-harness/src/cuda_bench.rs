@@ -15,6 +15,7 @@ use serde::Serialize;
 use tpar::backend::cuda::driver::{
     copy_device_async, copy_to_host_async, DeviceMemory, MappedHostMemory,
 };
+use tpar::backend::cuda::LaunchShape;
 use tpar::dispatch::Choice;
 use tpar::{Algorithm, DType};
 
@@ -59,6 +60,9 @@ pub struct CudaRow {
     pub replays: usize,
     /// For `auto`: what the dispatcher ran at this size.
     pub runs: Option<String>,
+    /// How the first rank's last kernel of the timed chain was launched (tpar's algorithms;
+    /// None for NCCL and where no kernel runs).
+    pub launch: Option<LaunchShape>,
     /// Set when the algorithm cannot run here, with the reason; the figures are then unset
     /// (zero here, `null` in JSON: bench/schema/bench.schema.json).
     pub skipped: Option<String>,
@@ -81,6 +85,8 @@ struct CudaRowJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     runs: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    launch: Option<LaunchShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     skipped: Option<&'a str>,
 }
 
@@ -100,6 +106,7 @@ impl Serialize for CudaRow {
             chain: self.chain,
             replays: self.replays,
             runs: self.runs.as_deref(),
+            launch: self.launch,
             skipped: self.skipped.as_deref(),
         }
         .serialize(serializer)
@@ -236,6 +243,7 @@ pub fn run(
                 chain: 0,
                 replays: 0,
                 runs: None,
+                launch: None,
                 skipped: None,
             };
             // What actually runs: the fixed choice, or the dispatcher's for this size.
@@ -295,6 +303,10 @@ pub fn run(
                 }
                 Ok(())
             })?;
+            // The chain's last launch: the shape its steady state runs on.
+            if let Choice::Tpar(_) = choice {
+                row.launch = group.comms[0].cuda().last_launch();
+            }
             let chain_us = time_replays(group, &chain, settings.warmup.min(replays), replays)?;
             wrong += check(group, &buffers, (chain_len - 1) % 2)?;
             drop(chain);
@@ -379,6 +391,7 @@ mod json_tests {
             chain: 0,
             replays: 0,
             runs: None,
+            launch: None,
             skipped: skipped.map(str::to_owned),
         }
     }

@@ -315,6 +315,7 @@ mod tests {
             chain: 50,
             replays: 50,
             runs: None,
+            launch: None,
             skipped: None,
         }
     }

@@ -61,12 +61,13 @@ pub fn cuda_bench(report: &CudaBenchReport) -> String {
             "wire floor us",
             "busbw GB/s",
             "correct",
+            "launch",
         ],
         2,
     );
     for r in &report.results {
         if let Some(why) = &r.skipped {
-            table.push(skipped_row(vec![size(r.bytes), r.algo.clone()], 8, why));
+            table.push(skipped_row(vec![size(r.bytes), r.algo.clone()], 9, why));
             continue;
         }
         let algo = name_with_runs(&r.algo, r.runs.as_deref());
@@ -79,6 +80,7 @@ pub fn cuda_bench(report: &CudaBenchReport) -> String {
             format!("{:.2}", r.wire_floor_us),
             format!("{:.1}", r.busbw_gbps),
             if r.correct { "yes" } else { "NO" }.to_owned(),
+            r.launch.map_or("-".to_owned(), |l| l.to_string()),
         ]);
     }
     let f = &report.floors;

@@ -33,6 +33,7 @@ fn cuda_row(bytes: u64, algo: &str, p50_us: f64) -> CudaRow {
         chain: 50,
         replays: 50,
         runs: None,
+        launch: None,
         skipped: None,
     }
 }

@@ -59,8 +59,46 @@ pub struct CudaCommunicator {
     /// the settings that shape its buffers: what an init self-test result depends on.
     pub(super) group_key: String,
     pub(super) status: Mutex<Status>,
-    /// Blocks of this rank's last kernel launch (see [`CudaCommunicator::same_grid_behind_last`]).
-    pub(super) last_grid: std::sync::atomic::AtomicU32,
+    /// This rank's last kernel launch, packed ([`LaunchShape::pack`]; 0: none yet). See
+    /// [`CudaCommunicator::same_grid_behind_last`] and [`CudaCommunicator::last_launch`].
+    pub(super) last_launch: std::sync::atomic::AtomicU64,
+}
+
+/// How a kernel was launched: blocks, threads per block, and whether with programmatic
+/// dependent launch (PDL: it may become resident while the rank's previous kernel still runs).
+/// `tpar bench` prints it per row, so a figure says which shape it timed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LaunchShape {
+    pub grid: u32,
+    pub block: u32,
+    pub pdl: bool,
+}
+
+impl LaunchShape {
+    /// One word, for an atomic: grid in bits 0-31, block in 32-62, PDL in 63 (a launch has at
+    /// least one block, so a launch never packs to 0).
+    fn pack(self) -> u64 {
+        u64::from(self.grid) | u64::from(self.block & 0x7fff_ffff) << 32 | u64::from(self.pdl) << 63
+    }
+
+    fn unpack(word: u64) -> Option<LaunchShape> {
+        (word != 0).then_some(LaunchShape {
+            grid: word as u32,
+            block: (word >> 32) as u32 & 0x7fff_ffff,
+            pdl: word >> 63 == 1,
+        })
+    }
+}
+
+impl std::fmt::Display for LaunchShape {
+    /// `8x64 pdl`: blocks x threads, and PDL where taken.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}", self.grid, self.block)?;
+        if self.pdl {
+            write!(f, " pdl")?;
+        }
+        Ok(())
+    }
 }
 
 /// This rank's own allocations (made in `group.rs`).
@@ -271,7 +309,7 @@ impl CudaCommunicator {
                 min_block_threads,
                 pdl_squeeze(algorithm),
             );
-            let pdl = self.same_grid_behind_last(grid, pdl);
+            let pdl = self.same_grid_behind_last(grid, block, pdl);
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
@@ -416,11 +454,29 @@ impl CudaCommunicator {
     /// one H200 two-shot at 8 ranks and 42 KiB, squeezed onto half the grid (see
     /// [`pdl_squeeze`]), stayed at 6.93 us after a one-shot launch of the full grid, against
     /// 6.38 (bench/results/2026-12-02-h200-s11, calls 1 and 2).
-    pub(crate) fn same_grid_behind_last(&self, grid: u32, pdl: bool) -> bool {
+    pub(crate) fn same_grid_behind_last(&self, grid: u32, block: u32, pdl: bool) -> bool {
+        let take = |before: u64| {
+            let before_grid = LaunchShape::unpack(before).map_or(0, |l| l.grid);
+            pdl && pdl_fits_behind(before_grid, grid, self.max_blocks)
+        };
         let before = self
-            .last_grid
-            .swap(grid, std::sync::atomic::Ordering::Relaxed);
-        pdl_fits_behind(before, grid, self.max_blocks) && pdl
+            .last_launch
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |before| {
+                    let pdl = take(before);
+                    Some(LaunchShape { grid, block, pdl }.pack())
+                },
+            )
+            .unwrap_or_else(|before| before);
+        take(before)
+    }
+
+    /// The shape of this rank's last kernel launch (None before its first): what `tpar bench`
+    /// reports beside each figure.
+    pub fn last_launch(&self) -> Option<LaunchShape> {
+        LaunchShape::unpack(self.last_launch.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Launches the empty kernel with the allreduce's launch shape: the fixed cost floor.
@@ -837,6 +893,49 @@ mod tests {
             last = squeezed.0;
         }
         assert_eq!(pdl, [false, true, true]);
+    }
+
+    #[test]
+    fn a_launch_shape_survives_its_packing() {
+        assert_eq!(LaunchShape::unpack(0), None);
+        for shape in [
+            LaunchShape {
+                grid: 1,
+                block: 32,
+                pdl: false,
+            },
+            LaunchShape {
+                grid: 8,
+                block: 64,
+                pdl: true,
+            },
+            LaunchShape {
+                grid: 64,
+                block: 512,
+                pdl: false,
+            },
+            LaunchShape {
+                grid: u32::MAX,
+                block: 1024,
+                pdl: true,
+            },
+        ] {
+            assert_eq!(LaunchShape::unpack(shape.pack()), Some(shape));
+        }
+        let shape = LaunchShape {
+            grid: 8,
+            block: 64,
+            pdl: true,
+        };
+        assert_eq!(shape.to_string(), "8x64 pdl");
+        assert_eq!(
+            LaunchShape {
+                pdl: false,
+                ..shape
+            }
+            .to_string(),
+            "8x64"
+        );
     }
 
     #[test]

@@ -119,7 +119,7 @@ impl CudaCommunicator {
             // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
             let (grid, shaped_for_pdl) =
                 fused_shape(units, spread, self.max_blocks, self.kernels.pdl);
-            let pdl = self.same_grid_behind_last(grid, shaped_for_pdl);
+            let pdl = self.same_grid_behind_last(grid, THREADS, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
@@ -235,7 +235,8 @@ impl CudaCommunicator {
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let pdl = self.same_grid_behind_last(grid, self.kernels.pdl && after_grid.is_some());
+        let pdl =
+            self.same_grid_behind_last(grid, THREADS, self.kernels.pdl && after_grid.is_some());
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor

@@ -5,7 +5,6 @@
 //! busiest GPU, peer access. Also what a group allocates, planned and measured.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
@@ -473,7 +472,7 @@ impl Member {
             ),
             group_key,
             status: Mutex::default(),
-            last_grid: AtomicU32::new(0),
+            last_launch: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }

@@ -34,7 +34,7 @@ pub mod span;
 pub mod standalone;
 pub mod stream_order;
 
-pub use communicator::CudaCommunicator;
+pub use communicator::{CudaCommunicator, LaunchShape};
 pub use group::PLANNED_MODULE_BYTES;
 pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Span};
 
