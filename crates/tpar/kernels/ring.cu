@@ -5,12 +5,38 @@
 //   (at s = 0 its own input of that chunk; after, the partial received from r-1 in step s-1
 //   plus its own input), into stage-one slot s of r+1's inbox. So chunk c is summed in the
 //   order x_{c+1}, x_{c+2}, ..., x_c and finished at rank c, which rounds it once.
-//   All-gather, step s = 0..n-2: rank r sends the rounded chunk (r - s) to r+1 (its own at
-//   s = 0, after that the one received from r-1), into the gather slot at the chunk's units.
+//   All-gather, send step t = 0..n-2: rank r sends the rounded chunk (r - t) to r+1 (its own
+//   at t = 0, after that the one received from r-1), into stage-one slot gather_slot_of(t) of
+//   r+1's inbox, at gather_line(t, j) for unit j, as lines of the gather identity (below).
 // A thread handles the same units of every chunk (unit j of each), so each wait is for the
 // line the neighbour's same thread pushed one step earlier, and in-place calls stay safe (the
 // input is read in the reduce-scatter, before the all-gather writes the output).
+//
+// Every step's chunk has a slot of its own, so a launch carries n chunks of a slot's f32
+// partials (launch_units): n times what it carried when the all-gather went through the one
+// gather slot. Each launch costs 2(n-1) hops whatever it carries, so fewer launches is what
+// makes the ring faster at large sizes (one H200, 8 ranks as streams, f32: 1 MiB was four
+// launches, 71 us, against two-shot's 45; bench/README.md, "Twelfth session").
+// Why the all-gather may reuse the reduce-scatter's slots: send step t >= 1 writes slot t-1 at
+// unit j's partial, which r+1 read in its reduce-scatter step t; r's send step t forwards chunk
+// (r - t), which reached r through the ranks r - t + 1, ..., r - 1, r + 1 ... back to r+1's
+// reduce-scatter step t, whose push of unit j came after (and from) its read of that line. So
+// the line is read before it is written again, and it must sit where unit j's partial sat
+// (for 16-bit data a partial takes two lines: a unit at line j would overwrite the partial of
+// unit j/2, which another thread may not have read yet). Send step 0 takes slot n-1, which the
+// reduce-scatter leaves free, a line a unit as the one gather slot had: at 2 ranks that is the
+// whole all-gather (at the partial positions it was 1% slower there: one H200, bf16, 512 KiB to
+// 4 MiB). A line of the gather identity (id ^ TPAR_RING_GATHER_ID) is never taken for a partial
+// of the same slot, nor a partial for it.
 #include "tpar_ll.cuh"
+
+#define TPAR_RING_GATHER_ID 0x9e3779b9u
+
+// The stage-one slot that all-gather send step t writes into, and unit j's line there (see above).
+__device__ __forceinline__ u32 gather_slot_of(u32 t, u32 n) { return t == 0 ? n - 1 : t - 1; }
+template <int DT> __device__ __forceinline__ u64 gather_line(u32 t, u64 j) {
+    return (t == 0 ? 2 : 2 * Partial<DT>::LINES) * j;
+}
 
 template <int DT>
 __device__ void ring(const TparArgs& a) {
@@ -21,7 +47,8 @@ __device__ void ring(const TparArgs& a) {
     const u64 units = (words + 1) / 2;
     const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    const u64 gather = gather_slot(a, call.epoch);
+    Call gathered = call;  // the all-gather's lines carry their own identity
+    gathered.id = call.id ^ TPAR_RING_GATHER_ID;
     bool ok = true;
     // Reduce-scatter.
     for (u32 s = 0; s < n && ok; ++s) {
@@ -47,20 +74,28 @@ __device__ void ring(const TparArgs& a) {
             } else {
                 const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
                 store_pair<DT>(a.output, c_start + j, a.count, words, r0, r1);
-                push_unit(a, call, next, gather + 2 * (c_start + j), r0, r1);
+                push_unit(a, gathered, next, slot_payload(a, call.epoch, gather_slot_of(0, n)) + gather_line<DT>(0, j), r0,
+                          r1);
             }
         }
     }
-    // All-gather: step s = 1..n-1 receives chunk (r - s) from r-1 and, but for the last,
-    // passes it on (step 0's send, this rank's own chunk, is the reduce-scatter's last pass).
+    // All-gather: step s = 1..n-1 receives chunk (r - s) from r-1 (its send step s-1) and, but
+    // for the last, passes it on as send step s (send step 0, this rank's own chunk, is the
+    // reduce-scatter's last pass).
     for (u32 s = 1; s < n && ok; ++s) {
         const u32 c = ring_gather_chunk(me, n, s);
         const u64 c_start = share_start(units, n, c), c_units = share_start(units, n, c + 1) - c_start;
+        const u64* in = recv_inbox(a, prev) + slot_payload(a, call.epoch, gather_slot_of(s - 1, n));
+        const u64 out = slot_payload(a, call.epoch, gather_slot_of(s, n));
         for (u64 j = tid; j < c_units; j += stride) {
-            u32 w0, w1;
-            if (!(ok = gather_unit(a, call, prev, c_start + j, TPAR_PHASE_RING_GATHER, &w0, &w1))) break;
-            store_pair<DT>(a.output, c_start + j, a.count, words, w0, w1);
-            if (s < n - 1) push_unit(a, call, next, gather + 2 * (c_start + j), w0, w1);
+            const u64* p = in + gather_line<DT>(s - 1, j);
+            Wide v = ld_wide(p);
+            if (!wide_has(v, gathered.tag, gathered.id) &&
+                !(ok = wait_unit(a, gathered, p, prev, TPAR_PHASE_RING_GATHER, &v))) {
+                break;
+            }
+            store_pair<DT>(a.output, c_start + j, a.count, words, v.w0, v.w1);
+            if (s < n - 1) push_unit(a, gathered, next, out + gather_line<DT>(s, j), v.w0, v.w1);
         }
     }
     end_call(a, call);

@@ -80,6 +80,34 @@ pub fn partials_fitting(slot_bytes: usize, dtype: DType) -> usize {
     slot_bytes * dtype.size() / 4
 }
 
+/// Units one launch of `algorithm` carries on the GPU (one message of the schedule) where a
+/// slot carries `slot_units` units: a whole slot, except where f32 partials must fit a slot.
+/// The islands' exchange puts a range of the smallest island's split there, so a launch is
+/// that island's size times a slot of partials (at most a slot). The ring gives every step's
+/// chunk a slot of its own (kernels/ring.cu), so a launch is n chunks of a slot of partials:
+/// up to n slots. The CUDA communicator cuts calls by it and the fabric model costs its
+/// launches by it.
+pub fn launch_units(
+    algorithm: Algorithm,
+    islands: &Islands,
+    dtype: DType,
+    slot_units: usize,
+) -> usize {
+    let partial_slot = partials_fitting(slot_units * UNIT_BYTES, dtype) / UNIT_BYTES;
+    let units = match algorithm {
+        Algorithm::Islands => {
+            let smallest = (0..islands.count())
+                .map(|i| islands.size(i))
+                .min()
+                .unwrap_or(1);
+            (smallest * partial_slot).min(slot_units)
+        }
+        Algorithm::Ring => islands.world_size().max(1) * partial_slot,
+        _ => slot_units,
+    };
+    units.max(1)
+}
+
 /// The part of `units` that member `i` of `m` owns: contiguous, in order, sizes differing by at
 /// most one (the first `units % m` members take one more).
 pub fn share(units: usize, m: usize, i: usize) -> Range<usize> {

@@ -20,7 +20,7 @@ use crate::islands::{Islands, IslandsExchange};
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout};
 use crate::protocol::line::PAYLOAD_BYTES;
-use crate::protocol::schedule::{partials_fitting, units_for_bytes, UNIT_BYTES};
+use crate::protocol::schedule::{self, partials_fitting, units_for_bytes, UNIT_BYTES};
 
 /// One rank's endpoint of a CUDA allreduce group.
 pub struct CudaCommunicator {
@@ -371,8 +371,8 @@ impl CudaCommunicator {
         }
     }
 
-    /// Elements of `dtype` one launch of `algorithm` carries: a chunk, or fewer where the
-    /// algorithm's f32 partials must fit a slot (islands, ring: protocol::schedule).
+    /// Elements of `dtype` one launch of `algorithm` carries: a chunk, fewer where the islands'
+    /// f32 partials must fit a slot, up to n chunks for the ring ([`schedule::launch_units`]).
     pub(crate) fn launch_elements(&self, algorithm: Algorithm, dtype: DType) -> usize {
         let units = launch_units(algorithm, dtype, self.layout.payload_lines, &self.islands);
         units * UNIT_BYTES / dtype.size()
@@ -527,29 +527,14 @@ pub(crate) fn threads_needed(algorithm: Algorithm, bytes: usize, world_size: usi
 }
 
 /// Units one launch of `algorithm` on `dtype` carries with slots of `payload_lines` 8-byte
-/// lines: a whole slot (half as many units: 16-byte lines), except where f32 partials must fit
-/// a slot: the islands' exchange puts a range of the smallest island's split there (two lines
-/// a unit for 16-bit data), the ring a chunk of 1/n.
+/// lines (half as many units: 16-byte lines): [`schedule::launch_units`].
 pub(crate) fn launch_units(
     algorithm: Algorithm,
     dtype: DType,
     payload_lines: usize,
     islands: &Islands,
 ) -> usize {
-    let slot_units = payload_lines / 2;
-    let per_partial_slot = partial_slot_units(dtype, payload_lines);
-    let limited = match algorithm {
-        Algorithm::Islands => {
-            let smallest = (0..islands.count())
-                .map(|i| islands.size(i))
-                .min()
-                .unwrap_or(1);
-            smallest * per_partial_slot
-        }
-        Algorithm::Ring => islands.world_size().max(1) * per_partial_slot,
-        _ => slot_units,
-    };
-    limited.min(slot_units).max(1)
+    schedule::launch_units(algorithm, islands, dtype, payload_lines / 2)
 }
 
 /// The inboxes of one launch, resolved per pair of ranks so that a kernel never tests where a
@@ -974,10 +959,15 @@ mod tests {
             launch_units(Algorithm::OneShot, DType::Bf16, payload_lines, &eight),
             32768
         );
-        // Ring: a chunk's bf16 partials take four lines a unit: 8 x 16384 > a slot.
+        // Ring: a chunk's bf16 partials take four lines a unit, and each of the n chunks has a
+        // slot of its own: n x 16384 units (f32: n x 32768).
         assert_eq!(
             launch_units(Algorithm::Ring, DType::Bf16, payload_lines, &eight),
-            32768
+            8 * 16384
+        );
+        assert_eq!(
+            launch_units(Algorithm::Ring, DType::F32, payload_lines, &eight),
+            8 * 32768
         );
         let two = Islands::single(2);
         assert_eq!(
@@ -1000,16 +990,20 @@ mod tests {
             launch_units(Algorithm::Islands, DType::Bf16, payload_lines, &halves),
             32768
         );
-        // An odd slot: the ring's largest chunk still fits.
+        // An odd slot: the ring's largest chunk still fits a slot, as partials (four lines a
+        // unit for 16-bit data, two for f32), and so as the all-gather's lines at the same
+        // positions.
         for world in 2..=16 {
             // Slots of a chunk of at least Config::MIN_CHUNK_BYTES (16 lines).
             for lines in [16, 18, 22, 65534, 65538] {
                 let islands = Islands::single(world);
-                let units = launch_units(Algorithm::Ring, DType::Bf16, lines, &islands);
-                assert!(
-                    4 * units.div_ceil(world) <= lines,
-                    "{world} {lines}: {units}"
-                );
+                for (dtype, lines_a_unit) in [(DType::Bf16, 4), (DType::F32, 2)] {
+                    let units = launch_units(Algorithm::Ring, dtype, lines, &islands);
+                    assert!(
+                        lines_a_unit * units.div_ceil(world) <= lines,
+                        "{world} {lines} {dtype:?}: {units}"
+                    );
+                }
             }
         }
     }

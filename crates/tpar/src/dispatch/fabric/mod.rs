@@ -323,7 +323,13 @@ impl<'a> Fabric<'a> {
             let (us, collapses) = self.launch_us(&steps);
             (us, collapses, steps.len())
         };
-        let chunk = params::CHUNK_BYTES;
+        // A call is cut into launches as the CUDA communicator cuts it.
+        let chunk = (schedule::launch_units(
+            algorithm,
+            &islands,
+            dtype,
+            params::CHUNK_BYTES as usize / schedule::UNIT_BYTES,
+        ) * schedule::UNIT_BYTES) as u64;
         let (full, rest) = (bytes / chunk, bytes % chunk);
         let mut us = 0.0;
         let mut collapses = false;
