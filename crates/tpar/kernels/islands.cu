@@ -30,14 +30,15 @@
 // Lines cross between islands through the inboxes the host resolved per pair (prims.cuh,
 // send_inbox and recv_inbox).
 #define TPAR_ISLANDS_KERNEL 1
-// The cold steps of its waits out of line here (tuning.cuh): with the islands tested per line
-// it ran out of registers with them inlined (128, spilling) and ran faster out of line on one
-// H200 (bench/README.md, "Eighth session"). Without that test (the host resolves each pair's
-// inboxes) both fit; inlined took 4+4 at 4 KiB from 6.42 to 6.53 us and at 64 KiB from 7.99
-// to 7.77 (bench/README.md, "Ninth session"), so out of line stays, for the smallest calls.
-#ifndef TPAR_COLD_INLINE
-#define TPAR_COLD_INLINE 0
-#endif
+// The cold steps of its waits are inlined, as in every other kernel (tuning.cuh,
+// TPAR_COLD_INLINE). They were out of line here while the islands were tested per line, which
+// ran out of registers with them inlined (bench/README.md, "Eighth session"), and after that
+// for the smallest calls (ninth session, one H200: inlined 4+4 at 4 KiB 6.42 -> 6.53 us, 64 KiB
+// 7.99 -> 7.77). Since small launches spread over smaller blocks, inlined is faster at every
+// size measured: one H100, 8 ranks 4+4 as streams, bf16, 2026-12-06 (bench/results/
+// 2026-12-06-s12, call 3): 4 / 8 / 16 / 64 KiB 5.60-5.65 / 5.66 / 5.86 / 8.41-8.42 us
+// out of line against 5.53 / 5.55-5.59 / 5.76-5.77 / 8.23-8.25 inlined; 4 ranks 2+2 at 4 / 16 /
+// 64 KiB 4.23-4.24 / 4.23 / 5.13 against 4.17 / 4.15 / 5.08-5.09.
 #include "tpar_ll.cuh"
 
 template <int DT>
