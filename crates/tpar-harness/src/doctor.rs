@@ -62,6 +62,14 @@ pub struct SizeDecision {
     pub model_us: Option<f64>,
 }
 
+/// A tuning table passed over: where it lies, the kernels it timed and this build's.
+#[derive(Serialize, Debug)]
+pub struct IgnoredTable {
+    pub path: String,
+    pub kernels: String,
+    pub this_build: String,
+}
+
 /// Everything `tpar doctor` found; `ok` is false when tpar cannot work as asked (a failed
 /// check, or a size with no algorithm).
 #[derive(Serialize, Debug)]
@@ -85,6 +93,10 @@ pub struct Report {
     pub collapse: Collapse,
     pub memory_per_rank: MemoryFootprint,
     pub tuning_table: Option<String>,
+    /// A table for this machine that is not read because it timed other kernels than this
+    /// build's (an older tpar, or other `TPAR_KERNEL_DEFINES`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignored_tuning_table: Option<IgnoredTable>,
     pub checks: Vec<Check>,
     /// The init measurement of the links between this machine's GPUs (two or more GPUs).
     pub links: Option<LinkMeasurements>,
@@ -146,7 +158,16 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
             checks.push(first_use_check(&topology, world_size));
         }
     }
-    let tuning = TuningTable::load_for(&topology, world_size, options.dtype);
+    let this_build = tpar::backend::cuda::kernels::build_id();
+    let tuning = TuningTable::load_for(&topology, world_size, options.dtype, &this_build);
+    let ignored_tuning_table =
+        TuningTable::ignored_for(&topology, world_size, options.dtype, &this_build).map(|t| {
+            IgnoredTable {
+                path: t.kept_at().display().to_string(),
+                kernels: t.kernels,
+                this_build: this_build.clone(),
+            }
+        });
     // The model's time is of the model's own decision; with a forced path or a tuning table
     // it would describe another decision than the one shown, so it is left out then.
     let model = (forced.is_none() && tuning.as_ref().is_none_or(TuningTable::is_first_use))
@@ -214,6 +235,7 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         dtype: options.dtype,
         memory_per_rank: memory,
         tuning_table: tuning.map(|t| t.kept_at().display().to_string()),
+        ignored_tuning_table,
         checks,
         links,
         decisions,
@@ -422,9 +444,12 @@ fn first_use_check(topology: &Topology, world_size: usize) -> Check {
     if world_size < 2 {
         return check(true, "not run: one rank (nothing to reduce)".into());
     }
-    if let Some(t) =
-        TuningTable::load_for(topology, world_size, tpar::communicator::first_use::DTYPE)
-    {
+    if let Some(t) = TuningTable::load_for(
+        topology,
+        world_size,
+        tpar::communicator::first_use::DTYPE,
+        &tpar::backend::cuda::kernels::build_id(),
+    ) {
         let path = if t.is_first_use() {
             TuningTable::first_use_path(&t.fingerprint, world_size, t.dtype)
         } else {

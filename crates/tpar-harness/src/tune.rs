@@ -154,6 +154,7 @@ pub fn table_from(
     last.max_bytes = u64::MAX;
     Ok(TuningTable {
         fingerprint,
+        kernels: tpar::backend::cuda::kernels::build_id(),
         world_size,
         dtype,
         entries,
@@ -285,6 +286,7 @@ pub fn fused_table_from(
         }
     }
     FusedTable {
+        kernels: tpar::backend::cuda::kernels::build_id(),
         fingerprint,
         world_size,
         dtype,

@@ -118,6 +118,14 @@ pub fn doctor(r: &Report) -> String {
             .as_ref()
             .map_or(String::new(), |p| format!("; tuning table {p}"))
     ));
+    if let Some(t) = &r.ignored_tuning_table {
+        out.push_str(&format!(
+            "(tuning table {} not read: it timed other kernels, {}, than this build's, {}; `tpar tune` measures this build)\n",
+            t.path,
+            if t.kernels.is_empty() { "unnamed (written before tables named them)" } else { t.kernels.as_str() },
+            t.this_build
+        ));
+    }
     let modelled = r.decisions.iter().any(|s| s.model_us.is_some());
     let header: &[&str] = if modelled {
         &["size", "algorithm", "model us", "why"]

@@ -9,6 +9,12 @@ pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     })
 }
 
+/// FNV-1a of several texts, each ended by a zero byte (so that moving text from one to the
+/// next changes the hash).
+pub fn fnv1a_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> u64 {
+    fnv1a(texts.into_iter().flat_map(|t| t.bytes().chain([0u8])))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -17,5 +23,14 @@ mod tests {
         assert_eq!(super::fnv1a(*b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(super::fnv1a(*b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(super::fnv1a(*b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn texts_are_separated() {
+        assert_eq!(super::fnv1a_texts(["foobar"]), super::fnv1a(*b"foobar\0"));
+        assert_ne!(
+            super::fnv1a_texts(["foo", "bar"]),
+            super::fnv1a_texts(["fo", "obar"])
+        );
     }
 }

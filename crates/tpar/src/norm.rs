@@ -206,6 +206,9 @@ pub fn built_in_limit(algorithm: Algorithm, world_size: usize) -> Option<(u64, &
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FusedTable {
     pub fingerprint: String,
+    /// The kernels it timed, as `TuningTable::kernels` (a table of other kernels is not read).
+    #[serde(default)]
+    pub kernels: String,
     pub world_size: usize,
     pub dtype: DType,
     pub hidden: usize,
@@ -234,15 +237,17 @@ impl FusedTable {
         ))
     }
 
-    /// The table `tpar tune` wrote for this machine, world size, dtype and hidden size.
+    /// The table `tpar tune` wrote for this machine, world size, dtype and hidden size, if it
+    /// timed the kernels `kernels` (`TuningTable::kernels`).
     pub fn load(
-        fingerprint: &str,
+        (fingerprint, kernels): (&str, &str),
         world_size: usize,
         dtype: DType,
         hidden: usize,
     ) -> Option<FusedTable> {
         let path = Self::path(fingerprint, world_size, dtype, hidden);
-        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+        let table: FusedTable = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        (table.kernels == kernels).then_some(table)
     }
 
     /// Writes it where [`FusedTable::load`] looks (atomically).
@@ -578,6 +583,7 @@ mod tests {
             separate_us,
         };
         let table = FusedTable {
+            kernels: String::new(),
             fingerprint: "fp".into(),
             world_size: 2,
             dtype: DType::Bf16,

@@ -36,7 +36,13 @@ pub fn fused_table(world_size: usize, dtype: DType, hidden: usize) -> Option<Arc
     tables
         .entry((world_size, dtype, hidden))
         .or_insert_with(|| {
-            FusedTable::load(this_machine()?, world_size, dtype, hidden).map(Arc::new)
+            FusedTable::load(
+                (this_machine()?, &super::cuda::kernels::build_id()),
+                world_size,
+                dtype,
+                hidden,
+            )
+            .map(Arc::new)
         })
         .clone()
 }

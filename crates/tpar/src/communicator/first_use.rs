@@ -19,6 +19,7 @@ use cudarc::driver::CudaStream;
 
 use super::Communicator;
 use crate::backend::cuda::driver::DeviceMemory;
+use crate::backend::cuda::kernels;
 use crate::dispatch::fabric::Fabric;
 pub use crate::dispatch::first_use::{enabled, ProbePlan, BUDGET, ENV_FIRST_USE};
 use crate::dispatch::{eligibility, Request, TuningTable};
@@ -190,7 +191,13 @@ fn wanted(comm: &Communicator) -> bool {
     enabled(std::env::var(ENV_FIRST_USE).ok().as_deref())
         && comm.cuda.world_size() > 1
         && comm.cuda.time_sliced_with().is_empty()
-        && TuningTable::load_for(&comm.topology, comm.cuda.world_size(), DTYPE).is_none()
+        && TuningTable::load_for(
+            &comm.topology,
+            comm.cuda.world_size(),
+            DTYPE,
+            &kernels::build_id(),
+        )
+        .is_none()
 }
 
 /// Measures for ranks that are all streams of this process (`comms[i]` on `streams[i]`), when
@@ -214,7 +221,7 @@ pub fn measure_local(
     let refs: Vec<&Communicator> = comms.iter().collect();
     let times = time_probes(&refs, streams, &plan)?;
     let table = plan.table(
-        first.topology.fingerprint(),
+        (first.topology.fingerprint(), kernels::build_id()),
         first.cuda.world_size(),
         &times.iter().copied().map(Some).collect::<Vec<_>>(),
     );
@@ -317,7 +324,7 @@ impl Communicator {
             })
             .collect();
         let table = plan.table(
-            self.topology.fingerprint(),
+            (self.topology.fingerprint(), kernels::build_id()),
             self.cuda.world_size(),
             &slowest,
         );

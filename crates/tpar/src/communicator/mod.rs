@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use cudarc::driver::CudaStream;
 
 use crate::algorithm::Algorithm;
-use crate::backend::cuda::kernels::KernelId;
+use crate::backend::cuda::kernels::{self, KernelId};
 use crate::backend::cuda::link_measurement::LinkMeasurements;
 use crate::backend::cuda::span::Operands;
 use crate::backend::cuda::stream_order::{Capture, StreamOrder};
@@ -206,12 +206,31 @@ impl Communicator {
             payload_lines: cuda.payload_lines(),
             nccl: slot.availability(),
         };
-        let tuning = DType::ALL
+        let this_build = kernels::build_id();
+        let tuning: HashMap<DType, TuningTable> = DType::ALL
             .into_iter()
-            .filter_map(|d| TuningTable::load_for(&topology, cuda.world_size(), d).map(|t| (d, t)))
+            .filter_map(|d| {
+                TuningTable::load_for(&topology, cuda.world_size(), d, &this_build).map(|t| (d, t))
+            })
+            .collect();
+        // A `tpar tune` table of another build no longer decides: say so, or a user who tuned
+        // would take the first-use measurement's (or the model's) choices for the table's.
+        let ignored: Vec<String> = DType::ALL
+            .into_iter()
+            .filter(|d| !tuning.contains_key(d))
+            .filter_map(|d| TuningTable::ignored_for(&topology, cuda.world_size(), d, &this_build))
+            // A first-use table of another build is measured again, unasked.
+            .filter(|t| !t.is_first_use())
+            .map(|t| {
+                format!(
+                    "the tuning table {} is not read: it timed other kernels ({}) than this build's ({this_build}); run `tpar tune` again",
+                    t.kept_at().display(),
+                    if t.kernels.is_empty() { "unnamed" } else { t.kernels.as_str() }
+                )
+            })
             .collect();
         let order = StreamOrder::new(cuda.context())?;
-        Ok(Communicator {
+        let mut comm = Communicator {
             order,
             cuda,
             nccl: Mutex::new(slot),
@@ -224,7 +243,24 @@ impl Communicator {
             group: Mutex::new(group),
             decisions: Mutex::default(),
             warnings: Vec::new(),
-        })
+        };
+        for warning in ignored {
+            comm.warn_once(warning);
+        }
+        Ok(comm)
+    }
+
+    /// Logs `warning` once per process (a job that makes many communicators, as selftest
+    /// makes one per row, would otherwise repeat it for every one); each communicator keeps it
+    /// ([`Communicator::warnings`]).
+    fn warn_once(&mut self, warning: String) {
+        static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        if !warned.contains(&warning) {
+            log::warn!("{warning}");
+            warned.push(warning.clone());
+        }
+        self.warnings.push(warning);
     }
 
     /// This process's rank of the job behind `rendezvous`, on GPU `device`, with its own NCCL
@@ -284,15 +320,7 @@ impl Communicator {
                 comm.cuda.rank(),
                 sharing.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
             );
-            // Once per process: a job that makes many communicators (selftest makes one per
-            // row) would otherwise repeat it for every one. Each communicator keeps it.
-            static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-            if !warned.contains(&warning) {
-                log::warn!("{warning}");
-                warned.push(warning.clone());
-            }
-            comm.warnings.push(warning);
+            comm.warn_once(warning);
         }
         if std::env::var(ENV_INIT_SELFTEST).map_or(true, |v| v != "0") {
             comm.init_selftest(rendezvous, &selftest_instance, config.timeout)?;

@@ -94,15 +94,17 @@ impl ProbePlan {
     }
 
     /// The first-use table from each probe's time on the slowest rank (`measured_us`, one per
-    /// probe, in order; a probe with no time is left out).
+    /// probe, in order; a probe with no time is left out), of the machine `fingerprint` and the
+    /// kernels `kernels` (`TuningTable::kernels`).
     pub fn table(
         &self,
-        fingerprint: String,
+        (fingerprint, kernels): (String, String),
         world_size: usize,
         measured_us: &[Option<f64>],
     ) -> TuningTable {
         TuningTable {
             fingerprint,
+            kernels,
             world_size,
             dtype: self.dtype,
             entries: Vec::new(),
@@ -235,7 +237,7 @@ mod tests {
             warmup: 2,
             replays: 6,
         };
-        let table = p.table(t.fingerprint(), 8, &[Some(4.4), None]);
+        let table = p.table((t.fingerprint(), "k".into()), 8, &[Some(4.4), None]);
         assert!(table.is_first_use());
         assert_eq!(table.probes.len(), 1);
         assert_eq!(

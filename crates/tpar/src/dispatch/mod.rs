@@ -657,6 +657,7 @@ mod tests {
         // The first use measured the model's pick three times slower than modelled.
         let table = TuningTable {
             fingerprint: t.fingerprint(),
+            kernels: String::new(),
             world_size: 8,
             dtype: DType::Bf16,
             entries: Vec::new(),
@@ -782,6 +783,7 @@ mod tests {
         let h200 = fixture("8x-h200-nvswitch");
         let table = TuningTable {
             fingerprint: "x".into(),
+            kernels: String::new(),
             world_size: 8,
             dtype: DType::Bf16,
             entries: vec![TuningEntry {

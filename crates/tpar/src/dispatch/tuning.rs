@@ -3,7 +3,9 @@
 //! Two kinds: `tpar tune`'s (the fastest choice per size, every choice measured: its entries
 //! decide) and the first-use measurement's (a few candidates the fabric model ranked closest,
 //! timed when a communicator was first created on a machine with no table: its probes correct
-//! the model's estimates). A `tpar tune` table, where one exists, is the one read.
+//! the model's estimates). A `tpar tune` table, where one exists, is the one read. A table
+//! names the kernels it timed (`backend::cuda::kernels::build_id`); one measured with other
+//! kernels is not read (an upgrade of tpar measures again), and `tpar doctor` says so.
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +19,10 @@ use crate::topology::Topology;
 pub struct TuningTable {
     /// Of the GPUs, driver and topology the table was measured on.
     pub fingerprint: String,
+    /// The kernels it timed (`backend::cuda::kernels::build_id`; empty in tables written
+    /// before tables named them, which are not read).
+    #[serde(default)]
+    pub kernels: String,
     pub world_size: usize,
     pub dtype: DType,
     /// `tpar tune`'s fastest choice per size: ascending `max_bytes`; a message takes the first
@@ -72,15 +78,43 @@ impl TuningTable {
         self.entries.is_empty()
     }
 
-    /// The table measured on `topology`'s machine: `tpar tune`'s if it wrote one, else the
-    /// first-use measurement's.
-    pub fn load_for(topology: &Topology, world_size: usize, dtype: DType) -> Option<TuningTable> {
+    /// The table measured on `topology`'s machine with the kernels `kernels` (the build's
+    /// `backend::cuda::kernels::build_id`): `tpar tune`'s if it wrote one, else the first-use
+    /// measurement's. A table of other kernels is passed over ([`TuningTable::ignored_for`]).
+    pub fn load_for(
+        topology: &Topology,
+        world_size: usize,
+        dtype: DType,
+        kernels: &str,
+    ) -> Option<TuningTable> {
+        Self::on_disk(topology, world_size, dtype).find(|t| t.kernels == kernels)
+    }
+
+    /// A table for this machine that [`TuningTable::load_for`] passes over because it timed
+    /// other kernels (`tpar tune`'s first): what `tpar doctor` and a new communicator report,
+    /// so that a user whose table stopped deciding knows why and what to run.
+    pub fn ignored_for(
+        topology: &Topology,
+        world_size: usize,
+        dtype: DType,
+        kernels: &str,
+    ) -> Option<TuningTable> {
+        Self::on_disk(topology, world_size, dtype).find(|t| t.kernels != kernels)
+    }
+
+    /// The tables on disk for this machine, world size and dtype: `tpar tune`'s first.
+    fn on_disk(
+        topology: &Topology,
+        world_size: usize,
+        dtype: DType,
+    ) -> impl Iterator<Item = TuningTable> {
         let fingerprint = topology.fingerprint();
-        let read = |path: std::path::PathBuf| -> Option<TuningTable> {
-            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
-        };
-        read(Self::path(&fingerprint, world_size, dtype))
-            .or_else(|| read(Self::first_use_path(&fingerprint, world_size, dtype)))
+        [
+            Self::path(&fingerprint, world_size, dtype),
+            Self::first_use_path(&fingerprint, world_size, dtype),
+        ]
+        .into_iter()
+        .filter_map(|path| serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok())
     }
 
     /// Writes the table where [`TuningTable::load_for`] looks (atomically): `tpar tune`'s
@@ -121,6 +155,7 @@ mod tests {
     fn a_probe_corrects_its_choice_near_its_size_only() {
         let table = TuningTable {
             fingerprint: "fp".into(),
+            kernels: String::new(),
             world_size: 8,
             dtype: DType::Bf16,
             entries: Vec::new(),

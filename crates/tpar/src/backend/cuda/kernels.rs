@@ -5,6 +5,23 @@
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
 
+/// What names the kernels this build runs: tpar's version and a hash of every kernel source
+/// and header with the experiment defines (`TPAR_KERNEL_DEFINES`). Tuning tables keep it, and
+/// one measured with other kernels is not used: its times are of code that no longer runs (on
+/// one H200 the ring's 1 MiB went from 71 to 38 us between two builds, 2026-12-06). Changes to
+/// the host's launch rules alone do not change it.
+pub fn build_id() -> String {
+    let defines = super::nvrtc::extra_defines().join(" ");
+    let hash = crate::hash::fnv1a_texts(
+        HEADERS
+            .iter()
+            .chain(SOURCES.iter())
+            .flat_map(|(name, text)| [*name, *text])
+            .chain([defines.as_str()]),
+    );
+    format!("{}+{hash:016x}", env!("CARGO_PKG_VERSION"))
+}
+
 /// The umbrella header every `.cu` includes (it includes the others).
 pub const HEADER_NAME: &str = "tpar_ll.cuh";
 pub const HEADER_SOURCE: &str = include_str!("../../../kernels/tpar_ll.cuh");

@@ -164,7 +164,7 @@ fn program_log(program: sys::nvrtcProgram) -> String {
 
 /// Extra `-D` options for experiments with the kernels' tuning macros, from
 /// `TPAR_KERNEL_DEFINES` (whitespace-separated); part of the cache key.
-fn extra_defines() -> Vec<String> {
+pub(super) fn extra_defines() -> Vec<String> {
     std::env::var("TPAR_KERNEL_DEFINES")
         .unwrap_or_default()
         .split_whitespace()
@@ -183,11 +183,10 @@ pub fn cached_cubin(
 ) -> Result<Vec<u8>> {
     let (major, minor) = nvrtc_version()?;
     let defines = extra_defines().join(" ");
-    let hash = crate::hash::fnv1a(
+    let hash = crate::hash::fnv1a_texts(
         std::iter::once(source)
             .chain(headers.iter().flat_map(|(n, s)| [*n, *s]))
-            .chain([defines.as_str()])
-            .flat_map(|text| text.bytes().chain([0u8])),
+            .chain([defines.as_str()]),
     );
     let stem = name.trim_end_matches(".cu");
     let path = cache_root().join("kernels").join(format!(
