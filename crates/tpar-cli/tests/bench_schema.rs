@@ -6,6 +6,8 @@
 
 use serde_json::Value;
 
+mod common;
+
 /// Every violation of `schema` by `value`, as "path: what".
 fn violations(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
     if let Some(types) = schema.get("type") {
@@ -209,30 +211,19 @@ fn a_result_without_its_provenance_is_refused() {
 
 #[test]
 fn cpu_bench_json_follows_the_schema_and_a_lying_skipped_row_does_not() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tpar"))
-        .args([
-            "bench",
-            "--backend",
-            "cpu",
-            "-n",
-            "2",
-            "--sizes",
-            "1K,4K",
-            "--iters",
-            "5",
-            "--json",
-            "-",
-        ])
-        .env_remove("TPAR_RENDEZVOUS")
-        .env_remove("RANK")
-        .env_remove("WORLD_SIZE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = common::output_of_success(common::tpar_command().args([
+        "bench",
+        "--backend",
+        "cpu",
+        "-n",
+        "2",
+        "--sizes",
+        "1K,4K",
+        "--iters",
+        "5",
+        "--json",
+        "-",
+    ]));
     let mut report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let schema = schema();
     assert_eq!(check(&schema, &report), Vec::<String>::new());

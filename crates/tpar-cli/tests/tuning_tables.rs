@@ -20,17 +20,12 @@ fn fixture() -> PathBuf {
 
 /// `tpar doctor --topology FIXTURE` with the cache in `cache`: its JSON report and its text.
 fn doctor(cache: &Path) -> (Value, String) {
-    let out = common::tpar_command()
-        .args(["doctor", "--topology"])
-        .arg(fixture())
-        .arg("--json")
-        .env("TPAR_CACHE_DIR", cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::output_of_success(
+        common::tpar_command()
+            .args(["doctor", "--topology"])
+            .arg(fixture())
+            .arg("--json")
+            .env("TPAR_CACHE_DIR", cache),
     );
     (
         serde_json::from_slice(&out.stdout).unwrap(),

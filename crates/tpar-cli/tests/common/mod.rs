@@ -25,6 +25,18 @@ pub fn tpar_command() -> Command {
     cmd
 }
 
+/// Runs `cmd` to its end and asserts that it succeeded (its standard error in the message).
+#[allow(dead_code)] // not every test file runs a command that must succeed
+pub fn output_of_success(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The /dev/shm segments of the job with `token` that are still there.
 #[allow(dead_code)] // not every test file looks at shared memory
 pub fn job_segments(token: &str) -> Vec<String> {
