@@ -17,17 +17,18 @@
 // gather slot. Each launch costs 2(n-1) hops whatever it carries, so fewer launches is what
 // makes the ring faster at large sizes (one H200, 8 ranks as streams, f32: 1 MiB was four
 // launches, 71 us, against two-shot's 45; bench/README.md, "Twelfth session").
-// Why the all-gather may reuse the reduce-scatter's slots: send step t >= 1 writes slot t-1 at
-// unit j's partial, which r+1 read in its reduce-scatter step t; r's send step t forwards chunk
-// (r - t), which reached r through the ranks r - t + 1, ..., r - 1, r + 1 ... back to r+1's
-// reduce-scatter step t, whose push of unit j came after (and from) its read of that line. So
-// the line is read before it is written again, and it must sit where unit j's partial sat
-// (for 16-bit data a partial takes two lines: a unit at line j would overwrite the partial of
-// unit j/2, which another thread may not have read yet). Send step 0 takes slot n-1, which the
-// reduce-scatter leaves free, a line a unit as the one gather slot had: at 2 ranks that is the
-// whole all-gather (at the partial positions it was 1% slower there: one H200, bf16, 512 KiB to
-// 4 MiB). A line of the gather identity (id ^ TPAR_RING_GATHER_ID) is never taken for a partial
-// of the same slot, nor a partial for it.
+// Why the all-gather may reuse the reduce-scatter's slots: rank r's send step t >= 1 writes
+// unit j of chunk c = r - t into slot t-1 of r+1. Rank r+1 = c + t + 1 took that chunk in its
+// reduce-scatter step t: it read unit j's partial from slot t-1, added its input and pushed
+// the sum on; the chunk went on to c, which finished it, and came back around as send steps
+// 0, 1, ..., t-1 to r. Every push in that chain carries what its rank read before it, so r+1
+// read slot t-1's line of unit j before r can write it again, provided the line sits where
+// unit j's partial sat (for 16-bit data a partial takes two lines: a unit at line j would
+// overwrite the partial of unit j/2, which another thread may not have read yet). Send step 0
+// takes slot n-1, which the reduce-scatter leaves free, a line a unit as the one gather slot
+// had: at 2 ranks that is the whole all-gather (at the partial positions it was 1% slower
+// there: one H200, bf16, 512 KiB to 4 MiB). A line of the gather identity
+// (id ^ TPAR_RING_GATHER_ID) is never taken for a partial of the same slot, nor a partial for it.
 #include "tpar_ll.cuh"
 
 #define TPAR_RING_GATHER_ID 0x9e3779b9u
