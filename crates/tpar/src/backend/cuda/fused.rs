@@ -13,10 +13,9 @@ use cudarc::driver::CudaStream;
 use super::errors::HEADER_FUSED;
 use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
 use super::span::FusedOperands;
-use super::threads_needed;
 // The fused op's operands are defined with the other operands, in `span.rs`.
 pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
-use super::{driver, launch_shape, CudaCommunicator};
+use super::{driver, CudaCommunicator};
 use crate::algorithm::Algorithm;
 use crate::error::Result;
 use crate::norm;
@@ -183,17 +182,9 @@ impl CudaCommunicator {
             return Ok(());
         }
         self.enqueue(&operands.allreduce(), algorithm, stream)?;
-        let before = self.last_chunk_grid(call, algorithm);
+        // The allreduce's last launch, as it was made (its grid, spread or squeezed).
+        let before = self.last_launch().map_or(0, |launch| launch.grid);
         self.norm_enqueue(operands, NormInput::Y, Some(before), stream)
-    }
-
-    /// Blocks of the last launch of a tpar allreduce of the call's elements on `algorithm`.
-    fn last_chunk_grid(&self, call: &FusedCall, algorithm: Algorithm) -> u32 {
-        let elements = call.elements();
-        let per_chunk = self.launch_elements(algorithm, call.dtype);
-        let last = elements - (elements.div_ceil(per_chunk).max(1) - 1) * per_chunk;
-        let threads = threads_needed(algorithm, last * call.dtype.size(), self.world_size);
-        launch_shape(threads, self.max_blocks, false).0
     }
 
     /// Queues the separate residual add + RMSNorm kernel on the rounded allreduce output,

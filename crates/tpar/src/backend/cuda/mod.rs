@@ -38,7 +38,6 @@ pub use communicator::{CudaCommunicator, LaunchShape};
 pub use group::PLANNED_MODULE_BYTES;
 pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Span};
 
-pub(crate) use communicator::{launch_shape, threads_needed};
 pub(crate) use group::{context, enable_peer_access};
 pub(crate) use loader::{free_memory_taken_by, kernel_set, KernelSet};
 
