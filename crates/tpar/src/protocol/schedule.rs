@@ -80,6 +80,12 @@ pub fn partials_fitting(slot_bytes: usize, dtype: DType) -> usize {
     slot_bytes * dtype.size() / 4
 }
 
+/// Units of `dtype` whose f32 partials fit a slot of `slot_units` units: an islands range or
+/// a ring chunk of one launch, and the islands' all-units form's largest launch.
+pub fn partial_slot_units(dtype: DType, slot_units: usize) -> usize {
+    partials_fitting(slot_units * UNIT_BYTES, dtype) / UNIT_BYTES
+}
+
 /// Units one launch of `algorithm` carries on the GPU (one message of the schedule) where a
 /// slot carries `slot_units` units: a whole slot, except where f32 partials must fit a slot.
 /// The islands' exchange puts a range of the smallest island's split there, so a launch is
@@ -93,7 +99,7 @@ pub fn launch_units(
     dtype: DType,
     slot_units: usize,
 ) -> usize {
-    let partial_slot = partials_fitting(slot_units * UNIT_BYTES, dtype) / UNIT_BYTES;
+    let partial_slot = partial_slot_units(dtype, slot_units);
     let units = match algorithm {
         Algorithm::Islands => {
             let smallest = (0..islands.count())

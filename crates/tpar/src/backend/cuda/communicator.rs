@@ -19,8 +19,7 @@ use crate::error::{Error, Result};
 use crate::islands::{Islands, IslandsExchange};
 use crate::protocol::header::CallHeader;
 use crate::protocol::layout::{chunks, InboxLayout};
-use crate::protocol::line::PAYLOAD_BYTES;
-use crate::protocol::schedule::{self, partials_fitting, units_for_bytes, UNIT_BYTES};
+use crate::protocol::schedule::{self, units_for_bytes, UNIT_BYTES};
 
 /// One rank's endpoint of a CUDA allreduce group.
 pub struct CudaCommunicator {
@@ -354,7 +353,8 @@ impl CudaCommunicator {
             return false;
         }
         let bytes = count * dtype.size();
-        let fits = units_for_bytes(bytes) <= partial_slot_units(dtype, self.layout.payload_lines);
+        let fits = units_for_bytes(bytes)
+            <= schedule::partial_slot_units(dtype, self.layout.payload_lines / 2);
         fits && self.islands_exchange.all_units_at(bytes)
     }
 
@@ -505,12 +505,6 @@ impl CudaCommunicator {
         // SAFETY: the empty kernel touches nothing.
         unsafe { f.launch(1, THREADS, stream.cu_stream(), &args) }
     }
-}
-
-/// Units of `dtype` whose f32 partials fit one slot of `payload_lines` lines: a launch of the
-/// islands' all-units form, or the ranges and ring chunks of [`launch_units`].
-pub(crate) fn partial_slot_units(dtype: DType, payload_lines: usize) -> usize {
-    partials_fitting(payload_lines * PAYLOAD_BYTES, dtype) / UNIT_BYTES
 }
 
 /// Threads one launch of `algorithm` over `bytes` needs: a thread per unit (16-byte LL line)
