@@ -11,14 +11,19 @@ use crate::dtype::DType;
 /// one H200 the ring's 1 MiB went from 71 to 38 us between two builds, 2026-12-06). Changes to
 /// the host's launch rules alone do not change it.
 pub fn build_id() -> String {
+    // The sources are constant: hashed once (a communicator asks several times as it is made).
+    static SOURCES_HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let sources = SOURCES_HASH.get_or_init(|| {
+        let hash = crate::hash::fnv1a_texts(
+            HEADERS
+                .iter()
+                .chain(SOURCES.iter())
+                .flat_map(|(name, text)| [*name, *text]),
+        );
+        format!("{hash:016x}")
+    });
     let defines = super::nvrtc::extra_defines().join(" ");
-    let hash = crate::hash::fnv1a_texts(
-        HEADERS
-            .iter()
-            .chain(SOURCES.iter())
-            .flat_map(|(name, text)| [*name, *text])
-            .chain([defines.as_str()]),
-    );
+    let hash = crate::hash::fnv1a_texts([sources.as_str(), defines.as_str()]);
     format!("{}+{hash:016x}", env!("CARGO_PKG_VERSION"))
 }
 
