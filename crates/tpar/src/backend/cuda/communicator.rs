@@ -455,22 +455,25 @@ impl CudaCommunicator {
     /// [`pdl_squeeze`]), stayed at 6.93 us after a one-shot launch of the full grid, against
     /// 6.38 (bench/results/2026-12-02-h200-s11, calls 1 and 2).
     pub(crate) fn same_grid_behind_last(&self, grid: u32, block: u32, pdl: bool) -> bool {
-        let take = |before: u64| {
-            let before_grid = LaunchShape::unpack(before).map_or(0, |l| l.grid);
-            pdl && pdl_fits_behind(before_grid, grid, self.max_blocks)
-        };
-        let before = self
-            .last_launch
-            .fetch_update(
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-                |before| {
-                    let pdl = take(before);
-                    Some(LaunchShape { grid, block, pdl }.pack())
-                },
-            )
-            .unwrap_or_else(|before| before);
-        take(before)
+        let mut taken = false;
+        // The closure always returns Some, so the update cannot fail.
+        let _ = self.last_launch.fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |before| {
+                let before_grid = LaunchShape::unpack(before).map_or(0, |l| l.grid);
+                taken = pdl && pdl_fits_behind(before_grid, grid, self.max_blocks);
+                Some(
+                    LaunchShape {
+                        grid,
+                        block,
+                        pdl: taken,
+                    }
+                    .pack(),
+                )
+            },
+        );
+        taken
     }
 
     /// The shape of this rank's last kernel launch (None before its first): what `tpar bench`
