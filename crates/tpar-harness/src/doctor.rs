@@ -450,16 +450,11 @@ fn first_use_check(topology: &Topology, world_size: usize) -> Check {
         tpar::communicator::first_use::DTYPE,
         &tpar::backend::cuda::kernels::build_id(),
     ) {
-        let path = if t.is_first_use() {
-            TuningTable::first_use_path(&t.fingerprint, world_size, t.dtype)
-        } else {
-            TuningTable::path(&t.fingerprint, world_size, t.dtype)
-        };
         return check(
             true,
             format!(
                 "not run: this machine has a table for {world_size} ranks ({})",
-                path.display()
+                t.kept_at().display()
             ),
         );
     }
