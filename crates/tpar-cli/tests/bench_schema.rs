@@ -323,3 +323,35 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
         "{row}"
     );
 }
+
+#[test]
+fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
+    let items = &schema_of("fused")["properties"]["rows"]["items"];
+    let mut fused = tpar_harness::fused_bench::FusedBenchRow {
+        algorithm: "one-shot",
+        world_size: 2,
+        tokens: 1,
+        hidden: 8192,
+        bytes: 16384,
+        variant: "fused",
+        p50_us: 4.3,
+        p99_us: 4.4,
+        correct: Some(true),
+        launch: Some(tpar::backend::cuda::LaunchShape {
+            grid: 4,
+            block: 512,
+            pdl: true,
+        }),
+    };
+    let row = serde_json::to_value(&fused).unwrap();
+    assert_eq!(
+        row["launch"],
+        serde_json::json!({"grid": 4, "block": 512, "pdl": true})
+    );
+    assert_eq!(check(items, &row), Vec::<String>::new());
+    // A row without a launch (NCCL, nothing launched) leaves the field out.
+    fused.launch = None;
+    let row = serde_json::to_value(&fused).unwrap();
+    assert!(row.get("launch").is_none(), "{row}");
+    assert_eq!(check(items, &row), Vec::<String>::new());
+}

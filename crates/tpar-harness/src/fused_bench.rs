@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tpar::backend::cuda::driver::{self, DeviceMemory};
 use tpar::backend::cuda::fused::{FusedInput, FusedResidual, FusedSpans};
+use tpar::backend::cuda::LaunchShape;
 use tpar::check::fill_input;
 use tpar::dispatch::Choice;
 use tpar::Config;
@@ -484,6 +485,8 @@ pub fn time_case(
             }
             Ok(())
         })?;
+        // The chain's last launch (the norm kernel's after "allreduce + norm").
+        let launch = shared.comms[0].cuda().last_launch();
         let warmup = (iters / 10).max(5);
         let us = time_replays(shared, &graphs, warmup, iters)
             .with_context(|| format!("{n} ranks, {tokens} tokens, {variant}"))?;
@@ -507,6 +510,7 @@ pub fn time_case(
             p50_us: percentile(&us, 50.0) / chain as f64,
             p99_us: percentile(&us, 99.0) / chain as f64,
             correct,
+            launch,
         });
     }
     Ok(rows)
@@ -526,6 +530,10 @@ pub struct FusedBenchRow {
     pub p99_us: f64,
     /// Checked against the CPU reference after the replays (the norm-producing variants).
     pub correct: Option<bool>,
+    /// How the first rank's last kernel of the timed chain was launched: the fused kernel in
+    /// the fused rows, the norm kernel after "allreduce + norm".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch: Option<LaunchShape>,
 }
 
 /// The rows of a fused bench, where they ran, and the world sizes that failed (with the error):

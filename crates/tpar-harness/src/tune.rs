@@ -361,6 +361,7 @@ mod tests {
             p50_us,
             p99_us: p50_us,
             correct: Some(correct),
+            launch: None,
         };
         let rows = vec![
             row("one-shot", 1, "allreduce + norm", 6.76, true),

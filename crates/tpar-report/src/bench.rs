@@ -168,6 +168,7 @@ pub fn fused(bench: &FusedBench, chain: usize, replays: usize) -> String {
             "fused",
             "fused - ar",
             "ar+norm - fused",
+            "fused launch",
             "correct",
         ],
         3,
@@ -190,6 +191,11 @@ pub fn fused(bench: &FusedBench, chain: usize, replays: usize) -> String {
             format!("{:.2}", p("fused")),
             format!("{:+.2}", p("fused") - p("allreduce")),
             format!("{:+.2}", p("allreduce + norm") - p("fused")),
+            chunk
+                .iter()
+                .find(|r| r.variant == "fused")
+                .and_then(|r| r.launch)
+                .map_or("-".to_owned(), |l| l.to_string()),
             if chunk.iter().all(|r| r.correct != Some(false)) {
                 "yes"
             } else {

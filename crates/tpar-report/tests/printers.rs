@@ -192,6 +192,11 @@ fn fused_row(
         p50_us,
         p99_us: p50_us,
         correct: Some(true),
+        launch: (variant == "fused").then_some(tpar::backend::cuda::LaunchShape {
+            grid: 4,
+            block: 512,
+            pdl: true,
+        }),
     }
 }
 
@@ -219,4 +224,29 @@ fn the_doctor_text_of_a_described_machine_has_every_section() {
         assert!(text.contains(section), "{section}: {text}");
     }
     assert!(!text.contains("cannot work as asked"), "{text}");
+}
+
+#[test]
+fn the_fused_bench_text_names_the_fused_kernels_launch_and_each_difference() {
+    let rows = tpar_harness::fused_bench::VARIANTS
+        .iter()
+        .zip([0.6, 2.0, 3.4, 5.5, 4.3])
+        .map(|(&variant, us)| fused_row(1, variant, us))
+        .collect();
+    let bench = tpar_harness::fused_bench::FusedBench {
+        algorithm: tpar::Algorithm::OneShot,
+        device: "a test GPU".into(),
+        driver_version: 13000,
+        hidden: 8192,
+        rows,
+        errors: vec![],
+    };
+    let text = tpar_report::bench::fused(&bench, 50, 100);
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("2 "))
+        .unwrap_or_else(|| panic!("no row for 2 ranks in\n{text}"));
+    for cell in ["4.30", "+2.30", "+1.20", "4x512 pdl", "yes"] {
+        assert!(row.contains(cell), "{cell} missing from {row:?} in\n{text}");
+    }
 }
