@@ -53,6 +53,17 @@ __device__ __forceinline__ u32 norm_segments(u64 quads) {
     return (u32)((quads + TPAR_NORM_THREADS - 1) / TPAR_NORM_THREADS);
 }
 
+// A row of `hidden` elements as the norm kernels walk it: its quads (units of two payload
+// words), payload words, bytes and segments.
+struct NormRow {
+    u64 quads, words, bytes;
+    u32 segments;
+};
+template <int DT> __device__ __forceinline__ NormRow norm_row(u64 hidden) {
+    const u64 quads = norm_row_quads<DT>(hidden);
+    return NormRow{quads, words_for<DT>(hidden), hidden * elem_bytes<DT>(), norm_segments(quads)};
+}
+
 // The quad's four (f16/bf16) or two (f32) elements as f32, from two payload words.
 template <int DT> __device__ __forceinline__ void unpack_quad(u32 w0, u32 w1, float* v) {
     Lanes<DT>::unpack(w0, v);

@@ -18,10 +18,9 @@ __device__ void add_rms_norm(const TparNormArgs& n) {
     // May start beside the allreduce that produces `sum` (programmatic dependent launch).
     pdl_wait();
     pdl_launch_dependents();
-    const u64 quads = norm_row_quads<DT>(n.hidden);
-    const u64 words = words_for<DT>(n.hidden);
-    const u64 row_bytes = n.hidden * elem_bytes<DT>();
-    const u32 segments = norm_segments(quads);
+    const NormRow shape = norm_row<DT>(n.hidden);
+    const u64 quads = shape.quads, words = shape.words, row_bytes = shape.bytes;
+    const u32 segments = shape.segments;
     const bool one_batch = segments <= TPAR_NORM_BATCH;
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (u64 row = blockIdx.x; row < n.rows; row += gridDim.x) {

@@ -23,21 +23,17 @@
 //
 // A failed wait (deadline, mismatched header) sets the error word; the thread then stops
 // waiting but still publishes its sums and reaches every barrier, so the kernel exits.
-// One wait site per group of peers (tuning.cuh): the fused kernels' code is large, and this
-// made them faster on one H200 (bench/README.md, "Eighth session").
-#ifndef TPAR_WAIT_SITE_PER_GROUP
-#define TPAR_WAIT_SITE_PER_GROUP 1
-#endif
+// A fused kernel: one wait site per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP).
+#define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
 template <int DT>
 __device__ void fused_oneshot(const TparFusedArgs& f) {
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
-    const u64 quads = norm_row_quads<DT>(n.hidden);
-    const u64 words = words_for<DT>(n.hidden);
-    const u64 row_bytes = n.hidden * elem_bytes<DT>();
-    const u32 segments = norm_segments(quads);
+    const NormRow shape = norm_row<DT>(n.hidden);
+    const u64 quads = shape.quads, words = shape.words, row_bytes = shape.bytes;
+    const u32 segments = shape.segments;
     const u32 per_row = n.blocks_per_row;
     const u32 part = blockIdx.x % per_row;
     const u64 first_row = blockIdx.x / per_row;

@@ -43,63 +43,47 @@
 
 template <int DT>
 __device__ void islands_push(const TparArgs& a) {
-    const u64 words = words_for<DT>(a.count);
-    const u64 units = (words + 1) / 2;
-    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
     const bool all_units = a.flags & TPAR_FLAG_ISLANDS_ALL_UNITS;
-    pdl_wait();
-    u32 first0 = 0, first1 = 0;
-    if (tid < units) load_pair<DT>(a.input, tid, a.count, words, &first0, &first1);
+    const InputUnits<DT> in = input_units<DT>(a);
     const Call call = begin_call(a, DT | (all_units ? TPAR_HEADER_ISLANDS_ALL : 0));
     const u32 me = a.rank;
-    const u32 island = island_of(a, me);
-    const u32 islands = island_count(a);
-    const u32 members = island_mask(a, me);
-    const u32 size = island_size(a, island);
-    const u32 position = island_position(a, me);
-    const u64 range_begin = all_units ? 0 : share_start(units, size, position);
-    const u64 range_end = all_units ? units : share_start(units, size, position + 1);
+    const IslandView at = island_view(a);
+    const u64 range_begin = all_units ? 0 : share_start(in.units, at.size, at.position);
+    const u64 range_end = all_units ? in.units : share_start(in.units, at.size, at.position + 1);
     const u64 my_slot = slot_payload(a, call.epoch, me);
-    auto own_unit = [&](u64 u, u32* w0, u32* w1) {
-        *w0 = first0;
-        *w1 = first1;
-        if (u != tid) load_pair<DT>(a.input, u, a.count, words, w0, w1);
-    };
 
     // 1. Inside the island: the input to every member.
-    for (u64 u = tid; u < units; u += stride) {
+    for (u64 u = in.tid; u < in.units; u += in.stride) {
         u32 w0, w1;
-        own_unit(u, &w0, &w1);
-        push_unit_to(a, call, members, my_slot + 2 * u, w0, w1);
+        in.load(a, u, &w0, &w1);
+        push_unit_to(a, call, at.members, my_slot + 2 * u, w0, w1);
     }
     // 1-3, one pass over the units: the island partial, to every member of another island
     // this rank sends it to, then the unit's result.
     bool ok = true;
-    for (u64 u = tid; u < units && ok; u += stride) {
+    for (u64 u = in.tid; u < in.units && ok; u += in.stride) {
         u32 w0, w1;
-        own_unit(u, &w0, &w1);
+        in.load(a, u, &w0, &w1);
         float partial[4] = {0.f, 0.f, 0.f, 0.f};
-        ok = reduce_unit<DT>(a, call, members, u, w0, w1, TPAR_PHASE_ISLANDS_INSIDE, partial);
+        ok = reduce_unit<DT>(a, call, at.members, u, w0, w1, TPAR_PHASE_ISLANDS_INSIDE, partial);
         if (!ok) break;
-        if (islands == 1) {
-            store_pair<DT>(a.output, u, a.count, words, Lanes<DT>::pack(partial),
-                           Lanes<DT>::pack(partial + Lanes<DT>::PER_WORD));
+        if (at.islands == 1) {
+            in.store(a, u, partial);
             continue;
         }
-        for (u32 j = 0; j < islands; ++j) {
-            if (j == island) continue;
+        for (u32 j = 0; j < at.islands; ++j) {
+            if (j == at.island) continue;
             const u32 j_size = island_size(a, j);
             if (all_units) {
                 // Every member of J whose sender in I is this rank: positions position,
                 // position + size, ... of J.
-                for (u32 k = position; k < j_size; k += size) push_partial<DT>(a, call, island_member(a, j, k), my_slot, u, partial);
+                for (u32 k = at.position; k < j_size; k += at.size) push_partial<DT>(a, call, island_member(a, j, k), my_slot, u, partial);
                 continue;
             }
-            const u32 q_position = share_owner(units, j_size, u);
-            if (q_position % size != position) continue;
+            const u32 q_position = share_owner(in.units, j_size, u);
+            if (q_position % at.size != at.position) continue;
             const u32 q = island_member(a, j, q_position);
-            push_partial<DT>(a, call, q, my_slot, u - share_start(units, j_size, q_position), partial);
+            push_partial<DT>(a, call, q, my_slot, u - share_start(in.units, j_size, q_position), partial);
         }
         // 2-3 in the same pass: the units this rank sums (all units, or its range) from every
         // island's partial of the unit, in island order (each sender pushed it in this same
@@ -107,16 +91,16 @@ __device__ void islands_push(const TparArgs& a) {
         // whose range holds them, which sums them in its own pass.
         const bool sums = all_units || (u >= range_begin && u < range_end);
         if (!sums) {
-            const u32 owner = island_member(a, island, share_owner(units, size, u));
+            const u32 owner = island_member(a, at.island, share_owner(in.units, at.size, u));
             u32 g0, g1;
             if (!(ok = gather_unit(a, call, owner, u, TPAR_PHASE_ISLANDS_GATHER, &g0, &g1))) break;
-            store_pair<DT>(a.output, u, a.count, words, g0, g1);
+            store_pair<DT>(a.output, u, a.count, in.words, g0, g1);
             continue;
         }
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (u32 j = 0; j < islands && ok; ++j) {
+        for (u32 j = 0; j < at.islands && ok; ++j) {
             float term[4] = {0.f, 0.f, 0.f, 0.f};
-            if (j == island) {
+            if (j == at.island) {
                 for (int e = 0; e < 4; ++e) term[e] = partial[e];
             } else {
                 const u32 sender = island_sender(a, j, me);
@@ -127,8 +111,8 @@ __device__ void islands_push(const TparArgs& a) {
         }
         if (!ok) break;
         const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
-        if (!all_units) push_unit_to(a, call, members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
-        store_pair<DT>(a.output, u, a.count, words, r0, r1);
+        if (!all_units) push_unit_to(a, call, at.members, gather_slot(a, call.epoch) + 2 * u, r0, r1);
+        store_pair<DT>(a.output, u, a.count, in.words, r0, r1);
     }
     end_call(a, call);
 }

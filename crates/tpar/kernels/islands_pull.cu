@@ -28,18 +28,13 @@ __device__ void islands_pull(const TparArgs& a) {
     __shared__ int all_ok;
     const Call call = begin_call(a, DT);
     const u32 me = a.rank;
-    const u32 island = island_of(a, me);
-    const u32 islands = island_count(a);
-    const u32 members = island_mask(a, me);
-    const u32 size = island_size(a, island);
-    const u32 position = island_position(a, me);
+    const IslandView at = island_view(a);
     const u64 words = words_for<DT>(a.count);
     const u64 units = (words + 1) / 2;
-    const u64 per_block = (units + gridDim.x - 1) / gridDim.x;
-    const u64 first = (u64)blockIdx.x * per_block;
-    const u64 last = min(units, first + per_block);
-    const u64 range_begin = share_start(units, size, position);
-    const u64 range_end = share_start(units, size, position + 1);
+    const BlockRange block = block_range(units);
+    const u64 first = block.first, last = block.last;
+    const u64 range_begin = share_start(units, at.size, at.position);
+    const u64 range_end = share_start(units, at.size, at.position + 1);
     u32* mine = pull_data(a.inboxes[me], a, call.epoch);
     float* partials = pull_partial(a.inboxes[me], a, call.epoch);
     u32* finals = pull_finals(a.inboxes[me], a, call.epoch);
@@ -62,13 +57,13 @@ __device__ void islands_pull(const TparArgs& a) {
         mine[2 * u + 1] = w1;
     }
     publish_flag(a, call, 0);
-    ok = wait_flags(0, TPAR_PHASE_ISLANDS_INSIDE, [&](u32 r) { return (members >> r & 1u) != 0; });
+    ok = wait_flags(0, TPAR_PHASE_ISLANDS_INSIDE, [&](u32 r) { return (at.members >> r & 1u) != 0; });
     // Phase 1: the island partial.
     for (u64 u = first + threadIdx.x; u < last && ok; u += blockDim.x) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         bool started = false;
         for (u32 r = 0; r < a.world_size; ++r) {
-            if (!(members >> r & 1u)) continue;
+            if (!(at.members >> r & 1u)) continue;
             u32 w0, w1;
             if (r == me) {
                 w0 = mine[2 * u];
@@ -91,8 +86,8 @@ __device__ void islands_pull(const TparArgs& a) {
     if (ok) {
         if (threadIdx.x == 0) {
             all_ok = 1;
-            for (u32 j = 0; j < islands; ++j) {
-                if (j != island && !wait_flag(a, call, island_sender(a, j, me), 1, blockIdx.x, TPAR_PHASE_ISLANDS_ACROSS)) {
+            for (u32 j = 0; j < at.islands; ++j) {
+                if (j != at.island && !wait_flag(a, call, island_sender(a, j, me), 1, blockIdx.x, TPAR_PHASE_ISLANDS_ACROSS)) {
                     all_ok = 0;
                     break;
                 }
@@ -103,10 +98,10 @@ __device__ void islands_pull(const TparArgs& a) {
     }
     for (u64 u = max(first, range_begin) + threadIdx.x; u < min(last, range_end) && ok; u += blockDim.x) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (u32 j = 0; j < islands; ++j) {
-            const float* from = j == island ? partials : pull_partial(a.inboxes[island_sender(a, j, me)], a, call.epoch);
+        for (u32 j = 0; j < at.islands; ++j) {
+            const float* from = j == at.island ? partials : pull_partial(a.inboxes[island_sender(a, j, me)], a, call.epoch);
             for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) {
-                const float t = j == island ? from[4 * u + e] : __uint_as_float(ld_sys_u32((const u32*)from + 4 * u + e));
+                const float t = j == at.island ? from[4 * u + e] : __uint_as_float(ld_sys_u32((const u32*)from + 4 * u + e));
                 acc[e] = j == 0 ? t : acc[e] + t;
             }
         }
@@ -117,10 +112,10 @@ __device__ void islands_pull(const TparArgs& a) {
     }
     if (ok) publish_flag(a, call, 2);
     // The block's other units, from the members whose ranges hold them.
-    if (ok) ok = wait_flags(2, TPAR_PHASE_ISLANDS_GATHER, [&](u32 r) { return (members >> r & 1u) != 0; });
+    if (ok) ok = wait_flags(2, TPAR_PHASE_ISLANDS_GATHER, [&](u32 r) { return (at.members >> r & 1u) != 0; });
     for (u64 u = first + threadIdx.x; u < last && ok; u += blockDim.x) {
         if (u >= range_begin && u < range_end) continue;
-        const u32 owner = island_member(a, island, share_owner(units, size, u));
+        const u32 owner = island_member(a, at.island, share_owner(units, at.size, u));
         const u32* from = pull_finals(a.inboxes[owner], a, call.epoch);
         store_pair<DT>(a.output, u, a.count, words, ld_sys_u32(from + 2 * u), ld_sys_u32(from + 2 * u + 1));
     }

@@ -164,6 +164,16 @@ __device__ __forceinline__ u32 island_mask(const TparArgs& a, u32 rank) {
     return mask;
 }
 
+// This rank's place among the islands: its island, how many there are, its island's members
+// (a bit set) and size, and its position there.
+struct IslandView {
+    u32 island, islands, members, size, position;
+};
+__device__ __forceinline__ IslandView island_view(const TparArgs& a) {
+    const u32 island = island_of(a, a.rank);
+    return IslandView{island, island_count(a), island_mask(a, a.rank), island_size(a, island), island_position(a, a.rank)};
+}
+
 // ---- the ring (protocol::schedule) ----
 
 __device__ __forceinline__ u32 ring_reduce_chunk(u32 rank, u32 n, u32 step) { return (rank + 2 * n - step - 1) % n; }

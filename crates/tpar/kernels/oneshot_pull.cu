@@ -56,15 +56,8 @@ __device__ __forceinline__ void pull_reduce(const TparArgs& a, const Call& call,
 template <int DT>
 __device__ void oneshot_pull(const TparArgs& a) {
     const Call call = begin_call(a, DT);
-    const u64 lines = words_for<DT>(a.count);
-    // Block b owns lines [b * per_block, (b + 1) * per_block): the same split on every rank.
-    const u64 per_block = (lines + gridDim.x - 1) / gridDim.x;
-    const u64 first = (u64)blockIdx.x * per_block;
-    const u64 last = min(lines, first + per_block);
-
-    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
-    for (u64 i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
-    publish_flag(a, call, 0);
+    const BlockRange share = publish_input<DT>(a, call);  // this block's words of the input, published
+    const u64 first = share.first, last = share.last;
     // Thread r waits for rank r's flag of this block, all ranks at once; the barrier passes
     // what each acquired on to every thread of the block.
     bool ok = true;

@@ -11,33 +11,25 @@
 
 template <int DT>
 __device__ void oneshot_push(const TparArgs& a) {
-    const u64 words = words_for<DT>(a.count);
-    const u64 units = (words + 1) / 2;
-    const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u64 stride = (u64)gridDim.x * blockDim.x;
-    // The thread's first unit is loaded before the call counter, so the two loads' latencies
-    // overlap (the input may be the previous kernel's output: after pdl_wait).
-    pdl_wait();
-    u32 first0 = 0, first1 = 0;
-    if (tid < units) load_pair<DT>(a.input, tid, a.count, words, &first0, &first1);
+    const InputUnits<DT> in = input_units<DT>(a);  // the first unit's load overlaps the call counter's
     const Call call = begin_call(a, DT);
     const u32 everyone = all_ranks(a);
     const u64 my_slot = slot_payload(a, call.epoch, a.rank);
-    for (u64 u = tid; u < units; u += stride) {
-        u32 w0 = first0, w1 = first1;
-        if (u != tid) load_pair<DT>(a.input, u, a.count, words, &w0, &w1);
+    for (u64 u = in.tid; u < in.units; u += in.stride) {
+        u32 w0, w1;
+        in.load(a, u, &w0, &w1);
         push_unit_to(a, call, everyone, my_slot + 2 * u, w0, w1);
     }
     if (TPAR_HOST_POLL_DELAY_PS_PER_BYTE > 0 && a.algo == TPAR_ALGO_HOST_STAGED) {
-        const u64 pushed = (u64)(a.world_size - 1) * units * 16;  // LL bytes this rank wrote
+        const u64 pushed = (u64)(a.world_size - 1) * in.units * 16;  // LL bytes this rank wrote
         __nanosleep((u32)min(pushed * TPAR_HOST_POLL_DELAY_PS_PER_BYTE / 1000, (u64)100000));
     }
-    for (u64 u = tid; u < units; u += stride) {
-        u32 own0 = first0, own1 = first1;
-        if (u != tid) load_pair<DT>(a.input, u, a.count, words, &own0, &own1);
+    for (u64 u = in.tid; u < in.units; u += in.stride) {
+        u32 own0, own1;
+        in.load(a, u, &own0, &own1);
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
         if (!reduce_unit<DT>(a, call, everyone, u, own0, own1, TPAR_PHASE_ONE_SHOT, acc)) break;
-        store_pair<DT>(a.output, u, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
+        in.store(a, u, acc);
     }
     end_call(a, call);
 }

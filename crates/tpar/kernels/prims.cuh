@@ -389,6 +389,39 @@ __device__ TPAR_SLOW_PATH bool wait_line(const TparArgs& a, const Call& call, co
     return true;
 }
 
+// ---- the input's units ----
+
+// A call's units (8 bytes of payload: two words) walked grid-stride: thread `tid` takes units
+// tid, tid + stride, ... The push kernels load the thread's first unit before the call counter,
+// so the two loads' latencies overlap (after pdl_wait: the input may be the previous kernel's
+// output); `load` hands that unit out again instead of reading it twice, and `store` writes a
+// unit's sum, rounded to the dtype once, to the output.
+template <int DT> struct InputUnits {
+    u64 words, units, tid, stride;
+    u32 first0, first1;
+    __device__ __forceinline__ void load(const TparArgs& a, u64 u, u32* w0, u32* w1) const {
+        *w0 = first0;
+        *w1 = first1;
+        if (u != tid) load_pair<DT>(a.input, u, a.count, words, w0, w1);
+    }
+    __device__ __forceinline__ void store(const TparArgs& a, u64 u, const float* acc) const {
+        store_pair<DT>(a.output, u, a.count, words, Lanes<DT>::pack(acc), Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD));
+    }
+};
+// Before begin_call (every thread).
+template <int DT> __device__ __forceinline__ InputUnits<DT> input_units(const TparArgs& a) {
+    InputUnits<DT> in;
+    in.words = words_for<DT>(a.count);
+    in.units = (in.words + 1) / 2;
+    in.tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    in.stride = (u64)gridDim.x * blockDim.x;
+    pdl_wait();
+    in.first0 = 0;
+    in.first1 = 0;
+    if (in.tid < in.units) load_pair<DT>(a.input, in.tid, a.count, in.words, &in.first0, &in.first1);
+    return in;
+}
+
 // ---- pushing ----
 
 // Unit `u` ({w0, w1}) to line `line` (counted from the inbox's start) of every rank in `mask`
@@ -536,6 +569,26 @@ __device__ __forceinline__ void publish_flag(const TparArgs& a, const Call& call
         st_sys(flag + 1, a.call_hash);
         st_release_sys(flag, call.epoch);
     }
+}
+
+// This block's share [first, last) of `items` (words or units) in the pull algorithms: contiguous,
+// the same split on every rank.
+struct BlockRange {
+    u64 first, last;
+};
+__device__ __forceinline__ BlockRange block_range(u64 items) {
+    const u64 per_block = (items + gridDim.x - 1) / gridDim.x;
+    const u64 first = (u64)blockIdx.x * per_block;
+    return BlockRange{first, min(items, first + per_block)};
+}
+// Every thread: the block's words of the input copied into this rank's published input, then
+// the block's flag of phase 0 over them (publish_flag). Returns the block's words.
+template <int DT> __device__ __forceinline__ BlockRange publish_input(const TparArgs& a, const Call& call) {
+    const BlockRange b = block_range(words_for<DT>(a.count));
+    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
+    for (u64 i = b.first + threadIdx.x; i < b.last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
+    publish_flag(a, call, 0);
+    return b;
 }
 
 // Waits until `peer`'s flag of `phase` for `block` carries this epoch (acquire: its data is

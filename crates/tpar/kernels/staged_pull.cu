@@ -13,14 +13,9 @@ __device__ void staged_pull(const TparArgs& a) {
     __shared__ int flags_ok;
     const Call call = begin_call(a, DT);
     const u32 n = a.world_size;
-    const u64 lines = words_for<DT>(a.count);
-    const u64 per_block = (lines + gridDim.x - 1) / gridDim.x;
-    const u64 first = (u64)blockIdx.x * per_block;
-    const u64 last = min(lines, first + per_block);
-
-    u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
-    for (u64 i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = load_word<DT>(a.input, i, a.count);
-    publish_flag(a, call, 0);
+    const BlockRange share = publish_input<DT>(a, call);  // this block's words of the input, published
+    const u64 first = share.first, last = share.last;
+    const u32* mine = pull_data(a.inboxes[a.rank], a, call.epoch);
     bool ok = true;
     for (u64 base = first; base < last && ok; base += blockDim.x) {
         const u64 i = base + threadIdx.x;

@@ -65,8 +65,13 @@
 // per group took the fused one-shot at 2 ranks x 1 token from 5.99 to 4.14 us and at 8 ranks x
 // 8 tokens from 25.98 to 14.44 (the fused kernels set 1), but the plain one-shot at 2 ranks
 // and 4 KiB from 2.16 to 2.48 and two-shot from 3.09 to 3.40 (0 stays the default).
+// The fused kernels (fused_oneshot.cu, twoshot_fused.cu) define TPAR_FUSED_KERNEL 1 before
+// the headers and so take 1.
+#ifndef TPAR_FUSED_KERNEL
+#define TPAR_FUSED_KERNEL 0
+#endif
 #ifndef TPAR_WAIT_SITE_PER_GROUP
-#define TPAR_WAIT_SITE_PER_GROUP 0
+#define TPAR_WAIT_SITE_PER_GROUP TPAR_FUSED_KERNEL
 #endif
 // Whether the header check polls its four words together also in device memory (it always
 // does in host memory, where waiting for each word in turn costs a PCIe round trip apiece).

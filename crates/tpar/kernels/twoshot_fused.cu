@@ -34,21 +34,17 @@
 // (deadline, mismatched header: the error word is set) a thread stops waiting and pushes
 // nothing more, so the peers fail at their own deadline instead of taking its partial sums,
 // but it reaches every barrier, so the kernel exits.
-// One wait site per group of peers (tuning.cuh): the fused kernels' code is large, and this
-// made them faster on one H200 (bench/README.md, "Eighth session").
-#ifndef TPAR_WAIT_SITE_PER_GROUP
-#define TPAR_WAIT_SITE_PER_GROUP 1
-#endif
+// A fused kernel: one wait site per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP).
+#define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
 template <int DT>
 __device__ void fused_twoshot(const TparFusedArgs& f) {
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
-    const u64 quads = norm_row_quads<DT>(n.hidden);
-    const u64 words = words_for<DT>(n.hidden);
-    const u64 row_bytes = n.hidden * elem_bytes<DT>();
-    const u32 segments = norm_segments(quads);
+    const NormRow shape = norm_row<DT>(n.hidden);
+    const u64 quads = shape.quads, words = shape.words, row_bytes = shape.bytes;
+    const u32 segments = shape.segments;
     const u64 units = n.rows * segments;
     const u32 ranks = a.world_size;
     const u64 grid = gridDim.x;
