@@ -88,8 +88,17 @@ struct TparArgs {
     // The call's identity (layout.cuh: call_hash), never 0: every LL line carries it.
     u32 call_hash;
     u32 flags;          // TPAR_FLAG_* below
-    // Islands: the island of each rank, numbered by their lowest rank (crate::islands).
+    // Islands (crate::islands; kernels.rs, IslandTables): the island of each rank, numbered by
+    // their lowest rank; each rank's position among its island's members; the ranks island by
+    // island (each island's in rank order); where each island's ranks start there; each
+    // island's size; and how many islands. The host fills them so that every lookup the
+    // islands kernels make per unit is one load (layout.cuh).
     unsigned char island_of[TPAR_MAX_RANKS];
+    unsigned char island_position[TPAR_MAX_RANKS];
+    unsigned char island_members[TPAR_MAX_RANKS];
+    unsigned char island_first[TPAR_MAX_RANKS];
+    unsigned char island_sizes[TPAR_MAX_RANKS];
+    unsigned char islands;
 };
 
 // A kernel's argument block: by value, and __grid_constant__ so that the out-of-line steps

@@ -29,6 +29,13 @@
 // partials within a slot).
 // Lines cross between islands through the inboxes the host resolved per pair (prims.cuh,
 // send_inbox and recv_inbox).
+// Every lookup of the partition (an island's size, its member at a position, a rank's
+// position) is one load from the host's tables in the arguments (abi.cuh), and this rank's
+// view of it is taken before pdl_wait. Counting them over the ranks at each lookup, on the
+// path between a unit's waits, cost 1.5 us a call: one H100, 8 ranks 4+4 as streams, bf16,
+// 2026-12-06 (bench/results/2026-12-06-s13, call 3): 4 / 8 / 16 / 64 KiB 5.59 / 5.60 / 5.79 /
+// 8.24 us counted, 4.11 / 4.22 / 4.65 / 7.55 with the tables, 3.95 / 4.00 / 4.40 / 7.52 with
+// the view taken early as well (one-shot 3.61 / 3.99 / 4.26 / 8.75).
 #define TPAR_ISLANDS_KERNEL 1
 // The cold steps of its waits are inlined, as in every other kernel (tuning.cuh,
 // TPAR_COLD_INLINE). They were out of line here while the islands were tested per line, which
@@ -44,10 +51,10 @@
 template <int DT>
 __device__ void islands_push(const TparArgs& a) {
     const bool all_units = a.flags & TPAR_FLAG_ISLANDS_ALL_UNITS;
+    const IslandView at = island_view(a);  // from the arguments alone: before pdl_wait, overlapped
     const InputUnits<DT> in = input_units<DT>(a);
     const Call call = begin_call(a, DT | (all_units ? TPAR_HEADER_ISLANDS_ALL : 0));
     const u32 me = a.rank;
-    const IslandView at = island_view(a);
     const u64 range_begin = all_units ? 0 : share_start(in.units, at.size, at.position);
     const u64 range_end = all_units ? in.units : share_start(in.units, at.size, at.position + 1);
     const u64 my_slot = slot_payload(a, call.epoch, me);

@@ -26,9 +26,9 @@ __device__ __forceinline__ void pull_unit(const TparArgs& a, const Call& call, u
 template <int DT>
 __device__ void islands_pull(const TparArgs& a) {
     __shared__ int all_ok;
+    const IslandView at = island_view(a);  // from the arguments alone: before begin_call's pdl_wait
     const Call call = begin_call(a, DT);
     const u32 me = a.rank;
-    const IslandView at = island_view(a);
     const u64 words = words_for<DT>(a.count);
     const u64 units = (words + 1) / 2;
     const BlockRange block = block_range(units);

@@ -128,30 +128,12 @@ __device__ __forceinline__ u32 owner_of_line(u64 units, u32 n, u64 unit) { retur
 // ---- islands (crate::islands, protocol::schedule) ----
 
 __device__ __forceinline__ u32 island_of(const TparArgs& a, u32 rank) { return a.island_of[rank]; }
-__device__ __forceinline__ u32 island_size(const TparArgs& a, u32 island) {
-    u32 m = 0;
-    for (u32 r = 0; r < a.world_size; ++r) m += a.island_of[r] == island;
-    return m;
-}
-__device__ __forceinline__ u32 island_count(const TparArgs& a) {
-    u32 k = 0;
-    for (u32 r = 0; r < a.world_size; ++r) k = max(k, (u32)a.island_of[r] + 1);
-    return k;
-}
+__device__ __forceinline__ u32 island_size(const TparArgs& a, u32 island) { return a.island_sizes[island]; }
+__device__ __forceinline__ u32 island_count(const TparArgs& a) { return a.islands; }
 // `rank`'s index among its island's members, in rank order.
-__device__ __forceinline__ u32 island_position(const TparArgs& a, u32 rank) {
-    u32 p = 0;
-    for (u32 r = 0; r < rank; ++r) p += a.island_of[r] == a.island_of[rank];
-    return p;
-}
+__device__ __forceinline__ u32 island_position(const TparArgs& a, u32 rank) { return a.island_position[rank]; }
 __device__ __forceinline__ u32 island_member(const TparArgs& a, u32 island, u32 position) {
-    for (u32 r = 0; r < a.world_size; ++r) {
-        if (a.island_of[r] == island) {
-            if (position == 0) return r;
-            --position;
-        }
-    }
-    return 0;
+    return a.island_members[a.island_first[island] + position];
 }
 // The rank of island `from` that sends island `from`'s partial over `to`'s range.
 __device__ __forceinline__ u32 island_sender(const TparArgs& a, u32 from, u32 to) {

@@ -10,7 +10,9 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::errors::{self, HEADER_ISLANDS_ALL};
-use super::kernels::{call_hash, KernelArgs, KernelId, FLAG_ISLANDS_ALL_UNITS, MAX_RANKS, THREADS};
+use super::kernels::{
+    call_hash, IslandTables, KernelArgs, KernelId, FLAG_ISLANDS_ALL_UNITS, MAX_RANKS, THREADS,
+};
 use super::loader::KernelSet;
 use super::span::{DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
@@ -426,7 +428,7 @@ impl CudaCommunicator {
             } else {
                 0
             },
-            island_of: self.islands.island_of_ranks(),
+            islands: IslandTables::from(&self.islands),
         }
     }
 
@@ -502,7 +504,7 @@ impl CudaCommunicator {
             algo: 0,
             call_hash: 0,
             flags: 0,
-            island_of: [0; MAX_RANKS],
+            islands: IslandTables::NONE,
         };
         let f = self.kernels.get(KernelId::Empty);
         // SAFETY: the empty kernel touches nothing.

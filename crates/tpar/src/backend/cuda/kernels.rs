@@ -4,6 +4,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::dtype::DType;
+use crate::islands::Islands;
 
 /// What names the kernels this build runs: tpar's version and a hash of every kernel source
 /// and header with the experiment defines (`TPAR_KERNEL_DEFINES`). Tuning tables keep it, and
@@ -188,8 +189,61 @@ pub struct KernelArgs {
     pub call_hash: u32,
     /// `TPAR_FLAG_*` (abi.cuh): how the islands exchange runs.
     pub flags: u32,
-    /// The island of each rank (crate::islands::Islands::island_of_ranks).
+    /// The island partition, as the islands kernels look it up.
+    pub islands: IslandTables,
+}
+
+/// The island partition as the kernels take it (the `island_*` fields of `struct TparArgs`):
+/// every lookup the islands kernels make per unit (an island's size, its member at a
+/// position, a rank's position) is one load, not a count over the ranks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IslandTables {
+    /// The island of each rank, islands numbered by their lowest rank.
     pub island_of: [u8; MAX_RANKS],
+    /// Each rank's index among its island's members (rank order).
+    pub position: [u8; MAX_RANKS],
+    /// The ranks island by island, each island's in rank order.
+    pub members: [u8; MAX_RANKS],
+    /// Where each island's ranks start in `members`.
+    pub first: [u8; MAX_RANKS],
+    /// How many ranks each island has.
+    pub sizes: [u8; MAX_RANKS],
+    /// How many islands.
+    pub count: u8,
+}
+
+impl IslandTables {
+    /// For kernels that take no islands (every field 0).
+    pub const NONE: IslandTables = IslandTables {
+        island_of: [0; MAX_RANKS],
+        position: [0; MAX_RANKS],
+        members: [0; MAX_RANKS],
+        first: [0; MAX_RANKS],
+        sizes: [0; MAX_RANKS],
+        count: 0,
+    };
+}
+
+impl From<&Islands> for IslandTables {
+    fn from(islands: &Islands) -> IslandTables {
+        let mut t = IslandTables::NONE;
+        // Every value fits a byte: ranks, islands and positions are below MAX_RANKS.
+        let byte = |v: usize| v as u8;
+        t.island_of = islands.island_of_ranks();
+        t.count = byte(islands.count());
+        let mut next = 0;
+        for island in 0..islands.count() {
+            t.first[island] = byte(next);
+            for (position, rank) in islands.members(island).enumerate() {
+                t.members[next] = byte(rank);
+                t.position[rank] = byte(position);
+                next += 1;
+            }
+            t.sizes[island] = byte(next) - t.first[island];
+        }
+        t
+    }
 }
 
 /// The identity of one launch of a call (`TparArgs::call_hash`; header word 6): a hash of the
@@ -881,6 +935,39 @@ mod tests {
     }
 
     #[test]
+    fn the_island_tables_answer_every_lookup_as_the_partition_does() {
+        // The kernels' lookups (layout.cuh) over the tables, against Islands' own answers.
+        let mut partitions: Vec<Islands> =
+            (1..=MAX_RANKS).flat_map(Islands::test_partitions).collect();
+        partitions.push(Islands::parse("0,3:1,2", 4).unwrap());
+        partitions.push(Islands::parse("3+5", 8).unwrap());
+        for islands in partitions {
+            let t = IslandTables::from(&islands);
+            assert_eq!(usize::from(t.count), islands.count(), "{islands}");
+            for island in 0..islands.count() {
+                let size = usize::from(t.sizes[island]);
+                assert_eq!(size, islands.size(island), "{islands}: island {island}");
+                for position in 0..size {
+                    let member = t.members[usize::from(t.first[island]) + position];
+                    assert_eq!(
+                        usize::from(member),
+                        islands.member(island, position),
+                        "{islands}"
+                    );
+                }
+            }
+            for rank in 0..islands.world_size() {
+                assert_eq!(usize::from(t.island_of[rank]), islands.island_of(rank));
+                assert_eq!(
+                    usize::from(t.position[rank]),
+                    islands.position(rank),
+                    "{islands}: rank {rank}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn kernel_args_has_the_layout_of_tpar_args() {
         // Each Rust field: (name, offset, size); the C side is laid out from the header text.
         let rust = [
@@ -924,12 +1011,44 @@ mod tests {
             ("algo", std::mem::offset_of!(KernelArgs, algo), 4),
             ("call_hash", std::mem::offset_of!(KernelArgs, call_hash), 4),
             ("flags", std::mem::offset_of!(KernelArgs, flags), 4),
-            (
-                "island_of",
-                std::mem::offset_of!(KernelArgs, island_of),
-                MAX_RANKS,
-            ),
         ];
+        // The island tables are the C struct's last fields, one by one.
+        let islands = std::mem::offset_of!(KernelArgs, islands);
+        let rust: Vec<(&str, usize, usize)> = rust
+            .into_iter()
+            .chain([
+                (
+                    "island_of",
+                    islands + std::mem::offset_of!(IslandTables, island_of),
+                    MAX_RANKS,
+                ),
+                (
+                    "island_position",
+                    islands + std::mem::offset_of!(IslandTables, position),
+                    MAX_RANKS,
+                ),
+                (
+                    "island_members",
+                    islands + std::mem::offset_of!(IslandTables, members),
+                    MAX_RANKS,
+                ),
+                (
+                    "island_first",
+                    islands + std::mem::offset_of!(IslandTables, first),
+                    MAX_RANKS,
+                ),
+                (
+                    "island_sizes",
+                    islands + std::mem::offset_of!(IslandTables, sizes),
+                    MAX_RANKS,
+                ),
+                (
+                    "islands",
+                    islands + std::mem::offset_of!(IslandTables, count),
+                    1,
+                ),
+            ])
+            .collect();
         let mut c = Vec::new();
         let (mut offset, mut align) = (0usize, 1usize);
         for (c_type, field, elements) in c_struct_fields("TparArgs") {

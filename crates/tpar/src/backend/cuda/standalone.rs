@@ -158,7 +158,7 @@ impl StandaloneRanks {
                 0,
             ),
             flags: 0,
-            island_of: [0; MAX_RANKS],
+            islands: kernels::IslandTables::NONE,
         }
     }
 
