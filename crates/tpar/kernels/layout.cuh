@@ -111,15 +111,17 @@ __device__ __forceinline__ u64* pull_flag(u64* inbox, const TparArgs& a, u64 epo
 // ---- shares (protocol::schedule::share) ----
 
 // The first unit of member i of m's share of `units`: contiguous, in order, sizes differing
-// by at most one.
+// by at most one. A launch's units fit 32 bits (they fit its slots), so the split is computed
+// in 32-bit arithmetic: a 64-bit division is a long software sequence on the GPU, and
+// two-shot and the islands' ranges take one per unit.
 __device__ __forceinline__ u64 share_start(u64 units, u32 m, u32 i) {
-    u64 base = units / m, extra = units % m;
-    return i * base + (i < extra ? i : extra);
+    const u32 n = (u32)units, base = n / m, extra = n % m;
+    return (u64)i * base + (i < extra ? i : extra);
 }
 __device__ __forceinline__ u32 share_owner(u64 units, u32 m, u64 unit) {
-    u64 base = units / m, extra = units % m, boundary = extra * (base + 1);
-    if (unit < boundary) return (u32)(unit / (base + 1));
-    return (u32)(extra + (unit - boundary) / base);
+    const u32 n = (u32)units, u = (u32)unit, base = n / m, extra = n % m, boundary = extra * (base + 1);
+    if (u < boundary) return u / (base + 1);
+    return extra + (u - boundary) / base;
 }
 // Two-shot's names for the same split over the ranks.
 __device__ __forceinline__ u64 owned_start(u64 units, u32 n, u32 owner) { return share_start(units, n, owner); }

@@ -53,9 +53,12 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
     const u64 mine_end = owned_start(units, ranks, a.rank + 1);
     // The quad of this thread in unit u, counted from the launch's first row; >= the row's
     // quads (past its end) for threads of a short last segment.
-    auto quad_of = [&](u64 u) { return (u % segments) * TPAR_NORM_THREADS + threadIdx.x; };
-    auto line_of = [&](u64 u) { return 2 * ((u / segments) * quads + quad_of(u)); };  // of the payload
-    auto x_of = [&](u64 u) { return (const char*)a.input + (u / segments) * row_bytes; };
+    // Unit u's row and segment (a launch's units fit 32 bits: 32-bit division, see share_start).
+    auto row_of = [&](u64 u) -> u64 { return (u32)u / segments; };
+    auto segment_of = [&](u64 u) -> u64 { return (u32)u % segments; };
+    auto quad_of = [&](u64 u) { return segment_of(u) * TPAR_NORM_THREADS + threadIdx.x; };
+    auto line_of = [&](u64 u) { return 2 * (row_of(u) * quads + quad_of(u)); };  // of the payload
+    auto x_of = [&](u64 u) { return (const char*)a.input + row_of(u) * row_bytes; };
 
     // Before the call counter: this block's first unit's x quad (pushed, or the own term).
     // After pdl_wait: the previous kernel may write it.
@@ -73,7 +76,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
     // Unit u's segment sum, as a line offset in the owner's stage-one slot of every inbox (see
     // the top of this file).
     auto sum_line = [&](u32 owner, u64 u) {
-        const u64 first_line = 2 * ((u / segments) * quads + (u % segments) * TPAR_NORM_THREADS);
+        const u64 first_line = 2 * (row_of(u) * quads + segment_of(u) * TPAR_NORM_THREADS);
         return slot_payload(a, epoch, owner) + first_line;
     };
 
@@ -95,7 +98,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
         if (q < quads) {
             u32 own0 = x0, own1 = x1, res0, res1;
             if (u != blockIdx.x) load_pair<DT>(x_of(u), q, n.hidden, words, &own0, &own1);
-            load_pair<DT>((const char*)n.residual + (u / segments) * row_bytes, q, n.hidden, words, &res0, &res1);
+            load_pair<DT>((const char*)n.residual + row_of(u) * row_bytes, q, n.hidden, words, &res0, &res1);
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
             // After a failed wait the thread stops waiting but goes on to every barrier.
             if (ok) ok = reduce_unit<DT>(a, scatter, all_ranks(a), line_of(u) / 2, own0, own1,
@@ -122,7 +125,7 @@ __device__ void fused_twoshot(const TparFusedArgs& f) {
 
     // Stage 2: every unit's residual_out from its owner, the row's 1 / rms, y.
     for (u64 u = blockIdx.x; u < units; u += grid) {
-        const u64 row = u / segments, q = quad_of(u);
+        const u64 row = row_of(u), q = quad_of(u);
         const u32 owner = owner_of_line(units, ranks, u);
         const u64* line = own + gather + line_of(u);
         Wide v = {0u, 0u, 0u, 0u};
