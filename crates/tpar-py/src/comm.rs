@@ -54,7 +54,7 @@ fn check_args(
         )));
     }
     if let Some(chunk_bytes) =
-        chunk_bytes.filter(|c| !(Config::MIN_CHUNK_BYTES..=(1 << 30)).contains(c))
+        chunk_bytes.filter(|c| !(Config::MIN_CHUNK_BYTES..=Config::MAX_CHUNK_BYTES).contains(c))
     {
         return Err(TparError::new_err(format!(
             "chunk_bytes={chunk_bytes}: use {} bytes to 1 GiB (the default is {} on the CPU, {} on a GPU)",

@@ -58,6 +58,12 @@ impl Config {
     /// only multiply the exchanges).
     pub const MIN_CHUNK_BYTES: usize = 64;
 
+    /// The largest chunk the CUDA backend and Python's `chunk_bytes=` accept: 1 GiB. A
+    /// launch's units must fit 32 bits (the kernels split them in 32-bit arithmetic,
+    /// layout.cuh `share_start`); a ring launch carries up to MAX_RANKS chunks, 2^31 units
+    /// at this size.
+    pub const MAX_CHUNK_BYTES: usize = 1 << 30;
+
     /// The chunk the CPU backend uses with these settings.
     pub fn cpu_chunk_bytes(&self) -> usize {
         self.chunk_bytes.unwrap_or(Self::CPU_CHUNK_BYTES)

@@ -29,10 +29,18 @@ pub(crate) fn context(device: usize) -> Result<Arc<CudaContext>> {
     CudaContext::new(device).map_err(|e| Error::Cuda(format!("cannot open GPU {device}: {e}")))
 }
 
-fn check_world(world_size: usize) -> Result<()> {
+fn check_world(world_size: usize, config: &Config) -> Result<()> {
     if world_size == 0 || world_size > MAX_RANKS {
         return Err(Error::Unsupported(format!(
             "world size {world_size}: the CUDA backend supports 1 to {MAX_RANKS} ranks"
+        )));
+    }
+    let chunk = config.cuda_chunk_bytes();
+    if !(Config::MIN_CHUNK_BYTES..=Config::MAX_CHUNK_BYTES).contains(&chunk) {
+        return Err(Error::InvalidArgument(format!(
+            "chunk_bytes {chunk}: the CUDA backend takes {} bytes to 1 GiB (the default is {} KiB)",
+            Config::MIN_CHUNK_BYTES,
+            Config::CUDA_CHUNK_BYTES >> 10
         )));
     }
     Ok(())
@@ -494,7 +502,7 @@ impl CudaCommunicator {
     /// sharing buffers by pointer. Several ranks may share a GPU.
     pub fn new_local_group(devices: &[usize], config: Config) -> Result<Vec<CudaCommunicator>> {
         let world_size = devices.len();
-        check_world(world_size)?;
+        check_world(world_size, &config)?;
         let layout = cuda_layout(world_size, &config);
         let token = crate::rendezvous::random_token()?;
         let mut members = Vec::with_capacity(world_size);
@@ -545,7 +553,7 @@ impl CudaCommunicator {
         // communicators stays the same after a failed creation.
         let instance = rendezvous.next_instance();
         let rank = rendezvous.rank();
-        check_world(rendezvous.world_size())?;
+        check_world(rendezvous.world_size(), &config)?;
         let layout = cuda_layout(rendezvous.world_size(), &config);
         let host = config
             .host_staged
@@ -672,6 +680,24 @@ pub(crate) fn enable_peer_access(contexts: &[Arc<CudaContext>]) -> std::result::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_chunk_whose_launch_units_would_not_fit_32_bits_is_refused_with_the_range() {
+        let with_chunk = |bytes| Config {
+            chunk_bytes: Some(bytes),
+            ..Config::default()
+        };
+        assert!(check_world(8, &Config::default()).is_ok());
+        assert!(check_world(8, &with_chunk(Config::MAX_CHUNK_BYTES)).is_ok());
+        for bytes in [Config::MAX_CHUNK_BYTES + 1, 8 << 30, 16] {
+            let e = check_world(8, &with_chunk(bytes)).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("chunk_bytes {bytes}")) && e.contains("1 GiB"),
+                "{e}"
+            );
+        }
+        assert!(check_world(MAX_RANKS + 1, &Config::default()).is_err());
+    }
 
     #[test]
     fn threads_of_one_process_on_one_gpu_are_refused_and_every_other_placement_is_not() {
