@@ -485,8 +485,13 @@ pub fn time_case(
             }
             Ok(())
         })?;
-        // The chain's last launch (the norm kernel's after "allreduce + norm").
-        let launch = shared.comms[0].cuda().last_launch();
+        // The chain's last launch (the norm kernel's after "allreduce + norm"). The empty
+        // kernel is not one of tpar's launches: the communicator's record would be the
+        // previous variant's.
+        let launch = match variant {
+            "empty kernel" => None,
+            _ => shared.comms[0].cuda().last_launch(),
+        };
         let warmup = (iters / 10).max(5);
         let us = time_replays(shared, &graphs, warmup, iters)
             .with_context(|| format!("{n} ranks, {tokens} tokens, {variant}"))?;
