@@ -11,8 +11,10 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=TPAR_GIT_COMMIT={commit}");
-    // Rebuild when HEAD moves (new commit or checkout) or the index changes (dirty state).
-    for path in ["../../.git/HEAD", "../../.git/index"] {
+    // Rebuild when HEAD moves (new commit or checkout), the index changes, or a source file
+    // does (the dirty state: an edit changes no file under .git, and a binary built from an
+    // edited tree once said it was the clean commit; cargo scans a directory recursively).
+    for path in ["../../.git/HEAD", "../../.git/index", "../../crates", "../../Cargo.lock"] {
         println!("cargo:rerun-if-changed={path}");
     }
     if let Ok(head) = std::fs::read_to_string("../../.git/HEAD") {
