@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Thirteenth session, call 4: the island tables (new3 = e959eba) against ab93ade (base) on the
+# card this call gets; every algorithm's selftest on new3 (the argument block changed for all).
+set -u
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+R=$OUT/r; mkdir -p $R
+S=$R/summary.txt
+B=.gpu/tpar-base; N=.gpu/tpar-new3
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+run() { # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  local start=$(date +%s)
+  timeout $t "$@" > $R/$name.txt 2>&1; local rc=$?
+  printf "%-28s rc=%-3s %4ss  %s\n" $name $rc $(( $(date +%s) - start )) "$(grep -ho '[0-9]* passed.*' $R/$name.txt | tail -1)" >> $S
+}
+run warm-base 120 $B bench --backend cuda -n 2 --islands 1+1 --sizes 4K --algos one-shot,staged,islands,islands-pull,two-shot --iters 5
+run warm-new 120 $N bench --backend cuda -n 2 --islands 1+1 --sizes 4K --algos one-shot,staged,islands,islands-pull,two-shot --iters 5
+for i in 1 2; do
+  for b in base new; do
+    bin=$B; [ $b = new ] && bin=$N
+    run b8-$b-$i 90 $bin bench --backend cuda -n 8 --islands 4+4 --sizes 4K,8K,16K,32K,42K,64K --algos one-shot,staged,islands,islands-pull,two-shot --json $R/b8-$b-$i.json
+    run b4-$b-$i 60 $bin bench --backend cuda -n 4 --islands 2+2 --sizes 4K,16K,64K --algos one-shot,islands,islands-pull --json $R/b4-$b-$i.json
+  done
+done
+run fused-new 60 $N bench --backend cuda --fused --json $R/fused-new.json
+run st-all-8 200 $N selftest --backend cuda -n 8
+run st-all-p4 200 $N selftest --backend cuda -n 4 --processes --replays 20
+left=$(( 585 - SECONDS ))
+if [ $left -gt 20 ]; then run st-all-3 $left $N selftest --backend cuda -n 3; fi
+cp $S $OUT/summary.txt
+cd $OUT && tar czf r.tgz r && rm -rf r
+python3 - <<'PY' > $OUT/table.txt
+import json,os,collections,tarfile
+t=tarfile.open(os.environ['OUT']+'/r.tgz')
+rows=collections.defaultdict(list)
+for m in t.getmembers():
+    n=os.path.basename(m.name)
+    if not n.endswith('.json') or not n.startswith('b'): continue
+    d=json.load(t.extractfile(m))
+    cfg,v,i=n[:-5].split('-')
+    for r in d['results']:
+        rows[(cfg,r['algo'],r['bytes'],v)].append(r.get('p50_us'))
+for k in sorted(rows, key=str):
+    print(*k, ' '.join('%.2f'%x for x in rows[k]))
+PY
+cat $OUT/summary.txt; cat $OUT/table.txt

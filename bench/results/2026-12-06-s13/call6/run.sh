@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Thirteenth session, call 6: the final tree (7db933f) against ab93ade (base) on the card this
+# call gets: 8 ranks 4+4 (one-shot, staged, islands, two-shot), the ring, the fused op (one-shot
+# and two-shot); selftests at 4 processes and 7 ranks.
+set -u
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+R=$OUT/r; mkdir -p $R
+S=$R/summary.txt
+B=.gpu/tpar-base; N=.gpu/tpar-final
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+run() { # name timeout cmd...
+  local name=$1 t=$2; shift 2
+  local start=$(date +%s)
+  timeout $t "$@" > $R/$name.txt 2>&1; local rc=$?
+  printf "%-28s rc=%-3s %4ss  %s\n" $name $rc $(( $(date +%s) - start )) "$(grep -ho '[0-9]* passed.*' $R/$name.txt | tail -1)" >> $S
+}
+run warm-base 120 $B bench --backend cuda -n 2 --islands 1+1 --sizes 4K --algos one-shot,staged,islands,two-shot,ring --iters 5
+run warm-new 120 $N bench --backend cuda -n 2 --islands 1+1 --sizes 4K --algos one-shot,staged,islands,two-shot,ring --iters 5
+for b in base new; do
+  bin=$B; [ $b = new ] && bin=$N
+  run b8-$b 90 $bin bench --backend cuda -n 8 --islands 4+4 --sizes 4K,8K,16K,32K,42K,64K --algos one-shot,staged,islands,two-shot --json $R/b8-$b.json
+  run r8-$b 90 $bin bench --backend cuda -n 8 --sizes 1M,4M --algos ring,two-shot --json $R/r8-$b.json
+  run f1-$b 60 $bin bench --backend cuda --fused --json $R/f1-$b.json
+  run f2-$b 60 $bin bench --backend cuda --fused --algos two-shot --json $R/f2-$b.json
+done
+run st-all-p4 200 $N selftest --backend cuda -n 4 --processes --replays 20
+left=$(( 320 - SECONDS ))
+if [ $left -gt 30 ]; then run st-all-7 $left $N selftest --backend cuda -n 7; fi
+cp $S $OUT/summary.txt
+cd $OUT && tar czf r.tgz r && rm -rf r
+python3 - <<'PY' > $OUT/table.txt
+import json,os,collections,tarfile
+t=tarfile.open(os.environ['OUT']+'/r.tgz')
+rows=collections.defaultdict(list)
+for m in t.getmembers():
+    n=os.path.basename(m.name)
+    if not n.endswith('.json'): continue
+    d=json.load(t.extractfile(m))
+    cfg,v=n[:-5].split('-')
+    if cfg.startswith('f'):
+        for r in d['rows']: rows[(cfg,r['world_size'],r['tokens'],r['variant'],v)].append(r['p50_us'])
+    else:
+        for r in d['results']: rows[(cfg,r['algo'],r['bytes'],v)].append(r.get('p50_us'))
+for k in sorted(rows, key=str):
+    print(*k, ' '.join('%.2f'%x for x in rows[k]))
+PY
+cat $OUT/summary.txt; cat $OUT/table.txt
