@@ -14,7 +14,12 @@ fn main() {
     // Rebuild when HEAD moves (new commit or checkout), the index changes, or a source file
     // does (the dirty state: an edit changes no file under .git, and a binary built from an
     // edited tree once said it was the clean commit; cargo scans a directory recursively).
-    for path in ["../../.git/HEAD", "../../.git/index", "../../crates", "../../Cargo.lock"] {
+    for path in [
+        "../../.git/HEAD",
+        "../../.git/index",
+        "../../crates",
+        "../../Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={path}");
     }
     if let Ok(head) = std::fs::read_to_string("../../.git/HEAD") {

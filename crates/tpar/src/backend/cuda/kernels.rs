@@ -1013,40 +1013,25 @@ mod tests {
             ("flags", std::mem::offset_of!(KernelArgs, flags), 4),
         ];
         // The island tables are the C struct's last fields, one by one.
-        let islands = std::mem::offset_of!(KernelArgs, islands);
+        use std::mem::offset_of;
+        let at = |name, field: usize, size| (name, offset_of!(KernelArgs, islands) + field, size);
         let rust: Vec<(&str, usize, usize)> = rust
             .into_iter()
             .chain([
-                (
-                    "island_of",
-                    islands + std::mem::offset_of!(IslandTables, island_of),
-                    MAX_RANKS,
-                ),
-                (
+                at("island_of", offset_of!(IslandTables, island_of), MAX_RANKS),
+                at(
                     "island_position",
-                    islands + std::mem::offset_of!(IslandTables, position),
+                    offset_of!(IslandTables, position),
                     MAX_RANKS,
                 ),
-                (
+                at(
                     "island_members",
-                    islands + std::mem::offset_of!(IslandTables, members),
+                    offset_of!(IslandTables, members),
                     MAX_RANKS,
                 ),
-                (
-                    "island_first",
-                    islands + std::mem::offset_of!(IslandTables, first),
-                    MAX_RANKS,
-                ),
-                (
-                    "island_sizes",
-                    islands + std::mem::offset_of!(IslandTables, sizes),
-                    MAX_RANKS,
-                ),
-                (
-                    "islands",
-                    islands + std::mem::offset_of!(IslandTables, count),
-                    1,
-                ),
+                at("island_first", offset_of!(IslandTables, first), MAX_RANKS),
+                at("island_sizes", offset_of!(IslandTables, sizes), MAX_RANKS),
+                at("islands", offset_of!(IslandTables, count), 1),
             ])
             .collect();
         let mut c = Vec::new();
