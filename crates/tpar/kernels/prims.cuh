@@ -4,11 +4,12 @@
 // units to a set of peers (push_unit_to), waits for and reduces units from a set of peers in
 // rank order (reduce_unit), gathers units that one owner reduced (gather_unit), or, in the pull
 // algorithms, publishes plain data behind a flag (publish_flag) and reads it after the flag
-// (wait_flag); and it publishes its epoch at the end (end_call). Every wait takes the one
-// deadline step, keep_waiting: on time, or the error word names the peer and the phase, and a
-// wait that is slow compares the peer's call header with ours so that a mismatched call is
-// named as such. The algorithms in the .cu files choose which units go where; how a step is
-// done is written here once.
+// (wait_flag); and it publishes its epoch at the end (end_call). The push kernels walk their
+// input with input_units, the pull kernels publish theirs with publish_input. Every wait takes
+// the one deadline step, keep_waiting: on time, or the error word names the peer and the
+// phase, and a wait that is slow compares the peer's call header with ours so that a
+// mismatched call is named as such. The algorithms in the .cu files choose which units go
+// where; how a step is done is written here once.
 #pragma once
 
 #include "abi.cuh"
