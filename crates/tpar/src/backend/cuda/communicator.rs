@@ -41,6 +41,8 @@ pub struct CudaCommunicator {
     pub(super) peer_access: std::result::Result<(), String>,
     /// The islands the islands algorithms reduce over (every rank agreed on them).
     pub(super) islands: Islands,
+    /// The same as the kernels take them, built once: every launch's arguments carry them.
+    pub(super) island_tables: IslandTables,
     /// Whether the islands' exchange goes through the host-staged inboxes (islands without
     /// peer access between them, or forced by `TPAR_ISLANDS_CROSS=host`), and why not where
     /// it cannot run: islands need peer access inside each island.
@@ -428,7 +430,7 @@ impl CudaCommunicator {
             } else {
                 0
             },
-            islands: IslandTables::from(&self.islands),
+            islands: self.island_tables,
         }
     }
 

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use super::check_available;
 use super::communicator::{env_u32, CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
-use super::kernels::{FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES};
+use super::kernels::{
+    IslandTables, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES,
+};
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -466,6 +468,7 @@ impl Member {
                 config.host_staged,
                 records[rank].islands_cross,
             ),
+            island_tables: IslandTables::from(&islands),
             islands,
             unreachable_peers: unreachable,
             peer_access,
