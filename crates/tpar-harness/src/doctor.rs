@@ -159,15 +159,13 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         }
     }
     let this_build = tpar::backend::cuda::kernels::build_id();
-    let tuning = TuningTable::load_for(&topology, world_size, options.dtype, &this_build);
-    let ignored_tuning_table =
-        TuningTable::ignored_for(&topology, world_size, options.dtype, &this_build).map(|t| {
-            IgnoredTable {
-                path: t.kept_at().display().to_string(),
-                kernels: t.kernels,
-                this_build: this_build.clone(),
-            }
-        });
+    let (tuning, passed_over) =
+        TuningTable::read_for(&topology, world_size, options.dtype, &this_build);
+    let ignored_tuning_table = passed_over.map(|t| IgnoredTable {
+        path: t.kept_at().display().to_string(),
+        kernels: t.kernels,
+        this_build: this_build.clone(),
+    });
     // The model's time is of the model's own decision; with a forced path or a tuning table
     // it would describe another decision than the one shown, so it is left out then.
     let model = (forced.is_none() && tuning.as_ref().is_none_or(TuningTable::is_first_use))

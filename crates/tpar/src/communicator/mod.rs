@@ -207,28 +207,25 @@ impl Communicator {
             nccl: slot.availability(),
         };
         let this_build = kernels::build_id();
-        let tuning: HashMap<DType, TuningTable> = DType::ALL
-            .into_iter()
-            .filter_map(|d| {
-                TuningTable::load_for(&topology, cuda.world_size(), d, &this_build).map(|t| (d, t))
-            })
-            .collect();
-        // A `tpar tune` table of another build no longer decides: say so, or a user who tuned
-        // would take the first-use measurement's (or the model's) choices for the table's.
-        let ignored: Vec<String> = DType::ALL
-            .into_iter()
-            .filter(|d| !tuning.contains_key(d))
-            .filter_map(|d| TuningTable::ignored_for(&topology, cuda.world_size(), d, &this_build))
-            // A first-use table of another build is measured again, unasked.
-            .filter(|t| !t.is_first_use())
-            .map(|t| {
-                format!(
+        let mut tuning: HashMap<DType, TuningTable> = HashMap::new();
+        let mut ignored: Vec<String> = Vec::new();
+        for d in DType::ALL {
+            match TuningTable::read_for(&topology, cuda.world_size(), d, &this_build) {
+                (Some(t), _) => {
+                    tuning.insert(d, t);
+                }
+                // A `tpar tune` table of another build no longer decides: say so, or a user
+                // who tuned would take the first-use measurement's (or the model's) choices
+                // for the table's. A first-use table of another build is measured again,
+                // unasked.
+                (None, Some(t)) if !t.is_first_use() => ignored.push(format!(
                     "the tuning table {} is not read: it timed other kernels ({}) than this build's ({this_build}); run `tpar tune` again",
                     t.kept_at().display(),
                     if t.kernels.is_empty() { "unnamed" } else { t.kernels.as_str() }
-                )
-            })
-            .collect();
+                )),
+                _ => {}
+            }
+        }
         let order = StreamOrder::new(cuda.context())?;
         let mut comm = Communicator {
             order,

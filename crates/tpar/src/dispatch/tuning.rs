@@ -80,7 +80,7 @@ impl TuningTable {
 
     /// The table measured on `topology`'s machine with the kernels `kernels` (the build's
     /// `backend::cuda::kernels::build_id`): `tpar tune`'s if it wrote one, else the first-use
-    /// measurement's. A table of other kernels is passed over ([`TuningTable::ignored_for`]).
+    /// measurement's. A table of other kernels is passed over ([`TuningTable::read_for`]).
     pub fn load_for(
         topology: &Topology,
         world_size: usize,
@@ -90,16 +90,19 @@ impl TuningTable {
         Self::on_disk(topology, world_size, dtype).find(|t| t.kernels == kernels)
     }
 
-    /// A table for this machine that [`TuningTable::load_for`] passes over because it timed
-    /// other kernels (`tpar tune`'s first): what `tpar doctor` and a new communicator report,
-    /// so that a user whose table stopped deciding knows why and what to run.
-    pub fn ignored_for(
+    /// What [`TuningTable::load_for`] reads, and the table for this machine it passes over
+    /// because it timed other kernels (`tpar tune`'s first), from one reading of the files:
+    /// what `tpar doctor` and a new communicator report, so that a user whose table stopped
+    /// deciding knows why and what to run.
+    pub fn read_for(
         topology: &Topology,
         world_size: usize,
         dtype: DType,
         kernels: &str,
-    ) -> Option<TuningTable> {
-        Self::on_disk(topology, world_size, dtype).find(|t| t.kernels != kernels)
+    ) -> (Option<TuningTable>, Option<TuningTable>) {
+        let (read, passed_over): (Vec<_>, Vec<_>) =
+            Self::on_disk(topology, world_size, dtype).partition(|t| t.kernels == kernels);
+        (read.into_iter().next(), passed_over.into_iter().next())
     }
 
     /// The tables on disk for this machine, world size and dtype: `tpar tune`'s first.
