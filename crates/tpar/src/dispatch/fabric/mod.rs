@@ -283,9 +283,9 @@ impl<'a> Fabric<'a> {
         // staged 9.7 and islands (4+4) 9.6 us at 4 KiB against one-shot's 4.9, the ring 100.7
         // us at 1 MiB against two-shot's 49.2, where this model costed them below one-shot.
         // So they are not costed there, and auto never runs them there. (Since a ring launch
-        // carries n chunks, 2026-12-06, one H200, bench/results/2026-12-06-s12 call 1: f32 37.6 us at 1 MiB
-        // against two-shot's 45.0, but bf16 59.8 against 45.4, its f32 partials being twice
-        // the data: `tpar tune` measures it where it pays.)
+        // carries n chunks, 2026-12-06, one H200, bench/results/2026-12-06-s12 call 1: f32
+        // 37.6 us at 1 MiB against two-shot's 45.0, but bf16 59.8 against 45.4, its f32
+        // partials being twice the data: `tpar tune` measures it where it pays.)
         if is_pcie_fabric_algorithm(algorithm)
             && matches!(self.class(), MachineClass::OneGpu | MachineClass::Nvlink)
         {
