@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Before/after timings of a change on the GPU machine, with the device tool: tpar binaries of
+# different commits run alternately in one call (figures compare only within a call: the tool
+# lends an H100 or an H200), every command's output and JSON packed into $OUT with a summary
+# whose last part is a table of every p50. What bench/results/<date>-sNN/callN holds is what
+# this leaves in $OUT.
+#
+# Usage
+#   bash scripts/gpu-compare.sh --build NAME REV   on the dev machine: build commit REV (`.`:
+#                                                  the working tree) into .gpu/tpar-NAME,
+#                                                  stripped (a worktree of REV beside the
+#                                                  checkout, the usual cargo target folder)
+#   source scripts/gpu-compare.sh                  in a plan script (kept in .gpu/), on the GPU
+#                                                  machine: gives `run` and `finish` below and
+#                                                  $R, the folder every output goes to
+# A plan, e.g. .gpu/plan.sh, run as command "bash .gpu/plan.sh" with carry [".gpu"]:
+#   source scripts/gpu-compare.sh
+#   for i in 1 2; do for b in base new; do
+#     run b8-$b-$i 90 .gpu/tpar-$b bench --backend cuda -n 8 --sizes 4K,64K --json $R/b8-$b-$i.json
+#   done; done
+#   run st-8 200 .gpu/tpar-new selftest --backend cuda -n 8
+#   finish
+# JSON files named CONFIG-BINARY[-RUN].json come out in the table as `CONFIG algorithm bytes
+# BINARY p50...` (`tpar bench`) or `CONFIG ranks tokens variant BINARY p50...` (`--fused`).
+set -u
+
+if [ "${1:-}" = "--build" ]; then
+  set -e
+  name=${2:?--build NAME REV}
+  rev=${3:?--build NAME REV}
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  src=$root
+  if [ "$rev" != "." ]; then
+    src=$root/../tpar-build-$name
+    git -C "$root" worktree remove --force "$src" 2>/dev/null || true
+    git -C "$root" worktree add --detach "$src" "$rev" >/dev/null
+  fi
+  target=${CARGO_TARGET_DIR:-$root/target}
+  (cd "$src" && CARGO_TARGET_DIR=$target cargo build --release -p tpar-cli)
+  mkdir -p "$root/.gpu"
+  strip -o "$root/.gpu/tpar-$name" "$target/release/tpar"
+  [ "$rev" = "." ] || git -C "$root" worktree remove --force "$src"
+  echo "built .gpu/tpar-$name from $rev"
+  exit 0
+fi
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  echo "source this from a plan script on the GPU machine, or give --build NAME REV (see the top of $0)" >&2
+  exit 2
+fi
+
+export NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+OUT=${OUT:?the device tool sets OUT, the folder that comes back}
+R=$OUT/r
+mkdir -p "$R"
+SUMMARY=$R/summary.txt
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$SUMMARY" 2>/dev/null || echo "no nvidia-smi" > "$SUMMARY"
+
+# run NAME TIMEOUT CMD...: CMD's output into $R/NAME.txt, a line in the summary (exit status,
+# seconds, a selftest's verdict).
+run() {
+  local name=$1 limit=$2 start=$SECONDS
+  shift 2
+  timeout "$limit" "$@" > "$R/$name.txt" 2>&1
+  local rc=$?
+  printf "%-28s rc=%-3s %4ss  %s\n" "$name" "$rc" $((SECONDS - start)) \
+    "$(grep -ho '[0-9]* passed.*' "$R/$name.txt" | tail -1)" >> "$SUMMARY"
+}
+
+# finish: every p50 into the summary, then $R packed into $OUT/r.tgz (the tool brings back at
+# most 8 files) beside a copy of the summary, which it prints.
+finish() {
+  python3 - "$R" >> "$SUMMARY" <<'PY'
+import collections, json, pathlib, sys
+rows = collections.defaultdict(list)
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    parts = path.stem.split("-")
+    config, binary = parts[0], parts[1] if len(parts) > 1 else ""
+    d = json.loads(path.read_text())
+    for r in d.get("results", []):
+        rows[(config, r["algo"], r["bytes"], binary)].append(r.get("p50_us"))
+    for r in d.get("rows", []):
+        rows[(config, r["world_size"], r["tokens"], r["variant"], binary)].append(r["p50_us"])
+for key in sorted(rows, key=str):
+    print(*key, " ".join("-" if v is None else f"{v:.2f}" for v in rows[key]))
+PY
+  cp "$SUMMARY" "$OUT/summary.txt"
+  tar czf "$OUT/r.tgz" -C "$OUT" r && rm -rf "$R"
+  cat "$OUT/summary.txt"
+}
