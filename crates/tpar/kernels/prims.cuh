@@ -475,14 +475,6 @@ __device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call
 
 // ---- reduction in rank order ----
 
-// One rank's term ({w0, w1}: 2 * PER_WORD elements) added to acc in f32, or starting it.
-template <int DT> __device__ __forceinline__ void add_term(u32 w0, u32 w1, bool starts, float* acc) {
-    float x[4];
-    Lanes<DT>::unpack(w0, x);
-    Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
-    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = starts ? x[e] : acc[e] + x[e];
-}
-
 // Unit u of every rank of `mask` summed in rank order into acc (f32, 2 * PER_WORD elements):
 // rank r's term from line `slot_payload(epoch, r) + 2u` of this rank's inbox, this rank's own
 // from {own0, own1} (read from its input, never through its inbox). The peers are taken in
@@ -543,7 +535,10 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
                 w0 = v[k].w0;
                 w1 = v[k].w1;
             }
-            add_term<DT>(w0, w1, r == first, acc);
+            float x[4];
+            Lanes<DT>::unpack(w0, x);
+            Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
+            for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = r == first ? x[e] : acc[e] + x[e];
         }
     }
     return true;

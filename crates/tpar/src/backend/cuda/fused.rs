@@ -114,7 +114,6 @@ impl CudaCommunicator {
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
             let (units, spread) = launch_units(algorithm, rows as u32, segments);
-            let spread = spread.min(max_blocks_per_row()).max(1);
             // The shape chosen for PDL stays where PDL may not follow the last grid (as the
             // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
             let (grid, shaped_for_pdl) =
@@ -260,16 +259,6 @@ fn launch_units(algorithm: Algorithm, rows: u32, segments: u32) -> (u32, u32) {
         ),
         _ => (rows, segments),
     }
-}
-
-/// `TPAR_FUSED_BLOCKS_PER_ROW`, for experiments: the most blocks that share one row of a fused
-/// one-shot or host-staged launch (1: a block per row, whose sum of squares then needs no
-/// exchange between blocks); unset, a block per segment ([`launch_units`]).
-fn max_blocks_per_row() -> u32 {
-    static SET: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *SET.get_or_init(|| {
-        super::communicator::env_u32("TPAR_FUSED_BLOCKS_PER_ROW").unwrap_or(u32::MAX)
-    })
 }
 
 /// Host-staged's fused grid bound while rows are spread. One H200, 2 ranks as streams, hidden
