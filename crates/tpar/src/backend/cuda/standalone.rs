@@ -212,6 +212,7 @@ impl StandaloneRanks {
                 stream.cu_stream(),
                 &self.args(rank, bytes),
                 pdl,
+                1,
             )
         }
     }
