@@ -55,8 +55,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
     const u32 tag = call.tag;
     const u32 everyone = all_ranks(a);
-    // Whether the host launched the row's blocks as one cluster (sm_90+; fused.rs).
-    const bool cluster = per_row > 1 && cluster_blocks() == per_row;
     const u64 my_slot = slot_payload(a, call.epoch, a.rank);
     for (u64 row = first_row; row < n.rows; row += row_stride) {
         const char* x = (const char*)a.input + row * row_bytes;
@@ -110,33 +108,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 const float i = norm_inv(sum, segments, n.hidden, n.eps);
                 if (lane == 0) tpar_norm_inv = i;
             }
-        } else if (cluster) {
-            // The row's blocks are one cluster: each leaves its segment sums in its shared
-            // memory, and after the cluster's barrier warp 0 reads every segment's there.
-            if (warp < mine) {
-                const float s = norm_segment_fold(warp);
-                if (lane == 0) tpar_norm_segment_sums[warp] = s;
-            }
-            cluster_arrive();
-            cluster_wait();
-            if (warp == 0) {
-                const float s =
-                    lane < segments ? ld_cluster_f32(&tpar_norm_segment_sums[lane / per_row], lane % per_row) : 0.f;
-                const float i = norm_inv(s, segments, n.hidden, n.eps);
-                if (lane == 0) tpar_norm_inv = i;
-            }
-            cluster_arrive();  // this block is done reading the others: waited for at the row's end
         } else {
-#ifdef TPAR_EXPERIMENT_SKIP_EXCHANGE
-            // Experiment only (wrong results): the block's own segments, no exchange.
-            if (warp == 0) {
-                const float s = norm_segment_fold(0);
-                const float i = norm_inv(s, segments, n.hidden, n.eps);
-                if (lane == 0) tpar_norm_inv = i;
-            }
-        }
-        if (false) {
-#endif
             // Publish this block's segment sums, then read every segment's in order.
             if (warp < mine) {
                 const float s = norm_segment_fold(warp);
@@ -180,7 +152,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             store_pair<DT>(y, q, n.hidden, words, y0, y1);
         }
         __syncthreads();  // the shared sums are reused by the next row
-        if (cluster) cluster_wait();  // and the other blocks have read them (exit too)
     }
     end_call(a, call);
 }

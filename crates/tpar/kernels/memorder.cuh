@@ -64,39 +64,3 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-
-// Thread block clusters (sm_90+): a launch with a cluster dimension puts each group of that
-// many consecutive blocks on one GPC, where they may read each other's shared memory and wait
-// for each other at a hardware barrier. Launched without it a cluster is one block
-// (`cluster_blocks` 1), and below sm_90 no kernel takes the cluster path.
-__device__ __forceinline__ u32 cluster_blocks() {
-    u32 n = 1;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-#endif
-    return n;
-}
-// Every thread of every block of the cluster: arrive (release: this block's shared-memory
-// writes before it are visible to the cluster's reads after the wait), and wait for all.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// The float at `local` (this block's shared memory) in the shared memory of block `block` of
-// the cluster.
-__device__ __forceinline__ float ld_cluster_f32(const float* local, u32 block) {
-    float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const u32 addr = (u32)__cvta_generic_to_shared(local);
-    u32 remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(block));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
-}

@@ -316,7 +316,7 @@ impl CudaCommunicator {
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
-            unsafe { function.launch_ex(grid, block, stream.cu_stream(), &args, pdl, 1)? };
+            unsafe { function.launch_ex(grid, block, stream.cu_stream(), &args, pdl)? };
         }
         Ok(())
     }

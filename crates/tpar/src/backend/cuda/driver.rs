@@ -462,12 +462,10 @@ impl Function {
 }
 
 impl Function {
-    /// [`Function::launch`], optionally with programmatic dependent launch and in clusters: with
-    /// `pdl` the kernel may start while the previous kernel on `stream` still runs (its
+    /// [`Function::launch`], optionally with programmatic dependent launch: with `pdl` the
+    /// kernel may start while the previous kernel on `stream` still runs (its
     /// `griddepcontrol.wait` holds it until that kernel's memory is visible), which hides
-    /// most of the launch gap between consecutive allreduces in a stream or captured graph;
-    /// with `cluster` above 1 every `cluster` consecutive blocks form a thread block cluster
-    /// (sm_90+, `grid` a multiple of it), whose blocks share their shared memory.
+    /// most of the launch gap between consecutive allreduces in a stream or captured graph.
     ///
     /// # Safety
     /// As for [`Function::launch`]; with `pdl` the kernel must also execute
@@ -479,31 +477,17 @@ impl Function {
         stream: sys::CUstream,
         args: &T,
         pdl: bool,
-        cluster: u32,
     ) -> Result<()> {
-        if !pdl && cluster <= 1 {
+        if !pdl {
             return self.launch(grid, threads, stream, args);
         }
         let mut arg = *args;
         let mut params = [&mut arg as *mut T as *mut c_void];
-        // SAFETY: a zeroed attribute is valid plain data; we set the fields we use.
-        let mut attributes: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
-        let mut used = 0;
-        if pdl {
-            attributes[used].id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attributes[used]
-                .value
-                .programmaticStreamSerializationAllowed = 1;
-            used += 1;
-        }
-        if cluster > 1 {
-            attributes[used].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attributes[used].value.clusterDim.x = cluster;
-            attributes[used].value.clusterDim.y = 1;
-            attributes[used].value.clusterDim.z = 1;
-            used += 1;
-        }
+        // SAFETY: a zeroed attribute is valid plain data; we set the one field we use.
+        let mut attribute: sys::CUlaunchAttribute = std::mem::zeroed();
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
@@ -513,24 +497,14 @@ impl Function {
             blockDimZ: 1,
             sharedMemBytes: 0,
             hStream: stream,
-            attrs: attributes.as_mut_ptr(),
-            numAttrs: used as u32,
+            attrs: &mut attribute,
+            numAttrs: 1,
         };
         check(
             "cuLaunchKernelEx",
             sys::cuLaunchKernelEx(&config, self.0, params.as_mut_ptr(), std::ptr::null_mut()),
         )
     }
-}
-
-/// Whether thread block clusters can be launched on `ctx`'s GPU: compute capability 9.0 or
-/// newer, and `TPAR_CLUSTERS` not set to `0` (for experiments: without clusters the fused
-/// kernel's blocks exchange a row's sums through device memory).
-pub fn clusters_supported(ctx: &CudaContext) -> bool {
-    if std::env::var("TPAR_CLUSTERS").is_ok_and(|v| v == "0") {
-        return false;
-    }
-    ctx.compute_capability().is_ok_and(|(major, _)| major >= 9)
 }
 
 /// Whether programmatic dependent launch can be used on `ctx`'s GPU: compute capability 9.0

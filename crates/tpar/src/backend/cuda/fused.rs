@@ -121,11 +121,10 @@ impl CudaCommunicator {
             let pdl = self.same_grid_behind_last(grid, THREADS, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
-            let cluster = row_cluster(algorithm, per_row, self.kernels.clusters);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory.
-            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl, cluster)? };
+            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
         }
         Ok(())
     }
@@ -233,7 +232,7 @@ impl CudaCommunicator {
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
         // (griddepcontrol.wait) first.
-        unsafe { f.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl, 1) }
+        unsafe { f.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl) }
     }
 }
 
@@ -259,19 +258,6 @@ fn launch_units(algorithm: Algorithm, rows: u32, segments: u32) -> (u32, u32) {
             segments.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
         ),
         _ => (rows, segments),
-    }
-}
-
-/// The thread block cluster of a fused one-shot or host-staged launch: the blocks sharing a row
-/// (`per_row`, consecutive in the grid), where the GPU has clusters and a row takes 2 to 8
-/// blocks (8: the cluster size every sm_90 GPU runs); then the row's blocks read each other's
-/// segment sums from shared memory after a cluster barrier instead of through device memory
-/// (fused_oneshot.cu). 1: no cluster.
-fn row_cluster(algorithm: Algorithm, per_row: u32, clusters: bool) -> u32 {
-    if clusters && algorithm != Algorithm::TwoShot && (2..=8).contains(&per_row) {
-        per_row
-    } else {
-        1
     }
 }
 

@@ -27,8 +27,6 @@ pub(crate) struct KernelSet {
     pub(super) module_bytes: u64,
     /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
     pub(super) pdl: bool,
-    /// Launch the fused kernel's rows as clusters ([`driver::clusters_supported`]).
-    pub(super) clusters: bool,
 }
 
 /// Free device memory of the current context's GPU, or None where the driver cannot say.
@@ -124,7 +122,6 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         sm_count,
         module_bytes,
         pdl: driver::pdl_supported(ctx),
-        clusters: driver::clusters_supported(ctx),
     });
     loaded.insert(ctx.ordinal(), set.clone());
     Ok(set)

@@ -212,7 +212,6 @@ impl StandaloneRanks {
                 stream.cu_stream(),
                 &self.args(rank, bytes),
                 pdl,
-                1,
             )
         }
     }
