@@ -131,9 +131,6 @@ __device__ __forceinline__ float norm_segment_fold(u32 j) {
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
 // 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
-#ifdef TPAR_EXP_NO_INV
-    return ss;
-#endif
     return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
 }
 __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps) {

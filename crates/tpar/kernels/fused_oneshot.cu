@@ -27,19 +27,6 @@
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
-#ifdef TPAR_EXP_EARLY_LOADS
-// load_pair issued where it is written (asm volatile: not moved after the call counter).
-template <int DT>
-__device__ __forceinline__ void early_pair(const void* base, u64 pair, u64 count, u64 words, u32* w0, u32* w1) {
-    const u64 elems_per_pair = 2 * Lanes<DT>::PER_WORD;
-    if ((((unsigned long long)base) & 7) == 0 && (pair + 1) * elems_per_pair <= count) {
-        asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(*w0), "=r"(*w1) : "l"((const uint2*)base + pair) : "memory");
-        return;
-    }
-    load_pair<DT>(base, pair, count, words, w0, w1);
-}
-#endif
-
 template <int DT>
 __device__ void fused_oneshot(const TparFusedArgs& f) {
     const TparArgs& a = f.a;
@@ -62,15 +49,8 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     u32 x0 = 0, x1 = 0, r0 = 0, r1 = 0, w0 = 0, w1 = 0;
     if (first_row < n.rows && mine > 0 && q0 < quads) {
         load_pair<DT>((const char*)a.input + first_row * row_bytes, q0, n.hidden, words, &x0, &x1);
-#ifndef TPAR_EXP_NO_PRELOAD
-#ifdef TPAR_EXP_EARLY_LOADS
-        early_pair<DT>((const char*)n.residual + first_row * row_bytes, q0, n.hidden, words, &r0, &r1);
-        early_pair<DT>(n.weight, q0, n.hidden, words, &w0, &w1);
-#else
         load_pair<DT>((const char*)n.residual + first_row * row_bytes, q0, n.hidden, words, &r0, &r1);
         load_pair<DT>(n.weight, q0, n.hidden, words, &w0, &w1);
-#endif
-#endif
     }
     const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
     const u32 tag = call.tag;
@@ -107,14 +87,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 // After a failed wait the thread stops waiting but goes on to every barrier.
                 if (ok) ok = reduce_unit<DT>(a, call, everyone, row * quads + q, own0, own1, TPAR_PHASE_ONE_SHOT, acc);
                 round_quad<DT>(acc);  // the allreduce's result, rounded once
-#ifdef TPAR_EXP_NO_EPILOGUE
-                {
-                    u32 o0, o1;
-                    pack_quad<DT>(acc, &o0, &o1);
-                    store_pair<DT>((char*)n.y + row * row_bytes, q, n.hidden, words, o0, o1);
-                    continue;
-                }
-#endif
                 u32 o0, o1;
                 partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
                 store_pair<DT>(residual_out, q, n.hidden, words, o0, o1);
@@ -124,9 +96,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             }
             norm_warp_fold(j, partial);
         }
-#ifdef TPAR_EXP_NO_EPILOGUE
-        continue;
-#endif
         __syncthreads();
         float inv;
         if (per_row == 1) {
@@ -140,15 +109,6 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 if (lane == 0) tpar_norm_inv = i;
             }
         } else {
-#ifdef TPAR_EXP_NO_EXCHANGE
-            if (warp == 0) {
-                const float s = norm_segment_fold(0);
-                const float i = norm_inv(s, segments, n.hidden, n.eps);
-                if (lane == 0) tpar_norm_inv = i;
-            }
-        }
-        if (false) {
-#endif
             // Publish this block's segment sums, then read every segment's in order.
             if (warp < mine) {
                 const float s = norm_segment_fold(warp);
