@@ -35,12 +35,28 @@ if [ "${1:-}" = "--build" ]; then
     git -C "$root" worktree remove --force "$src" 2>/dev/null || true
     git -C "$root" worktree add --detach "$src" "$rev" >/dev/null
   fi
+  # A commit builds in a target folder of its own: cargo names a workspace's artifacts by paths
+  # relative to it and judges them fresh by mtime, so a worktree's build in the checkout's
+  # target folder left the checkout's edited sources looking older than "their" binary, and
+  # the next `.` build kept the commit's binary (session 14, call 6: two names, one binary).
   target=${CARGO_TARGET_DIR:-$root/target}
+  [ "$rev" = "." ] || target=$target-commits
   (cd "$src" && CARGO_TARGET_DIR=$target cargo build --release -p tpar-cli)
   mkdir -p "$root/.gpu"
   strip -o "$root/.gpu/tpar-$name" "$target/release/tpar"
+  # The binary must say it is what was asked for (its --version names the commit it was built at).
+  want=$(git -C "$src" rev-parse --short=12 HEAD)
+  got=$("$root/.gpu/tpar-$name" --version)
+  case "$got" in
+    *"($want)"*|*"($want-dirty)"*) ;;
+    *) echo "built .gpu/tpar-$name from $rev, but it says '$got', not commit $want" >&2; exit 1 ;;
+  esac
+  if [ "$rev" = "." ] && [ -n "$(git -C "$root" status --porcelain --untracked-files=no)" ] && [[ "$got" != *-dirty* ]]; then
+    echo "built .gpu/tpar-$name from an edited tree, but it says '$got' (not -dirty): a stale build" >&2
+    exit 1
+  fi
   [ "$rev" = "." ] || git -C "$root" worktree remove --force "$src"
-  echo "built .gpu/tpar-$name from $rev"
+  echo "built .gpu/tpar-$name from $rev: $got"
   exit 0
 fi
 
