@@ -23,11 +23,13 @@
 //
 // A failed wait (deadline, mismatched header) sets the error word; the thread then stops
 // waiting but still publishes its sums and reaches every barrier, so the kernel exits.
-// A fused kernel: one wait site per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP).
+// A fused kernel: one wait site per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP). It
+// is also compiled with one site per peer (tpar_fused_oneshot_peer_sites_*), which the host
+// launches at small world sizes (fused.rs, FUSED_PEER_SITE_RANKS, with the measurement).
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
-template <int DT>
+template <int DT, bool SITE_PER_GROUP>
 __device__ void fused_oneshot(const TparFusedArgs& f) {
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
@@ -85,7 +87,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 }
                 float acc[4] = {0.f, 0.f, 0.f, 0.f};
                 // After a failed wait the thread stops waiting but goes on to every barrier.
-                if (ok) ok = reduce_unit<DT>(a, call, everyone, row * quads + q, own0, own1, TPAR_PHASE_ONE_SHOT, acc);
+                if (ok) ok = reduce_unit<DT, SITE_PER_GROUP>(a, call, everyone, row * quads + q, own0, own1, TPAR_PHASE_ONE_SHOT, acc);
                 round_quad<DT>(acc);  // the allreduce's result, rounded once
                 u32 o0, o1;
                 partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
@@ -156,6 +158,12 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     end_call(a, call);
 }
 
-extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_f32(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F32>(f); }
-extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_f16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_F16>(f); }
-extern "C" __global__ void TPAR_LAUNCH_BOUNDS tpar_fused_oneshot_bf16(TPAR_PARAM TparFusedArgs f) { fused_oneshot<TPAR_DTYPE_BF16>(f); }
+template <int DT> __device__ __forceinline__ void fused_oneshot_group_sites(const TparFusedArgs& f) {
+    fused_oneshot<DT, TPAR_WAIT_SITE_PER_GROUP != 0>(f);
+}
+template <int DT> __device__ __forceinline__ void fused_oneshot_peer_sites(const TparFusedArgs& f) {
+    fused_oneshot<DT, false>(f);
+}
+
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot, fused_oneshot_group_sites, TparFusedArgs)
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_peer_sites, fused_oneshot_peer_sites, TparFusedArgs)

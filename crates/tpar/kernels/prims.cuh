@@ -480,8 +480,9 @@ __device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call
 // from {own0, own1} (read from its input, never through its inbox). The peers are taken in
 // groups of TPAR_RANK_GROUP, every line of a group loaded before any is checked, so their
 // latencies overlap; the groups bound the registers. False once a wait has failed (the error
-// word set); acc then holds what arrived.
-template <int DT>
+// word set); acc then holds what arrived. SITE_PER_GROUP: where the waits for lines that missed
+// are (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP).
+template <int DT, bool SITE_PER_GROUP = (TPAR_WAIT_SITE_PER_GROUP != 0)>
 __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call, u32 mask, u64 u, u32 own0, u32 own1,
                                             u32 phase, float* acc) {
     const u32 first = __ffs(mask) - 1;  // the lowest rank of the set: its term starts the sum
@@ -494,29 +495,29 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
                 v[k] = ld_wide(recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u);
             }
         }
-#if TPAR_WAIT_SITE_PER_GROUP
-        // The lines that have not arrived, waited for one at a time at a single wait site
-        // (its loop and slow steps are inlined once per group, not once per peer).
-        u32 missing = 0;
+        if constexpr (SITE_PER_GROUP) {
+            // The lines that have not arrived, waited for one at a time at a single wait site
+            // (its loop and slow steps are inlined once per group, not once per peer).
+            u32 missing = 0;
 #pragma unroll
-        for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
-            const u32 r = g + k;
-            if (r < a.world_size && r != a.rank && (mask >> r & 1u) && !wide_has(v[k], call.tag, call.id)) {
-                missing |= 1u << k;
+            for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
+                const u32 r = g + k;
+                if (r < a.world_size && r != a.rank && (mask >> r & 1u) && !wide_has(v[k], call.tag, call.id)) {
+                    missing |= 1u << k;
+                }
+            }
+            while (missing != 0) {
+                const u32 k = __ffs(missing) - 1, r = g + k;
+                Wide got;
+                const u64* p = recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u;
+                if (!wait_unit(a, call, p, r, phase, &got)) return false;
+#pragma unroll
+                for (u32 kk = 0; kk < TPAR_RANK_GROUP; ++kk) {
+                    if (kk == k) v[kk] = got;
+                }
+                missing &= missing - 1;
             }
         }
-        while (missing != 0) {
-            const u32 k = __ffs(missing) - 1, r = g + k;
-            Wide got;
-            const u64* p = recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u;
-            if (!wait_unit(a, call, p, r, phase, &got)) return false;
-#pragma unroll
-            for (u32 kk = 0; kk < TPAR_RANK_GROUP; ++kk) {
-                if (kk == k) v[kk] = got;
-            }
-            missing &= missing - 1;
-        }
-#endif
 #pragma unroll
         for (u32 k = 0; k < TPAR_RANK_GROUP; ++k) {
             const u32 r = g + k;
@@ -524,14 +525,12 @@ __device__ __forceinline__ bool reduce_unit(const TparArgs& a, const Call& call,
             if (!(mask >> r & 1u)) continue;
             u32 w0 = own0, w1 = own1;
             if (r != a.rank) {
-#if !TPAR_WAIT_SITE_PER_GROUP
-                if (!wide_has(v[k], call.tag, call.id)) {
+                if (!SITE_PER_GROUP && !wide_has(v[k], call.tag, call.id)) {
                     Wide got;  // the slow path
                     const u64* p = recv_inbox(a, r) + slot_payload(a, call.epoch, r) + 2 * u;
                     if (!wait_unit(a, call, p, r, phase, &got)) return false;
                     v[k] = got;
                 }
-#endif
                 w0 = v[k].w0;
                 w1 = v[k].w1;
             }

@@ -66,7 +66,10 @@
 // 8 tokens from 25.98 to 14.44 (the fused kernels set 1), but the plain one-shot at 2 ranks
 // and 4 KiB from 2.16 to 2.48 and two-shot from 3.09 to 3.40 (0 stays the default).
 // The fused kernels (fused_oneshot.cu, twoshot_fused.cu) define TPAR_FUSED_KERNEL 1 before
-// the headers and so take 1.
+// the headers and so take 1. Since then the fused one-shot at 2 to 4 ranks measured faster
+// with one site per peer (one H100, 2026-12-06: 2 ranks x 1 token 4.40 -> 3.99 us, 4 ranks
+// 5.19 -> 4.72; 8 ranks mixed): it is also compiled that way (reduce_unit's SITE_PER_GROUP
+// argument), and the host launches that kernel up to 4 ranks (fused.rs, FUSED_PEER_SITE_RANKS).
 #ifndef TPAR_FUSED_KERNEL
 #define TPAR_FUSED_KERNEL 0
 #endif

@@ -280,6 +280,9 @@ pub enum KernelId {
     Ring(DType),
     /// Allreduce + residual add + RMSNorm in one kernel (`fused_oneshot.cu`).
     FusedOneShot(DType),
+    /// The same compiled with one wait site per peer, for small world sizes (fused.rs,
+    /// `FUSED_PEER_SITE_RANKS`).
+    FusedOneShotPeerSites(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
     /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
@@ -307,7 +310,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 36;
+    pub const COUNT: usize = 39;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -350,6 +353,9 @@ impl KernelId {
             Empty,
             ProbeCopy,
             ProbePingpong,
+            FusedOneShotPeerSites(F32),
+            FusedOneShotPeerSites(F16),
+            FusedOneShotPeerSites(Bf16),
         ]
     };
 
@@ -385,6 +391,7 @@ impl KernelId {
             KernelId::Empty => 33,
             KernelId::ProbeCopy => 34,
             KernelId::ProbePingpong => 35,
+            KernelId::FusedOneShotPeerSites(d) => 36 + dtype_index(d),
         }
     }
 
@@ -421,6 +428,14 @@ impl KernelId {
                     "tpar_fused_oneshot_f32",
                     "tpar_fused_oneshot_f16",
                     "tpar_fused_oneshot_bf16",
+                ],
+            ),
+            KernelId::FusedOneShotPeerSites(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_peer_sites_f32",
+                    "tpar_fused_oneshot_peer_sites_f16",
+                    "tpar_fused_oneshot_peer_sites_bf16",
                 ],
             ),
             KernelId::AddRmsNorm(d) => by_dtype(
@@ -484,7 +499,7 @@ impl KernelId {
             KernelId::OneShotPush(_) => "oneshot_push.cu",
             KernelId::TwoShotPush(_) => "twoshot_push.cu",
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
-            KernelId::FusedOneShot(_) => "fused_oneshot.cu",
+            KernelId::FusedOneShot(_) | KernelId::FusedOneShotPeerSites(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
             KernelId::StagedPush(_) => "staged.cu",
