@@ -270,9 +270,10 @@ fn launch_units(algorithm: Algorithm, rows: u32, segments: u32) -> (u32, u32) {
 /// way twice in one call): 2 ranks x 1 / 2 / 8 / 16 tokens 4.40 / 4.57 / 4.81 / 5.73 -> 3.99 /
 /// 4.17 / 4.39 / 5.36 us; 4 ranks 5.19 / 5.46 / 8.72 / 10.45 -> 4.72 / 5.01 / 8.14 / 10.14.
 /// At 8 ranks sharing the GPU per peer was faster at 1 and 2 tokens (6.39 / 7.14 -> 6.13 /
-/// 6.70) but slower at 4 and 8 (10.83 -> 11.03-11.06, 16.0 -> 16.86; calls 5 and 7,
-/// through the knob), so from 5 ranks the kernel keeps one site per group (5 to 7 ranks not measured), as
-/// does host-staged's fused call (the same kernel over host inboxes; not measured per peer).
+/// 6.70) but slower at 4 and 8 (10.83 -> 11.03-11.06, 16.0 -> 16.86; calls 5 and 7, through
+/// the knob), so from 5 ranks the kernel keeps one site per group (5 to 7 ranks not
+/// measured), as does host-staged's fused call (the same kernel over host inboxes; not
+/// measured per peer).
 const FUSED_PEER_SITE_RANKS: usize = 4;
 
 /// Host-staged's fused grid bound while rows are spread. One H200, 2 ranks as streams, hidden
