@@ -242,7 +242,7 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
             }
         }
     }
-    let order = clean
+    let order: Vec<_> = clean
         .iter()
         .map(|x| (x.0.choice, Some(*x)))
         .chain(collapsing.iter().map(|x| (x.0.choice, Some(*x))))
@@ -251,8 +251,9 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                 .into_iter()
                 .filter(|c| !ranked.iter().any(|(e, _)| e.choice == *c))
                 .map(|c| (c, None)),
-        );
-    for (choice, estimate) in order {
+        )
+        .collect();
+    for (at, &(choice, estimate)) in order.iter().enumerate() {
         match eligibility(req, choice) {
             Ok(()) => {
                 let why = match estimate {
@@ -277,7 +278,14 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                                 fabric.collapse().source
                             ));
                         }
-                        if let Some((next, _)) = ranked.iter().find(|(n, _)| n.choice != choice) {
+                        // The runner-up is what would run in its place: the next in this
+                        // order that can run here (a faster one that cannot is named above,
+                        // as skipped, not as next).
+                        let next = order[at + 1..]
+                            .iter()
+                            .filter(|(c, _)| eligibility(req, *c).is_ok())
+                            .find_map(|(_, est)| *est);
+                        if let Some((next, _)) = next {
                             why.push_str(&format!(
                                 "; next in the model {} {:.1} us",
                                 next.choice, next.us
@@ -547,6 +555,43 @@ mod tests {
             "{}",
             big.reason
         );
+    }
+
+    #[test]
+    fn the_runner_up_a_reason_names_can_run_here() {
+        // On the L40S fixture islands-pull is the model's fastest at 64 KiB but cannot read
+        // across the sockets: the reason names it as skipped, and names as next what would run
+        // in host-staged's place (it once named islands-pull, faster than the choice).
+        let l40s = fixture("8x-l40s-2numa");
+        let d = decide(&request(&l40s, 8, 64 * KIB)).unwrap();
+        assert_eq!(d.choice, Choice::Tpar(Algorithm::HostStaged), "{d:?}");
+        assert!(d.reason.contains("islands-pull skipped"), "{}", d.reason);
+        assert!(d.reason.contains("next in the model nccl"), "{}", d.reason);
+        // Everywhere: the runner-up named is another choice, and one that can run here.
+        for (name, _) in FIXTURES {
+            let t = fixture(name);
+            for world_size in [2, 4, 8] {
+                for bytes in sweep().step_by(4) {
+                    let req = request(&t, world_size, bytes);
+                    let Ok(d) = decide(&req) else { continue };
+                    let Some(rest) = d.reason.split("; next in the model ").nth(1) else {
+                        continue;
+                    };
+                    let next = rest.split(' ').next().unwrap();
+                    let (e, _) = ranked(&req)
+                        .into_iter()
+                        .find(|(e, _)| e.choice.to_string() == next)
+                        .unwrap_or_else(|| panic!("{name} {bytes}: {next} is not ranked"));
+                    assert_ne!(e.choice, d.choice, "{name} {bytes}: {}", d.reason);
+                    assert_eq!(
+                        eligibility(&req, e.choice),
+                        Ok(()),
+                        "{name} {bytes}: {}",
+                        d.reason
+                    );
+                }
+            }
+        }
     }
 
     /// Message sizes from 1 KiB to 64 MiB, four per doubling.
