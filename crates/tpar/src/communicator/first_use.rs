@@ -185,19 +185,14 @@ pub fn time_probes(
 }
 
 /// Whether `comm` should measure at its creation: on, more than one rank, no table for this
-/// machine yet, and its GPU not time-sliced with another process's rank (timings there are
-/// milliseconds of scheduling, not the machine's).
+/// machine yet (none of this build's kernels among those the communicator read as it was made,
+/// nor one it adopted since), and its GPU not time-sliced with another process's rank (timings
+/// there are milliseconds of scheduling, not the machine's).
 fn wanted(comm: &Communicator) -> bool {
     enabled(std::env::var(ENV_FIRST_USE).ok().as_deref())
         && comm.cuda.world_size() > 1
         && comm.cuda.time_sliced_with().is_empty()
-        && TuningTable::load_for(
-            &comm.topology,
-            comm.cuda.world_size(),
-            DTYPE,
-            &kernels::build_id(),
-        )
-        .is_none()
+        && !comm.tuning.contains_key(&DTYPE)
 }
 
 /// Measures for ranks that are all streams of this process (`comms[i]` on `streams[i]`), when
