@@ -7,6 +7,14 @@
 //
 // Primitives: push_unit (to r+s), wait_unit (from r-s), reduce_unit (every rank). The pacing
 // is per thread: a thread's next push waits for its own units of the previous step.
+//
+// The cold steps of its waits are out of line (tuning.cuh, TPAR_COLD_INLINE), for the 8 ranks
+// staged is for (ranks as streams, bf16; bench/results/2026-12-06-s14 call 1 and -s15 calls 1
+// and 2, twice each way in s15): one H100, 4 / 32 KiB 9.18-9.22 / 12.26-12.29 -> 8.83-8.87 /
+// 11.58-11.59 us in three runs; one H200, 4 / 16 / 32 / 64 KiB 8.88 / 10.32 / 11.68 / 15.03 ->
+// 8.53 / 9.93 / 11.20 / 15.25. It costs 2 and 4 ranks on the H200 0.1 us at 4-16 KiB (2 ranks
+// 2.39 -> 2.51 at 4 KiB, 4 ranks 4.29 -> 4.45; 4 ranks 32 / 64 KiB 5.13 / 5.97 -> 5.05 / 5.72).
+#define TPAR_COLD_INLINE 0
 #include "tpar_ll.cuh"
 
 template <int DT>
