@@ -127,6 +127,20 @@ __device__ __forceinline__ float norm_segment_fold(u32 j) {
     const u32 lane = threadIdx.x & 31;
     return butterfly_sum(lane < TPAR_NORM_THREADS / 32 ? tpar_norm_warp_sums[j][lane] : 0.f);
 }
+// The segment trees of two segments at once, from warp sums: lanes 0-15 hold the 16 warp sums
+// of one segment and lanes 16-31 those of the next (0 for warps past the row). Lane 0 returns
+// the first segment's sum and lane 16 the second's, the same bits as norm_segment_fold: its
+// first step (offset 16) adds the zero lanes 16-31, here the explicit + 0, and the four steps
+// after it stay within each half.
+__device__ __forceinline__ float norm_segment_pair_fold(float v) {
+    v = __fadd_rn(v, 0.f);
+    for (int offset = 8; offset >= 1; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+// Warps of a row of `quads` quads: 32 quads each, the unit whose sum the fused one-shot's
+// blocks exchange (a segment is 16 of them).
+__device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }
+
 // Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
 // 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
@@ -139,10 +153,10 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
     return norm_inv_of_sum(ss, hidden, eps);
 }
 
-// Segment sums that blocks sharing a row exchange: LL lines (the sum's bits beside the
-// epoch's tag), one per (row, segment) of the launch, in this rank's device state after its
+// Sums that blocks sharing a row exchange: LL lines (the sum's bits beside the epoch's tag),
+// one per (row, warp of the row) of the fused one-shot's launch, in this rank's device state after its
 // two words (abi.cuh): device memory whatever the inboxes are (host-staged's are host
 // memory), written and read by this rank's kernels only, which run one at a time (each takes
 // the epoch the one before it published). Tags make a reset unnecessary, as for the data; the
-// host keeps a launch's rows x segments within TPAR_STATE_EXCHANGE_LINES.
+// host keeps a launch's rows x row warps within TPAR_STATE_EXCHANGE_LINES.
 __device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a) { return a.state + 2; }

@@ -72,15 +72,21 @@ pub fn row_segments(dtype: DType, hidden: usize) -> usize {
     row_quads(dtype, hidden).div_ceil(NORM_THREADS).max(1)
 }
 
+/// Warps of one row: the tree's first level, 32 quads each (a segment is 16 of them); the
+/// fused one-shot's blocks exchange one sum per row warp.
+pub fn row_warps(dtype: DType, hidden: usize) -> usize {
+    row_quads(dtype, hidden).div_ceil(32).max(1)
+}
+
 /// Lines of a rank's device state where the blocks of one fused launch exchange their rows'
-/// segment sums, one per (row, segment) (`TPAR_STATE_EXCHANGE_LINES`, fused.cuh).
+/// warp sums, one per (row, row warp) (`TPAR_STATE_EXCHANGE_LINES`, fused.cuh).
 pub const EXCHANGE_LINES: usize = 8192;
 
 /// Rows one fused launch carries: as many as a slot of `payload_lines` 8-byte lines holds (two
-/// per quad), and whose segment sums fit the [`EXCHANGE_LINES`].
+/// per quad), and whose warp sums fit the [`EXCHANGE_LINES`].
 pub fn rows_per_chunk(dtype: DType, hidden: usize, payload_lines: usize) -> usize {
     let in_slot = payload_lines / (2 * row_quads(dtype, hidden).max(1));
-    in_slot.min(EXCHANGE_LINES / row_segments(dtype, hidden))
+    in_slot.min(EXCHANGE_LINES / row_warps(dtype, hidden))
 }
 
 /// What runs a fused call: the fused kernel, or the allreduce followed by tpar's separate
@@ -499,12 +505,19 @@ mod tests {
             for hidden in [1, 4, 7, 512, 2048, 4099, 8192, 16384] {
                 for payload_lines in [1024, 65536, 1 << 20] {
                     let rows = rows_per_chunk(dtype, hidden, payload_lines);
-                    assert!(rows * row_segments(dtype, hidden) <= EXCHANGE_LINES);
+                    assert!(rows * row_warps(dtype, hidden) <= EXCHANGE_LINES);
                     assert!(rows * 2 * row_quads(dtype, hidden) <= payload_lines);
                 }
             }
         }
         assert_eq!(row_quads(DType::Bf16, 4099), 1025);
+        // Warps of 32 quads, 16 a segment: the last one may be partial.
+        assert_eq!(row_warps(DType::Bf16, 8192), 64);
+        assert_eq!(row_warps(DType::Bf16, 4099), 33);
+        assert_eq!(row_warps(DType::F32, 7), 1);
+        for hidden in [1, 7, 4099, 8192, 16384] {
+            assert!(row_warps(DType::F32, hidden) <= 16 * row_segments(DType::F32, hidden));
+        }
     }
 
     fn faster(world_size: usize, tokens: usize, measured: Option<&FusedTable>) -> Prefer<'_> {

@@ -99,35 +99,48 @@ impl CudaCommunicator {
         // one-shot's slot holds the launch's quads by rows; two-shot's stage-one and gather
         // slots hold them at the same positions and the segment sums in lines the quads leave
         // free (twoshot_fused.cu).
-        let kernel = match algorithm {
-            Algorithm::TwoShot => KernelId::FusedTwoShot(call.dtype),
-            Algorithm::OneShot if self.world_size <= FUSED_PEER_SITE_RANKS => {
-                KernelId::FusedOneShotPeerSites(call.dtype)
-            }
-            _ => KernelId::FusedOneShot(call.dtype),
-        };
+        let per_peer_sites = self.world_size <= FUSED_PEER_SITE_RANKS;
         self.check()?;
         self.assert_supported(algorithm);
         driver::bind(&self.ctx)?;
-        let function = self.kernels.get(kernel);
         self.next_call(call.elements() as u64, call.dtype, algorithm, true);
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
-        let segments = norm::row_segments(call.dtype, call.hidden) as u32;
+        let quads = norm::row_quads(call.dtype, call.hidden) as u32;
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
-            let (units, spread) = launch_units(algorithm, rows as u32, segments);
+            let threads = fused_block_threads(
+                algorithm,
+                per_peer_sites,
+                rows as u32,
+                quads,
+                self.max_blocks,
+                self.kernels.pdl,
+            );
+            let kernel = match algorithm {
+                Algorithm::TwoShot => KernelId::FusedTwoShot(call.dtype),
+                Algorithm::OneShot if threads < THREADS => {
+                    KernelId::FusedOneShotSmallBlocks(call.dtype)
+                }
+                Algorithm::OneShot if per_peer_sites => KernelId::FusedOneShotPeerSites(call.dtype),
+                _ => KernelId::FusedOneShot(call.dtype),
+            };
+            let (units, spread) = launch_units(algorithm, rows as u32, quads.div_ceil(threads));
             // The shape chosen for PDL stays where PDL may not follow the last grid (as the
             // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
             let (grid, shaped_for_pdl) =
                 fused_shape(units, spread, self.max_blocks, self.kernels.pdl);
-            let pdl = self.same_grid_behind_last(grid, THREADS, shaped_for_pdl);
+            let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory.
-            unsafe { function.launch_ex(grid, THREADS, stream, &args, pdl)? };
+            unsafe {
+                self.kernels
+                    .get(kernel)
+                    .launch_ex(grid, threads, stream, &args, pdl)?
+            };
         }
         Ok(())
     }
@@ -248,21 +261,74 @@ pub(crate) enum NormInput {
     X,
 }
 
-/// What a fused launch of `rows` rows of `segments` segments deals out to its blocks: its
-/// units and the most blocks one unit may take. Two-shot: every row segment, a block each.
-/// One-shot and host-staged: every row, over a block per segment (as the plain one-shot gives
-/// each thread one line); host-staged's grid stays within [`HOST_STAGED_FUSED_GRID`] blocks:
-/// its waits poll host memory, and more polling blocks slowed it (see there).
-fn launch_units(algorithm: Algorithm, rows: u32, segments: u32) -> (u32, u32) {
+/// What a fused launch of `rows` rows of `chunks` chunks (a block's threads' quads each, at
+/// [`fused_block_threads`]) deals out to its blocks: its units and the most blocks one unit
+/// may take. Two-shot: every row segment (its chunk), a block each. One-shot and host-staged:
+/// every row, over a block per chunk (as the plain one-shot gives each thread one line);
+/// host-staged's grid stays within [`HOST_STAGED_FUSED_GRID`] blocks: its waits poll host
+/// memory, and more polling blocks slowed it (see there).
+fn launch_units(algorithm: Algorithm, rows: u32, chunks: u32) -> (u32, u32) {
     match algorithm {
-        Algorithm::TwoShot => (rows * segments, 1),
+        Algorithm::TwoShot => (rows * chunks, 1),
         Algorithm::HostStaged => (
             rows,
-            segments.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
+            chunks.min((HOST_STAGED_FUSED_GRID / rows.max(1)).max(1)),
         ),
-        _ => (rows, segments),
+        _ => (rows, chunks),
     }
 }
+
+/// Threads of a fused block, which are also the quads of the chunk of a row it takes. Only the
+/// one-shot with one wait site per peer (`per_peer_sites`, up to [`FUSED_PEER_SITE_RANKS`])
+/// takes blocks smaller than [`THREADS`], in a kernel of its own whose warps exchange their
+/// sums (`KernelId::FusedOneShotSmallBlocks`; two-shot's, host-staged's and the separate norm
+/// kernel's trees are per block of [`THREADS`]): the smallest of [`FUSED_BLOCK_THREADS`] whose
+/// blocks, one a chunk of every row, fit the grid (half the co-resident bound with PDL), as
+/// the plain one-shot spreads its lines over small blocks; where none fits, whole blocks.
+/// `TPAR_FUSED_BLOCK_THREADS` sets it (32, 64, 128, 256 or 512), for experiments.
+///
+/// One H100, hidden 8192 bf16, ranks as streams, 2026-12-06 (bench/results/2026-12-06-s15,
+/// call 6, the small-block kernel's code against main bb607a2, twice each way): 2 ranks x 1 /
+/// 2 / 4 tokens 3.99 / 4.16 / 4.27 -> 3.54 / 3.58 / 3.77 us (16 / 32 blocks of 128, 32 of
+/// 256); 4 ranks x 1 / 2 4.73 / 5.00 -> 4.57 / 4.80 (16 of 128, 16 of 256); the sizes left on
+/// whole blocks within 0.05 us. One H200 (call 4, an earlier form): 2 ranks 3.92 / 4.13 / 4.23
+/// -> 3.60 / 3.62 / 3.82, 4 ranks 4.62 / 4.85 -> 4.08 / 4.29. Sizes (call 1, H100, 2 ranks x 1):
+/// blocks of 64 / 128 / 256 / 512 threads 3.75 / 3.65 / 3.75 / 4.04; at 4 tokens 64 took 7.22
+/// (4 rows a block) and 256 3.89. Not from 5 ranks: there the group-site kernel runs, and
+/// built beside the small-block kernel (calls 3, 5, 6) it was 0.3-0.6 us slower at 8 x 1, 2 and 8
+/// tokens (faster at 4, 16, 64), so it stays as it was, whole blocks only.
+fn fused_block_threads(
+    algorithm: Algorithm,
+    per_peer_sites: bool,
+    rows: u32,
+    quads: u32,
+    max_blocks: u32,
+    pdl_supported: bool,
+) -> u32 {
+    if algorithm != Algorithm::OneShot || !per_peer_sites {
+        return THREADS;
+    }
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = *SET.get_or_init(|| {
+        super::communicator::env_u32("TPAR_FUSED_BLOCK_THREADS")
+            .filter(|t| [32, 64, 128, 256, 512].contains(t))
+    });
+    if let Some(threads) = set {
+        return threads;
+    }
+    let bound = if pdl_supported {
+        max_blocks / 2
+    } else {
+        max_blocks
+    };
+    FUSED_BLOCK_THREADS
+        .into_iter()
+        .find(|&threads| rows.max(1) * quads.div_ceil(threads).max(1) <= bound)
+        .unwrap_or(THREADS)
+}
+
+/// The blocks the fused one-shot tries, smallest first (see [`fused_block_threads`]).
+const FUSED_BLOCK_THREADS: [u32; 2] = [128, 256];
 
 /// Ranks up to which the fused one-shot launches its kernel compiled with one wait site per
 /// peer instead of one per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP). One H100,
@@ -386,6 +452,50 @@ mod tests {
                         assert!(!used || rows.div_ceil(grid / per_row) <= most);
                         assert!(max_blocks < MAX_BLOCKS || !used || grid / per_row == rows);
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fused_oneshot_takes_small_blocks_where_the_grid_holds_them() {
+        let quads = 2048; // a row of 8192 bf16
+        let threads = |rows, max_blocks, pdl| {
+            fused_block_threads(Algorithm::OneShot, true, rows, quads, max_blocks, pdl)
+        };
+        // Two ranks on one GPU (64 blocks each, 32 with PDL): 16 blocks of 128 at 1 token,
+        // 32 at 2; 32 of 256 at 4; whole blocks from 8.
+        assert_eq!(
+            [1, 2, 4, 8, 64].map(|rows| threads(rows, 64, true)),
+            [128, 128, 256, 512, 512]
+        );
+        // Without PDL the whole bound: 4 tokens on blocks of 128.
+        assert_eq!(threads(4, 64, false), 128);
+        // Only the one-shot with one wait site per peer: the other kernels' trees are per block.
+        for algorithm in [Algorithm::TwoShot, Algorithm::HostStaged] {
+            assert_eq!(
+                fused_block_threads(algorithm, true, 1, quads, 64, true),
+                THREADS
+            );
+        }
+        assert_eq!(
+            fused_block_threads(Algorithm::OneShot, false, 1, quads, 64, true),
+            THREADS
+        );
+        for rows in 1..20 {
+            for quads in [1, 2, 31, 33, 1025, 2048, 4096, 8192] {
+                for max_blocks in 1..70 {
+                    let t = fused_block_threads(
+                        Algorithm::OneShot,
+                        true,
+                        rows,
+                        quads,
+                        max_blocks,
+                        true,
+                    );
+                    // A warp's 32 quads stay within one segment of the tree.
+                    assert!(t % 32 == 0 && norm::NORM_THREADS as u32 % t == 0);
+                    assert!(t == THREADS || rows * quads.div_ceil(t) <= max_blocks / 2);
                 }
             }
         }

@@ -283,6 +283,9 @@ pub enum KernelId {
     /// The same compiled with one wait site per peer, for small world sizes (fused.rs,
     /// `FUSED_PEER_SITE_RANKS`).
     FusedOneShotPeerSites(DType),
+    /// The same with one wait site per peer on blocks smaller than [`THREADS`], whose warps
+    /// exchange their sums (fused.rs, `fused_block_threads`).
+    FusedOneShotSmallBlocks(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
     /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
@@ -310,7 +313,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 39;
+    pub const COUNT: usize = 42;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -356,6 +359,9 @@ impl KernelId {
             FusedOneShotPeerSites(F32),
             FusedOneShotPeerSites(F16),
             FusedOneShotPeerSites(Bf16),
+            FusedOneShotSmallBlocks(F32),
+            FusedOneShotSmallBlocks(F16),
+            FusedOneShotSmallBlocks(Bf16),
         ]
     };
 
@@ -392,6 +398,7 @@ impl KernelId {
             KernelId::ProbeCopy => 34,
             KernelId::ProbePingpong => 35,
             KernelId::FusedOneShotPeerSites(d) => 36 + dtype_index(d),
+            KernelId::FusedOneShotSmallBlocks(d) => 39 + dtype_index(d),
         }
     }
 
@@ -436,6 +443,14 @@ impl KernelId {
                     "tpar_fused_oneshot_peer_sites_f32",
                     "tpar_fused_oneshot_peer_sites_f16",
                     "tpar_fused_oneshot_peer_sites_bf16",
+                ],
+            ),
+            KernelId::FusedOneShotSmallBlocks(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_small_blocks_f32",
+                    "tpar_fused_oneshot_small_blocks_f16",
+                    "tpar_fused_oneshot_small_blocks_bf16",
                 ],
             ),
             KernelId::AddRmsNorm(d) => by_dtype(
@@ -499,7 +514,9 @@ impl KernelId {
             KernelId::OneShotPush(_) => "oneshot_push.cu",
             KernelId::TwoShotPush(_) => "twoshot_push.cu",
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
-            KernelId::FusedOneShot(_) | KernelId::FusedOneShotPeerSites(_) => "fused_oneshot.cu",
+            KernelId::FusedOneShot(_)
+            | KernelId::FusedOneShotPeerSites(_)
+            | KernelId::FusedOneShotSmallBlocks(_) => "fused_oneshot.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
             KernelId::StagedPush(_) => "staged.cu",
