@@ -153,10 +153,11 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
     return norm_inv_of_sum(ss, hidden, eps);
 }
 
-// Sums that blocks sharing a row exchange: LL lines (the sum's bits beside the epoch's tag),
-// one per (row, warp of the row) of the fused one-shot's launch, in this rank's device state after its
-// two words (abi.cuh): device memory whatever the inboxes are (host-staged's are host
-// memory), written and read by this rank's kernels only, which run one at a time (each takes
-// the epoch the one before it published). Tags make a reset unnecessary, as for the data; the
-// host keeps a launch's rows x row warps within TPAR_STATE_EXCHANGE_LINES.
+// Sums that blocks sharing a row exchange: LL lines (the sum's bits beside the epoch's tag), one
+// per (row, segment) of a fused one-shot launch on whole blocks (fused_oneshot.cu) or per (row,
+// warp of the row) on smaller blocks (fused_oneshot_small.cu), in this rank's device state after
+// its two words (abi.cuh): device memory whatever the inboxes are (host-staged's are host memory),
+// written and read by this rank's kernels only, which run one at a time (each takes the epoch the
+// one before it published). Tags make a reset unnecessary, as for the data; the host keeps a
+// launch's rows x row warps within TPAR_STATE_EXCHANGE_LINES.
 __device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a) { return a.state + 2; }

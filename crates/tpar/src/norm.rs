@@ -1,6 +1,6 @@
 //! Fused allreduce + residual add + RMSNorm: its exact semantics, which path runs a call and
-//! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`, `twoshot_fused.cu`,
-//! `fused_norm.cu`) must match bit for bit.
+//! why, and the CPU reference that the GPU kernels (`fused_oneshot.cu`,
+//! `fused_oneshot_small.cu`, `twoshot_fused.cu`, `fused_norm.cu`) must match bit for bit.
 //!
 //! # Semantics (every path, every rank, bitwise the same)
 //! Inputs: `x` (tokens x hidden, this rank's partial sums), `residual` (tokens x hidden),
@@ -493,6 +493,71 @@ mod tests {
             row_sum_of_squares(DType::F32, &padded).to_bits(),
             tree.to_bits()
         );
+    }
+
+    /// fused_oneshot_small.cu's fold: the warp sums of the row (0 past its last warp), two
+    /// segments in the two halves of a warp, + 0, then offsets 8, 4, 2, 1 within each half;
+    /// the halves' first lanes added in segment order.
+    fn small_blocks_fold(dtype: DType, row: &[f32]) -> f32 {
+        let q = quad_elements(dtype);
+        let quads = row.len().div_ceil(q).max(1);
+        let warp_sums: Vec<f32> = (0..quads.div_ceil(32))
+            .map(|w| {
+                let mut lanes = [0f32; 32];
+                for (t, lane) in lanes.iter_mut().enumerate() {
+                    for e in 0..q {
+                        let v = row.get((w * 32 + t) * q + e).copied().unwrap_or(0.0);
+                        *lane += v * v;
+                    }
+                }
+                butterfly(lanes)
+            })
+            .collect();
+        let segments = quads.div_ceil(NORM_THREADS);
+        let mut ss = 0f32;
+        for pair in 0..segments.div_ceil(2) {
+            let mut lanes = [0f32; 32];
+            for (lane, v) in lanes.iter_mut().enumerate() {
+                let warp = (2 * pair + lane / 16) * 16 + lane % 16;
+                *v = warp_sums.get(warp).copied().unwrap_or(0.0) + 0.0;
+            }
+            for offset in [8, 4, 2, 1] {
+                let before = lanes;
+                for (i, lane) in lanes.iter_mut().enumerate() {
+                    *lane = before[i] + before[i ^ offset];
+                }
+            }
+            ss = if pair == 0 { lanes[0] } else { ss + lanes[0] };
+            if 2 * pair + 1 < segments {
+                ss += lanes[16];
+            }
+        }
+        ss
+    }
+
+    #[test]
+    fn the_small_blocks_fold_of_warp_sums_is_the_tree() {
+        // Rows of 1 to 16 segments, partial warps and partial segments, every dtype's quad.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for dtype in DType::ALL {
+            for hidden in [1, 7, 127, 128, 2049, 4099, 8192, 12288, 16383, 16384] {
+                for _ in 0..3 {
+                    let row: Vec<f32> = (0..hidden)
+                        .map(|_| {
+                            seed ^= seed << 13;
+                            seed ^= seed >> 7;
+                            seed ^= seed << 17;
+                            round(dtype, (seed % 20001) as f32 / 1000.0 - 10.0)
+                        })
+                        .collect();
+                    assert_eq!(
+                        small_blocks_fold(dtype, &row).to_bits(),
+                        row_sum_of_squares(dtype, &row).to_bits(),
+                        "{dtype} hidden {hidden}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub const HEADERS: [(&str, &str); 8] = [
 ];
 
 /// Every kernel source file: (file name, source).
-pub const SOURCES: [(&str, &str); 13] = [
+pub const SOURCES: [(&str, &str); 14] = [
     (
         "oneshot_push.cu",
         include_str!("../../../kernels/oneshot_push.cu"),
@@ -81,6 +81,10 @@ pub const SOURCES: [(&str, &str); 13] = [
     (
         "fused_oneshot.cu",
         include_str!("../../../kernels/fused_oneshot.cu"),
+    ),
+    (
+        "fused_oneshot_small.cu",
+        include_str!("../../../kernels/fused_oneshot_small.cu"),
     ),
     (
         "fused_norm.cu",
@@ -284,7 +288,7 @@ pub enum KernelId {
     /// `FUSED_PEER_SITE_RANKS`).
     FusedOneShotPeerSites(DType),
     /// The same with one wait site per peer on blocks smaller than [`THREADS`], whose warps
-    /// exchange their sums (fused.rs, `fused_block_threads`).
+    /// exchange their sums (`fused_oneshot_small.cu`; fused.rs, `fused_block_threads`).
     FusedOneShotSmallBlocks(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
@@ -514,9 +518,8 @@ impl KernelId {
             KernelId::OneShotPush(_) => "oneshot_push.cu",
             KernelId::TwoShotPush(_) => "twoshot_push.cu",
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
-            KernelId::FusedOneShot(_)
-            | KernelId::FusedOneShotPeerSites(_)
-            | KernelId::FusedOneShotSmallBlocks(_) => "fused_oneshot.cu",
+            KernelId::FusedOneShot(_) | KernelId::FusedOneShotPeerSites(_) => "fused_oneshot.cu",
+            KernelId::FusedOneShotSmallBlocks(_) => "fused_oneshot_small.cu",
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
             KernelId::StagedPush(_) => "staged.cu",

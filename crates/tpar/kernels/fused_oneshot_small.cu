@@ -1,0 +1,206 @@
+// Fused one-shot push allreduce + residual add + RMSNorm on blocks smaller than
+// TPAR_NORM_THREADS (fused.rs, fused_block_threads: 128 or 256 threads where the grid holds a
+// block for every chunk of every row, up to FUSED_PEER_SITE_RANKS ranks): the same call as
+// fused_oneshot.cu, with the same slot layout, results and errors, but a row is cut into chunks
+// of the block's size in quads (a thread each), so that at one or two tokens the push and the
+// wait use as many SMs as the plain allreduce of the same bytes. One wait site per peer
+// (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP; reduce_unit's argument).
+//
+// Block `part` of a row takes its chunks part, part + blocks_per_row, ... A block does not hold
+// a whole segment of norm.rs's tree (16 warps of 32 quads), so each warp publishes its sum of
+// squares as an LL line in this rank's device state at once, with no barrier (fused.cuh,
+// norm_exchange_lines: one line per (row, warp of the row)), and warp 0 of every block reads
+// all of them and folds them as the tree does: the same bits in every block and on every rank
+// as fused_oneshot.cu's segment sums. With one block per row the sums stay in shared memory.
+//
+// A file of its own, so that fused_oneshot.cu (whole blocks) stays as it was, to the PTX: with
+// this kernel compiled beside them in one file (its PTX then the same as here), the group-site
+// kernel, whose own PTX barely changed, was 0.3-0.6 us slower at 8 ranks sharing one H100 x 1,
+// 2 and 8 tokens (bench/results/2026-12-06-s15, calls 3, 5 and 6). This arrangement itself has
+// not run on a GPU.
+#define TPAR_FUSED_KERNEL 1
+#include "tpar_ll.cuh"
+
+// A sum of squares another block of the row published in `line` (bits beside the call's tag);
+// 0 once a wait has failed.
+__device__ __forceinline__ float row_sum(const TparArgs& a, const Call& call, const u64* line, bool* ok) {
+    const u64 v = ld_sys(line);
+    u32 bits = 0;
+    if ((u32)(v >> 32) == call.tag) {
+        bits = (u32)v;
+    } else if (*ok) {
+        *ok = wait_line(a, call, line, TPAR_PHASE_ONE_SHOT, &bits);
+    }
+    return __uint_as_float(bits);
+}
+
+// Which quads of the launch's rows a thread takes: in rows first_row, first_row + row_stride,
+// ... the block's chunks part, part + per_row, ... (`mine` of them; the host keeps per_row <=
+// chunks, so every block has at least one), quad q0 + j * step of its j-th.
+struct FusedSpread {
+    u32 per_row, part, mine;
+    u64 first_row, row_stride, q0, step;
+};
+__device__ __forceinline__ FusedSpread fused_spread(const TparNormArgs& n, u64 quads, u32 chunk) {
+    FusedSpread s;
+    const u32 chunks = (u32)((quads + chunk - 1) / chunk);
+    s.per_row = n.blocks_per_row;
+    s.part = blockIdx.x % s.per_row;
+    s.first_row = blockIdx.x / s.per_row;
+    s.row_stride = gridDim.x / s.per_row;
+    s.mine = s.part < chunks ? (chunks - s.part + s.per_row - 1) / s.per_row : 0;
+    s.q0 = (u64)s.part * chunk + threadIdx.x;
+    s.step = (u64)s.per_row * chunk;
+    return s;
+}
+
+// What a thread holds of its first quad, loaded before the call counter so that the loads
+// overlap its round trip: its input, residual and weight (the weight is the same in every row).
+struct FusedFirst {
+    u32 x0, x1, r0, r1, w0, w1;
+};
+
+// The thread's quads pushed to every rank, row by row; its first quad from `first`.
+template <int DT>
+__device__ __forceinline__ void fused_push_rows(const TparArgs& a, const TparNormArgs& n, const NormRow& shape,
+                                                const FusedSpread& s, const Call& call, const FusedFirst& first) {
+    const u32 everyone = all_ranks(a);
+    const u64 my_slot = slot_payload(a, call.epoch, a.rank);
+    for (u64 row = s.first_row; row < n.rows; row += s.row_stride) {
+        const char* x = (const char*)a.input + row * shape.bytes;
+        for (u32 j = 0; j < s.mine; ++j) {
+            const u64 q = s.q0 + j * s.step;
+            if (q >= shape.quads) continue;
+            u32 p0 = first.x0, p1 = first.x1;
+            if (row != s.first_row || j != 0) load_pair<DT>(x, q, n.hidden, shape.words, &p0, &p1);
+            push_unit_to(a, call, everyone, my_slot + 2 * (row * shape.quads + q), p0, p1);
+        }
+    }
+}
+
+// Quad q of `row` once its lines arrive: the allreduce in rank order (rounded once, left in
+// `acc`), plus the residual (rounded), stored as residual_out. Returns the thread's partial of
+// the sum of squares. After a failed wait the thread stops waiting but goes on to every barrier.
+template <int DT>
+__device__ __forceinline__ float fused_reduce_quad(const TparArgs& a, const TparNormArgs& n, const NormRow& shape,
+                                                   const FusedSpread& s, const Call& call, const FusedFirst& first,
+                                                   u64 row, u32 j, u64 q, bool* ok, float* acc) {
+    u32 own0 = first.x0, own1 = first.x1, res0 = first.r0, res1 = first.r1;
+    if (row != s.first_row || j != 0) {
+        load_pair<DT>((const char*)a.input + row * shape.bytes, q, n.hidden, shape.words, &own0, &own1);
+        load_pair<DT>((const char*)n.residual + row * shape.bytes, q, n.hidden, shape.words, &res0, &res1);
+    }
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+    if (*ok) *ok = reduce_unit<DT, false>(a, call, all_ranks(a), row * shape.quads + q, own0, own1, TPAR_PHASE_ONE_SHOT, acc);
+    round_quad<DT>(acc);
+    u32 o0, o1;
+    const float partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
+    store_pair<DT>((char*)n.residual_out + row * shape.bytes, q, n.hidden, shape.words, o0, o1);
+    return partial;
+}
+
+// y for the thread's quads of `row`, with the block's 1/rms: its first quad's residual_out
+// from registers (`kept`), the others read back (this thread wrote them).
+template <int DT>
+__device__ __forceinline__ void fused_y_row(const TparNormArgs& n, const NormRow& shape, const FusedSpread& s,
+                                            const FusedFirst& first, u64 row, const float* kept, float inv) {
+    const char* residual_out = (const char*)n.residual_out + row * shape.bytes;
+    char* y = (char*)n.y + row * shape.bytes;
+    for (u32 j = 0; j < s.mine; ++j) {
+        const u64 q = s.q0 + j * s.step;
+        if (q >= shape.quads) continue;
+        float v[4];
+        u32 wt0 = first.w0, wt1 = first.w1;
+        if (j == 0) {
+            for (int e = 0; e < 4; ++e) v[e] = kept[e];
+        } else {
+            u32 v0, v1;
+            load_pair<DT>(residual_out, q, n.hidden, shape.words, &v0, &v1);
+            unpack_quad<DT>(v0, v1, v);
+            load_pair<DT>(n.weight, q, n.hidden, shape.words, &wt0, &wt1);
+        }
+        u32 y0, y1;
+        y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
+        store_pair<DT>(y, q, n.hidden, shape.words, y0, y1);
+    }
+}
+
+// The kernel: blocks of the host's size, smaller than TPAR_NORM_THREADS (a multiple of 32
+// dividing it, so that a warp's 32 quads are one warp of the row's tree).
+template <int DT>
+__device__ void fused_oneshot_small(const TparFusedArgs& f) {
+    const TparArgs& a = f.a;
+    const TparNormArgs& n = f.n;
+    const NormRow shape = norm_row<DT>(n.hidden);
+    const u32 segments = shape.segments;
+    const FusedSpread s = fused_spread(n, shape.quads, blockDim.x);
+
+    // Before the call counter: the first row's input and residual and the weight of the first
+    // chunk. After pdl_wait: the previous kernel may write them.
+    pdl_wait();
+    FusedFirst first = {0, 0, 0, 0, 0, 0};
+    if (s.first_row < n.rows && s.mine > 0 && s.q0 < shape.quads) {
+        load_pair<DT>((const char*)a.input + s.first_row * shape.bytes, s.q0, n.hidden, shape.words, &first.x0, &first.x1);
+        load_pair<DT>((const char*)n.residual + s.first_row * shape.bytes, s.q0, n.hidden, shape.words, &first.r0, &first.r1);
+        load_pair<DT>(n.weight, s.q0, n.hidden, shape.words, &first.w0, &first.w1);
+    }
+    const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
+    fused_push_rows<DT>(a, n, shape, s, call, first);
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 row_warps = norm_row_warps(shape.quads);
+    // Where one block has the whole row its warps exchange their sums in shared memory.
+    const bool shared_row = s.per_row == 1;
+    bool ok = true;
+    for (u64 row = s.first_row; row < n.rows; row += s.row_stride) {
+        u64* const row_lines = norm_exchange_lines(a) + row * row_warps;  // one per warp of the row
+        float kept[4] = {0.f, 0.f, 0.f, 0.f};  // residual_out of the first chunk, for y
+        for (u32 j = 0; j < s.mine; ++j) {
+            const u64 q = s.q0 + j * s.step;
+            float partial = 0.f;
+            if (q < shape.quads) {
+                float acc[4];
+                partial = fused_reduce_quad<DT>(a, n, shape, s, call, first, row, j, q, &ok, acc);
+                if (j == 0) {
+                    for (int e = 0; e < 4; ++e) kept[e] = acc[e];
+                }
+            }
+            // The warp's sum of squares, the tree's first level, published at once for the row
+            // (warps past the row publish nothing).
+            const float warp_sum = butterfly_sum(partial);
+            const u32 row_warp = (u32)((q - lane) / 32);
+            if (lane == 0 && row_warp < row_warps) {
+                if (shared_row) {
+                    tpar_norm_warp_sums[row_warp / 16][row_warp % 16] = warp_sum;
+                } else {
+                    st_sys(row_lines + row_warp, pack_line(call.tag, __float_as_uint(warp_sum)));
+                }
+            }
+        }
+        // Warp 0 folds every warp sum of the row as norm.rs's tree (each segment's 16, two
+        // segments at a time, then the segment sums in order) and hands 1/rms to the block.
+        if (shared_row) __syncthreads();
+        if (warp == 0) {
+            float ss = 0.f;
+            for (u32 pair = 0; 2 * pair < segments; ++pair) {
+                const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
+                float v = 0.f;
+                if (row_warp < row_warps) {
+                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : row_sum(a, call, row_lines + row_warp, &ok);
+                }
+                v = norm_segment_pair_fold(v);
+                const float even = __shfl_sync(0xffffffffu, v, 0), odd = __shfl_sync(0xffffffffu, v, 16);
+                ss = pair == 0 ? even : __fadd_rn(ss, even);
+                if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
+            }
+            const float inv = norm_inv_of_sum(ss, n.hidden, n.eps);
+            if (lane == 0) tpar_norm_inv = inv;
+        }
+        __syncthreads();
+        fused_y_row<DT>(n, shape, s, first, row, kept, tpar_norm_inv);
+        __syncthreads();  // the shared sums and 1/rms are reused by the next row
+    }
+    end_call(a, call);
+}
+
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_small_blocks, fused_oneshot_small, TparFusedArgs)
