@@ -295,9 +295,11 @@ fn launch_units(algorithm: Algorithm, rows: u32, chunks: u32) -> (u32, u32) {
 /// whole blocks within 0.05 us. One H200 (call 4, an earlier form): 2 ranks 3.92 / 4.13 / 4.23
 /// -> 3.60 / 3.62 / 3.82, 4 ranks 4.62 / 4.85 -> 4.08 / 4.29. Sizes (call 1, H100, 2 ranks x 1):
 /// blocks of 64 / 128 / 256 / 512 threads 3.75 / 3.65 / 3.75 / 4.04; at 4 tokens 64 took 7.22
-/// (4 rows a block) and 256 3.89. Not from 5 ranks: there the group-site kernel runs, and
-/// built beside the small-block kernel (calls 3, 5, 6) it was 0.3-0.6 us slower at 8 x 1, 2 and 8
-/// tokens (faster at 4, 16, 64), so it stays as it was, whole blocks only.
+/// (4 rows a block) and 256 3.89. Not from 5 ranks, where the group-site kernel runs: at 8
+/// ranks sharing one GPU x 1 token, 8 blocks of 256 measured 6.36 -> 6.32 (call 1) and 6.38 ->
+/// 6.72 (call 3) on the H100 and 6.13 -> 5.58 on the H200 (call 2), in binaries whose module
+/// layout alone moved the 8-rank figures by up to 0.6 us (bench/README.md, "Fifteenth
+/// session"); until that is measured apart, the whole-block kernels stay as they were.
 fn fused_block_threads(
     algorithm: Algorithm,
     per_peer_sites: bool,
@@ -311,8 +313,16 @@ fn fused_block_threads(
     }
     static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let set = *SET.get_or_init(|| {
-        super::communicator::env_u32("TPAR_FUSED_BLOCK_THREADS")
-            .filter(|t| [32, 64, 128, 256, 512].contains(t))
+        super::communicator::env_u32("TPAR_FUSED_BLOCK_THREADS").filter(|t| {
+            let divides = [32, 64, 128, 256, 512].contains(t);
+            if !divides {
+                log::warn!(
+                    "TPAR_FUSED_BLOCK_THREADS={t} ignored: a fused block takes 32, 64, 128, 256 \
+                     or 512 threads (a multiple of 32 dividing 512)"
+                );
+            }
+            divides
+        })
     });
     if let Some(threads) = set {
         return threads;
