@@ -297,9 +297,9 @@ fn launch_units(algorithm: Algorithm, rows: u32, chunks: u32) -> (u32, u32) {
 /// blocks of 64 / 128 / 256 / 512 threads 3.75 / 3.65 / 3.75 / 4.04; at 4 tokens 64 took 7.22
 /// (4 rows a block) and 256 3.89. Not from 5 ranks, where the group-site kernel runs: at 8
 /// ranks sharing one GPU x 1 token, 8 blocks of 256 measured 6.36 -> 6.32 (call 1) and 6.38 ->
-/// 6.72 (call 3) on the H100 and 6.13 -> 5.58 on the H200 (call 2), in binaries whose module
-/// layout alone moved the 8-rank figures by up to 0.6 us (bench/README.md, "Fifteenth
-/// session"); until that is measured apart, the whole-block kernels stay as they were.
+/// 6.72 (call 3) on the H100 and 6.13 -> 5.58 on the H200 (call 2), in binaries that moved
+/// 8-rank figures by up to 0.6 us with the same PTX (bench/README.md, "Fifteenth session");
+/// until that is measured apart, the whole-block kernels stay as they were.
 fn fused_block_threads(
     algorithm: Algorithm,
     per_peer_sites: bool,
