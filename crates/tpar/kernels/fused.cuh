@@ -161,3 +161,15 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
 // one before it published). Tags make a reset unnecessary, as for the data; the host keeps a
 // launch's rows x row warps within TPAR_STATE_EXCHANGE_LINES.
 __device__ __forceinline__ u64* norm_exchange_lines(const TparArgs& a) { return a.state + 2; }
+// The sum another block of the row published in exchange line `line` (its bits once the line
+// carries this call's tag); 0 once a wait has failed (`*ok` false, the error word set).
+__device__ __forceinline__ float exchange_sum(const TparArgs& a, const Call& call, const u64* line, bool* ok) {
+    const u64 v = ld_sys(line);
+    u32 bits = 0;
+    if ((u32)(v >> 32) == call.tag) {
+        bits = (u32)v;
+    } else if (*ok) {
+        *ok = wait_line(a, call, line, TPAR_PHASE_ONE_SHOT, &bits);
+    }
+    return __uint_as_float(bits);
+}

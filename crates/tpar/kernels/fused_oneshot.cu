@@ -123,17 +123,8 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 }
             }
             if (warp == 0) {
-                u32 bits = 0;
-                if (lane < segments) {
-                    const u64* p = exchange + row * segments + lane;
-                    const u64 v = ld_sys(p);
-                    if ((u32)(v >> 32) == tag) {
-                        bits = (u32)v;
-                    } else if (ok) {
-                        ok = wait_line(a, call, p, TPAR_PHASE_ONE_SHOT, &bits);
-                    }
-                }
-                const float i = norm_inv(__uint_as_float(bits), segments, n.hidden, n.eps);
+                const float s = lane < segments ? exchange_sum(a, call, exchange + row * segments + lane, &ok) : 0.f;
+                const float i = norm_inv(s, segments, n.hidden, n.eps);
                 if (lane == 0) tpar_norm_inv = i;
             }
         }

@@ -21,19 +21,6 @@
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
-// A sum of squares another block of the row published in `line` (bits beside the call's tag);
-// 0 once a wait has failed.
-__device__ __forceinline__ float row_sum(const TparArgs& a, const Call& call, const u64* line, bool* ok) {
-    const u64 v = ld_sys(line);
-    u32 bits = 0;
-    if ((u32)(v >> 32) == call.tag) {
-        bits = (u32)v;
-    } else if (*ok) {
-        *ok = wait_line(a, call, line, TPAR_PHASE_ONE_SHOT, &bits);
-    }
-    return __uint_as_float(bits);
-}
-
 // Which quads of the launch's rows a thread takes: in rows first_row, first_row + row_stride,
 // ... the block's chunks part, part + per_row, ... (`mine` of them; the host keeps per_row <=
 // chunks, so every block has at least one), quad q0 + j * step of its j-th.
@@ -186,7 +173,7 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
                 float v = 0.f;
                 if (row_warp < row_warps) {
-                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : row_sum(a, call, row_lines + row_warp, &ok);
+                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
                 }
                 v = norm_segment_pair_fold(v);
                 const float even = __shfl_sync(0xffffffffu, v, 0), odd = __shfl_sync(0xffffffffu, v, 16);
