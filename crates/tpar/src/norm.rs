@@ -357,24 +357,35 @@ fn butterfly(mut lanes: [f32; 32]) -> f32 {
     lanes[0]
 }
 
-/// The fixed-order sum of squares of one row of rounded values (the module doc's tree).
-pub fn row_sum_of_squares(dtype: DType, row: &[f32]) -> f32 {
+/// The tree's first level for one row of rounded values: each warp's sum of squares (32
+/// quads, a thread's partial `0 + v0*v0 + v1*v1 + ...` in element order, then the butterfly),
+/// 16 warps for every segment (those past the row sum zeros).
+fn warp_sums(dtype: DType, row: &[f32]) -> impl Iterator<Item = f32> + '_ {
     let q = quad_elements(dtype);
-    let quads = row.len().div_ceil(q);
-    let mut total = 0f32;
-    for (k, first) in (0..quads.max(1)).step_by(NORM_THREADS).enumerate() {
-        let mut partial = [0f32; NORM_THREADS];
+    let warps = row.len().div_ceil(q).max(1).div_ceil(NORM_THREADS) * (NORM_THREADS / 32);
+    (0..warps).map(move |w| {
+        let mut partial = [0f32; 32];
         for (t, p) in partial.iter_mut().enumerate() {
             for e in 0..q {
-                let v = row.get((first + t) * q + e).copied().unwrap_or(0.0);
+                let v = row.get((w * 32 + t) * q + e).copied().unwrap_or(0.0);
                 *p += v * v;
             }
         }
-        let mut warps = [0f32; 32];
-        for (w, sum) in warps.iter_mut().take(NORM_THREADS / 32).enumerate() {
-            *sum = butterfly(partial[w * 32..w * 32 + 32].try_into().expect("32 lanes"));
+        butterfly(partial)
+    })
+}
+
+/// The fixed-order sum of squares of one row of rounded values (the module doc's tree): each
+/// segment's 16 warp sums by the butterfly (lanes 16..31 holding 0), the segments in order.
+pub fn row_sum_of_squares(dtype: DType, row: &[f32]) -> f32 {
+    let mut warps = warp_sums(dtype, row);
+    let mut total = 0f32;
+    for k in 0..row_segments(dtype, row.len()) {
+        let mut lanes = [0f32; 32];
+        for lane in lanes.iter_mut().take(NORM_THREADS / 32) {
+            *lane = warps.next().expect("16 warps a segment");
         }
-        let segment = butterfly(warps);
+        let segment = butterfly(lanes);
         total = if k == 0 { segment } else { total + segment };
     }
     total
@@ -499,21 +510,8 @@ mod tests {
     /// segments in the two halves of a warp, + 0, then offsets 8, 4, 2, 1 within each half;
     /// the halves' first lanes added in segment order.
     fn small_blocks_fold(dtype: DType, row: &[f32]) -> f32 {
-        let q = quad_elements(dtype);
-        let quads = row.len().div_ceil(q).max(1);
-        let warp_sums: Vec<f32> = (0..quads.div_ceil(32))
-            .map(|w| {
-                let mut lanes = [0f32; 32];
-                for (t, lane) in lanes.iter_mut().enumerate() {
-                    for e in 0..q {
-                        let v = row.get((w * 32 + t) * q + e).copied().unwrap_or(0.0);
-                        *lane += v * v;
-                    }
-                }
-                butterfly(lanes)
-            })
-            .collect();
-        let segments = quads.div_ceil(NORM_THREADS);
+        let warp_sums: Vec<f32> = warp_sums(dtype, row).collect();
+        let segments = row_segments(dtype, row.len());
         let mut ss = 0f32;
         for pair in 0..segments.div_ceil(2) {
             let mut lanes = [0f32; 32];
