@@ -2,9 +2,7 @@
 // its allreduce cannot be fused (two-shot, pull, NCCL, a row too large for a slot), and the
 // unfused side of `tpar bench --fused`. One block per row (grid-stride over rows), the same
 // arithmetic and sum-of-squares order as the fused kernel (fused.cuh), so both
-// paths agree to the bit. Where a few rows leave most of the GPU idle the host runs the
-// small-block fused one-shot as a world of one instead (fused_oneshot_small.cu; fused.rs,
-// norm_small_block_threads), which spreads each row over blocks.
+// paths agree to the bit.
 //
 // Latency-bound at decode sizes (one row of 8192 is 2048 quads, four per thread): a thread
 // loads the sum, residual and weight of up to TPAR_NORM_BATCH segments at once, so a row costs

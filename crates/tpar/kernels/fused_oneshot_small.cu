@@ -16,12 +16,8 @@
 // A file of its own, so that fused_oneshot.cu (whole blocks) stays as it was, to the PTX: with
 // this kernel compiled beside them in one file (its PTX then the same as here), the group-site
 // kernel, whose own PTX barely changed, was 0.3-0.6 us slower at 8 ranks sharing one H100 x 1,
-// 2 and 8 tokens (bench/results/2026-12-06-s15, calls 3, 5 and 6); in this arrangement the
-// 8-rank figures are main's again (bench/results/2026-12-06-s16, call 1).
-//
-// The same kernel is the separate norm of a few rows (fused.rs, norm_small_blocks_enqueue): a
-// world of one rank on a device state of its own, whose allreduce is its input taken as the
-// first term of the sum (reduce_unit assigns it, so the bits are fused_norm.cu's).
+// 2 and 8 tokens (bench/results/2026-12-06-s15, calls 3, 5 and 6). This arrangement itself has
+// not run on a GPU.
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 

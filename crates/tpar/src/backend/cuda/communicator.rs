@@ -108,8 +108,7 @@ impl std::fmt::Display for LaunchShape {
 pub(super) struct Owned {
     /// LL inbox, then the pull region (data buffers and block flags).
     pub(super) inbox: DeviceMemory,
-    /// [epoch of the last chunk, blocks done], then the fused kernels' exchange lines; then the
-    /// same again for the separate norm's launches as a world of one (`kernels::NORM_STATE_OFFSET`).
+    /// [epoch of the last chunk, blocks done], then the fused kernels' exchange lines.
     pub(super) state: DeviceMemory,
     pub(super) error: MappedHostMemory,
     pub(super) host_inbox: Option<RegisteredSegment>,

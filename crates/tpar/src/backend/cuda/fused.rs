@@ -3,8 +3,7 @@
 //! blocks `fused_oneshot_small.cu`, see [`fused_block_threads`]), of
 //! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of
 //! the separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever no fused
-//! kernel runs (NCCL, pull, rows above the fused kernels' longest; a few rows of it run on the
-//! small-block fused kernel as a world of one, see [`norm_small_block_threads`]). Both paths give the same
+//! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same
 //! bits: the semantics and the CPU reference are in [`crate::norm`]; the path is picked by
 //! `dispatch::decide_fused` and given to the launch. The entry an engine calls,
 //! with the dispatcher's decision for the allreduce, is on the call path:
@@ -13,15 +12,12 @@
 use cudarc::driver::CudaStream;
 
 use super::errors::HEADER_FUSED;
-use super::kernels::{
-    IslandTables, KernelArgs, KernelId, MAX_BLOCKS, MAX_RANKS, NORM_STATE_OFFSET, THREADS,
-};
+use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
 use super::span::FusedOperands;
 // The fused op's operands are defined with the other operands, in `span.rs`.
 pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
 use super::{driver, CudaCommunicator};
 use crate::algorithm::Algorithm;
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::norm;
 
@@ -232,16 +228,6 @@ impl CudaCommunicator {
             return Ok(());
         }
         driver::bind(&self.ctx)?;
-        let pdl_asked = self.kernels.pdl && after_grid.is_some();
-        if let Some(threads) = norm_small_block_threads(
-            call.dtype,
-            call.hidden,
-            call.tokens,
-            self.max_blocks,
-            self.kernels.pdl,
-        ) {
-            return self.norm_small_blocks_enqueue(call, sum, threads, pdl_asked, stream);
-        }
         let args = NormArgs {
             sum,
             residual: call.residual,
@@ -257,109 +243,14 @@ impl CudaCommunicator {
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let pdl = self.same_grid_behind_last(grid, THREADS, pdl_asked);
+        let pdl =
+            self.same_grid_behind_last(grid, THREADS, self.kernels.pdl && after_grid.is_some());
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
         // (griddepcontrol.wait) first.
         unsafe { f.launch_ex(grid, THREADS, stream.cu_stream(), &args, pdl) }
     }
-
-    /// The separate norm of a few rows as the small-block fused one-shot of a world of one rank
-    /// (see [`norm_small_block_threads`]): the allreduce of one rank is its input, taken as the
-    /// first term of the rank-order sum (no add, so even -0 stays), so the kernel computes
-    /// exactly what `fused_norm.cu` does from `sum`, on a block per chunk of `threads` quads of
-    /// every row instead of one block per row. It runs on its own device state (an epoch and
-    /// exchange lines of its own, [`NORM_STATE_OFFSET`]) and pushes to no one; its waits are
-    /// only for its own blocks' sums, with the communicator's deadline and error word.
-    fn norm_small_blocks_enqueue(
-        &self,
-        call: &FusedCall,
-        sum: u64,
-        threads: u32,
-        pdl_asked: bool,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let quads = norm::row_quads(call.dtype, call.hidden) as u32;
-        let (units, spread) = launch_units(
-            Algorithm::OneShot,
-            call.tokens as u32,
-            quads.div_ceil(threads),
-        );
-        let (grid, shaped_for_pdl) = fused_shape(units, spread, self.max_blocks, pdl_asked);
-        let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
-        let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
-        let rows = call.tokens as u64;
-        let allreduce = self.kernel_args(
-            Algorithm::OneShot,
-            0,
-            (sum, 0),
-            rows * call.hidden as u64,
-            (
-                rows | (call.hidden as u64) << 32,
-                u32::from(call.dtype.code()) | HEADER_FUSED,
-            ),
-        );
-        let args = FusedArgs {
-            base: KernelArgs {
-                state: allreduce.state + NORM_STATE_OFFSET as u64,
-                inboxes: [0; MAX_RANKS],
-                recv_inboxes: [0; MAX_RANKS],
-                rank: 0,
-                world_size: 1,
-                islands: IslandTables::NONE,
-                ..allreduce
-            },
-            norm: NormArgs {
-                sum: 0,
-                residual: call.residual,
-                residual_out: call.residual_out.unwrap_or(call.residual),
-                weight: call.weight,
-                y: call.y,
-                hidden: call.hidden as u64,
-                rows,
-                eps: call.eps,
-                blocks_per_row: per_row,
-            },
-        };
-        let f = self
-            .kernels
-            .get(KernelId::FusedOneShotSmallBlocks(call.dtype));
-        // SAFETY: the argument block mirrors TparFusedArgs; the state and error word are ours
-        // for the communicator's lifetime and no inbox is touched (a world of one pushes to no
-        // one); the operands are checked (or promised at the FFI edge). The kernel runs
-        // griddepcontrol.wait before touching memory.
-        unsafe { f.launch_ex(grid, threads, stream.cu_stream(), &args, pdl) }
-    }
-}
-
-/// Threads of the blocks the separate norm of `rows` rows of `hidden` `dtype` elements takes
-/// on the small-block fused kernel, or None where it keeps `fused_norm.cu`'s block per row: the
-/// fused one-shot's small blocks ([`fused_block_threads`]) where every chunk of every row gets
-/// a block of its own within the grid. One block a row put a row's every quad on one SM: at
-/// one token of 8192 bf16, 3.50 us against the empty kernel's 0.84 (one H100, 2 ranks as
-/// streams, 2026-12-06, bench/results/2026-12-06-s16 call 1), where the fused one-shot's whole
-/// allreduce and norm took 3.55.
-pub(crate) fn norm_small_block_threads(
-    dtype: DType,
-    hidden: usize,
-    rows: usize,
-    max_blocks: u32,
-    pdl_supported: bool,
-) -> Option<u32> {
-    let rows = u32::try_from(rows)
-        .ok()
-        .filter(|&r| r >= 1 && r <= max_blocks)?;
-    let quads = u32::try_from(norm::row_quads(dtype, hidden)).ok()?;
-    let threads = fused_block_threads(
-        Algorithm::OneShot,
-        true,
-        rows,
-        quads,
-        max_blocks,
-        pdl_supported,
-    );
-    (threads < THREADS).then_some(threads)
 }
 
 /// Where the separate norm kernel reads the rounded allreduce output.
@@ -616,39 +507,6 @@ mod tests {
                     // A warp's 32 quads stay within one segment of the tree.
                     assert!(t % 32 == 0 && norm::NORM_THREADS as u32 % t == 0);
                     assert!(t == THREADS || rows * quads.div_ceil(t) <= max_blocks / 2);
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_separate_norm_of_few_rows_takes_the_small_blocks() {
-        let threads = |dtype, hidden, rows, max_blocks| {
-            norm_small_block_threads(dtype, hidden, rows, max_blocks, true)
-        };
-        // 8192 bf16 on a rank's 64 blocks: blocks of 128 at 1 and 2 tokens, of 256 at 4; from
-        // 8 tokens a block per row (8 rows already spread over 8 SMs).
-        assert_eq!(
-            [1, 2, 4, 8, 64].map(|rows| threads(DType::Bf16, 8192, rows, 64)),
-            [Some(128), Some(128), Some(256), None, None]
-        );
-        // 8 ranks sharing one GPU (16 blocks each, 8 with PDL): one row on 8 blocks of 256.
-        assert_eq!(threads(DType::Bf16, 8192, 1, 16), Some(256));
-        assert_eq!(threads(DType::Bf16, 8192, 2, 16), None);
-        // An f32 row of 8192 is twice the quads: 32 blocks of 128 at one token, of 256 at two.
-        assert_eq!(threads(DType::F32, 8192, 1, 64), Some(128));
-        assert_eq!(threads(DType::F32, 8192, 2, 64), Some(256));
-        // No rows, or rows the grid cannot hold, or rows too long: the block per row.
-        assert_eq!(threads(DType::Bf16, 8192, 0, 64), None);
-        assert_eq!(threads(DType::Bf16, 8192, 1 << 40, 64), None);
-        assert_eq!(threads(DType::F32, 40000, 1, 64), None);
-        // Every launch it takes fits the exchange lines the kernel publishes its warp sums in.
-        for dtype in [DType::F32, DType::F16, DType::Bf16] {
-            for hidden in [1, 64, 1000, 4096, 8192, 16384, 20000] {
-                for rows in 1..40 {
-                    if threads(dtype, hidden, rows, 64).is_some() {
-                        assert!(rows * norm::row_warps(dtype, hidden) <= norm::EXCHANGE_LINES);
-                    }
                 }
             }
         }

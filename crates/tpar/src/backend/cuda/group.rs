@@ -14,7 +14,7 @@ use super::check_available;
 use super::communicator::{env_u32, CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{
-    IslandTables, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, OWN_STATE_BYTES, PULL_PHASES,
+    IslandTables, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES,
 };
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
@@ -266,7 +266,7 @@ impl Owned {
         };
         Ok(Owned {
             inbox: DeviceMemory::zeroed(ctx, device_inbox_bytes(layout))?,
-            state: DeviceMemory::zeroed(ctx, OWN_STATE_BYTES)?,
+            state: DeviceMemory::zeroed(ctx, STATE_BYTES)?,
             error: MappedHostMemory::zeroed(ctx, ERROR_WORD_BYTES)?,
             host_inbox,
         })
@@ -612,8 +612,8 @@ impl CudaCommunicator {
         } else {
             0
         };
-        let buffers = reserved_device_bytes(device_inbox_bytes(&layout))
-            + reserved_device_bytes(OWN_STATE_BYTES);
+        let buffers =
+            reserved_device_bytes(device_inbox_bytes(&layout)) + reserved_device_bytes(STATE_BYTES);
         MemoryFootprint {
             device_bytes: buffers + PLANNED_MODULE_BYTES,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,

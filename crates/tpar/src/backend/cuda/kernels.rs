@@ -122,13 +122,6 @@ pub const FLAG_ISLANDS_ALL_UNITS: u32 = 1;
 /// then the lines where a fused launch's blocks exchange segment sums
 /// (`TPAR_STATE_EXCHANGE_LINES`).
 pub const STATE_BYTES: usize = 16 + 8 * crate::norm::EXCHANGE_LINES;
-/// What a rank allocates for device state: the allreduce kernels' state ([`STATE_BYTES`]),
-/// then at [`NORM_STATE_OFFSET`] a second one, of the separate norm when it runs on the
-/// small-block fused kernel as a world of one rank (`fused.rs`, `norm_enqueue`): its own epoch
-/// and exchange lines, so that its launches never advance the epoch the peers share. Both fit
-/// the one 2 MiB page the allocation takes.
-pub const OWN_STATE_BYTES: usize = 2 * STATE_BYTES;
-pub const NORM_STATE_OFFSET: usize = STATE_BYTES;
 
 /// Error word codes (`TPAR_ERR_*` in abi.cuh).
 pub const ERR_TIMEOUT: u64 = 1;
