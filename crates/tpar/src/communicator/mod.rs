@@ -820,8 +820,9 @@ fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
 /// What a rank of a `world_size` group will take, by part, before anything is allocated (for
 /// `tpar plan memory`, `tpar doctor` and an engine's KV-cache budget): tpar's buffers from
 /// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
-/// settings (`nccl_estimated` is then true). The kernels' modules are planned at what loading
-/// them took where it was measured ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
+/// settings (`nccl_estimated` is then true). The kernels' modules are planned as their code in
+/// whole 2 MiB pages for the architecture that needs the most, the GPU not being known yet
+/// ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
 pub fn planned_footprint(world_size: usize, config: &Config, nccl: NcclMode) -> MemoryFootprint {
     let mut m = CudaCommunicator::planned_footprint(world_size, config);
     if nccl == NcclMode::Own {

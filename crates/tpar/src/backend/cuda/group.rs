@@ -300,13 +300,38 @@ struct CudaRecord {
 /// bound (the driver may share its page).
 const DEVICE_PAGE_BYTES: usize = 2 << 20;
 
-/// What loading tpar's kernels takes from free device memory, once per process and GPU: the
-/// planned figure before anything is loaded. One H100 (sm_90), every kernel file of cd689f2,
-/// 2026-12-06: 6.0 MiB in four of the five footprint checks of `scripts/gpu-check.sh engines`
-/// and 4.0 MiB in the fifth, where torch's NCCL was created first (bench/results/2026-12-06-s16
-/// call 3, footprint.txt); one H200 measured 2.0 MiB on 2026-12-01, with fewer kernels. Other
-/// architectures' cubins differ in size and are not measured.
-pub const PLANNED_MODULE_BYTES: u64 = 6 << 20;
+/// What loading tpar's kernels takes from free device memory, once per process and GPU, by
+/// architecture (compute capability x 10, every one of `kernels::ARCHITECTURES`): the kernel
+/// files' CUBINs (NVRTC 13.0) in whole 2 MiB pages. One H100 (sm_90), every kernel file of
+/// cd689f2, 2026-12-06: loading took 6.0 MiB in four of the five footprint checks of
+/// `scripts/gpu-check.sh engines` and 4.0 MiB in the fifth, where torch's NCCL was created
+/// first (bench/results/2026-12-06-s16 call 3, footprint.txt), for 4.6 MiB of CUBINs; the other
+/// architectures are planned from their CUBINs the same way, not measured (sm_100's and sm_120's,
+/// 8.3 and 8.5 MiB, are nearly twice sm_90's 4.6). The test that compiles every kernel for every architecture (kernels.rs) fails
+/// where an entry is not its CUBINs' pages, so the plan follows the kernels.
+pub const PLANNED_MODULE_BYTES_BY_ARCH: [(u32, u64); 6] = [
+    (80, 6 << 20),
+    (86, 6 << 20),
+    (89, 6 << 20),
+    (90, 6 << 20),
+    (100, 10 << 20),
+    (120, 10 << 20),
+];
+
+/// The kernels' planned bytes where the GPU is not known yet (`planned_footprint`: `tpar plan
+/// memory`, `tpar doctor`, an engine before it creates a communicator): the largest entry of
+/// [`PLANNED_MODULE_BYTES_BY_ARCH`], so that a plan is never below what loading takes.
+pub const PLANNED_MODULE_BYTES: u64 = {
+    let mut largest = 0;
+    let mut i = 0;
+    while i < PLANNED_MODULE_BYTES_BY_ARCH.len() {
+        if PLANNED_MODULE_BYTES_BY_ARCH[i].1 > largest {
+            largest = PLANNED_MODULE_BYTES_BY_ARCH[i].1;
+        }
+        i += 1;
+    }
+    largest
+};
 
 fn reserved_device_bytes(bytes: usize) -> u64 {
     bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64

@@ -1113,7 +1113,11 @@ mod tests {
                 .map_err(|e| Error::Compile(format!("{name} sm_{arch} (NVRTC {version:?}): {e}")))
         })
         .unwrap_or_else(|e| panic!("{e}"));
+        let mut cubin_bytes: std::collections::BTreeMap<u32, usize> = Default::default();
         for (&(arch, name, _), cubin) in jobs.iter().zip(cubins) {
+            if name != ANATOMY_SOURCE.0 {
+                *cubin_bytes.entry(arch).or_default() += cubin.len();
+            }
             {
                 assert!(
                     cubin.starts_with(b"\x7fELF"),
@@ -1131,6 +1135,30 @@ mod tests {
                 }
             }
         }
+        // The planned footprint counts what loading the kernels takes as their CUBINs in whole
+        // 2 MiB pages (group.rs, PLANNED_MODULE_BYTES_BY_ARCH): each entry must be that, so
+        // kernels that grow (or shrink) past a page change the plan with them.
+        const PAGE: usize = 2 << 20;
+        let mut stale = Vec::new();
+        for (&arch, &bytes) in &cubin_bytes {
+            let pages = bytes.next_multiple_of(PAGE) as u64;
+            let planned = crate::backend::cuda::PLANNED_MODULE_BYTES_BY_ARCH
+                .iter()
+                .find(|(a, _)| *a == arch)
+                .map(|(_, planned)| *planned);
+            eprintln!("sm_{arch}: kernels' CUBINs {bytes} bytes, {pages} in 2 MiB pages");
+            if planned != Some(pages) {
+                stale.push(format!(
+                    "sm_{arch}: CUBINs {bytes} bytes, planned {planned:?}: set its entry to {pages}"
+                ));
+            }
+        }
+        assert!(
+            stale.is_empty(),
+            "PLANNED_MODULE_BYTES_BY_ARCH (group.rs) must be each architecture's kernel CUBINs in \
+             whole 2 MiB pages:\n{}",
+            stale.join("\n")
+        );
         eprintln!(
             "compiled {} kernel files for sm_{:?} with NVRTC {version:?}",
             SOURCES.len(),
