@@ -145,7 +145,14 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
     };
     let world_size = options.world_size.unwrap_or(topology.gpus.len()).max(1);
     let config = Config::default();
-    let memory = CudaCommunicator::planned_footprint(world_size, &config);
+    // The kernels as planned for the machine's GPUs (the architecture that needs the most,
+    // where they differ).
+    let capability = topology
+        .gpus
+        .iter()
+        .filter_map(|g| g.compute_capability.as_deref())
+        .max_by_key(|c| tpar::backend::cuda::planned_module_bytes(Some(c)));
+    let memory = CudaCommunicator::planned_footprint_on(world_size, &config, capability);
 
     let mut findings = Findings::default();
     let mut links = None;

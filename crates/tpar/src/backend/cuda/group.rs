@@ -333,6 +333,20 @@ pub const PLANNED_MODULE_BYTES: u64 = {
     largest
 };
 
+/// The kernels' planned bytes on GPUs of compute capability `capability` ("9.0", as the
+/// topology and NVML write it): its entry of [`PLANNED_MODULE_BYTES_BY_ARCH`], or
+/// [`PLANNED_MODULE_BYTES`] where it is not known or not an architecture tpar builds for.
+pub fn planned_module_bytes(capability: Option<&str>) -> u64 {
+    let arch = capability.and_then(|c| {
+        let (major, minor) = c.trim().split_once('.')?;
+        Some(major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?)
+    });
+    PLANNED_MODULE_BYTES_BY_ARCH
+        .iter()
+        .find(|(a, _)| Some(*a) == arch)
+        .map_or(PLANNED_MODULE_BYTES, |(_, bytes)| *bytes)
+}
+
 fn reserved_device_bytes(bytes: usize) -> u64 {
     bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64
 }
@@ -632,8 +646,20 @@ impl CudaCommunicator {
     }
 
     /// What a rank of a `world_size` group with `config` will allocate, before creating it
-    /// (so that an engine can subtract it from its KV-cache budget first).
+    /// (so that an engine can subtract it from its KV-cache budget first), on a GPU not known
+    /// yet (the kernels at [`PLANNED_MODULE_BYTES`]).
     pub fn planned_footprint(world_size: usize, config: &Config) -> MemoryFootprint {
+        Self::planned_footprint_on(world_size, config, None)
+    }
+
+    /// [`CudaCommunicator::planned_footprint`] on GPUs of compute capability `capability`
+    /// ("9.0"; None: not known), whose kernels take [`planned_module_bytes`].
+    pub fn planned_footprint_on(
+        world_size: usize,
+        config: &Config,
+        capability: Option<&str>,
+    ) -> MemoryFootprint {
+        let module_bytes = planned_module_bytes(capability);
         let layout = cuda_layout(world_size, config);
         let host = if config.host_staged {
             layout.total_bytes() as u64
@@ -643,12 +669,12 @@ impl CudaCommunicator {
         let buffers =
             reserved_device_bytes(device_inbox_bytes(&layout)) + reserved_device_bytes(STATE_BYTES);
         MemoryFootprint {
-            device_bytes: buffers + PLANNED_MODULE_BYTES,
+            device_bytes: buffers + module_bytes,
             pinned_host_bytes: ERROR_WORD_BYTES as u64,
             shared_host_bytes: host,
             peer_mapped_bytes: 0,
             device_buffer_bytes: buffers,
-            module_bytes: PLANNED_MODULE_BYTES,
+            module_bytes,
             ..MemoryFootprint::default()
         }
     }
@@ -760,6 +786,24 @@ mod tests {
             },
         );
         assert_eq!(off.shared_host_bytes, 0);
+    }
+
+    #[test]
+    fn the_planned_kernels_follow_the_gpus_architecture() {
+        assert_eq!(planned_module_bytes(Some("9.0")), 6 << 20);
+        assert_eq!(planned_module_bytes(Some("12.0")), 10 << 20);
+        assert_eq!(planned_module_bytes(Some(" 8.9 ")), 6 << 20);
+        // Not known, not parsed, or not an architecture tpar builds for: the largest.
+        for capability in [None, Some("7.5"), Some("nine"), Some("9"), Some("")] {
+            assert_eq!(planned_module_bytes(capability), PLANNED_MODULE_BYTES);
+        }
+        assert_eq!(PLANNED_MODULE_BYTES, 10 << 20);
+        let config = Config::default();
+        let h100 = CudaCommunicator::planned_footprint_on(8, &config, Some("9.0"));
+        let unknown = CudaCommunicator::planned_footprint(8, &config);
+        assert_eq!(h100.module_bytes, 6 << 20);
+        assert_eq!(unknown.device_bytes - h100.device_bytes, 4 << 20);
+        assert_eq!(unknown.device_buffer_bytes, h100.device_buffer_bytes);
     }
 
     #[test]
