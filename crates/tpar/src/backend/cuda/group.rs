@@ -305,10 +305,11 @@ const DEVICE_PAGE_BYTES: usize = 2 << 20;
 /// files' CUBINs (NVRTC 13.0) in whole 2 MiB pages. One H100 (sm_90), every kernel file of
 /// cd689f2, 2026-12-06: loading took 6.0 MiB in four of the five footprint checks of
 /// `scripts/gpu-check.sh engines` and 4.0 MiB in the fifth, where torch's NCCL was created
-/// first (bench/results/2026-12-06-s16 call 3, footprint.txt), for 4.6 MiB of CUBINs; the other
-/// architectures are planned from their CUBINs the same way, not measured (sm_100's and sm_120's,
-/// 8.3 and 8.5 MiB, are nearly twice sm_90's 4.6). The test that compiles every kernel for every architecture (kernels.rs) fails
-/// where an entry is not its CUBINs' pages, so the plan follows the kernels.
+/// first (bench/results/2026-12-06-s16 call 3, footprint.txt), for 4.6 MiB of CUBINs; the
+/// other architectures are planned from their CUBINs the same way, not measured (sm_100's and
+/// sm_120's, 8.3 and 8.5 MiB, are nearly twice sm_90's 4.6). The test that compiles every
+/// kernel for every architecture (kernels.rs) fails where an entry is not its CUBINs'
+/// [`reserved_device_bytes`], so the plan follows the kernels.
 pub const PLANNED_MODULE_BYTES_BY_ARCH: [(u32, u64); 6] = [
     (80, 6 << 20),
     (86, 6 << 20),
@@ -347,7 +348,9 @@ pub fn planned_module_bytes(capability: Option<&str>) -> u64 {
         .map_or(PLANNED_MODULE_BYTES, |(_, bytes)| *bytes)
 }
 
-fn reserved_device_bytes(bytes: usize) -> u64 {
+/// `bytes` as the driver takes them from free device memory: in whole [`DEVICE_PAGE_BYTES`]
+/// pages.
+pub(super) fn reserved_device_bytes(bytes: usize) -> u64 {
     bytes.max(1).next_multiple_of(DEVICE_PAGE_BYTES) as u64
 }
 

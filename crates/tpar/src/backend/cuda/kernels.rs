@@ -1136,12 +1136,12 @@ mod tests {
             }
         }
         // The planned footprint counts what loading the kernels takes as their CUBINs in whole
-        // 2 MiB pages (group.rs, PLANNED_MODULE_BYTES_BY_ARCH): each entry must be that, so
-        // kernels that grow (or shrink) past a page change the plan with them.
-        const PAGE: usize = 2 << 20;
+        // 2 MiB pages, as the driver takes device memory (group.rs, PLANNED_MODULE_BYTES_BY_ARCH
+        // and reserved_device_bytes): each entry must be that, so kernels that grow (or shrink)
+        // past a page change the plan with them.
         let mut stale = Vec::new();
         for (&arch, &bytes) in &cubin_bytes {
-            let pages = bytes.next_multiple_of(PAGE) as u64;
+            let pages = super::super::group::reserved_device_bytes(bytes);
             let planned = crate::backend::cuda::PLANNED_MODULE_BYTES_BY_ARCH
                 .iter()
                 .find(|(a, _)| *a == arch)
