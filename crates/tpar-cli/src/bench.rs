@@ -36,7 +36,10 @@ pub struct BenchArgs {
     sizes: Option<String>,
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = concat!(
         "Algorithms to time, comma-separated, from: ", tpar_harness::selection_names!(),
-        " (CPU: all but host-staged, nccl and auto) [default: all the backend has]"
+        " (CPU: all but host-staged, nccl and auto) [default: all the backend has]. auto decides \
+        as an engine's communicator would on this machine: from a `tpar tune` table, else from the \
+        first-use measurement (made here, under 200 ms, and cached, where no table exists; \
+        TPAR_FIRST_USE=0 leaves the fabric model alone); the output says why at each size"
     ))]
     algos: Option<String>,
     #[arg(long, value_name = "PARTITION", help = crate::args::ISLANDS_HELP)]

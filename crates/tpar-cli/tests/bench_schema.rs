@@ -300,6 +300,7 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
         chain: 50,
         replays: 50,
         runs: None,
+        why: None,
         launch: Some(tpar::backend::cuda::LaunchShape {
             grid: 8,
             block: 64,

@@ -60,6 +60,9 @@ pub struct CudaRow {
     pub replays: usize,
     /// For `auto`: what the dispatcher ran at this size.
     pub runs: Option<String>,
+    /// For `auto`: the dispatcher's reason (a tuning table, the first-use measurement or the
+    /// fabric model, and what it skipped).
+    pub why: Option<String>,
     /// How the first rank's last kernel of the timed chain was launched (tpar's algorithms;
     /// None for NCCL and where no kernel runs).
     pub launch: Option<LaunchShape>,
@@ -85,6 +88,8 @@ struct CudaRowJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     runs: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     launch: Option<LaunchShape>,
     #[serde(skip_serializing_if = "Option::is_none")]
     skipped: Option<&'a str>,
@@ -106,6 +111,7 @@ impl Serialize for CudaRow {
             chain: self.chain,
             replays: self.replays,
             runs: self.runs.as_deref(),
+            why: self.why.as_deref(),
             launch: self.launch,
             skipped: self.skipped.as_deref(),
         }
@@ -243,6 +249,7 @@ pub fn run(
                 chain: 0,
                 replays: 0,
                 runs: None,
+                why: None,
                 launch: None,
                 skipped: None,
             };
@@ -251,7 +258,10 @@ pub fn run(
                 Selection::Forced(c) => group.supports(algo).map(|_| c),
                 Selection::Auto => group.comms[0]
                     .decision(dtype, bytes, true)
-                    .map(|p| p.choice)
+                    .map(|p| {
+                        row.why = Some(p.reason);
+                        p.choice
+                    })
                     .map_err(|e| e.to_string()),
             };
             let choice = match choice {
@@ -391,6 +401,7 @@ mod json_tests {
             chain: 0,
             replays: 0,
             runs: None,
+            why: None,
             launch: None,
             skipped: skipped.map(str::to_owned),
         }

@@ -178,6 +178,21 @@ impl CudaRanks {
         self.ranks.contains(&0)
     }
 
+    /// What an engine's communicator does when it is created on a machine with no tuning table
+    /// (the first-use measurement: the fabric model's close candidates timed, the table cached
+    /// under the machine's fingerprint), done for ranks that are threads of this process, so
+    /// that `auto` here decides as it would in the engine. Ranks of `--processes` made it as
+    /// they joined. `None` where it did not run: processes, one rank, `TPAR_FIRST_USE=0`, a
+    /// table already read, or no candidates close enough to time; else its one-line account.
+    pub fn measure_first_use(&mut self) -> Result<Option<String>> {
+        if self.control.is_some() {
+            return Ok(None);
+        }
+        let measured =
+            tpar::communicator::first_use::measure_local(&mut self.comms, &self.streams)?;
+        Ok(measured.map(|m| m.describe()))
+    }
+
     /// The mean over the job's processes of `local` (one value per process): the same on every
     /// rank, because the sum comes from an allreduce, whose result is identical everywhere.
     /// Anything that decides how many collective calls to make must come from such a value,

@@ -69,11 +69,16 @@ pub struct CudaBenchReport {
     pub memory_per_rank_bytes: u64,
     pub max_blocks_per_rank: u32,
     pub floors: Floors,
+    /// The first-use measurement this run made for `auto` (ranks as threads, no table yet),
+    /// in one line; absent where none ran (each auto row's `why` says what decided).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_use: Option<String>,
     pub results: Vec<CudaRow>,
 }
 
 impl CudaBenchReport {
-    /// The report of `rows`, timed by `settings` on `group` (ranks run as `mode`).
+    /// The report of `rows`, timed by `settings` on `group` (ranks run as `mode`) after the
+    /// first-use measurement `first_use` described.
     pub fn new(
         group: &CudaRanks,
         mode: &'static str,
@@ -81,6 +86,7 @@ impl CudaBenchReport {
         floors: Floors,
         rows: Vec<CudaRow>,
         provenance: Provenance,
+        first_use: Option<String>,
     ) -> CudaBenchReport {
         CudaBenchReport {
             backend: "cuda",
@@ -95,6 +101,7 @@ impl CudaBenchReport {
             memory_per_rank_bytes: group.comms[0].memory_footprint().allocated_bytes(),
             max_blocks_per_rank: group.comms[0].cuda().max_blocks(),
             floors,
+            first_use,
             results: rows,
         }
     }

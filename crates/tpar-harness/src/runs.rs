@@ -37,8 +37,10 @@ pub fn cpu_bench_rank(
 }
 
 /// `tpar bench --backend cuda` on `group` (its ranks run as `mode`: threads or processes): the
-/// floors of the run, the sweep of `settings` (`on_step` hears each size and choice before it
-/// starts), then, on the leader, its report as measured by a build of `commit`.
+/// first-use measurement an engine's communicator would make, where `auto` is benched (see
+/// [`CudaRanks::measure_first_use`]), the floors of the run, the sweep of `settings`
+/// (`on_step` hears each size and choice before it starts), then, on the leader, its report as
+/// measured by a build of `commit`.
 pub fn cuda_bench_group(
     group: &mut CudaRanks,
     mode: &'static str,
@@ -46,6 +48,11 @@ pub fn cuda_bench_group(
     commit: &str,
     on_step: impl FnMut(u64, Selection),
 ) -> Result<Option<CudaBenchReport>> {
+    let first_use = if settings.choices.contains(&Selection::Auto) {
+        group.measure_first_use()?
+    } else {
+        None
+    };
     let floors = cuda_bench::measure_floors(group, settings)?;
     let rows = cuda_bench::run(group, settings, &floors, on_step)?;
     if !group.is_leader() {
@@ -53,6 +60,6 @@ pub fn cuda_bench_group(
     }
     let provenance = Provenance::collect(group.device()?, commit);
     Ok(Some(CudaBenchReport::new(
-        group, mode, settings, floors, rows, provenance,
+        group, mode, settings, floors, rows, provenance, first_use,
     )))
 }

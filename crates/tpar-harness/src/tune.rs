@@ -317,6 +317,7 @@ mod tests {
             chain: 50,
             replays: 50,
             runs: None,
+            why: None,
             launch: None,
             skipped: None,
         }

@@ -86,7 +86,7 @@ pub fn cuda_bench(report: &CudaBenchReport) -> String {
     let f = &report.floors;
     format!(
         "tpar bench: cuda backend ({}), {} ({}), {}; {} replays of a graph with {} allreduces per rank; {} per rank\n\
-         floors in this run: empty kernel {:.2} us per op in the chain, {:.2} us for a 1-op graph; device copy {:.0} GB/s, device->host {:.1} GB/s\n{}",
+         floors in this run: empty kernel {:.2} us per op in the chain, {:.2} us for a 1-op graph; device copy {:.0} GB/s, device->host {:.1} GB/s\n{}{}",
         report.provenance.device,
         ranks(report.world_size),
         report.mode,
@@ -98,7 +98,30 @@ pub fn cuda_bench(report: &CudaBenchReport) -> String {
         f.empty_single_us,
         f.device_copy_gbps,
         f.device_to_host_gbps,
-        table.render()
+        table.render(),
+        auto_reasons(report)
+    )
+}
+
+/// Why `auto` ran what it ran at each size (the dispatcher's reason, as an engine's
+/// communicator would decide on this machine), after the first-use measurement this run made,
+/// if any; empty where `auto` was not benched.
+fn auto_reasons(report: &CudaBenchReport) -> String {
+    let reasons: Vec<String> = report
+        .results
+        .iter()
+        .filter_map(|r| Some(format!("  {:>9}  {}", size(r.bytes), r.why.as_deref()?)))
+        .collect();
+    if reasons.is_empty() {
+        return String::new();
+    }
+    let measured = match &report.first_use {
+        Some(line) => format!("auto's first-use measurement, as an engine's communicator makes it on a machine with no tuning table: {line}\n"),
+        None => String::new(),
+    };
+    format!(
+        "\n{measured}auto at each size, and why:\n{}\n",
+        reasons.join("\n")
     )
 }
 

@@ -33,6 +33,7 @@ fn cuda_row(bytes: u64, algo: &str, p50_us: f64) -> CudaRow {
         chain: 50,
         replays: 50,
         runs: None,
+        why: None,
         launch: None,
         skipped: None,
     }
@@ -249,4 +250,79 @@ fn the_fused_bench_text_names_the_fused_kernels_launch_and_each_difference() {
     for cell in ["4.30", "+2.30", "+1.20", "4x512 pdl", "yes"] {
         assert!(row.contains(cell), "{cell} missing from {row:?} in\n{text}");
     }
+}
+
+#[test]
+fn the_cuda_bench_text_says_why_auto_ran_what_it_ran_at_each_size() {
+    use tpar_harness::cuda_bench::Floors;
+    use tpar_harness::provenance::Provenance;
+    use tpar_harness::reports::CudaBenchReport;
+    let auto = |bytes, runs: &str, why: &str| CudaRow {
+        runs: Some(runs.into()),
+        why: Some(why.into()),
+        ..cuda_row(bytes, "auto", 3.0)
+    };
+    let mut report = CudaBenchReport {
+        backend: "cuda",
+        world_size: 8,
+        mode: "threads",
+        dtype: DType::Bf16,
+        provenance: Provenance::collect("a GPU".into(), "0000000"),
+        replays: 50,
+        warmup: 5,
+        chain: 50,
+        timing: "events",
+        memory_per_rank_bytes: 1 << 20,
+        max_blocks_per_rank: 16,
+        floors: Floors {
+            empty_chain_us: 1.0,
+            empty_single_us: 2.0,
+            device_copy_gbps: 1000.0,
+            device_to_host_gbps: 50.0,
+        },
+        first_use: None,
+        results: vec![
+            cuda_row(65536, "one-shot", 9.1),
+            auto(
+                4096,
+                "one-shot",
+                "one-shot: fastest in the fabric model: 3.0 us modelled",
+            ),
+            auto(
+                65536,
+                "two-shot",
+                "two-shot: corrected by the first-use measurement",
+            ),
+        ],
+    };
+    let text = tpar_report::bench::cuda_bench(&report);
+    assert!(text.contains("auto at each size, and why:"), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let at = |needle: &str| lines.iter().position(|l| l.contains(needle));
+    let reason_4k = at("fastest in the fabric model: 3.0 us modelled").expect("4 KiB's reason");
+    let reason_64k = at("corrected by the first-use measurement").expect("64 KiB's reason");
+    assert!(lines[reason_4k].contains("4 KiB") && lines[reason_64k].contains("64 KiB"));
+    assert!(
+        !text.contains("first-use measurement, as an engine"),
+        "{text}"
+    );
+
+    report.first_use = Some("2 candidates timed in 40 ms (budget 200 ms)".into());
+    let text = tpar_report::bench::cuda_bench(&report);
+    assert!(text.contains("2 candidates timed in 40 ms"), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["first_use"],
+        "2 candidates timed in 40 ms (budget 200 ms)"
+    );
+    assert_eq!(
+        json["results"][2]["why"],
+        "two-shot: corrected by the first-use measurement"
+    );
+    assert!(json["results"][0].get("why").is_none());
+
+    // No auto row, no reasons.
+    report.results.truncate(1);
+    let text = tpar_report::bench::cuda_bench(&report);
+    assert!(!text.contains("and why"), "{text}");
 }

@@ -156,6 +156,37 @@ def test_forced_algorithm_steers_auto(tpar_bin, gpu_out):
     assert all(r.get("runs") == "host-staged" for r in rows), rows
 
 
+def test_bench_auto_measures_at_first_use_as_an_engine_would(tpar_bin, gpu_out, tmp_path):
+    """Ranks as threads on a machine with no table: the bench makes the first-use measurement
+    an engine's communicator makes, caches it, and says why auto ran what it ran; the next run
+    reads the cached table; with TPAR_FIRST_USE=0 the fabric model decides and says so."""
+    cache = {"TPAR_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["bench", "--backend", "cuda", "-n", "8", "--sizes", "4K,64K", "--algos", "auto"]
+    args += ["--iters", "10", "--chain", "10"]
+
+    def bench(name, **env):
+        json_path = gpu_out / f"{name}.json"
+        text = tpar(tpar_bin, [*args, "--json", json_path], gpu_out, name, **env)
+        assert "auto at each size, and why:" in text, text[-3000:]
+        report = json.loads(json_path.read_text())
+        rows = bench_rows_verified(json_path, ["auto"])
+        assert all(r.get("runs") and r.get("why") for r in rows), rows
+        return report, rows
+
+    first, rows = bench("bench-auto-first-use", **cache)
+    assert "candidates timed in" in first.get("first_use", ""), first
+    assert any("first-use measurement" in r["why"] for r in rows), rows
+    assert list((tmp_path / "cache").rglob("*first-use*.json")), "no cached first-use table"
+
+    again, rows = bench("bench-auto-cached", **cache)
+    assert "first_use" not in again, again["first_use"]
+    assert any("first-use measurement" in r["why"] for r in rows), rows
+
+    off, rows = bench("bench-auto-model", TPAR_FIRST_USE="0", TPAR_CACHE_DIR=str(tmp_path / "none"))
+    assert "first_use" not in off, off["first_use"]
+    assert all("no tuning table" in r["why"] for r in rows), rows
+
+
 @pytest.mark.gpus(2)
 def test_bench_one_process_per_gpu_against_nccl(tpar_bin, gpu_out, gpu_count):
     json_path = gpu_out / f"bench-{gpu_count}-gpus.json"
