@@ -133,6 +133,32 @@ pub fn non_negative_f64(text: &str) -> std::result::Result<f64, String> {
 }
 
 /// A fraction in (0, 1] (memory fractions of engines).
+/// A GPU architecture (`--compute-capability`): "9.0" as NVML writes it, or "sm_90" / "90";
+/// one tpar builds its kernels for, as "9.0".
+pub fn compute_capability_arg(text: &str) -> std::result::Result<String, String> {
+    let t = text.trim();
+    let digits = t.strip_prefix("sm_").unwrap_or(t);
+    let arch: Option<u32> = match digits.split_once('.') {
+        Some((major, minor)) if minor.len() == 1 => {
+            (|| Some(major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?))()
+        }
+        Some(_) => None,
+        None => digits.parse().ok(),
+    };
+    let known = tpar::backend::cuda::PLANNED_MODULE_BYTES_BY_ARCH.map(|(a, _)| a);
+    match arch.filter(|a| known.contains(a)) {
+        Some(a) => Ok(format!("{}.{}", a / 10, a % 10)),
+        None => Err(format!(
+            "'{t}' is not a compute capability tpar builds for; give one of {} (`nvidia-smi --query-gpu=compute_cap --format=csv` prints yours)",
+            known
+                .iter()
+                .map(|a| format!("{}.{}", a / 10, a % 10))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
 pub fn fraction_arg(text: &str) -> std::result::Result<f64, String> {
     let v = finite_f64(text)?;
     if !(v > 0.0 && v <= 1.0) {
@@ -327,6 +353,29 @@ pub fn check_cpu_job(needs: tpar_harness::limits::CpuJobNeeds, timed: Timed) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compute_capability_reads_as_nvml_writes_it() {
+        for (given, read) in [
+            ("9.0", "9.0"),
+            ("sm_90", "9.0"),
+            ("120", "12.0"),
+            (" 8.6", "8.6"),
+        ] {
+            assert_eq!(
+                compute_capability_arg(given).as_deref(),
+                Ok(read),
+                "{given}"
+            );
+        }
+        for bad in ["7.5", "9", "9.05", "sm_", "h100", ""] {
+            let e = compute_capability_arg(bad).unwrap_err();
+            assert!(
+                e.contains("give one of 8.0, 8.6, 8.9, 9.0, 10.0, 12.0"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn lists_name_the_flag_in_errors() {

@@ -64,6 +64,11 @@ pub struct MemoryArgs {
     /// GPU memory in GiB [default: read from GPU 0].
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     gpu_gb: Option<f64>,
+    /// The GPUs' compute capability (9.0 for an H100 or H200, 12.0 for an RTX PRO 6000
+    /// Blackwell; sm_90 also reads): tpar's kernels take 6 MiB up to 9.0 and 10 MiB on
+    /// Blackwell [default: GPU 0's; the largest where there is no GPU].
+    #[arg(long, value_name = "X.Y", value_parser = crate::args::compute_capability_arg)]
+    compute_capability: Option<String>,
     /// SGLang: free GPU memory after the engine loaded its weights, in GiB, if measured
     /// (SGLang's log prints it; vLLM's rule does not use it).
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
@@ -207,6 +212,7 @@ fn memory(a: MemoryArgs) -> Result<ExitCode> {
         config: a.config,
         tp: a.tp,
         gpu_gb: a.gpu_gb,
+        compute_capability: a.compute_capability,
         free_after_load_gb: a.free_after_load_gb,
         weights_gb: a.weights_gb,
         rule: match a.engine {

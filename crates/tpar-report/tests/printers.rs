@@ -147,6 +147,7 @@ fn the_tune_text_names_the_fastest_the_runner_up_and_what_was_not_measured() {
 #[test]
 fn the_memory_plan_shows_its_terms_and_says_when_it_does_not_fit() {
     let request = |gpu_gb| MemoryRequest {
+        compute_capability: None,
         config: fixture("tpar-harness", "models/llama-3.1-70b.json"),
         tp: 8,
         gpu_gb: Some(gpu_gb),

@@ -57,6 +57,9 @@ pub struct MemoryRequest {
     pub tp: u64,
     /// GPU memory; `None`: read from the first GPU of this machine.
     pub gpu_gb: Option<f64>,
+    /// The GPUs' compute capability ("9.0"), whose kernels the plan counts; `None`: the first
+    /// GPU of this machine's, or the largest architecture's where there is none.
+    pub compute_capability: Option<String>,
     pub free_after_load_gb: Option<f64>,
     /// Weights per rank; `None`: from the model's shape.
     pub weights_gb: Option<f64>,
@@ -105,20 +108,42 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
     }
     let model = load_model("config", &a.config)?;
     model.check_tp(a.tp)?;
-    let gpu_bytes = match a.gpu_gb {
-        Some(g) => g * GIB,
-        None => tpar::topology::Topology::detect()
-            .ok()
-            .and_then(|t| t.gpus.first().map(|g| g.memory_bytes as f64))
-            .ok_or_else(|| PlanError("no GPU to read its memory from: give --gpu-gb".into()))?,
+    // GPU 0, read only where a flag leaves something to read.
+    let gpu0 = (a.gpu_gb.is_none() || a.compute_capability.is_none())
+        .then(|| tpar::topology::Topology::detect().ok())
+        .flatten()
+        .and_then(|t| t.gpus.into_iter().next());
+    let gpu_bytes = match (a.gpu_gb, &gpu0) {
+        (Some(g), _) => g * GIB,
+        (None, Some(gpu)) => gpu.memory_bytes as f64,
+        (None, None) => {
+            return Err(PlanError(
+                "no GPU to read its memory from: give --gpu-gb".into(),
+            ))
+        }
+    };
+    let (capability, capability_from) = match (&a.compute_capability, &gpu0) {
+        (Some(c), _) => (Some(c.clone()), format!("compute capability {c} (--compute-capability)")),
+        (None, Some(gpu)) => match &gpu.compute_capability {
+            Some(c) => (Some(c.clone()), format!("GPU 0, compute capability {c}")),
+            None => (None, "the largest architecture: GPU 0 did not say its compute capability; give --compute-capability".into()),
+        },
+        (None, None) => (
+            None,
+            "the largest architecture, no GPU here (--compute-capability 9.0 plans an H100 or H200)".into(),
+        ),
     };
     let draft = match &a.draft_config {
         Some(path) => load_model("draft-config", path)?.weight_bytes_per_rank(a.tp),
         None => a.draft_gb * GIB,
     };
     let kv_bytes = a.kv_bytes.unwrap_or(model.activation_bytes);
-    let footprint =
-        tpar::communicator::planned_footprint(a.tp as usize, &Config::default(), a.nccl);
+    let footprint = tpar::communicator::planned_footprint_on(
+        a.tp as usize,
+        &Config::default(),
+        a.nccl,
+        capability.as_deref(),
+    );
     let inputs = MemoryInputs {
         gpu_total_bytes: gpu_bytes,
         free_after_load_bytes: a.free_after_load_gb.map(|g| g * GIB),
@@ -150,7 +175,7 @@ pub fn memory_report(a: &MemoryRequest) -> Result<MemoryReport> {
             } else {
                 " (no NCCL of its own: --nccl none)".into()
             }
-        );
+        ) + &format!("; kernels planned for {capability_from}");
     }
     Ok(MemoryReport {
         model: model.name.clone(),
@@ -283,6 +308,7 @@ mod tests {
 
     fn memory_request(gpu_gb: f64) -> MemoryRequest {
         MemoryRequest {
+            compute_capability: None,
             config: fixture("llama-3.1-70b"),
             tp: 8,
             gpu_gb: Some(gpu_gb),
@@ -310,6 +336,39 @@ mod tests {
         assert!(big.footprint.device_bytes > 0);
         let small = memory_report(&memory_request(8.0)).unwrap();
         assert!(small.plan.problem.is_some());
+    }
+
+    #[test]
+    fn the_kernels_planned_are_the_given_architectures() {
+        let on = |c: &str| {
+            memory_report(&MemoryRequest {
+                compute_capability: Some(c.into()),
+                ..memory_request(141.0)
+            })
+            .unwrap()
+        };
+        let (hopper, blackwell) = (on("9.0"), on("12.0"));
+        assert_eq!(hopper.footprint.module_bytes, 6 << 20);
+        assert_eq!(blackwell.footprint.module_bytes, 10 << 20);
+        assert_eq!(
+            blackwell.footprint.device_bytes - hopper.footprint.device_bytes,
+            4 << 20
+        );
+        let note = |r: &MemoryReport| {
+            let term = r.plan.terms.iter().find(|t| t.name == "tpar buffers");
+            term.expect("tpar's term").note.clone()
+        };
+        assert!(
+            note(&hopper)
+                .ends_with("kernels planned for compute capability 9.0 (--compute-capability)"),
+            "{}",
+            note(&hopper)
+        );
+        assert!(
+            note(&blackwell).contains("kernels 10.0 MiB"),
+            "{}",
+            note(&blackwell)
+        );
     }
 
     #[test]

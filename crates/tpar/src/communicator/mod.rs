@@ -822,9 +822,20 @@ fn selftest_cache() -> &'static Mutex<HashMap<String, SelfTestFailures>> {
 /// `config` and, with `nccl` = [`NcclMode::Own`], NCCL's communicator estimated from its
 /// settings (`nccl_estimated` is then true). The kernels' modules are planned as their code in
 /// whole 2 MiB pages for the architecture that needs the most, the GPU not being known yet
-/// ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]).
+/// ([`crate::backend::cuda::PLANNED_MODULE_BYTES`]); [`planned_footprint_on`] plans a known one.
 pub fn planned_footprint(world_size: usize, config: &Config, nccl: NcclMode) -> MemoryFootprint {
-    let mut m = CudaCommunicator::planned_footprint(world_size, config);
+    planned_footprint_on(world_size, config, nccl, None)
+}
+
+/// [`planned_footprint`] on GPUs of compute capability `capability` ("9.0"; None: not known),
+/// whose kernels take [`crate::backend::cuda::planned_module_bytes`].
+pub fn planned_footprint_on(
+    world_size: usize,
+    config: &Config,
+    nccl: NcclMode,
+    capability: Option<&str>,
+) -> MemoryFootprint {
+    let mut m = CudaCommunicator::planned_footprint_on(world_size, config, capability);
     if nccl == NcclMode::Own {
         m.nccl_bytes =
             crate::backend::nccl::estimated_footprint(world_size, |k| std::env::var(k).ok());
