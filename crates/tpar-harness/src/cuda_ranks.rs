@@ -184,13 +184,16 @@ impl CudaRanks {
     /// that `auto` here decides as it would in the engine. Ranks of `--processes` made it as
     /// they joined. `None` where it did not run: processes, one rank, `TPAR_FIRST_USE=0`, a
     /// table already read, or no candidates close enough to time; else its one-line account.
-    pub fn measure_first_use(&mut self) -> Result<Option<String>> {
+    /// A measurement that fails leaves the model's choices, as it does in an engine, and the
+    /// account says why.
+    pub fn measure_first_use(&mut self) -> Option<String> {
         if self.control.is_some() {
-            return Ok(None);
+            return None;
         }
-        let measured =
-            tpar::communicator::first_use::measure_local(&mut self.comms, &self.streams)?;
-        Ok(measured.map(|m| m.describe()))
+        match tpar::communicator::first_use::measure_local(&mut self.comms, &self.streams) {
+            Ok(measured) => measured.map(|m| m.describe()),
+            Err(e) => Some(format!("failed, so the fabric model decides: {e}")),
+        }
     }
 
     /// The mean over the job's processes of `local` (one value per process): the same on every

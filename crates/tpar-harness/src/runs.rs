@@ -49,7 +49,7 @@ pub fn cuda_bench_group(
     on_step: impl FnMut(u64, Selection),
 ) -> Result<Option<CudaBenchReport>> {
     let first_use = if settings.choices.contains(&Selection::Auto) {
-        group.measure_first_use()?
+        group.measure_first_use()
     } else {
         None
     };
