@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaGraph, CudaStream};
 
 use super::Communicator;
 use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::kernels;
 use crate::dispatch::fabric::Fabric;
-pub use crate::dispatch::first_use::{enabled, ProbePlan, BUDGET, ENV_FIRST_USE};
+pub use crate::dispatch::first_use::{
+    enabled, ProbePlan, BUDGET, ENV_FIRST_USE, LONG_CHAIN_FACTOR,
+};
 use crate::dispatch::{eligibility, Request, TuningTable};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -129,59 +131,85 @@ pub fn time_probes(
         })
         .collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(plan.probes.len());
+    let (short, long) = (plan.chain, plan.chain * LONG_CHAIN_FACTOR);
     for probe in &plan.probes {
         let count = (probe.bytes as usize / plan.dtype.size()).min(elements);
-        let mut graphs = Vec::with_capacity(comms.len());
-        for ((comm, stream), (input, output)) in comms.iter().zip(streams).zip(buffers.iter_mut()) {
-            stream
-                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                .map_err(cuda("begin capture"))?;
-            let queued = (0..plan.chain).try_for_each(|_| {
-                comm.all_reduce_as(
-                    probe.choice,
-                    Some(input.span(plan.dtype, count)?),
-                    output.span_mut(plan.dtype, count)?,
-                    stream,
-                )
-            });
-            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-            queued?;
-            graphs.push(graph.map_err(cuda("end capture"))?.ok_or_else(|| {
-                Error::Cuda("first-use measurement: capture made no graph".into())
-            })?);
-        }
-        let mut times: Vec<Vec<f64>> = vec![Vec::new(); comms.len()];
-        for replay in 0..plan.warmup + plan.replays {
-            let mut events = Vec::with_capacity(comms.len());
-            for (graph, stream) in graphs.iter().zip(streams) {
-                let start = stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(cuda("event"))?;
-                graph.launch().map_err(cuda("graph launch"))?;
-                let end = stream
-                    .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(cuda("event"))?;
-                events.push((start, end));
+        // One graph per rank of `calls` calls of this probe.
+        let mut capture = |calls: usize| -> Result<Vec<CudaGraph>> {
+            let mut graphs = Vec::with_capacity(comms.len());
+            for ((comm, stream), (input, output)) in
+                comms.iter().zip(streams).zip(buffers.iter_mut())
+            {
+                stream
+                    .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                    .map_err(cuda("begin capture"))?;
+                let queued = (0..calls).try_for_each(|_| {
+                    comm.all_reduce_as(
+                        probe.choice,
+                        Some(input.span(plan.dtype, count)?),
+                        output.span_mut(plan.dtype, count)?,
+                        stream,
+                    )
+                });
+                let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+                queued?;
+                graphs.push(graph.map_err(cuda("end capture"))?.ok_or_else(|| {
+                    Error::Cuda("first-use measurement: capture made no graph".into())
+                })?);
             }
-            for (i, (stream, (start, end))) in streams.iter().zip(events).enumerate() {
-                stream.synchronize().map_err(cuda("synchronise"))?;
-                comms[i].check()?;
-                if replay >= plan.warmup {
-                    let ms = start.elapsed_ms(&end).map_err(cuda("elapsed"))?;
-                    times[i].push(f64::from(ms) * 1e3 / plan.chain as f64);
+            Ok(graphs)
+        };
+        let graphs = [capture(short)?, capture(long)?];
+        // Each rank's replay times, us, of the short and of the long graph, alternating.
+        let mut times: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; comms.len()];
+        for replay in 0..plan.warmup + plan.replays {
+            for (which, graphs) in graphs.iter().enumerate() {
+                let mut events = Vec::with_capacity(comms.len());
+                for (graph, stream) in graphs.iter().zip(streams) {
+                    let start = stream
+                        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                        .map_err(cuda("event"))?;
+                    graph.launch().map_err(cuda("graph launch"))?;
+                    let end = stream
+                        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                        .map_err(cuda("event"))?;
+                    events.push((start, end));
+                }
+                for (i, (stream, (start, end))) in streams.iter().zip(events).enumerate() {
+                    stream.synchronize().map_err(cuda("synchronise"))?;
+                    comms[i].check()?;
+                    if replay >= plan.warmup {
+                        let ms = start.elapsed_ms(&end).map_err(cuda("elapsed"))?;
+                        times[i][which].push(f64::from(ms) * 1e3);
+                    }
                 }
             }
         }
         let slowest = times
             .into_iter()
-            .map(|mut t| {
-                t.sort_by(f64::total_cmp);
-                t[t.len() / 2]
-            })
+            .map(|[a, b]| per_call_us(median(a), short, median(b), long))
             .fold(0.0, f64::max);
         out.push(slowest);
     }
     Ok(out)
+}
+
+fn median(mut replays: Vec<f64>) -> f64 {
+    replays.sort_by(f64::total_cmp);
+    replays[replays.len() / 2]
+}
+
+/// The time of one call, us, from the median replays of a graph of `short` calls and of one of
+/// `long`: their difference over the calls between them, so that what a replay pays once
+/// cancels ([`LONG_CHAIN_FACTOR`]); where noise leaves no positive difference, the long
+/// graph's replay over its calls (an upper bound).
+fn per_call_us(short_us: f64, short: usize, long_us: f64, long: usize) -> f64 {
+    let slope = (long_us - short_us) / (long - short) as f64;
+    if slope > 0.0 {
+        slope
+    } else {
+        long_us / long as f64
+    }
 }
 
 /// Whether `comm` should measure at its creation: on, more than one rank, no table for this
@@ -348,5 +376,18 @@ impl Communicator {
             outcome.describe()
         );
         self.adopt(table);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::per_call_us;
+
+    #[test]
+    fn a_call_costs_the_difference_of_two_chains_over_their_calls() {
+        // 8 calls in 100 us and 32 in 220: 5 us a call, the 60 us every replay pays once gone.
+        assert!((per_call_us(100.0, 8, 220.0, 32) - 5.0).abs() < 1e-12);
+        // Noise that leaves no positive difference: the long chain's replay over its calls.
+        assert!((per_call_us(230.0, 8, 220.0, 32) - 220.0 / 32.0).abs() < 1e-12);
     }
 }

@@ -42,8 +42,18 @@ pub const CLOSE: f64 = 1.5;
 /// At most this many candidates per size.
 pub const PER_SIZE: usize = 3;
 
-/// Calls per rank per graph, and graph replays (after [`ProbePlan::warmup`]).
+/// Calls per rank in the short graph, and graph replays (after [`ProbePlan::warmup`]).
 const CHAIN: usize = 8;
+
+/// The long graph holds this many times the short one's calls. A probe's time per call is the
+/// difference of the two graphs' median replay times over the difference of their calls, so
+/// what every replay pays once cancels: the graph's launch, the ranks' launches one after
+/// another (threads) or at their own moments (processes), and the events around it. Timed as
+/// one graph's replay over its calls, those costs were counted per call: 8 ranks sharing one
+/// H100 measured one-shot at 16 KiB 10.4 us a call where `tpar bench` times it at 4.3, which
+/// made the model's correction send auto to an algorithm it had not timed, twice as slow
+/// (bench/results/2026-12-06-s17, call 1).
+pub const LONG_CHAIN_FACTOR: usize = 4;
 const REPLAYS: usize = 6;
 const MIN_REPLAYS: usize = 3;
 
@@ -55,8 +65,8 @@ pub struct PlannedProbe {
     pub modelled_us: f64,
 }
 
-/// What the first use times: the probes, each a graph of `chain` calls per rank replayed
-/// `warmup + replays` times.
+/// What the first use times: the probes, each as two graphs per rank, of `chain` calls and of
+/// [`LONG_CHAIN_FACTOR`] times as many, both replayed `warmup + replays` times.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProbePlan {
     pub dtype: DType,
@@ -69,7 +79,7 @@ pub struct ProbePlan {
 impl ProbePlan {
     /// The GPU time the model expects the probes to take, ms.
     pub fn modelled_ms(&self) -> f64 {
-        let calls = (self.chain * (self.warmup + self.replays)) as f64;
+        let calls = (self.chain * (1 + LONG_CHAIN_FACTOR) * (self.warmup + self.replays)) as f64;
         self.probes
             .iter()
             .map(|p| p.modelled_us * calls)
@@ -244,7 +254,8 @@ mod tests {
             (table.probes[0].measured_us, table.probes[0].modelled_us),
             (4.4, 3.9)
         );
-        assert!((p.modelled_ms() - (3.9 + 6.3) * 64.0 / 1e3).abs() < 1e-9);
+        // Each probe: a graph of 8 calls and one of 32, 8 replays each.
+        assert!((p.modelled_ms() - (3.9 + 6.3) * 320.0 / 1e3).abs() < 1e-9);
     }
 
     #[test]

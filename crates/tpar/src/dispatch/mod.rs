@@ -132,26 +132,58 @@ pub fn decide(req: &Request) -> Result<Decision, NoDecision> {
 /// Why NCCL runs where the model cannot cost it.
 const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link bandwidth";
 
+/// How the first-use measurement moved a candidate's estimate.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Measured {
+    /// It timed this choice near this size: the estimate is scaled by the probe's measured
+    /// over modelled time.
+    Timed(Probe),
+    /// It did not time this choice here but timed two or more others near this size: the
+    /// estimate is scaled by the smallest of their measured over modelled times (what this
+    /// machine adds to the model for every algorithm, at least), so that timing its rivals
+    /// cannot by itself make an untimed choice win.
+    Scaled(f64),
+}
+
 /// The fabric model's estimates for a request, fastest first, each corrected by the
-/// first-use measurement where it timed that choice near this size (with the probe).
-pub fn ranked(req: &Request) -> Vec<(Estimate, Option<Probe>)> {
+/// first-use measurement where it measured near this size ([`Measured`]).
+pub fn ranked(req: &Request) -> Vec<(Estimate, Option<Measured>)> {
     let fabric = Fabric::new(req.topology, req.world_size, req.findings);
     ranked_on(&fabric, req)
 }
 
-fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Probe>)> {
+fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Measured>)> {
     let probes = req
         .tuning
         .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty());
-    let mut ranked: Vec<(Estimate, Option<Probe>)> = fabric
-        .rank(req.dtype, req.bytes)
+    let estimates = fabric.rank(req.dtype, req.bytes);
+    let timed: Vec<Option<(f64, Probe)>> = estimates
+        .iter()
+        .map(|e| {
+            let c = probes.and_then(|t| t.correction(e.choice, req.bytes));
+            c.map(|(factor, p)| (factor, p.clone()))
+        })
+        .collect();
+    // One probe alone cannot tell what the machine adds to every algorithm from what it adds
+    // to the one timed (a collapse): with two or more, the smallest factor is common to all.
+    let factors: Vec<f64> = timed.iter().flatten().map(|(f, _)| *f).collect();
+    let common = (factors.len() >= 2).then(|| factors.iter().copied().fold(f64::MAX, f64::min));
+    let mut ranked: Vec<(Estimate, Option<Measured>)> = estimates
         .into_iter()
-        .map(|mut e| {
-            let correction = probes.and_then(|t| t.correction(e.choice, req.bytes));
-            if let Some((factor, _)) = correction {
-                e.us *= factor;
-            }
-            (e, correction.map(|(_, p)| p.clone()))
+        .zip(timed)
+        .map(|(mut e, timed)| {
+            let measured = match (timed, common) {
+                (Some((factor, probe)), _) => {
+                    e.us *= factor;
+                    Some(Measured::Timed(probe))
+                }
+                (None, Some(factor)) => {
+                    e.us *= factor;
+                    Some(Measured::Scaled(factor))
+                }
+                (None, None) => None,
+            };
+            (e, measured)
         })
         .collect();
     ranked.sort_by(|a, b| a.0.us.total_cmp(&b.0.us));
@@ -225,7 +257,7 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
     // what the model cannot cost but every machine has.
     let (clean, collapsing): (Vec<_>, Vec<_>) = ranked
         .iter()
-        .partition(|(e, probe)| !e.collapses || probe.is_some());
+        .partition(|(e, measured)| !e.collapses || matches!(measured, Some(Measured::Timed(_))));
     let mut deferred: Option<&Estimate> = None;
     if let (Some((c, _)), best) = (collapsing.first(), clean.first()) {
         if best.is_none_or(|(b, _)| c.us < b.us) {
@@ -257,9 +289,9 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
         match eligibility(req, choice) {
             Ok(()) => {
                 let why = match estimate {
-                    Some((e, probe)) => {
-                        let mut why = match probe {
-                            Some(p) => format!(
+                    Some((e, measured)) => {
+                        let mut why = match measured {
+                            Some(Measured::Timed(p)) => format!(
                                 "fastest in the fabric model corrected by the first-use measurement on this machine: {:.1} us ({} measured {:.1} us at {}, modelled {:.1})",
                                 e.us,
                                 p.choice,
@@ -267,12 +299,20 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                                 human_bytes(p.bytes),
                                 p.modelled_us
                             ),
+                            Some(Measured::Scaled(factor)) => format!(
+                                "fastest in the fabric model scaled by the first-use measurement on this machine: {:.1} us (not timed here; x{factor:.2}, the least that its rivals timed near this size measured over their model)",
+                                e.us
+                            ),
+                            None if req.tuning.is_some_and(|t| !t.probes.is_empty()) => format!(
+                                "fastest in the fabric model (the first-use measurement timed nothing near this size): {:.1} us modelled",
+                                e.us
+                            ),
                             None => format!(
                                 "fastest in the fabric model (no tuning table on this machine): {:.1} us modelled",
                                 e.us
                             ),
                         };
-                        if e.collapses && probe.is_none() {
+                        if e.collapses && !matches!(measured, Some(Measured::Timed(_))) {
                             why.push_str(&format!(
                                 "; its writes fan out over root complexes, which collapse here, but nothing else can run ({})",
                                 fabric.collapse().source
@@ -719,14 +759,23 @@ mod tests {
         };
         let d = decide(&corrected).unwrap();
         assert_ne!(d.choice, best.choice, "{d:?}");
-        // Far from the probe the model stands as it is.
+        // Far from the probe the model stands as it is, and the reason says nothing was timed
+        // there.
         let far = Request {
             tuning: Some(&table),
             ..request(&t, 8, 4 * MIB)
         };
-        assert_eq!(
+        let (far, unmeasured) = (
             decide(&far).unwrap(),
-            decide(&request(&t, 8, 4 * MIB)).unwrap()
+            decide(&request(&t, 8, 4 * MIB)).unwrap(),
+        );
+        assert_eq!(far.choice, unmeasured.choice);
+        assert_eq!(
+            far.reason.replace(
+                "the first-use measurement timed nothing near this size",
+                "no tuning table on this machine"
+            ),
+            unmeasured.reason
         );
         // A measured pick says so.
         let slow_rival = TuningTable {
@@ -745,6 +794,67 @@ mod tests {
         .unwrap();
         assert_eq!(d.choice, best.choice);
         assert!(d.reason.contains("first-use measurement"), "{}", d.reason);
+    }
+
+    #[test]
+    fn timing_its_rivals_slower_than_modelled_does_not_make_an_untimed_choice_win() {
+        // The first use timed the model's two closest choices at a size, both slower than
+        // modelled by the same factor (what a replay's fixed costs, counted per call, did on
+        // one H100 in session 17): a third choice, not timed, must not win by that alone.
+        let t = fixture("8x-h200-nvswitch");
+        let req = request(&t, 8, 16 * KIB);
+        let model = ranked(&req);
+        let (a, b) = (model[0].0.clone(), model[1].0.clone());
+        let c = model
+            .iter()
+            .map(|(e, _)| e.clone())
+            .find(|e| e.choice != Choice::Nccl && e.us > b.us)
+            .expect("a third choice");
+        let slower = 2.0 * c.us / a.us;
+        let probe = |e: &Estimate| Probe {
+            bytes: 16 * KIB,
+            choice: e.choice,
+            measured_us: slower * e.us,
+            modelled_us: e.us,
+        };
+        let table = TuningTable {
+            fingerprint: t.fingerprint(),
+            kernels: String::new(),
+            world_size: 8,
+            dtype: DType::Bf16,
+            entries: Vec::new(),
+            probes: vec![probe(&a), probe(&b)],
+        };
+        let measured = Request {
+            tuning: Some(&table),
+            ..req
+        };
+        let d = decide(&measured).unwrap();
+        assert_eq!(d.choice, a.choice, "{}", d.reason);
+        assert!(
+            d.reason.contains("corrected by the first-use measurement"),
+            "{}",
+            d.reason
+        );
+        let scaled = ranked(&measured)
+            .into_iter()
+            .find(|(e, _)| e.choice == c.choice)
+            .unwrap();
+        assert_eq!(scaled.1, Some(Measured::Scaled(slower)));
+        assert!((scaled.0.us - slower * c.us).abs() < 1e-9);
+        // Where the first use timed nothing near a size, the reason says so (not "no table").
+        let far = decide(&Request {
+            tuning: Some(&table),
+            ..request(&t, 8, 16 * MIB)
+        })
+        .unwrap();
+        if far.choice != Choice::Nccl {
+            assert!(
+                far.reason.contains("timed nothing near this size"),
+                "{}",
+                far.reason
+            );
+        }
     }
 
     #[test]
