@@ -734,25 +734,33 @@ mod tests {
         assert!(decision.reason.contains(&said), "{}", decision.reason);
     }
 
+    /// A first-use table of 8 ranks in bf16 on `t` holding `probes`.
+    fn first_use_table(t: &Topology, probes: Vec<Probe>) -> TuningTable {
+        TuningTable {
+            fingerprint: t.fingerprint(),
+            kernels: String::new(),
+            world_size: 8,
+            dtype: DType::Bf16,
+            entries: Vec::new(),
+            probes,
+        }
+    }
+
     #[test]
     fn first_use_measurements_correct_the_model_near_their_sizes() {
         let t = fixture("8x-rtx-pro-6000-pcie-2switch");
         let req = request(&t, 8, 42 * KIB);
         let best = ranked(&req)[0].0.clone();
         // The first use measured the model's pick three times slower than modelled.
-        let table = TuningTable {
-            fingerprint: t.fingerprint(),
-            kernels: String::new(),
-            world_size: 8,
-            dtype: DType::Bf16,
-            entries: Vec::new(),
-            probes: vec![Probe {
+        let table = first_use_table(
+            &t,
+            vec![Probe {
                 bytes: 32 * KIB,
                 choice: best.choice,
                 measured_us: 3.0 * best.us,
                 modelled_us: best.us,
             }],
-        };
+        );
         let corrected = Request {
             tuning: Some(&table),
             ..req
@@ -817,14 +825,7 @@ mod tests {
             measured_us: slower * e.us,
             modelled_us: e.us,
         };
-        let table = TuningTable {
-            fingerprint: t.fingerprint(),
-            kernels: String::new(),
-            world_size: 8,
-            dtype: DType::Bf16,
-            entries: Vec::new(),
-            probes: vec![probe(&a), probe(&b)],
-        };
+        let table = first_use_table(&t, vec![probe(&a), probe(&b)]);
         let measured = Request {
             tuning: Some(&table),
             ..req
