@@ -1,6 +1,7 @@
 //! The first-use measurement: a communicator created on a machine with no tuning table times
 //! the few candidates the fabric model ranks closest (`dispatch::first_use::plan`), every rank
-//! the same plan, each as a CUDA graph of a chain of calls; the slowest rank's times, gathered
+//! the same plan, each as CUDA graphs of two chains of calls (a call's time is their
+//! difference over the calls between them, [`LONG_CHAIN_FACTOR`]); the slowest rank's times, gathered
 //! so that every rank holds the same table, correct the model's estimates from then on and are
 //! cached beside `tpar tune`'s tables under the machine's fingerprint
 //! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
@@ -106,7 +107,8 @@ fn plan_for(comm: &Communicator) -> ProbePlan {
 
 /// Times every probe of `plan` on the local ranks `comms` (one stream each, all launched
 /// together: their kernels meet each other and the ranks of other processes). Per probe, the
-/// slowest local rank's median time per call, us.
+/// slowest local rank's time per call, us: the difference of its median replays of a chain of
+/// `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many, over the calls between.
 pub fn time_probes(
     comms: &[&Communicator],
     streams: &[Arc<CudaStream>],
