@@ -1,9 +1,9 @@
 //! The first-use measurement: a communicator created on a machine with no tuning table times
 //! the few candidates the fabric model ranks closest (`dispatch::first_use::plan`), every rank
 //! the same plan, each as CUDA graphs of two chains of calls (a call's time is their
-//! difference over the calls between them, [`LONG_CHAIN_FACTOR`]); the slowest rank's times, gathered
-//! so that every rank holds the same table, correct the model's estimates from then on and are
-//! cached beside `tpar tune`'s tables under the machine's fingerprint
+//! difference over the calls between them, [`LONG_CHAIN_FACTOR`]); the slowest rank's times,
+//! gathered so that every rank holds the same table, correct the model's estimates from then
+//! on and are cached beside `tpar tune`'s tables under the machine's fingerprint
 //! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
 //! instead of measuring. It takes at most [`BUDGET`] (the plan is sized by the model to fit,
 //! and the time it took is logged), measures bf16 (what engines reduce), never creates NCCL,
