@@ -132,33 +132,32 @@ pub fn non_negative_f64(text: &str) -> std::result::Result<f64, String> {
     Ok(v)
 }
 
-/// A fraction in (0, 1] (memory fractions of engines).
 /// A GPU architecture (`--compute-capability`): "9.0" as NVML writes it, or "sm_90" / "90";
-/// one tpar builds its kernels for, as "9.0".
+/// one tpar builds its kernels for ([`tpar::backend::cuda::planned_architecture`]), as "9.0".
 pub fn compute_capability_arg(text: &str) -> std::result::Result<String, String> {
     let t = text.trim();
     let digits = t.strip_prefix("sm_").unwrap_or(t);
-    let arch: Option<u32> = match digits.split_once('.') {
-        Some((major, minor)) if minor.len() == 1 => {
-            (|| Some(major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?))()
+    // "90" and "120" as "9.0" and "12.0": the last digit is the minor version.
+    let dotted = match digits.len() {
+        n if n >= 2 && digits.is_ascii() && !digits.contains('.') => {
+            format!("{}.{}", &digits[..n - 1], &digits[n - 1..])
         }
-        Some(_) => None,
-        None => digits.parse().ok(),
+        _ => digits.to_owned(),
     };
-    let known = tpar::backend::cuda::PLANNED_MODULE_BYTES_BY_ARCH.map(|(a, _)| a);
-    match arch.filter(|a| known.contains(a)) {
-        Some(a) => Ok(format!("{}.{}", a / 10, a % 10)),
-        None => Err(format!(
-            "'{t}' is not a compute capability tpar builds for; give one of {} (`nvidia-smi --query-gpu=compute_cap --format=csv` prints yours)",
-            known
-                .iter()
-                .map(|a| format!("{}.{}", a / 10, a % 10))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-    }
+    let name = |a: u32| format!("{}.{}", a / 10, a % 10);
+    tpar::backend::cuda::planned_architecture(&dotted)
+        .map(name)
+        .ok_or_else(|| {
+            format!(
+                "'{t}' is not a compute capability tpar builds for; give one of {} (`nvidia-smi --query-gpu=compute_cap --format=csv` prints yours)",
+                tpar::backend::cuda::PLANNED_MODULE_BYTES_BY_ARCH
+                    .map(|(a, _)| name(a))
+                    .join(", ")
+            )
+        })
 }
 
+/// A fraction in (0, 1] (memory fractions of engines).
 pub fn fraction_arg(text: &str) -> std::result::Result<f64, String> {
     let v = finite_f64(text)?;
     if !(v > 0.0 && v <= 1.0) {

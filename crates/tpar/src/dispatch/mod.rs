@@ -152,10 +152,15 @@ pub fn ranked(req: &Request) -> Vec<(Estimate, Option<Measured>)> {
     ranked_on(&fabric, req)
 }
 
+/// The first-use measurement's table for `req`: the tuning table of its world size and dtype,
+/// where it holds probes.
+fn first_use_probes<'a>(req: &Request<'a>) -> Option<&'a TuningTable> {
+    req.tuning
+        .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty())
+}
+
 fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Measured>)> {
-    let probes = req
-        .tuning
-        .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype && !t.probes.is_empty());
+    let probes = first_use_probes(req);
     let estimates = fabric.rank(req.dtype, req.bytes);
     let timed: Vec<Option<(f64, Probe)>> = estimates
         .iter()
@@ -303,7 +308,7 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                                 "fastest in the fabric model scaled by the first-use measurement on this machine: {:.1} us (not timed here; x{factor:.2}, the least that its rivals timed near this size measured over their model)",
                                 e.us
                             ),
-                            None if req.tuning.is_some_and(|t| !t.probes.is_empty()) => format!(
+                            None if first_use_probes(req).is_some() => format!(
                                 "fastest in the fabric model (the first-use measurement timed nothing near this size): {:.1} us modelled",
                                 e.us
                             ),

@@ -334,14 +334,26 @@ pub const PLANNED_MODULE_BYTES: u64 = {
     largest
 };
 
-/// The kernels' planned bytes on GPUs of compute capability `capability` ("9.0", as the
-/// topology and NVML write it): its entry of [`PLANNED_MODULE_BYTES_BY_ARCH`], or
-/// [`PLANNED_MODULE_BYTES`] where it is not known or not an architecture tpar builds for.
+/// The architecture (compute capability x 10) of `capability` ("9.0", as the topology and
+/// NVML write it: one digit after the point), where it is one of
+/// [`PLANNED_MODULE_BYTES_BY_ARCH`]'s.
+pub fn planned_architecture(capability: &str) -> Option<u32> {
+    let (major, minor) = capability.trim().split_once('.')?;
+    if minor.len() != 1 {
+        return None;
+    }
+    let arch = major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?;
+    PLANNED_MODULE_BYTES_BY_ARCH
+        .iter()
+        .any(|(a, _)| *a == arch)
+        .then_some(arch)
+}
+
+/// The kernels' planned bytes on GPUs of compute capability `capability` ("9.0"): its entry of
+/// [`PLANNED_MODULE_BYTES_BY_ARCH`], or [`PLANNED_MODULE_BYTES`] where it is not known or not an
+/// architecture tpar builds for ([`planned_architecture`]).
 pub fn planned_module_bytes(capability: Option<&str>) -> u64 {
-    let arch = capability.and_then(|c| {
-        let (major, minor) = c.trim().split_once('.')?;
-        Some(major.parse::<u32>().ok()? * 10 + minor.parse::<u32>().ok()?)
-    });
+    let arch = capability.and_then(planned_architecture);
     PLANNED_MODULE_BYTES_BY_ARCH
         .iter()
         .find(|(a, _)| Some(*a) == arch)
