@@ -455,43 +455,22 @@ __device__ __forceinline__ void push_partial(const TparArgs& a, const Call& call
     st_wide(p, call.tag, call.id, __float_as_uint(acc[0]), __float_as_uint(acc[1]));
     if (Partial<DT>::LINES == 2) st_wide(p + 2, call.tag, call.id, __float_as_uint(acc[2]), __float_as_uint(acc[3]));
 }
-// Unit u's partial from `peer` as loaded, not yet checked: the lines at line `base + 2 * LINES *
-// u` of this rank's inbox for it. Split from the check (take_partial) so that a thread may have
-// several units' lines in flight before it waits for any (the ring's batches).
-struct PartialLines {
-    const u64* p;
-    Wide v, v2;
-};
-template <int DT>
-__device__ __forceinline__ PartialLines load_partial(const TparArgs& a, u32 peer, u64 base, u64 u) {
-    PartialLines l;
-    l.p = recv_inbox(a, peer) + base + 2 * Partial<DT>::LINES * u;
-    l.v = ld_wide(l.p);
-    l.v2 = Wide{0u, 0u, 0u, 0u};
-    if (Partial<DT>::LINES == 2) l.v2 = ld_wide(l.p + 2);
-    return l;
-}
-// The partial of loaded lines `l` (acc[0 .. 4]), waiting for each line that does not carry
-// this call yet.
-template <int DT>
-__device__ __forceinline__ bool take_partial(const TparArgs& a, const Call& call, u32 peer, PartialLines l, u32 phase,
-                                             float* out) {
-    if (!wide_has(l.v, call.tag, call.id) && !wait_unit(a, call, l.p, peer, phase, &l.v)) return false;
-    if (Partial<DT>::LINES == 2 && !wide_has(l.v2, call.tag, call.id) &&
-        !wait_unit(a, call, l.p + 2, peer, phase, &l.v2)) {
-        return false;
-    }
-    out[0] = __uint_as_float(l.v.w0);
-    out[1] = __uint_as_float(l.v.w1);
-    out[2] = __uint_as_float(l.v2.w0);
-    out[3] = __uint_as_float(l.v2.w1);
-    return true;
-}
 // Unit u's partial from `peer`, at line `base + 2 * LINES * u` of this rank's inbox for it.
 template <int DT>
 __device__ __forceinline__ bool wait_partial(const TparArgs& a, const Call& call, u32 peer, u64 base, u64 u, u32 phase,
                                              float* out) {
-    return take_partial<DT>(a, call, peer, load_partial<DT>(a, peer, base, u), phase, out);
+    const u64* p = recv_inbox(a, peer) + base + 2 * Partial<DT>::LINES * u;
+    Wide v = ld_wide(p), v2 = {0u, 0u, 0u, 0u};
+    if (Partial<DT>::LINES == 2) v2 = ld_wide(p + 2);
+    if (!wide_has(v, call.tag, call.id) && !wait_unit(a, call, p, peer, phase, &v)) return false;
+    if (Partial<DT>::LINES == 2 && !wide_has(v2, call.tag, call.id) && !wait_unit(a, call, p + 2, peer, phase, &v2)) {
+        return false;
+    }
+    out[0] = __uint_as_float(v.w0);
+    out[1] = __uint_as_float(v.w1);
+    out[2] = __uint_as_float(v2.w0);
+    out[3] = __uint_as_float(v2.w1);
+    return true;
 }
 
 // ---- reduction in rank order ----

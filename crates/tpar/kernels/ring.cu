@@ -56,41 +56,27 @@ __device__ void ring(const TparArgs& a) {
         // Step s sends chunk c; the last pass (s = n-1) finishes this rank's own chunk.
         const u32 c = s < n - 1 ? ring_reduce_chunk(me, n, s) : me;
         const u64 c_start = share_start(units, n, c), c_units = share_start(units, n, c + 1) - c_start;
-        for (u64 j0 = tid; j0 < c_units && ok; j0 += TPAR_RING_BATCH * stride) {
-            // The batch's loads first, all in flight at once: its inputs and, after step 0,
-            // the partials r-1 pushed in step s-1.
-            u32 w[TPAR_RING_BATCH][2];
-            PartialLines in[TPAR_RING_BATCH];
-#pragma unroll
-            for (int k = 0; k < TPAR_RING_BATCH; ++k) {
-                const u64 j = j0 + k * stride;
-                if (j >= c_units) break;
-                load_pair<DT>(a.input, c_start + j, a.count, words, &w[k][0], &w[k][1]);
-                if (s > 0) in[k] = load_partial<DT>(a, prev, slot_payload(a, call.epoch, s - 1), j);
+        for (u64 j = tid; j < c_units && ok; j += stride) {
+            u32 w0, w1;
+            load_pair<DT>(a.input, c_start + j, a.count, words, &w0, &w1);
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            float x[4] = {0.f, 0.f, 0.f, 0.f};
+            Lanes<DT>::unpack(w0, x);
+            Lanes<DT>::unpack(w1, x + Lanes<DT>::PER_WORD);
+            if (s == 0) {
+                for (int e = 0; e < 4; ++e) acc[e] = x[e];
+            } else {
+                ok = wait_partial<DT>(a, call, prev, slot_payload(a, call.epoch, s - 1), j, TPAR_PHASE_RING_REDUCE, acc);
+                if (!ok) break;
+                for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = acc[e] + x[e];
             }
-#pragma unroll
-            for (int k = 0; k < TPAR_RING_BATCH; ++k) {
-                const u64 j = j0 + k * stride;
-                if (j >= c_units) break;
-                float acc[4] = {0.f, 0.f, 0.f, 0.f};
-                float x[4] = {0.f, 0.f, 0.f, 0.f};
-                Lanes<DT>::unpack(w[k][0], x);
-                Lanes<DT>::unpack(w[k][1], x + Lanes<DT>::PER_WORD);
-                if (s == 0) {
-                    for (int e = 0; e < 4; ++e) acc[e] = x[e];
-                } else {
-                    ok = take_partial<DT>(a, call, prev, in[k], TPAR_PHASE_RING_REDUCE, acc);
-                    if (!ok) break;
-                    for (int e = 0; e < 2 * Lanes<DT>::PER_WORD; ++e) acc[e] = acc[e] + x[e];
-                }
-                if (s < n - 1) {
-                    push_partial<DT>(a, call, next, slot_payload(a, call.epoch, s), j, acc);
-                } else {
-                    const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
-                    store_pair<DT>(a.output, c_start + j, a.count, words, r0, r1);
-                    push_unit(a, gathered, next, slot_payload(a, call.epoch, gather_slot_of(0, n)) + gather_line<DT>(0, j),
-                              r0, r1);
-                }
+            if (s < n - 1) {
+                push_partial<DT>(a, call, next, slot_payload(a, call.epoch, s), j, acc);
+            } else {
+                const u32 r0 = Lanes<DT>::pack(acc), r1 = Lanes<DT>::pack(acc + Lanes<DT>::PER_WORD);
+                store_pair<DT>(a.output, c_start + j, a.count, words, r0, r1);
+                push_unit(a, gathered, next, slot_payload(a, call.epoch, gather_slot_of(0, n)) + gather_line<DT>(0, j), r0,
+                          r1);
             }
         }
     }
@@ -102,26 +88,15 @@ __device__ void ring(const TparArgs& a) {
         const u64 c_start = share_start(units, n, c), c_units = share_start(units, n, c + 1) - c_start;
         const u64* in = recv_inbox(a, prev) + slot_payload(a, call.epoch, gather_slot_of(s - 1, n));
         const u64 out = slot_payload(a, call.epoch, gather_slot_of(s, n));
-        for (u64 j0 = tid; j0 < c_units && ok; j0 += TPAR_RING_BATCH * stride) {
-            Wide v[TPAR_RING_BATCH];
-#pragma unroll
-            for (int k = 0; k < TPAR_RING_BATCH; ++k) {
-                const u64 j = j0 + k * stride;
-                if (j >= c_units) break;
-                v[k] = ld_wide(in + gather_line<DT>(s - 1, j));
+        for (u64 j = tid; j < c_units; j += stride) {
+            const u64* p = in + gather_line<DT>(s - 1, j);
+            Wide v = ld_wide(p);
+            if (!wide_has(v, gathered.tag, gathered.id) &&
+                !(ok = wait_unit(a, gathered, p, prev, TPAR_PHASE_RING_GATHER, &v))) {
+                break;
             }
-#pragma unroll
-            for (int k = 0; k < TPAR_RING_BATCH; ++k) {
-                const u64 j = j0 + k * stride;
-                if (j >= c_units) break;
-                const u64* p = in + gather_line<DT>(s - 1, j);
-                if (!wide_has(v[k], gathered.tag, gathered.id) &&
-                    !(ok = wait_unit(a, gathered, p, prev, TPAR_PHASE_RING_GATHER, &v[k]))) {
-                    break;
-                }
-                store_pair<DT>(a.output, c_start + j, a.count, words, v[k].w0, v[k].w1);
-                if (s < n - 1) push_unit(a, gathered, next, out + gather_line<DT>(s, j), v[k].w0, v[k].w1);
-            }
+            store_pair<DT>(a.output, c_start + j, a.count, words, v.w0, v.w1);
+            if (s < n - 1) push_unit(a, gathered, next, out + gather_line<DT>(s, j), v.w0, v.w1);
         }
     }
     end_call(a, call);

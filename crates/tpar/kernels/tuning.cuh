@@ -99,18 +99,6 @@
 #ifndef TPAR_RANK_GROUP
 #define TPAR_RANK_GROUP 8
 #endif
-// Units of a ring step a thread loads at once before it waits for any (ring.cu): each of its
-// units of a step waits for the line the neighbour pushed in the step before, one round trip
-// each when taken one by one. A launch of 1 MiB at 8 ranks gives a thread 2 units a step
-// (16 blocks of 512 threads, 16384 units a chunk).
-#ifndef TPAR_RING_BATCH
-#define TPAR_RING_BATCH 2
-#endif
-// Two-shot's all-gather units a thread loads at once before it waits for any (experiment: 1
-// keeps one unit at a time).
-#ifndef TPAR_GATHER_BATCH
-#define TPAR_GATHER_BATCH 1
-#endif
 // The blocks per SM every kernel but the probes is compiled for: __launch_bounds__(TPAR_THREADS)
 // alone (0) or with this as its second argument (1, the default). With the first alone, ptxas
 // (NVRTC 13, sm_90) compiles some kernels for 64 registers, two blocks an SM, and spills:

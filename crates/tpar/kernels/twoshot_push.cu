@@ -40,31 +40,6 @@ __device__ void twoshot_push(const TparArgs& a) {
         push_unit_to(a, call, everyone, gather + 2 * u, r0, r1);
         store_pair<DT>(a.output, u, a.count, words, r0, r1);
     }
-#if TPAR_GATHER_BATCH > 1
-    // The batch's gather lines loaded at once, then each waited for.
-    for (u64 u0 = tid; u0 < units; u0 += TPAR_GATHER_BATCH * stride) {
-        Wide v[TPAR_GATHER_BATCH];
-        u32 owners[TPAR_GATHER_BATCH];
-#pragma unroll
-        for (int k = 0; k < TPAR_GATHER_BATCH; ++k) {
-            const u64 u = u0 + k * stride;
-            if (u >= units) break;
-            owners[k] = share_owner(units, n, u);
-            if (owners[k] != a.rank) v[k] = ld_wide(recv_inbox(a, owners[k]) + gather + 2 * u);
-        }
-#pragma unroll
-        for (int k = 0; k < TPAR_GATHER_BATCH; ++k) {
-            const u64 u = u0 + k * stride;
-            if (u >= units) break;
-            if (owners[k] == a.rank) continue;
-            const u64* p = recv_inbox(a, owners[k]) + gather + 2 * u;
-            if (!wide_has(v[k], call.tag, call.id) && !wait_unit(a, call, p, owners[k], TPAR_PHASE_ALL_GATHER, &v[k])) {
-                goto done;
-            }
-            store_pair<DT>(a.output, u, a.count, words, v[k].w0, v[k].w1);
-        }
-    }
-#else
     for (u64 u = tid; u < units; u += stride) {
         const u32 owner = share_owner(units, n, u);
         if (owner == a.rank) continue;
@@ -72,7 +47,6 @@ __device__ void twoshot_push(const TparArgs& a) {
         if (!gather_unit(a, call, owner, u, TPAR_PHASE_ALL_GATHER, &w0, &w1)) goto done;
         store_pair<DT>(a.output, u, a.count, words, w0, w1);
     }
-#endif
 done:
     end_call(a, call);
 }
