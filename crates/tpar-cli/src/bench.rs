@@ -12,7 +12,7 @@ use tpar_harness::limits::CpuJobNeeds;
 use crate::args::{check_outputs, parse_list, parse_size, sizes_with_counts};
 use crate::args::{BackendArg, Timed, Usage};
 use crate::progress::Progress;
-use crate::ranks::{run_ranks, Rank};
+use crate::ranks::{run_ranks, PartialRows, Rank};
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::runs::cpu_bench_rank;
 use tpar_report::plot::plot_latency;
@@ -229,7 +229,10 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
         json: args.json,
         plot: args.plot,
     };
-    run_ranks(world_size, timeout, |rank| bench_rank(rank, &settings))
+    let partial_rows = PartialRows::beside(settings.json.as_deref(), settings.plot.as_deref());
+    run_ranks(world_size, timeout, partial_rows, |rank| {
+        bench_rank(rank, &settings)
+    })
 }
 
 fn bench_rank(rank: Rank, settings: &BenchSettings) -> Result<()> {

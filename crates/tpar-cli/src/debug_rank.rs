@@ -7,7 +7,7 @@ use clap::Args;
 use tpar::{Algorithm, DType};
 use tpar_harness::debug_rank::{run_rank, DebugScript};
 
-use crate::ranks::{run_ranks, world_size_or};
+use crate::ranks::{run_ranks, world_size_or, PartialRows};
 
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
@@ -53,7 +53,7 @@ pub fn run(args: DebugRankArgs) -> Result<std::process::ExitCode> {
         die_on: args.die_on,
         stall_on: args.stall_on,
     };
-    run_ranks(world_size, timeout, |rank| {
+    run_ranks(world_size, timeout, PartialRows::Stdout, |rank| {
         run_rank(&rank, &script, timeout)?;
         if rank.is_leader() {
             let (calls, count, dtype, algo) =

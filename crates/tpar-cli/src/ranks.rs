@@ -1,7 +1,8 @@
 //! Running a command as the ranks of a job (`tpar_harness::job`: this process as a rank, or
 //! `--world-size` copies of this command started and waited for) and saying how it ended.
 //!
-//! Rank 0 prints the job's results on the standard output it shares with the launcher. When
+//! Rank 0 prints the job's results on the standard output it shares with the launcher, and the
+//! launcher prints an interrupted job's rows so far where the finished table would go. When
 //! that output fails, the job ends as one program would: a closed pipe (`tpar bench | head -1`)
 //! ends rank 0 and then the launcher by SIGPIPE, quietly; any other failure (`> /dev/full`) is
 //! one line from rank 0, the launcher adding none of its own.
@@ -21,17 +22,38 @@ use crate::sys::{die_of_sigpipe, SIGPIPE_STATUS};
 /// line); its launcher then says nothing more.
 const OUTPUT_FAILED_STATUS: i32 = 74;
 
+/// Where an interrupted job prints the rows its rank 0 saved so far ([`Rank::save_partial`]):
+/// where the finished table would have gone, so that a reader of a JSON or plot on standard
+/// output (`--json -`, `--plot -`) never gets a text table in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartialRows {
+    Stdout,
+    Stderr,
+}
+
+impl PartialRows {
+    /// The finished table's stream for these outputs (`tpar_report::table_on_stdout`).
+    pub fn beside(json: Option<&str>, plot: Option<&str>) -> Self {
+        if tpar_report::table_on_stdout(json, plot == Some("-")) {
+            Self::Stdout
+        } else {
+            Self::Stderr
+        }
+    }
+}
+
 /// Runs `body` as every rank of a job of `world_size` ranks: in this process if it already is
 /// a rank, otherwise by launching `world_size` copies of this command.
 pub fn run_ranks(
     world_size: usize,
     timeout: Duration,
+    partial_rows: PartialRows,
     body: impl FnOnce(Rank) -> Result<()>,
 ) -> Result<ExitCode> {
     let end = job::run_ranks(world_size, timeout, RankCommand::this_process, |rank| {
         on_output_failure(body(rank))
     })?;
-    Ok(exit(end))
+    Ok(exit(end, partial_rows))
 }
 
 /// Runs `body` on the CUDA ranks of this job: all of them in this process, or (with
@@ -49,7 +71,8 @@ pub fn on_cuda_ranks(
         RankCommand::this_process,
         |make, mode| on_output_failure(body(make, mode)),
     )?;
-    Ok(exit(end))
+    // The CUDA ranks save no rows so far: an interrupted job says it has none.
+    Ok(exit(end, PartialRows::Stdout))
 }
 
 /// A rank's body that ended on its standard output failing ends the rank here (its work and
@@ -82,8 +105,9 @@ fn ended_with(failure: &str, status: i32) -> bool {
             && failure.ends_with(&format!("was killed by signal {}", libc::SIGPIPE)))
 }
 
-/// Says how the job ended (an interrupted job's partial table on stdout) and its exit status.
-fn exit(end: JobEnd) -> ExitCode {
+/// Says how the job ended (an interrupted job's rows so far where `partial_rows` says) and
+/// its exit status.
+fn exit(end: JobEnd, partial_rows: PartialRows) -> ExitCode {
     if let JobEnd::Failed { failures, .. } = &end {
         let all = |status| failures.iter().all(|f| ended_with(f, status));
         if all(SIGPIPE_STATUS) {
@@ -95,6 +119,7 @@ fn exit(end: JobEnd) -> ExitCode {
     }
     if let JobEnd::Interrupted { partial, .. } = &end {
         match partial {
+            Some(text) if partial_rows == PartialRows::Stderr => print_err(text.trim_end()),
             Some(text) => {
                 if let Err(e) = tpar_report::print_out(text.trim_end()) {
                     if e.is_closed_stdout() {

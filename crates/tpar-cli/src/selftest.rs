@@ -11,7 +11,7 @@ use tpar_harness::cpu_selftest::{self, CpuSelftestSettings};
 
 use crate::args::{parse_dtypes, parse_list};
 use crate::args::{BackendArg, Timed};
-use crate::ranks::{run_ranks, Rank};
+use crate::ranks::{run_ranks, PartialRows, Rank};
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::limits::CpuJobNeeds;
 use tpar_report::{print_err, print_out, ranks, selftest};
@@ -117,7 +117,9 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
             islands,
         },
     };
-    run_ranks(world_size, timeout, |rank| selftest_rank(rank, &settings))
+    run_ranks(world_size, timeout, PartialRows::Stdout, |rank| {
+        selftest_rank(rank, &settings)
+    })
 }
 
 fn selftest_rank(rank: Rank, settings: &SelftestSettings) -> Result<()> {

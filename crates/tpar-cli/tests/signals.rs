@@ -4,7 +4,8 @@
 //! may be left in the process table; after a caught signal nothing of the job may be left in
 //! /dev/shm or the temporary folder; what a SIGKILL left is swept by the next launch, which
 //! says so. Each try uses its own job token and the test its own TMPDIR, so concurrent tests
-//! and other users' jobs are never looked at.
+//! and other users' jobs are never looked at. And what an interrupted bench prints: the rows
+//! it has, where the finished table would have gone.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -201,4 +202,93 @@ fn killing_the_launcher_at_random_moments_leaves_nothing_behind() {
         assert_eq!(processes_of(token), Vec::<u32>::new(), "{token}");
     }
     std::fs::remove_dir(&tmp).unwrap();
+}
+
+/// Starts a 2-rank CPU bench of four sizes (`--json -` where `json_on_stdout`), lets it finish
+/// two rows (its progress line for the third), interrupts it with SIGINT and gives its exit
+/// status, standard output and standard error.
+fn interrupted_bench(
+    tmp: &Path,
+    token: &str,
+    json_on_stdout: bool,
+) -> (Option<i32>, String, String) {
+    use std::io::BufRead;
+    let mut cmd = tpar(tmp, token);
+    cmd.stdout(Stdio::piped()).args([
+        "bench",
+        "--backend",
+        "cpu",
+        "-n",
+        "2",
+        "--sizes",
+        "4K,8K,16K,32K",
+        "--algos",
+        "one-shot",
+        "--iters",
+        "200000",
+    ]);
+    if json_on_stdout {
+        cmd.args(["--json", "-"]);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stdout = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::BufReader::new(stdout), &mut text).unwrap();
+        text
+    });
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        said.push_str(&line);
+        if line.starts_with("[3/4]") {
+            // SAFETY: signalling the child this test started.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        }
+        line.clear();
+    }
+    let status = child.wait().unwrap();
+    assert!(
+        said.contains("[3/4]"),
+        "the bench ended before its third row:\n{said}"
+    );
+    (status.code(), stdout.join().unwrap(), said)
+}
+
+#[test]
+fn an_interrupted_bench_prints_its_rows_so_far_where_its_table_goes() {
+    let tmp = std::env::temp_dir().join(format!("tpar-partial-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir(&tmp).unwrap();
+    for json_on_stdout in [false, true] {
+        let token = format!("p{}x{:08}", u8::from(json_on_stdout), std::process::id());
+        let (code, stdout, stderr) = interrupted_bench(&tmp, &token, json_on_stdout);
+        let what = format!(
+            "--json - {json_on_stdout}: status {code:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+        assert_eq!(code, Some(128 + libc::SIGINT), "{what}");
+        assert!(stderr.contains("tpar: interrupted by SIGINT"), "{what}");
+        // The rows so far: the two finished sizes, and not the one it was timing.
+        let (rows, other) = if json_on_stdout {
+            (&stderr, &stdout)
+        } else {
+            (&stdout, &stderr)
+        };
+        assert!(rows.contains("tpar bench (partial)"), "{what}");
+        for size in ["4 KiB", "8 KiB"] {
+            assert!(
+                rows.lines()
+                    .any(|l| l.starts_with(size) && l.contains("one-shot")),
+                "{what}"
+            );
+        }
+        assert!(!rows.lines().any(|l| l.starts_with("32 KiB")), "{what}");
+        assert!(!other.contains("(partial)"), "{what}");
+        if json_on_stdout {
+            // A reader of the JSON gets nothing rather than a text table.
+            assert_eq!(stdout, "", "{what}");
+        }
+    }
+    std::fs::remove_dir_all(&tmp).unwrap();
 }

@@ -21,7 +21,9 @@ pub mod step;
 pub mod table;
 pub mod tune;
 
-pub use output::{check_target, emit, emit_to, print_err, print_out, write_json, write_target};
+pub use output::{
+    check_target, emit, emit_to, print_err, print_out, table_on_stdout, write_json, write_target,
+};
 pub use table::{name_with_runs, ranks, size, skipped_row, Table};
 
 /// What can stop a report from being written.

@@ -278,6 +278,14 @@ pub fn print_err(text: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+/// Whether a command's table goes to standard output: not where that carries the JSON (`json`
+/// is `-`) or another output (`stdout_taken`, such as `--plot -`), whose readers a text table
+/// would break; it goes to standard error then. The rule of [`emit_to`], and of the rows so far
+/// that an interrupted job prints.
+pub fn table_on_stdout(json: Option<&str>, stdout_taken: bool) -> bool {
+    !stdout_taken && json != Some(STDOUT)
+}
+
 /// Prints `text` (the table) and writes `value` as JSON where `json` says: `-` puts the JSON
 /// on stdout and the table on stderr, a path gets the JSON and the table goes to stdout. With
 /// `stdout_taken` (another output, such as `--plot -`, goes to stdout) the table goes to stderr.
@@ -287,8 +295,7 @@ pub fn emit_to<T: Serialize>(
     stdout_taken: bool,
     value: &T,
 ) -> Result<()> {
-    let table_to_stdout = !stdout_taken && json != Some(STDOUT);
-    if table_to_stdout {
+    if table_on_stdout(json, stdout_taken) {
         print_out(text)?;
     } else {
         print_err(text);
