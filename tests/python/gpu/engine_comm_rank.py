@@ -14,7 +14,9 @@ Checks (the test says what each must show):
 - many: two communicators at once (on one stream and on two), close/create, and subgroups
   {0,1},{2,3},{0..3} of 4 ranks via members=;
 - initcost: communicators of one group created one after another (the first pays for the init
-  self-test).
+  self-test);
+- firstuse: a communicator created under the test's TPAR_FIRST_USE=force and TPAR_CACHE_DIR:
+  its decision and reason at the first-use sizes, the cached tables, one call checked.
 """
 
 import json
@@ -251,6 +253,22 @@ def rank_main(check, args):
         for c in comms:
             c.close()
         out.update(seconds=times)
+    elif check == "firstuse":
+        from pathlib import Path
+
+        cache = Path(os.environ["TPAR_CACHE_DIR"])
+        t = time.monotonic()
+        comm = tpar.Communicator(device=0, nccl="none", timeout=60)
+        created = time.monotonic() - t
+        reasons = {str(b): list(comm.decision_for(b)) for b in (4096, 16384, 65536, 262144)}
+        count = 8192  # 16 KiB of bf16
+        x = values(count, 3, torch.bfloat16)
+        comm.all_reduce(x)
+        torch.cuda.synchronize()
+        wrong = int(not torch.equal(x, want(count, 3, torch.bfloat16)))
+        comm.close()
+        tables = sorted(str(p.relative_to(cache)) for p in cache.rglob("*-first-use.json"))
+        out.update(seconds=created, reasons=reasons, wrong=wrong, tables=tables)
     ctl.close()
     print("RESULT " + json.dumps(out), flush=True)
 

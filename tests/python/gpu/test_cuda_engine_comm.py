@@ -20,15 +20,16 @@ RANK = str(Path(__file__).resolve().parent / "engine_comm_rank.py")
 MIB = 1 << 20
 
 
-def run_check(check, n, args, out, timeout):
-    """Every rank's RESULT of `check`; the ranks' logs and results go to out/engine-comm.json."""
+def run_check(check, n, args, out, timeout, env=None, tag=None):
+    """Every rank's RESULT of `check` (with `env` added to the ranks' environment); the ranks'
+    logs and results go to out/engine-comm.json (out/TAG-rankR.log, TAG defaulting to `check`)."""
     results = run_ranks(
         n,
         [sys.executable, RANK, check, json.dumps(args)],
         log_dir=out,
-        tag=check,
+        tag=tag or check,
         timeout=timeout,
-        env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0")},
+        env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"), **(env or {})},
     )
     reports = rank_reports(results, "RESULT")
     write_json(
@@ -91,3 +92,28 @@ def test_the_init_self_test_is_paid_once_per_group(gpu_out):
     seconds = run_check("initcost", 4, {"groups": 8}, gpu_out, timeout=150)[0]["seconds"]
     print(f"first {seconds[0]:.2f} s, the other 7: {', '.join(f'{t:.2f}' for t in seconds[1:])} s")
     assert sum(seconds[1:]) < 1.0, seconds
+
+
+def test_an_engines_communicator_measures_at_first_use_and_every_rank_agrees(gpu_out, tmp_path):
+    """The first-use measurement on an engine's path (a process per rank, each timing its own
+    probes, the times gathered), which runs only where each rank has a GPU of its own; forced
+    here on one GPU (TPAR_FIRST_USE=force: the ranks time-slice it, so the times are the
+    driver's). Every rank ends with the same choice and reason at each probed size, the reasons
+    cite the measurement, rank 0 cached one table, and a call after it is right. A second job on
+    that cache reads the table instead of measuring again (the file is not rewritten)."""
+    cache = tmp_path / "cache"
+    env = {"TPAR_FIRST_USE": "force", "TPAR_CACHE_DIR": str(cache)}
+    first = run_check("firstuse", 2, {}, gpu_out, timeout=300, env=env, tag="firstuse-measure")
+    print("created in", [f"{r['seconds']:.1f} s" for r in first], first[0]["reasons"])
+    assert [r["wrong"] for r in first] == [0, 0], first
+    assert first[0]["reasons"] == first[1]["reasons"], first
+    reasons = [why for _, why in first[0]["reasons"].values()]
+    assert all("first-use measurement" in why for why in reasons), reasons
+    assert any("corrected by the first-use measurement" in why for why in reasons), reasons
+    assert len(first[0]["tables"]) == 1, first[0]["tables"]
+    table = cache / first[0]["tables"][0]
+    written = table.stat().st_mtime_ns
+    again = run_check("firstuse", 2, {}, gpu_out, timeout=300, env=env, tag="firstuse-cached")
+    assert [r["wrong"] for r in again] == [0, 0], again
+    assert again[0]["reasons"] == first[0]["reasons"] == again[1]["reasons"], again
+    assert table.stat().st_mtime_ns == written, "the second job measured again"

@@ -7,7 +7,8 @@
 //! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
 //! instead of measuring. It takes at most [`BUDGET`] (the plan is sized by the model to fit,
 //! and the time it took is logged), measures bf16 (what engines reduce), never creates NCCL,
-//! and is off with `TPAR_FIRST_USE=0` (set the same on every rank).
+//! and is off with `TPAR_FIRST_USE=0` (set the same on every rank); `TPAR_FIRST_USE=force` also
+//! runs it where processes' ranks share a GPU (tests of this path on one GPU).
 //!
 //! [`measure_local`] runs it for ranks that are streams of this process (`tpar doctor -n 8` on
 //! one GPU); `Communicator::first_use` for this process's rank of a job.
@@ -23,7 +24,7 @@ use crate::backend::cuda::driver::DeviceMemory;
 use crate::backend::cuda::kernels;
 use crate::dispatch::fabric::Fabric;
 pub use crate::dispatch::first_use::{
-    enabled, ProbePlan, BUDGET, ENV_FIRST_USE, LONG_CHAIN_FACTOR,
+    enabled, forced, ProbePlan, BUDGET, ENV_FIRST_USE, LONG_CHAIN_FACTOR,
 };
 use crate::dispatch::{eligibility, Request, TuningTable};
 use crate::dtype::DType;
@@ -217,11 +218,12 @@ fn per_call_us(short_us: f64, short: usize, long_us: f64, long: usize) -> f64 {
 /// Whether `comm` should measure at its creation: on, more than one rank, no table for this
 /// machine yet (none of this build's kernels among those the communicator read as it was made,
 /// nor one it adopted since), and its GPU not time-sliced with another process's rank (timings
-/// there are milliseconds of scheduling, not the machine's).
+/// there are milliseconds of scheduling, not the machine's) unless `TPAR_FIRST_USE=force`.
 fn wanted(comm: &Communicator) -> bool {
-    enabled(std::env::var(ENV_FIRST_USE).ok().as_deref())
+    let setting = std::env::var(ENV_FIRST_USE).ok();
+    enabled(setting.as_deref())
         && comm.cuda.world_size() > 1
-        && comm.cuda.time_sliced_with().is_empty()
+        && (comm.cuda.time_sliced_with().is_empty() || forced(setting.as_deref()))
         && !comm.tuning.contains_key(&DTYPE)
 }
 

@@ -25,6 +25,15 @@ pub fn enabled(value: Option<&str>) -> bool {
     )
 }
 
+/// Whether `TPAR_FIRST_USE` is `force`: measure even where ranks of other processes share this
+/// rank's GPU, which the measurement otherwise skips (the driver time-slices their contexts, so
+/// what it times is the time slices, not the machine). For tests of an engine's path, one
+/// process per rank, on one GPU; the table it makes is cached like any other, so point
+/// `TPAR_CACHE_DIR` elsewhere.
+pub fn forced(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.trim().eq_ignore_ascii_case("force"))
+}
+
 /// The most the whole measurement may take, capture and synchronisation included.
 pub const BUDGET: Duration = Duration::from_millis(200);
 
@@ -263,6 +272,9 @@ mod tests {
         assert!(enabled(None) && enabled(Some("1")) && enabled(Some("")));
         for off in ["0", "off", "FALSE", " no "] {
             assert!(!enabled(Some(off)), "{off}");
+            assert!(!forced(Some(off)), "{off}");
         }
+        assert!(enabled(Some("force")) && forced(Some("force")) && forced(Some(" Force ")));
+        assert!(!forced(None) && !forced(Some("1")) && !forced(Some("forced")));
     }
 }
