@@ -5,10 +5,13 @@
 //! gathered so that every rank holds the same table, correct the model's estimates from then
 //! on and are cached beside `tpar tune`'s tables under the machine's fingerprint
 //! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
-//! instead of measuring. It takes at most [`BUDGET`] (the plan is sized by the model to fit,
-//! and the time it took is logged), measures bf16 (what engines reduce), never creates NCCL,
-//! and is off with `TPAR_FIRST_USE=0` (set the same on every rank); `TPAR_FIRST_USE=force` also
-//! runs it where processes' ranks share a GPU (tests of this path on one GPU).
+//! instead of measuring. It is planned to take at most [`BUDGET`]: the model sizes the plan to
+//! fit, and the time it took is logged, with a warning where it ran over (where the machine is
+//! far slower than modelled: two processes time-slicing one GPU under `TPAR_FIRST_USE=force`
+//! took 37 s, bench/results/2026-12-06-s18, call 5). It measures bf16 (what engines reduce),
+//! never creates NCCL, and is off with `TPAR_FIRST_USE=0` (set the same on every rank);
+//! `TPAR_FIRST_USE=force` also runs it where processes' ranks share a GPU (tests of this path
+//! on one GPU).
 //!
 //! [`measure_local`] runs it for ranks that are streams of this process (`tpar doctor -n 8` on
 //! one GPU); `Communicator::first_use` for this process's rank of a job.
