@@ -29,6 +29,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy (with the workspace lints: a SAFETY comment on every unsafe block and impl)"
 cargo clippy --workspace --all-targets --release -- -D warnings
 
+echo "== cargo doc (every intra-doc link resolves, none to a private item)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
 echo "== import graph: no file-level cycle, no upward import, crates in order (scripts/import_graph.py)"
 python3 scripts/import_graph.py --quiet
 

@@ -1,7 +1,7 @@
 //! The `tpar._tpar` extension module: one rank's communicators for Python (the CPU backend for
 //! host arrays and, on a GPU, tpar's dispatched CUDA allreduce), driven by the `tpar` package
 //! (python/tpar). A call crosses from Python once with the arrays themselves: the module reads
-//! them ([`arrays`]), checks them and runs the library's one call path ([`comm`]). Errors
+//! them (`arrays`), checks them and runs the library's one call path (`comm`). Errors
 //! arrive as `tpar.TparError` with the library's own messages (a refusal as its subclass
 //! `tpar.TparRefused`), never as a panic.
 

@@ -8,7 +8,7 @@
 //! - [`output`]: where output goes: stdout without panics, files replaced whole, devices and
 //!   FIFOs written in place, targets checked before a run.
 //! - [`plot`]: latency against message size as SVG.
-//! - [`bench`], [`selftest`], [`step`], [`tune`], [`doctor`], [`plan`]: the text of each
+//! - [`bench`](mod@bench), [`selftest`], [`step`], [`tune`], [`doctor`], [`plan`]: the text of each
 //!   command's report.
 
 pub mod bench;

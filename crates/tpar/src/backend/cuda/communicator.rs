@@ -594,7 +594,7 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
 /// So blocks of at least 128 threads up to 4 ranks and of 64 beyond; call 4 of the same run
 /// held it at 3 and 4 ranks (one-shot 4 KiB 2.35 -> 2.20 and 2.61 -> 2.44 us; 64 or 256 within
 /// 0.05 of 128). 5 to 7 ranks are not measured. Two-shot calls that one block holds keep it
-/// from 3 ranks ([`min_block_threads_for`]).
+/// from 3 ranks (`min_block_threads_for`).
 /// `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32 up to 512; 512 launches whole
 /// blocks, as before), for experiments.
 pub fn min_block_threads(world_size: usize) -> u32 {

@@ -1,6 +1,6 @@
 //! Fused allreduce + residual add + RMSNorm on the CUDA backend (issue 15): the launch of
 //! `fused_oneshot.cu` (one-shot push and host-staged, each row spread over blocks; on smaller
-//! blocks `fused_oneshot_small.cu`, see [`fused_block_threads`]), of
+//! blocks `fused_oneshot_small.cu`, see `fused_block_threads`), of
 //! `twoshot_fused.cu` (two-shot: each row segment reduced and normalised by its owner) and of
 //! the separate norm kernel `fused_norm.cu` that follows a plain allreduce wherever no fused
 //! kernel runs (NCCL, pull, rows above the fused kernels' longest). Both paths give the same

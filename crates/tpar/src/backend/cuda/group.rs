@@ -309,7 +309,7 @@ const DEVICE_PAGE_BYTES: usize = 2 << 20;
 /// other architectures are planned from their CUBINs the same way, not measured (sm_100's and
 /// sm_120's, 8.3 and 8.5 MiB, are nearly twice sm_90's 4.6). The test that compiles every
 /// kernel for every architecture (kernels.rs) fails where an entry is not its CUBINs'
-/// [`reserved_device_bytes`], so the plan follows the kernels.
+/// `reserved_device_bytes`, so the plan follows the kernels.
 pub const PLANNED_MODULE_BYTES_BY_ARCH: [(u32, u64); 6] = [
     (80, 6 << 20),
     (86, 6 << 20),
