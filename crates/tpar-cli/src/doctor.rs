@@ -11,7 +11,9 @@ use anyhow::Result;
 use clap::Args;
 use tpar::algorithm::Selection;
 use tpar::DType;
-use tpar_harness::doctor::{examine, DoctorError, DoctorOptions};
+use tpar_harness::doctor::{examine, DoctorError, DoctorOptions, DoctorRecord, NoGpuRecord};
+
+use crate::provenance::provenance;
 
 use tpar_report::{doctor::doctor, emit};
 
@@ -32,7 +34,8 @@ pub struct DoctorArgs {
         "Decide as if this algorithm were forced (also TPAR_ALGO), one of: ", tpar_harness::selection_names!()
     ))]
     algo: Option<String>,
-    /// Print the report as JSON on stdout (the text goes to stderr).
+    /// Print the report as JSON on stdout (the text goes to stderr), with the command, device,
+    /// date and commit; with no GPU here, the failed check and why.
     #[arg(long)]
     json: bool,
 }
@@ -54,12 +57,20 @@ pub fn run(args: DoctorArgs) -> Result<ExitCode> {
     let report = match examine(&options) {
         Ok(report) => report,
         Err(DoctorError::Topology(e)) => return Err(crate::args::usage(e.into())),
-        Err(DoctorError::NoGpu(text)) => {
-            tpar_report::print_err(&text);
+        Err(no_gpu @ DoctorError::NoGpu { .. }) => {
+            tpar_report::print_err(&no_gpu.to_string());
+            if let (true, DoctorError::NoGpu { reason }) = (args.json, &no_gpu) {
+                let record = NoGpuRecord::new(&options, reason, provenance("none".into()));
+                tpar_report::write_json("-", &record)?;
+            }
             return Ok(ExitCode::FAILURE);
         }
     };
-    emit(&doctor(&report), args.json.then_some("-"), &report)?;
+    let record = DoctorRecord {
+        provenance: provenance(report.device()),
+        report: &report,
+    };
+    emit(&doctor(&report), args.json.then_some("-"), &record)?;
     Ok(if report.ok {
         ExitCode::SUCCESS
     } else {

@@ -255,6 +255,59 @@ fn cpu_bench_json_follows_the_schema_and_a_lying_skipped_row_does_not() {
 }
 
 #[test]
+fn doctor_json_names_its_run_loads_back_as_a_topology_and_follows_the_schema() {
+    let fixture =
+        bench_dir().join("../crates/tpar/fixtures/topologies/8x-rtx-pro-6000-pcie-2switch.json");
+    let out = common::output_of_success(
+        common::tpar_command()
+            .args(["doctor", "--json", "--topology"])
+            .arg(&fixture),
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(kind(&report), "doctor");
+    assert_eq!(check(&schema_of("doctor"), &report), Vec::<String>::new());
+    let device = report["device"].as_str().unwrap();
+    assert!(
+        device.starts_with("cuda: 8 x NVIDIA RTX PRO 6000")
+            && device.contains("8x-rtx-pro-6000-pcie-2switch.json"),
+        "{device}"
+    );
+    assert!(report["command"]
+        .as_str()
+        .unwrap()
+        .contains("doctor --json --topology"));
+    // The report describes its machine again, as `tpar doctor --topology` and `tpar plan
+    // --latency-topology` say they take it (before, its null `links` refused it).
+    let kept = std::env::temp_dir().join(format!("tpar-doctor-{}.json", std::process::id()));
+    std::fs::write(&kept, &out.stdout).unwrap();
+    let again = common::output_of_success(
+        common::tpar_command()
+            .args(["doctor", "--json", "--topology"])
+            .arg(&kept),
+    );
+    let again: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(again["topology"], report["topology"]);
+    assert_eq!(again["decisions"], report["decisions"]);
+    std::fs::remove_file(&kept).unwrap();
+    // This machine: where it has no GPU (CI), the failed check and why, in the same schema
+    // (before, nothing on stdout); where it has one, its report.
+    let out = common::tpar_command()
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", common::text(&out.stderr)));
+    assert_eq!(check(&schema_of("doctor"), &report), Vec::<String>::new());
+    let failed = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["ok"] == false);
+    assert_eq!(report["ok"] == false, failed, "{report}");
+    assert_eq!(out.status.success(), report["ok"] == true, "{report}");
+}
+
+#[test]
 fn the_open_mpi_comparisons_in_bench_results_follow_the_schema() {
     // bench/cpu_vs_mpi.py's files: tpar's rows and Open MPI's (algo "mpi") side by side.
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bench/results");

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+use crate::provenance::Provenance;
 use crate::{Context, Result};
 use tpar::backend::cuda::link_measurement::LinkMeasurements;
 use tpar::backend::cuda::CudaCommunicator;
@@ -37,9 +38,56 @@ pub enum DoctorError {
     /// The topology file cannot be read or parsed (the caller's input: a usage error).
     #[error(transparent)]
     Topology(tpar::Error),
-    /// No GPU on this machine to examine; the message says what can run instead.
-    #[error("{0}")]
-    NoGpu(String),
+    /// No GPU on this machine to examine (`reason`: why not); the message says what can run
+    /// instead.
+    #[error(
+        "tpar doctor: no GPU to examine here ({reason}).\n\
+         tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
+         To see what tpar decides on another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
+    )]
+    NoGpu { reason: String },
+}
+
+/// `tpar doctor --json`: the report with the record every result file of tpar carries
+/// (command, device, date, commit), so that a kept file names its run.
+#[derive(Serialize)]
+pub struct DoctorRecord<'a> {
+    #[serde(flatten)]
+    pub provenance: Provenance,
+    #[serde(flatten)]
+    pub report: &'a Report,
+}
+
+/// `tpar doctor --json` where there is no GPU to examine: the report's shape with the one check
+/// that failed, why, and what runs instead, so that a script reading the JSON learns that
+/// rather than reading nothing.
+#[derive(Serialize)]
+pub struct NoGpuRecord {
+    #[serde(flatten)]
+    pub provenance: Provenance,
+    pub world_size: usize,
+    pub dtype: DType,
+    pub checks: Vec<Check>,
+    pub ok: bool,
+}
+
+impl NoGpuRecord {
+    /// The record of `options`' run, which found no GPU for `reason`.
+    pub fn new(options: &DoctorOptions, reason: &str, provenance: Provenance) -> NoGpuRecord {
+        NoGpuRecord {
+            provenance,
+            world_size: options.world_size.unwrap_or(1),
+            dtype: options.dtype,
+            checks: vec![Check {
+                name: "GPU".into(),
+                ok: false,
+                detail: format!(
+                    "no GPU to examine ({reason}); tpar's GPU paths cannot run here, the CPU backend can (`tpar bench --backend cpu`)"
+                ),
+            }],
+            ok: false,
+        }
+    }
 }
 
 /// One check made on this machine, and what it found (the reason and the fix when it failed).
@@ -106,6 +154,24 @@ pub struct Report {
 }
 
 impl Report {
+    /// The GPUs the report is of, in words: `8 x NVIDIA H200` (each name with its count, in
+    /// the order first seen), and for a described machine the file it came from.
+    pub fn device(&self) -> String {
+        let mut names: Vec<(&str, usize)> = Vec::new();
+        for gpu in &self.topology.gpus {
+            match names.iter_mut().find(|(n, _)| *n == gpu.name) {
+                Some((_, count)) => *count += 1,
+                None => names.push((&gpu.name, 1)),
+            }
+        }
+        let gpus = names
+            .iter()
+            .map(|(name, count)| format!("{count} x {name}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!("cuda: {gpus} ({})", self.source)
+    }
+
     /// The islands in words: `4+4`, `4+4 (via host)` where their exchange goes through host
     /// memory, `one`.
     pub fn islands_text(&self) -> String {
@@ -135,11 +201,9 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         None => match Topology::detect() {
             Ok(t) => (t, "this machine (NVML)".to_owned()),
             Err(e) => {
-                return Err(DoctorError::NoGpu(format!(
-                    "tpar doctor: no GPU to examine here ({e}).\n\
-                     tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
-                     To see what tpar decides on another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
-                )));
+                return Err(DoctorError::NoGpu {
+                    reason: e.to_string(),
+                })
             }
         },
     };

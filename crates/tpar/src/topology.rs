@@ -169,6 +169,8 @@ pub struct Topology {
 pub const MAX_GPUS: usize = 128;
 
 impl Topology {
+    /// A topology from its JSON: a description (the fixtures') or a `tpar doctor --json`
+    /// report, which holds the machine it examined under `topology`.
     pub fn from_json(text: &str) -> Result<Topology> {
         // Count the GPUs before building every link: a description of thousands of GPUs (half a
         // million links per thousand) is refused in the time it takes to skim it.
@@ -176,16 +178,29 @@ impl Topology {
         struct Count {
             gpus: Vec<serde::de::IgnoredAny>,
         }
-        if let Ok(count) = serde_json::from_str::<Count>(text) {
-            if count.gpus.len() > MAX_GPUS {
-                return Err(Error::InvalidArgument(format!(
-                    "the topology has {} GPUs; tpar plans for one host of at most {MAX_GPUS}",
-                    count.gpus.len()
-                )));
-            }
+        #[derive(Deserialize)]
+        struct DoctorReport<T> {
+            topology: T,
         }
-        let mut topology: Topology = serde_json::from_str(text)
-            .map_err(|e| Error::InvalidArgument(format!("not a tpar topology file: {e}")))?;
+        let in_report = serde_json::from_str::<DoctorReport<Count>>(text);
+        let count = match &in_report {
+            Ok(report) => Some(report.topology.gpus.len()),
+            Err(_) => serde_json::from_str::<Count>(text)
+                .ok()
+                .map(|c| c.gpus.len()),
+        };
+        if let Some(n) = count.filter(|&n| n > MAX_GPUS) {
+            return Err(Error::InvalidArgument(format!(
+                "the topology has {n} GPUs; tpar plans for one host of at most {MAX_GPUS}"
+            )));
+        }
+        let parsed = if in_report.is_ok() {
+            serde_json::from_str::<DoctorReport<Topology>>(text).map(|r| r.topology)
+        } else {
+            serde_json::from_str(text)
+        };
+        let mut topology: Topology =
+            parsed.map_err(|e| Error::InvalidArgument(format!("not a tpar topology file: {e}")))?;
         topology.validate()?;
         // Sorted by pair, so that `link` finds one by binary search (doctor asks for every
         // pair: with a linear search 1000 GPUs took minutes).
@@ -465,6 +480,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains(&format!("at most {MAX_GPUS}")), "{err}");
+        let in_report = format!(r#"{{"topology":{}}}"#, uniform(MAX_GPUS + 1));
+        let err = Topology::from_json(&in_report).unwrap_err().to_string();
+        assert!(err.contains(&format!("at most {MAX_GPUS}")), "{err}");
         // Validation and lookups were n^4 together (200 GPUs: 8.6 s in doctor).
         let start = std::time::Instant::now();
         let t = Topology::from_json(&uniform(MAX_GPUS)).unwrap();
@@ -495,6 +513,10 @@ mod tests {
             let t = Topology::from_json(text).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(!t.gpus.is_empty(), "{name}");
             assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t, "{name}");
+            // As `tpar doctor --json` holds it, beside fields of the same names (its link
+            // measurements are `links`, null without two GPUs).
+            let report = format!(r#"{{"links":null,"ok":true,"topology":{}}}"#, t.to_json());
+            assert_eq!(Topology::from_json(&report).unwrap(), t, "{name}");
         }
     }
 
