@@ -269,6 +269,7 @@ fn doctor_json_names_its_run_loads_back_as_a_topology_and_follows_the_schema() {
     let device = report["device"].as_str().unwrap();
     assert!(
         device.starts_with("cuda: 8 x NVIDIA RTX PRO 6000")
+            && device.contains(", driver 580.159.04, CUDA 13.0 (file ")
             && device.contains("8x-rtx-pro-6000-pcie-2switch.json"),
         "{device}"
     );

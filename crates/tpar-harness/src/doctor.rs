@@ -154,8 +154,9 @@ pub struct Report {
 }
 
 impl Report {
-    /// The GPUs the report is of, in words: `8 x NVIDIA H200` (each name with its count, in
-    /// the order first seen), and for a described machine the file it came from.
+    /// The GPUs the report is of, in words: `cuda: 8 x NVIDIA H200, driver 580.159.04, CUDA
+    /// 13.0 (this machine (NVML))` (each name with its count, in the order first seen; the
+    /// versions where the topology has them), and for a described machine the file it came from.
     pub fn device(&self) -> String {
         let mut names: Vec<(&str, usize)> = Vec::new();
         for gpu in &self.topology.gpus {
@@ -169,7 +170,21 @@ impl Report {
             .map(|(name, count)| format!("{count} x {name}"))
             .collect::<Vec<_>>()
             .join(", ");
-        format!("cuda: {gpus} ({})", self.source)
+        // The same words as a bench's device where the topology names them (a detected machine;
+        // a fixture names them only if its author did).
+        let mut versions = Vec::new();
+        if let Some(driver) = &self.topology.driver_version {
+            versions.push(format!("driver {driver}"));
+        }
+        if let Some(cuda) = &self.topology.cuda_version {
+            versions.push(format!("CUDA {cuda}"));
+        }
+        let versions = if versions.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", versions.join(", "))
+        };
+        format!("cuda: {gpus}{versions} ({})", self.source)
     }
 
     /// The islands in words: `4+4`, `4+4 (via host)` where their exchange goes through host
