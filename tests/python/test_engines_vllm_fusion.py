@@ -200,6 +200,9 @@ WORKER = textwrap.dedent(
         device.ca_comm = None
         print("NOT TPAR REWRITE", rewrite(layer, x, residual, weight)[1], flush=True)
     ca.close()
+    # As an engine shuts down (test_engines_sglang_fusion.py's worker aborted at exit one run in
+    # about twelve without it: gloo's threads still up).
+    dist.destroy_process_group()
     """
 )
 
