@@ -306,6 +306,14 @@ fn doctor_json_names_its_run_loads_back_as_a_topology_and_follows_the_schema() {
         .any(|c| c["ok"] == false);
     assert_eq!(report["ok"] == false, failed, "{report}");
     assert_eq!(out.status.success(), report["ok"] == true, "{report}");
+    if report["checks"][0]["name"] == "GPU" && report["checks"][0]["ok"] == false {
+        // No GPU: the record and the message on stderr both say what runs instead.
+        let instead = "the CPU backend can (`tpar bench --backend cpu`)";
+        let detail = report["checks"][0]["detail"].as_str().unwrap();
+        assert!(detail.contains(instead), "{detail}");
+        let stderr = common::text(&out.stderr);
+        assert!(stderr.contains(instead), "{stderr}");
+    }
 }
 
 #[test]

@@ -33,6 +33,10 @@ pub struct DoctorOptions {
 }
 
 /// Why there is no report: the request is wrong, or there is nothing to examine.
+/// What runs where there is no GPU: said by the error and by the `--json` record alike.
+const CPU_INSTEAD: &str =
+    "tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`)";
+
 #[derive(Debug, thiserror::Error)]
 pub enum DoctorError {
     /// The topology file cannot be read or parsed (the caller's input: a usage error).
@@ -41,8 +45,7 @@ pub enum DoctorError {
     /// No GPU on this machine to examine (`reason`: why not); the message says what can run
     /// instead.
     #[error(
-        "tpar doctor: no GPU to examine here ({reason}).\n\
-         tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`).\n\
+        "tpar doctor: no GPU to examine here ({reason}).\n{CPU_INSTEAD}.\n\
          To see what tpar decides on another machine, describe it: `tpar doctor --topology FILE` (fixtures in crates/tpar/fixtures/topologies/)."
     )]
     NoGpu { reason: String },
@@ -81,9 +84,7 @@ impl NoGpuRecord {
             checks: vec![Check {
                 name: "GPU".into(),
                 ok: false,
-                detail: format!(
-                    "no GPU to examine ({reason}); tpar's GPU paths cannot run here, the CPU backend can (`tpar bench --backend cpu`)"
-                ),
+                detail: format!("no GPU to examine ({reason}); {CPU_INSTEAD}"),
             }],
             ok: false,
         }
