@@ -32,11 +32,11 @@ pub struct DoctorOptions {
     pub forced: Option<Choice>,
 }
 
-/// Why there is no report: the request is wrong, or there is nothing to examine.
 /// What runs where there is no GPU: said by the error and by the `--json` record alike.
 const CPU_INSTEAD: &str =
     "tpar's GPU paths cannot run on this machine; the CPU backend can (`tpar bench --backend cpu`)";
 
+/// Why there is no report: the request is wrong, or there is nothing to examine.
 #[derive(Debug, thiserror::Error)]
 pub enum DoctorError {
     /// The topology file cannot be read or parsed (the caller's input: a usage error).
