@@ -109,21 +109,30 @@ fn plan_for(comm: &Communicator) -> ProbePlan {
     crate::dispatch::first_use::plan(&fabric, DTYPE, &eligible)
 }
 
-/// Times every probe of `plan` on the local ranks `comms` (one stream each, all launched
-/// together: their kernels meet each other and the ranks of other processes). Per probe, the
-/// slowest local rank's time per call, us: the difference of its median replays of a chain of
-/// `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many, over the calls between.
-pub fn time_probes(
+/// The probes of a plan made ready to time on some local ranks: per probe, each rank's graph
+/// of `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many, captured but never
+/// launched, and the buffers they read and write (declared after the graphs, so dropped after
+/// them). A capture runs no kernel: a rank that fails to prepare has made no collective call,
+/// so the ranks of a job agree that every one of them is prepared before any launches (a rank
+/// launching alone would wait out the deadline for its peers and leave its call counter ahead
+/// of theirs, which no later call recovers from).
+pub struct PreparedProbes {
+    graphs: Vec<[Vec<CudaGraph>; 2]>,
+    _buffers: Vec<(DeviceMemory, DeviceMemory)>,
+}
+
+fn cuda_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    let what = what.to_owned();
+    move |e| Error::Cuda(format!("first-use measurement: {what}: {e}"))
+}
+
+/// Captures every probe of `plan` on the local ranks `comms` (one stream each), launching
+/// nothing.
+pub fn prepare_probes(
     comms: &[&Communicator],
     streams: &[Arc<CudaStream>],
     plan: &ProbePlan,
-) -> Result<Vec<f64>> {
-    let cuda = |what: &str| {
-        let what = what.to_owned();
-        move |e: cudarc::driver::DriverError| {
-            Error::Cuda(format!("first-use measurement: {what}: {e}"))
-        }
-    };
+) -> Result<PreparedProbes> {
     let largest = plan.probes.iter().map(|p| p.bytes).max().unwrap_or(0) as usize;
     let elements = largest / plan.dtype.size();
     let mut buffers: Vec<(DeviceMemory, DeviceMemory)> = comms
@@ -136,8 +145,8 @@ pub fn time_probes(
             ))
         })
         .collect::<Result<_>>()?;
-    let mut out = Vec::with_capacity(plan.probes.len());
     let (short, long) = (plan.chain, plan.chain * LONG_CHAIN_FACTOR);
+    let mut graphs = Vec::with_capacity(plan.probes.len());
     for probe in &plan.probes {
         let count = (probe.bytes as usize / plan.dtype.size()).min(elements);
         // One graph per rank of `calls` calls of this probe.
@@ -148,7 +157,7 @@ pub fn time_probes(
             {
                 stream
                     .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                    .map_err(cuda("begin capture"))?;
+                    .map_err(cuda_error("begin capture"))?;
                 let queued = (0..calls).try_for_each(|_| {
                     comm.all_reduce_as(
                         probe.choice,
@@ -159,13 +168,35 @@ pub fn time_probes(
                 });
                 let graph = stream.end_capture(CUgraphInstantiate_flags(0));
                 queued?;
-                graphs.push(graph.map_err(cuda("end capture"))?.ok_or_else(|| {
+                graphs.push(graph.map_err(cuda_error("end capture"))?.ok_or_else(|| {
                     Error::Cuda("first-use measurement: capture made no graph".into())
                 })?);
             }
             Ok(graphs)
         };
-        let graphs = [capture(short)?, capture(long)?];
+        graphs.push([capture(short)?, capture(long)?]);
+    }
+    Ok(PreparedProbes {
+        graphs,
+        _buffers: buffers,
+    })
+}
+
+/// Times the prepared probes of `plan` on the local ranks `comms` (one stream each, all
+/// launched together: their kernels meet each other and the ranks of other processes). Per
+/// probe, the slowest local rank's time per call, us: the difference of its median replays of
+/// a chain of `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many, over the calls
+/// between.
+pub fn time_prepared(
+    comms: &[&Communicator],
+    streams: &[Arc<CudaStream>],
+    plan: &ProbePlan,
+    prepared: &PreparedProbes,
+) -> Result<Vec<f64>> {
+    let cuda = cuda_error;
+    let mut out = Vec::with_capacity(plan.probes.len());
+    let (short, long) = (plan.chain, plan.chain * LONG_CHAIN_FACTOR);
+    for graphs in &prepared.graphs {
         // Each rank's replay times, us, of the short and of the long graph, alternating.
         let mut times: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; comms.len()];
         for replay in 0..plan.warmup + plan.replays {
@@ -198,6 +229,17 @@ pub fn time_probes(
         out.push(slowest);
     }
     Ok(out)
+}
+
+/// [`prepare_probes`] then [`time_prepared`], for ranks that are all streams of this process
+/// (nothing to agree with: a failed preparation launched nothing on any of them).
+pub fn time_probes(
+    comms: &[&Communicator],
+    streams: &[Arc<CudaStream>],
+    plan: &ProbePlan,
+) -> Result<Vec<f64>> {
+    let prepared = prepare_probes(comms, streams, plan)?;
+    time_prepared(comms, streams, plan, &prepared)
 }
 
 fn median(mut replays: Vec<f64>) -> f64 {
@@ -308,17 +350,41 @@ impl Communicator {
                 return;
             }
         }
-        let stream = match self.cuda.context().new_stream() {
-            Ok(s) => s,
-            Err(e) => {
-                // Every rank must still take part in the gather below.
-                log::warn!("first-use measurement: cannot create a stream: {e}");
-                return self.first_use_gather(rendezvous, instance, timeout, &plan, None, started);
+        // Every rank prepares (a stream, buffers, the captured graphs: no kernel runs), and
+        // all time or none does.
+        let prepared = self
+            .cuda
+            .context()
+            .new_stream()
+            .map_err(|e| Error::Cuda(format!("first-use measurement: a stream: {e}")))
+            .and_then(|stream| {
+                let probes = prepare_probes(&[&*self], std::slice::from_ref(&stream), &plan)?;
+                Ok((stream, probes))
+            });
+        if let Err(e) = &prepared {
+            log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank());
+        }
+        let ready = format!("first-use-{instance}-prepared");
+        let everyone: Result<Vec<bool>> = rendezvous
+            .publish(&ready, &prepared.is_ok())
+            .and_then(|()| rendezvous.gather(&ready, timeout));
+        let (stream, probes) = match (everyone, prepared) {
+            (Ok(all), Ok(prepared)) if all.iter().all(|r| *r) => prepared,
+            (Ok(_), _) => {
+                log::warn!(
+                    "first-use measurement: a rank could not prepare it; the fabric model decides"
+                );
+                return;
+            }
+            (Err(e), _) => {
+                log::warn!("first-use measurement skipped: {e}");
+                return;
             }
         };
-        let mine = time_probes(&[&*self], std::slice::from_ref(&stream), &plan)
+        let mine = time_prepared(&[&*self], std::slice::from_ref(&stream), &plan, &probes)
             .map_err(|e| log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank()))
             .ok();
+        drop(probes);
         self.first_use_gather(rendezvous, instance, timeout, &plan, mine, started);
     }
 
