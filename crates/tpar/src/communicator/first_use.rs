@@ -5,10 +5,13 @@
 //! gathered so that every rank holds the same table, correct the model's estimates from then
 //! on and are cached beside `tpar tune`'s tables under the machine's fingerprint
 //! (`~/.cache/tpar/tuning/*-first-use.json`), so the next job on this machine reads them
-//! instead of measuring. It is planned to take at most [`BUDGET`]: the model sizes the plan to
-//! fit, and the time it took is logged, with a warning where it ran over (where the machine is
-//! far slower than modelled: two processes time-slicing one GPU under `TPAR_FIRST_USE=force`
-//! took 37 s, bench/results/2026-12-06-s18, call 5). It measures bf16 (what engines reduce),
+//! instead of measuring. It takes at most [`BUDGET`] or its first size's probes, whichever is
+//! longer: the model sizes the plan to fit, and after the first size the ranks agree on how
+//! much slower than modelled it ran and time only the sizes that still fit
+//! (`ProbePlan::probes_within_budget`; before, two processes time-slicing one GPU under
+//! `TPAR_FIRST_USE=force` took 37 s, bench/results/2026-12-06-s18, call 5). Every rank
+//! prepares its probes (graphs captured, nothing launched) and the ranks agree that all did
+//! before any launches. The time it took is logged. It measures bf16 (what engines reduce),
 //! never creates NCCL, and is off with `TPAR_FIRST_USE=0` (set the same on every rank);
 //! `TPAR_FIRST_USE=force` also runs it where processes' ranks share a GPU (tests of this path
 //! on one GPU).
@@ -184,19 +187,29 @@ pub fn prepare_probes(
 
 /// Times the prepared probes of `plan` on the local ranks `comms` (one stream each, all
 /// launched together: their kernels meet each other and the ranks of other processes). Per
-/// probe, the slowest local rank's time per call, us: the difference of its median replays of
-/// a chain of `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many, over the calls
-/// between.
+/// probe timed, the slowest local rank's time per call, us: the difference of its median
+/// replays of a chain of `plan.chain` calls and one of [`LONG_CHAIN_FACTOR`] times as many,
+/// over the calls between. After the probes of the first size (`ProbePlan::first_size_probes`),
+/// `keep` hears their wall time, ms, and says how many probes to time in all
+/// (`ProbePlan::probes_within_budget`, from figures every rank of the job agreed on, so that
+/// every rank launches the same calls).
 pub fn time_prepared(
     comms: &[&Communicator],
     streams: &[Arc<CudaStream>],
     plan: &ProbePlan,
     prepared: &PreparedProbes,
+    keep: &mut dyn FnMut(f64) -> Result<usize>,
 ) -> Result<Vec<f64>> {
     let cuda = cuda_error;
     let mut out = Vec::with_capacity(plan.probes.len());
     let (short, long) = (plan.chain, plan.chain * LONG_CHAIN_FACTOR);
-    for graphs in &prepared.graphs {
+    let mut count = prepared.graphs.len();
+    let first_size = plan.first_size_probes();
+    let first_started = Instant::now();
+    for (index, graphs) in prepared.graphs.iter().enumerate() {
+        if index >= count {
+            break;
+        }
         // Each rank's replay times, us, of the short and of the long graph, alternating.
         let mut times: Vec<[Vec<f64>; 2]> = vec![[Vec::new(), Vec::new()]; comms.len()];
         for replay in 0..plan.warmup + plan.replays {
@@ -227,19 +240,27 @@ pub fn time_prepared(
             .map(|[a, b]| per_call_us(median(a), short, median(b), long))
             .fold(0.0, f64::max);
         out.push(slowest);
+        if index + 1 == first_size {
+            count = keep(first_started.elapsed().as_secs_f64() * 1e3)?;
+        }
     }
     Ok(out)
 }
 
 /// [`prepare_probes`] then [`time_prepared`], for ranks that are all streams of this process
-/// (nothing to agree with: a failed preparation launched nothing on any of them).
+/// (nothing to agree with: a failed preparation launched nothing on any of them, and one
+/// clock times them all), started at `started`.
 pub fn time_probes(
     comms: &[&Communicator],
     streams: &[Arc<CudaStream>],
     plan: &ProbePlan,
+    started: Instant,
 ) -> Result<Vec<f64>> {
     let prepared = prepare_probes(comms, streams, plan)?;
-    time_prepared(comms, streams, plan, &prepared)
+    let before_ms = started.elapsed().as_secs_f64() * 1e3;
+    time_prepared(comms, streams, plan, &prepared, &mut |first_ms| {
+        Ok(plan.probes_within_budget(before_ms, first_ms))
+    })
 }
 
 fn median(mut replays: Vec<f64>) -> f64 {
@@ -291,7 +312,7 @@ pub fn measure_local(
         return Ok(None);
     }
     let refs: Vec<&Communicator> = comms.iter().collect();
-    let times = time_probes(&refs, streams, &plan)?;
+    let times = time_probes(&refs, streams, &plan, started)?;
     let table = plan.table(
         (first.topology.fingerprint(), kernels::build_id()),
         first.cuda.world_size(),
@@ -381,9 +402,25 @@ impl Communicator {
                 return;
             }
         };
-        let mine = time_prepared(&[&*self], std::slice::from_ref(&stream), &plan, &probes)
-            .map_err(|e| log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank()))
-            .ok();
+        // After the first size's probes, every rank takes the slowest rank's figures and
+        // times as many of the other sizes as fit the budget by them.
+        let before_ms = started.elapsed().as_secs_f64() * 1e3;
+        let first = format!("first-use-{instance}-first");
+        let mut keep = |first_ms: f64| -> Result<usize> {
+            rendezvous.publish(&first, &(before_ms, first_ms))?;
+            let all: Vec<(f64, f64)> = rendezvous.gather(&first, timeout)?;
+            let slowest = |pick: fn(&(f64, f64)) -> f64| all.iter().map(pick).fold(0.0, f64::max);
+            Ok(plan.probes_within_budget(slowest(|r| r.0), slowest(|r| r.1)))
+        };
+        let mine = time_prepared(
+            &[&*self],
+            std::slice::from_ref(&stream),
+            &plan,
+            &probes,
+            &mut keep,
+        )
+        .map_err(|e| log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank()))
+        .ok();
         drop(probes);
         self.first_use_gather(rendezvous, instance, timeout, &plan, mine, started);
     }

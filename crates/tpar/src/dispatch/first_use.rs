@@ -86,14 +86,73 @@ pub struct ProbePlan {
 }
 
 impl ProbePlan {
+    /// Calls of one probe on one rank: both graphs, every replay.
+    fn calls_per_probe(&self) -> f64 {
+        (self.chain * (1 + LONG_CHAIN_FACTOR) * (self.warmup + self.replays)) as f64
+    }
+
     /// The GPU time the model expects the probes to take, ms.
     pub fn modelled_ms(&self) -> f64 {
-        let calls = (self.chain * (1 + LONG_CHAIN_FACTOR) * (self.warmup + self.replays)) as f64;
         self.probes
             .iter()
-            .map(|p| p.modelled_us * calls)
+            .map(|p| p.modelled_us * self.calls_per_probe())
             .sum::<f64>()
             / 1e3
+    }
+
+    /// The probes of each size, in order: (start, end) ranges of `probes`, which `plan` orders
+    /// by size.
+    fn size_groups(&self) -> Vec<(usize, usize)> {
+        let mut groups: Vec<(usize, usize)> = Vec::new();
+        for (i, p) in self.probes.iter().enumerate() {
+            match groups.last_mut() {
+                Some(g) if self.probes[g.0].bytes == p.bytes => g.1 = i + 1,
+                _ => groups.push((i, i + 1)),
+            }
+        }
+        groups
+    }
+
+    /// The probes of the first size: timed before the ranks decide how many more fit.
+    pub fn first_size_probes(&self) -> usize {
+        self.size_groups().first().map_or(0, |g| g.1)
+    }
+
+    /// How many of the probes to time, in order, once those of the first size
+    /// ([`ProbePlan::first_size_probes`]) took `first_ms` of wall time and `before_ms` went
+    /// before them (planning, agreeing, capturing), both the slowest rank's: those, then each
+    /// next size's while the model's estimate of them, scaled by how many times slower than
+    /// modelled the first size ran (never by less than 1), still ends within [`BUDGET`]. A size
+    /// is timed whole or not at all: timing some of its candidates and not the others would
+    /// favour the untimed where the machine is slower than its model. Every rank computes it
+    /// from the same agreed figures, so every rank times the same probes. A machine as fast as
+    /// modelled times them all (the plan was sized to fit); one far slower (a collapse the
+    /// model missed, ranks time-slicing a GPU) stops early instead of taking that many times
+    /// the budget.
+    pub fn probes_within_budget(&self, before_ms: f64, first_ms: f64) -> usize {
+        let groups = self.size_groups();
+        let Some(&(_, first_end)) = groups.first() else {
+            return 0;
+        };
+        let modelled_ms = |(start, end): (usize, usize)| {
+            self.probes[start..end]
+                .iter()
+                .map(|p| p.modelled_us * self.calls_per_probe())
+                .sum::<f64>()
+                / 1e3
+        };
+        let slower = (first_ms / modelled_ms(groups[0])).max(1.0);
+        let budget_ms = BUDGET.as_secs_f64() * 1e3;
+        let mut spent = before_ms + first_ms;
+        let mut keep = first_end;
+        for &group in &groups[1..] {
+            spent += modelled_ms(group) * slower;
+            if spent > budget_ms {
+                break;
+            }
+            keep = group.1;
+        }
+        keep
     }
 
     /// A short key of the plan, which every rank compares before timing (ranks that planned
@@ -265,6 +324,55 @@ mod tests {
         );
         // Each probe: a graph of 8 calls and one of 32, 8 replays each.
         assert!((p.modelled_ms() - (3.9 + 6.3) * 320.0 / 1e3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_machine_slower_than_modelled_stops_timing_within_the_budget_at_a_size_boundary() {
+        let probe = |bytes, algorithm, modelled_us| PlannedProbe {
+            bytes,
+            choice: Choice::Tpar(algorithm),
+            modelled_us,
+        };
+        // 320 calls a probe: 4 KiB one-shot and two-shot modelled at 3.6 and 4.3 us take 1.15
+        // and 1.38 ms of the GPU (2.53 for the size), 16 / 64 / 256 KiB one-shot and two-shot
+        // 2.73 / 5.12 / 8.64 ms.
+        let (one, two) = (Algorithm::OneShot, Algorithm::TwoShot);
+        let p = ProbePlan {
+            dtype: DType::Bf16,
+            probes: vec![
+                probe(4096, one, 3.6),
+                probe(4096, two, 4.3),
+                probe(16384, one, 4.1),
+                probe(16384, two, 4.42),
+                probe(65536, one, 8.9),
+                probe(65536, two, 7.1),
+                probe(262144, two, 11.0),
+                probe(262144, one, 16.0),
+            ],
+            chain: 8,
+            warmup: 2,
+            replays: 6,
+        };
+        assert_eq!(p.first_size_probes(), 2);
+        // As modelled, or faster: everything.
+        assert_eq!(p.probes_within_budget(5.0, 2.6), 8);
+        assert_eq!(p.probes_within_budget(5.0, 0.1), 8);
+        // 12 times slower than modelled (30 ms for 4 KiB): 16 and 64 KiB fit in 200 ms (32.4
+        // and 60.8 ms more: 128 ms in all), 256 KiB (102.5 ms more) does not; whole sizes.
+        assert_eq!(p.probes_within_budget(5.0, 30.0), 6);
+        // 10 times (25.3 ms): 195 ms in all, every size.
+        assert_eq!(p.probes_within_budget(5.0, 25.3), 8);
+        // Ranks time-slicing one GPU (two processes: 2.2 ms a call, 1.4 s for 4 KiB): 4 KiB
+        // alone, both of its candidates.
+        assert_eq!(p.probes_within_budget(5.0, 1400.0), 2);
+        // What went before counts too.
+        assert_eq!(p.probes_within_budget(198.0, 2.6), 2);
+        let empty = ProbePlan {
+            probes: Vec::new(),
+            ..p
+        };
+        assert_eq!(empty.first_size_probes(), 0);
+        assert_eq!(empty.probes_within_budget(0.0, 0.0), 0);
     }
 
     #[test]
