@@ -100,7 +100,8 @@ def test_an_engines_communicator_measures_at_first_use_and_every_rank_agrees(gpu
     here on one GPU (TPAR_FIRST_USE=force: the ranks time-slice it, so the times are the
     driver's). Every rank ends with the same choice and reason at each probed size, the reasons
     cite the measurement, rank 0 cached one table, and a call after it is right. A second job on
-    that cache reads the table instead of measuring again (the file is not rewritten)."""
+    that cache reads the table instead of measuring again (the file is not rewritten), and names
+    a `tpar tune` table of other kernels planted beside it, which no longer decides."""
     cache = tmp_path / "cache"
     env = {"TPAR_FIRST_USE": "force", "TPAR_CACHE_DIR": str(cache)}
     first = run_check("firstuse", 2, {}, gpu_out, timeout=300, env=env, tag="firstuse-measure")
@@ -113,7 +114,16 @@ def test_an_engines_communicator_measures_at_first_use_and_every_rank_agrees(gpu
     assert len(first[0]["tables"]) == 1, first[0]["tables"]
     table = cache / first[0]["tables"][0]
     written = table.stat().st_mtime_ns
+    # A `tpar tune` table of an older build, where tpar tune keeps its tables.
+    tuned = json.loads(table.read_text())
+    tuned.update(kernels="an-older-build", probes=[])
+    tuned["entries"] = [{"max_bytes": 4096, "choice": "one-shot", "p50_us": 3.0}]
+    stale = table.with_name(table.name.replace("-first-use", ""))
+    stale.write_text(json.dumps(tuned))
     again = run_check("firstuse", 2, {}, gpu_out, timeout=300, env=env, tag="firstuse-cached")
     assert [r["wrong"] for r in again] == [0, 0], again
     assert again[0]["reasons"] == first[0]["reasons"] == again[1]["reasons"], again
     assert table.stat().st_mtime_ns == written, "the second job measured again"
+    for rank in range(2):
+        log = (gpu_out / f"firstuse-cached-rank{rank}.log").read_text()
+        assert f"the tuning table {stale} is not read" in log, log

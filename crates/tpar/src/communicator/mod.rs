@@ -210,20 +210,20 @@ impl Communicator {
         let mut tuning: HashMap<DType, TuningTable> = HashMap::new();
         let mut ignored: Vec<String> = Vec::new();
         for d in DType::ALL {
-            match TuningTable::read_for(&topology, cuda.world_size(), d, &this_build) {
-                (Some(t), _) => {
-                    tuning.insert(d, t);
-                }
-                // A `tpar tune` table of another build no longer decides: say so, or a user
-                // who tuned would take the first-use measurement's (or the model's) choices
-                // for the table's. A first-use table of another build is measured again,
-                // unasked.
-                (None, Some(t)) if !t.is_first_use() => ignored.push(format!(
+            let (read, passed_over) =
+                TuningTable::read_for(&topology, cuda.world_size(), d, &this_build);
+            // A `tpar tune` table of another build no longer decides: say so, or a user who
+            // tuned would take the first-use measurement's (or the model's) choices for the
+            // table's.
+            if let Some(t) = TuningTable::stale_tune_table(read.as_ref(), passed_over.as_ref()) {
+                ignored.push(format!(
                     "the tuning table {} is not read: it timed other kernels ({}) than this build's ({this_build}); run `tpar tune` again",
                     t.kept_at().display(),
                     if t.kernels.is_empty() { "unnamed" } else { t.kernels.as_str() }
-                )),
-                _ => {}
+                ));
+            }
+            if let Some(t) = read {
+                tuning.insert(d, t);
             }
         }
         let order = StreamOrder::new(cuda.context())?;

@@ -105,6 +105,18 @@ impl TuningTable {
         (read.into_iter().next(), passed_over.into_iter().next())
     }
 
+    /// Of what [`TuningTable::read_for`] gives, the `tpar tune` table that no longer decides
+    /// because it timed other kernels, where no `tpar tune` table of this build replaces it. A
+    /// first-use table of this build does not: it was measured unasked, and a user who tuned
+    /// should hear, at every creation until they tune again, that their table stopped deciding
+    /// (before, the warning stopped once the first use had written a table).
+    pub fn stale_tune_table<'a>(
+        read: Option<&TuningTable>,
+        passed_over: Option<&'a TuningTable>,
+    ) -> Option<&'a TuningTable> {
+        passed_over.filter(|t| !t.is_first_use() && read.is_none_or(TuningTable::is_first_use))
+    }
+
     /// The tables on disk for this machine, world size and dtype: `tpar tune`'s first.
     fn on_disk(
         topology: &Topology,
@@ -191,5 +203,36 @@ mod tests {
         let old = r#"{"fingerprint":"x","world_size":2,"dtype":"bf16","entries":[{"max_bytes":4096,"choice":"one-shot","p50_us":3.0}]}"#;
         let t: TuningTable = serde_json::from_str(old).unwrap();
         assert!(t.probes.is_empty() && !t.is_first_use());
+    }
+
+    #[test]
+    fn a_tune_table_of_other_kernels_is_named_until_a_tune_table_of_this_build_replaces_it() {
+        let table = |kernels: &str, tuned: bool| TuningTable {
+            fingerprint: "fp".into(),
+            kernels: kernels.into(),
+            world_size: 2,
+            dtype: DType::Bf16,
+            entries: if tuned {
+                vec![TuningEntry {
+                    max_bytes: 4096,
+                    choice: Choice::Tpar(Algorithm::OneShot),
+                    p50_us: 3.0,
+                }]
+            } else {
+                Vec::new()
+            },
+            probes: Vec::new(),
+        };
+        let (old_tune, old_first_use) = (table("old", true), table("old", false));
+        let (new_tune, new_first_use) = (table("new", true), table("new", false));
+        let stale = TuningTable::stale_tune_table;
+        // Nothing of this build, or only a first-use table of it: the old tune table is named.
+        assert!(stale(None, Some(&old_tune)).is_some());
+        assert!(stale(Some(&new_first_use), Some(&old_tune)).is_some());
+        // A tune table of this build replaces it; a passed-over first-use table is measured
+        // again, unasked, and named by nobody.
+        assert!(stale(Some(&new_tune), Some(&old_tune)).is_none());
+        assert!(stale(None, Some(&old_first_use)).is_none());
+        assert!(stale(Some(&new_first_use), None).is_none());
     }
 }
