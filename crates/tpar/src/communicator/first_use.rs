@@ -358,114 +358,36 @@ impl Communicator {
         }
         let started = Instant::now();
         let plan = plan_for(self);
-        let ready = wanted(self) && !plan.probes.is_empty();
-        let agree = format!("first-use-{instance}-plan");
-        let everyone: Result<Vec<(bool, String)>> = rendezvous
-            .publish(&agree, &(ready, plan.key()))
-            .and_then(|()| rendezvous.gather(&agree, timeout));
-        match everyone {
-            Ok(all) if all.iter().all(|(r, k)| *r && *k == plan.key()) => {}
-            Ok(_) => return,
-            Err(e) => {
-                log::warn!("first-use measurement skipped: {e}");
-                return;
-            }
-        }
-        // Every rank prepares (a stream, buffers, the captured graphs: no kernel runs), and
-        // all time or none does.
-        let prepared = self
-            .cuda
-            .context()
-            .new_stream()
-            .map_err(|e| Error::Cuda(format!("first-use measurement: a stream: {e}")))
-            .and_then(|stream| {
-                let probes = prepare_probes(&[&*self], std::slice::from_ref(&stream), &plan)?;
+        let rank = self.cuda.rank();
+        let this: &Communicator = self;
+        let slowest = agree_and_time(
+            &Agreement {
+                rendezvous,
+                instance,
+                timeout,
+                plan: &plan,
+                wanted: wanted(this),
+                started,
+            },
+            || {
+                let stream =
+                    this.cuda.context().new_stream().map_err(|e| {
+                        Error::Cuda(format!("first-use measurement: a stream: {e}"))
+                    })?;
+                let probes = prepare_probes(&[this], std::slice::from_ref(&stream), &plan)?;
                 Ok((stream, probes))
-            });
-        if let Err(e) = &prepared {
-            log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank());
-        }
-        let ready = format!("first-use-{instance}-prepared");
-        let everyone: Result<Vec<bool>> = rendezvous
-            .publish(&ready, &prepared.is_ok())
-            .and_then(|()| rendezvous.gather(&ready, timeout));
-        let (stream, probes) = match (everyone, prepared) {
-            (Ok(all), Ok(prepared)) if all.iter().all(|r| *r) => prepared,
-            (Ok(_), _) => {
-                log::warn!(
-                    "first-use measurement: a rank could not prepare it; the fabric model decides"
-                );
-                return;
-            }
-            (Err(e), _) => {
-                log::warn!("first-use measurement skipped: {e}");
-                return;
-            }
-        };
-        // After the first size's probes, every rank takes the slowest rank's figures and
-        // times as many of the other sizes as fit the budget by them.
-        let before_ms = started.elapsed().as_secs_f64() * 1e3;
-        let first = format!("first-use-{instance}-first");
-        let mut keep = |first_ms: f64| -> Result<usize> {
-            rendezvous.publish(&first, &(before_ms, first_ms))?;
-            let all: Vec<(f64, f64)> = rendezvous.gather(&first, timeout)?;
-            let slowest = |pick: fn(&(f64, f64)) -> f64| all.iter().map(pick).fold(0.0, f64::max);
-            Ok(plan.probes_within_budget(slowest(|r| r.0), slowest(|r| r.1)))
-        };
-        let mine = time_prepared(
-            &[&*self],
-            std::slice::from_ref(&stream),
-            &plan,
-            &probes,
-            &mut keep,
-        )
-        .map_err(|e| log::warn!("first-use measurement on rank {}: {e}", self.cuda.rank()))
-        .ok();
-        drop(probes);
-        self.first_use_gather(rendezvous, instance, timeout, &plan, mine, started);
-    }
-
-    fn first_use_gather(
-        &mut self,
-        rendezvous: &Rendezvous,
-        instance: &str,
-        timeout: Duration,
-        plan: &ProbePlan,
-        mine: Option<Vec<f64>>,
-        started: Instant,
-    ) {
-        let key = format!("first-use-{instance}-times");
-        let gathered: Result<Vec<Option<Vec<f64>>>> = rendezvous
-            .publish(&key, &mine)
-            .and_then(|()| rendezvous.gather(&key, timeout));
-        let all = match gathered {
-            Ok(all) if all.iter().all(Option::is_some) => all,
-            Ok(_) => {
-                log::warn!("first-use measurement failed on some rank; the fabric model decides");
-                return;
-            }
-            Err(e) => {
-                log::warn!("first-use measurement: {e}");
-                return;
-            }
-        };
-        let slowest: Vec<Option<f64>> = (0..plan.probes.len())
-            .map(|i| {
-                all.iter()
-                    .map(|t| t.as_ref().and_then(|t| t.get(i).copied()))
-                    .try_fold(0.0f64, |m, t| Some(m.max(t?)))
-            })
-            .collect();
+            },
+            |(stream, probes), keep| {
+                time_prepared(&[this], std::slice::from_ref(&stream), &plan, &probes, keep)
+            },
+        );
+        let Some(slowest) = slowest else { return };
         let table = plan.table(
             (self.topology.fingerprint(), kernels::build_id()),
             self.cuda.world_size(),
             &slowest,
         );
-        let saved = if self.cuda.rank() == 0 {
-            save(&table)
-        } else {
-            None
-        };
+        let saved = if rank == 0 { save(&table) } else { None };
         let outcome = FirstUse {
             plan: plan.clone(),
             table: table.clone(),
@@ -474,24 +396,283 @@ impl Communicator {
         };
         if outcome.took > BUDGET {
             log::warn!(
-                "rank {}: the first-use measurement took {:.0} ms, over its {} ms budget",
-                self.cuda.rank(),
+                "rank {rank}: the first-use measurement took {:.0} ms, over its {} ms budget",
                 outcome.took.as_secs_f64() * 1e3,
                 BUDGET.as_millis()
             );
         }
-        log::info!(
-            "rank {}: first-use measurement: {}",
-            self.cuda.rank(),
-            outcome.describe()
-        );
+        log::info!("rank {rank}: first-use measurement: {}", outcome.describe());
         self.adopt(table);
     }
 }
 
+/// The job-wide side of one rank's first-use measurement: where the ranks meet, under which
+/// creation's name, how long to wait, what every rank planned and whether this one wants it.
+pub(crate) struct Agreement<'a> {
+    pub rendezvous: &'a Rendezvous,
+    pub instance: &'a str,
+    pub timeout: Duration,
+    pub plan: &'a ProbePlan,
+    pub wanted: bool,
+    pub started: Instant,
+}
+
+/// One rank's part of the first-use measurement, collective over the job: every rank agrees
+/// that it wants it and planned the same probes; every rank `prepare`s (a stream, buffers,
+/// the captured graphs: nothing launched), and all time or none does, so a rank that failed
+/// there leaves no peer's call counter ahead; each `time`s the prepared probes, and after the
+/// first size's (`keep`) the ranks agree on their wall time, the slowest rank's, and time the
+/// sizes that still fit the budget by it (the same count on every rank, so the same calls);
+/// the times are gathered. The slowest rank's time per probe (`None` past the probes timed),
+/// or `None` where any step failed on any rank, which is logged: the fabric model decides.
+pub(crate) fn agree_and_time<P>(
+    job: &Agreement<'_>,
+    prepare: impl FnOnce() -> Result<P>,
+    time: impl FnOnce(P, &mut dyn FnMut(f64) -> Result<usize>) -> Result<Vec<f64>>,
+) -> Option<Vec<Option<f64>>> {
+    let (rendezvous, instance, timeout, plan) =
+        (job.rendezvous, job.instance, job.timeout, job.plan);
+    let rank = rendezvous.rank();
+    let ready = job.wanted && !plan.probes.is_empty();
+    let agree = format!("first-use-{instance}-plan");
+    let everyone: Result<Vec<(bool, String)>> = rendezvous
+        .publish(&agree, &(ready, plan.key()))
+        .and_then(|()| rendezvous.gather(&agree, timeout));
+    match everyone {
+        Ok(all) if all.iter().all(|(r, k)| *r && *k == plan.key()) => {}
+        Ok(_) => return None,
+        Err(e) => {
+            log::warn!("first-use measurement skipped: {e}");
+            return None;
+        }
+    }
+    let prepared = prepare();
+    if let Err(e) = &prepared {
+        log::warn!("first-use measurement on rank {rank}: {e}");
+    }
+    let ready = format!("first-use-{instance}-prepared");
+    let everyone: Result<Vec<bool>> = rendezvous
+        .publish(&ready, &prepared.is_ok())
+        .and_then(|()| rendezvous.gather(&ready, timeout));
+    let prepared = match (everyone, prepared) {
+        (Ok(all), Ok(prepared)) if all.iter().all(|r| *r) => prepared,
+        (Ok(_), _) => {
+            log::warn!(
+                "first-use measurement: a rank could not prepare it; the fabric model decides"
+            );
+            return None;
+        }
+        (Err(e), _) => {
+            log::warn!("first-use measurement skipped: {e}");
+            return None;
+        }
+    };
+    let before_ms = job.started.elapsed().as_secs_f64() * 1e3;
+    let first = format!("first-use-{instance}-first");
+    let mut keep = |first_ms: f64| -> Result<usize> {
+        rendezvous.publish(&first, &(before_ms, first_ms))?;
+        let all: Vec<(f64, f64)> = rendezvous.gather(&first, timeout)?;
+        let slowest = |pick: fn(&(f64, f64)) -> f64| all.iter().map(pick).fold(0.0, f64::max);
+        Ok(plan.probes_within_budget(slowest(|r| r.0), slowest(|r| r.1)))
+    };
+    let mine = time(prepared, &mut keep)
+        .map_err(|e| log::warn!("first-use measurement on rank {rank}: {e}"))
+        .ok();
+    let key = format!("first-use-{instance}-times");
+    let gathered: Result<Vec<Option<Vec<f64>>>> = rendezvous
+        .publish(&key, &mine)
+        .and_then(|()| rendezvous.gather(&key, timeout));
+    let all = match gathered {
+        Ok(all) if all.iter().all(Option::is_some) => all,
+        Ok(_) => {
+            log::warn!("first-use measurement failed on some rank; the fabric model decides");
+            return None;
+        }
+        Err(e) => {
+            log::warn!("first-use measurement: {e}");
+            return None;
+        }
+    };
+    Some(
+        (0..plan.probes.len())
+            .map(|i| {
+                all.iter()
+                    .map(|t| t.as_ref().and_then(|t| t.get(i).copied()))
+                    .try_fold(0.0f64, |m, t| Some(m.max(t?)))
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::per_call_us;
+    use super::*;
+    use crate::dispatch::first_use::PlannedProbe;
+    use crate::dispatch::Choice;
+    use crate::rendezvous::{ensure_private_dir, random_token, RankEnv};
+    use crate::{Algorithm, DType};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Three sizes of two probes, each size modelled at 3.2 ms of GPU time.
+    fn plan() -> ProbePlan {
+        let probe = |bytes, algorithm| PlannedProbe {
+            bytes,
+            choice: Choice::Tpar(algorithm),
+            modelled_us: 5.0,
+        };
+        let probes = [4096, 16384, 65536]
+            .into_iter()
+            .flat_map(|b| [probe(b, Algorithm::OneShot), probe(b, Algorithm::TwoShot)])
+            .collect();
+        ProbePlan {
+            dtype: DType::Bf16,
+            probes,
+            chain: 8,
+            warmup: 2,
+            replays: 6,
+        }
+    }
+
+    /// What each rank did: its result, and how many ranks prepared and timed.
+    struct Outcome {
+        results: Vec<Option<Vec<Option<f64>>>>,
+        prepared: usize,
+        timed: usize,
+    }
+
+    /// `n` threads as the ranks of one job, each agreeing on [`plan`] with `wanted(rank)`,
+    /// preparing with `prepare(rank)` and timing with `time(rank, keep)`.
+    fn job(
+        n: usize,
+        wanted: impl Fn(usize) -> bool + Sync,
+        prepare: impl Fn(usize) -> Result<()> + Sync,
+        time: impl Fn(usize, &mut dyn FnMut(f64) -> Result<usize>) -> Result<Vec<f64>> + Sync,
+    ) -> Outcome {
+        let token = random_token().unwrap();
+        let dir = std::env::temp_dir().join(format!("tpar-first-use-test-{token}"));
+        ensure_private_dir(&dir).unwrap();
+        let (prepared, timed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let plan = plan();
+        let results = std::thread::scope(|scope| {
+            let ranks: Vec<_> = (0..n)
+                .map(|rank| {
+                    let env = RankEnv {
+                        rank,
+                        world_size: n,
+                        local_rank: rank,
+                        local_world_size: n,
+                        dir: dir.clone(),
+                        token: token.clone(),
+                    };
+                    let (plan, wanted, prepare, time) = (&plan, &wanted, &prepare, &time);
+                    let (prepared, timed) = (&prepared, &timed);
+                    scope.spawn(move || {
+                        let rendezvous = Rendezvous::join(env).unwrap();
+                        let job = Agreement {
+                            rendezvous: &rendezvous,
+                            instance: "test",
+                            timeout: Duration::from_secs(20),
+                            plan,
+                            wanted: wanted(rank),
+                            started: Instant::now(),
+                        };
+                        agree_and_time(
+                            &job,
+                            || {
+                                prepared.fetch_add(1, Ordering::SeqCst);
+                                prepare(rank)
+                            },
+                            |(), keep| {
+                                timed.fetch_add(1, Ordering::SeqCst);
+                                time(rank, keep)
+                            },
+                        )
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let _ = std::fs::remove_dir_all(&dir);
+        Outcome {
+            results,
+            prepared: prepared.into_inner(),
+            timed: timed.into_inner(),
+        }
+    }
+
+    /// Times 10 * (probe + 1) + rank us for the probes `keep` allows, after reporting the
+    /// first size's wall time as `first_ms(rank)`.
+    fn timing(
+        first_ms: impl Fn(usize) -> f64 + Sync,
+    ) -> impl Fn(usize, &mut dyn FnMut(f64) -> Result<usize>) -> Result<Vec<f64>> + Sync {
+        move |rank, keep| {
+            let count = keep(first_ms(rank))?;
+            Ok((0..count)
+                .map(|i| 10.0 * (i + 1) as f64 + rank as f64)
+                .collect())
+        }
+    }
+
+    #[test]
+    fn every_rank_takes_the_slowest_ranks_times_of_the_probes_that_fit_the_slowest_ranks_budget() {
+        // As fast as modelled: every probe timed; each probe's figure the slowest rank's.
+        let fast = job(3, |_| true, |_| Ok(()), timing(|_| 3.2));
+        let all: Vec<Option<f64>> = (0..6).map(|i| Some(10.0 * (i + 1) as f64 + 2.0)).collect();
+        assert_eq!(fast.results, vec![Some(all); 3]);
+        assert_eq!((fast.prepared, fast.timed), (3, 3));
+        // Rank 1's first size took 150 ms: the ranks that ran it fast stop after it too, so
+        // every rank launches the same calls, and the untimed probes have no figure.
+        let first_ms = |r| if r == 1 { 150.0 } else { 3.2 };
+        let slow = job(
+            3,
+            |_| true,
+            |_| Ok(()),
+            |rank, keep| {
+                let count = keep(first_ms(rank))?;
+                assert_eq!(count, 2, "rank {rank} would time {count} probes");
+                timing(first_ms)(rank, &mut |_| Ok(count))
+            },
+        );
+        let first: Vec<Option<f64>> = vec![Some(12.0), Some(22.0), None, None, None, None];
+        assert_eq!(slow.results, vec![Some(first); 3]);
+    }
+
+    #[test]
+    fn no_rank_times_unless_every_rank_wants_it_and_prepared_it() {
+        let unwanted = job(3, |r| r != 2, |_| Ok(()), timing(|_| 3.2));
+        assert_eq!(unwanted.results, vec![None, None, None]);
+        assert_eq!((unwanted.prepared, unwanted.timed), (0, 0));
+        // Before, a rank that failed here left its peers' call counters ahead.
+        let failed = job(
+            3,
+            |_| true,
+            |r| match r {
+                1 => Err(Error::Cuda("no memory for the probes".into())),
+                _ => Ok(()),
+            },
+            timing(|_| 3.2),
+        );
+        assert_eq!(failed.results, vec![None, None, None]);
+        assert_eq!((failed.prepared, failed.timed), (3, 0));
+    }
+
+    #[test]
+    fn a_rank_whose_timing_fails_leaves_every_rank_to_the_model() {
+        let failed = job(
+            2,
+            |_| true,
+            |_| Ok(()),
+            |rank, keep| {
+                let count = keep(3.2)?;
+                match rank {
+                    0 => Err(Error::Cuda("a launch failed".into())),
+                    _ => Ok(vec![1.0; count]),
+                }
+            },
+        );
+        assert_eq!(failed.results, vec![None, None]);
+        assert_eq!(failed.timed, 2);
+    }
 
     #[test]
     fn a_call_costs_the_difference_of_two_chains_over_their_calls() {
