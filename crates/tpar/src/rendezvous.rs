@@ -54,6 +54,20 @@ pub struct RankEnv {
 }
 
 impl RankEnv {
+    /// Rank `rank` of `world_size` on this host, meeting in `dir` under `token`: the ranks of
+    /// the tests, threads of one process.
+    #[cfg(test)]
+    pub(crate) fn on_one_host(rank: usize, world_size: usize, dir: &Path, token: &str) -> RankEnv {
+        RankEnv {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            dir: dir.to_path_buf(),
+            token: token.to_owned(),
+        }
+    }
+
     /// Reads the rank's environment; `Ok(None)` when `TPAR_RENDEZVOUS` is not set (this
     /// process is not a rank of a job), an error when it is set but the rest is wrong.
     pub fn from_env() -> Result<Option<RankEnv>> {

@@ -556,14 +556,7 @@ mod tests {
         let results = std::thread::scope(|scope| {
             let ranks: Vec<_> = (0..n)
                 .map(|rank| {
-                    let env = RankEnv {
-                        rank,
-                        world_size: n,
-                        local_rank: rank,
-                        local_world_size: n,
-                        dir: dir.clone(),
-                        token: token.clone(),
-                    };
+                    let env = RankEnv::on_one_host(rank, n, &dir, &token);
                     let (plan, wanted, prepare, time) = (&plan, &wanted, &prepare, &time);
                     let (prepared, timed) = (&prepared, &timed);
                     scope.spawn(move || {

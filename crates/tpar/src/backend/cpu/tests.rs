@@ -33,14 +33,7 @@ impl Job {
     ) -> Vec<R> {
         let handles: Vec<_> = (0..n)
             .map(|rank| {
-                let env = RankEnv {
-                    rank,
-                    world_size: n,
-                    local_rank: rank,
-                    local_world_size: n,
-                    dir: self.dir.clone(),
-                    token: self.token.clone(),
-                };
+                let env = RankEnv::on_one_host(rank, n, &self.dir, &self.token);
                 let body = body.clone();
                 std::thread::spawn(move || {
                     let rdv = Rendezvous::join(env).unwrap();
@@ -286,14 +279,7 @@ fn each_rank<R: Send + 'static>(
 ) -> Vec<R> {
     let handles: Vec<_> = (0..n)
         .map(|rank| {
-            let env = RankEnv {
-                rank,
-                world_size: n,
-                local_rank: rank,
-                local_world_size: n,
-                dir: job.dir.clone(),
-                token: job.token.clone(),
-            };
+            let env = RankEnv::on_one_host(rank, n, &job.dir, &job.token);
             let body = body.clone();
             std::thread::spawn(move || body(rank, env))
         })
@@ -416,15 +402,7 @@ fn subgroups_of_one_job_reduce_among_their_members_only() {
 #[test]
 fn subgroup_members_are_checked() {
     let job = Job::new();
-    let world = Rendezvous::join(RankEnv {
-        rank: 1,
-        world_size: 4,
-        local_rank: 1,
-        local_world_size: 4,
-        dir: job.dir.clone(),
-        token: job.token.clone(),
-    })
-    .unwrap();
+    let world = Rendezvous::join(RankEnv::on_one_host(1, 4, &job.dir, &job.token)).unwrap();
     for (members, says) in [
         (vec![], "at least one"),
         (vec![1, 1], "twice"),
@@ -452,14 +430,7 @@ fn a_thousand_create_use_close_cycles_leak_nothing() {
     // Finding 2 of issue 12: every cycle left one descriptor per shared-memory segment open.
     // World size 1 on this thread, so no other test's threads or files move the figures.
     let job = Job::new();
-    let env = RankEnv {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        dir: job.dir.clone(),
-        token: job.token.clone(),
-    };
+    let env = RankEnv::on_one_host(0, 1, &job.dir, &job.token);
     let config = Config {
         chunk_bytes: Some(4096),
         ..Config::default()
