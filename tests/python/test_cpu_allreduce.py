@@ -2,16 +2,17 @@
 CPU tensors where torch is installed), every world size up to 4, both algorithms, in place and
 into out=, and the errors a user meets (mismatched calls, a silent rank, bad arrays)."""
 
+import json
 import os
 import secrets
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import numpy as np
 import pytest
 import tpar
+from jobs import run_ranks
 
 WORKER = textwrap.dedent(
     """
@@ -63,31 +64,8 @@ WORKER = textwrap.dedent(
 
 
 def run_job(n, task, timeout=120):
-    """Starts n worker processes as the ranks of one job and returns their (code, output)."""
-    import json
-
-    with tempfile.TemporaryDirectory(prefix="tpar-py-test-") as tmp:
-        rendezvous = os.path.join(tmp, "rdv")
-        token = secrets.token_hex(16)
-        procs = []
-        for rank in range(n):
-            env = dict(
-                os.environ,
-                TPAR_RENDEZVOUS=rendezvous,
-                TPAR_JOB_TOKEN=token,
-                RANK=str(rank),
-                WORLD_SIZE=str(n),
-            )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", WORKER, json.dumps(task)],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    """Runs n worker processes as the ranks of one job; returns their (code, output)."""
+    return run_ranks(n, [sys.executable, "-c", WORKER, json.dumps(task)], timeout=timeout)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

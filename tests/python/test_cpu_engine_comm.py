@@ -21,6 +21,7 @@ import time
 import numpy as np
 import pytest
 import tpar
+from jobs import job_env, run_ranks
 
 # A job started from a background shell starts with SIGINT ignored, and Python then installs
 # no KeyboardInterrupt handler: the workers that test Ctrl-C restore it first.
@@ -187,38 +188,17 @@ WORKER = RESTORE_SIGINT + textwrap.dedent(
 )
 
 
-def start_job(n, task, tmp):
-    """Starts ``n`` ranks of ``task``, their rendezvous in ``tmp`` (a test's own tmp_path, so
-    nothing is left in the system's temporary directory)."""
-    token = secrets.token_hex(16)
-    procs = []
-    for rank in range(n):
-        env = dict(
-            os.environ,
-            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
-            TPAR_JOB_TOKEN=token,
-            RANK=str(rank),
-            WORLD_SIZE=str(n),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER, json.dumps(task)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    return procs
-
-
-def finish(procs, timeout=120):
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+def run_job(n, task, tmp, timeout=120):
+    """Runs ``n`` ranks of ``task``, their rendezvous in ``tmp`` (a test's own tmp_path, to look
+    at after, and nothing left in the system's temporary directory); returns their (code,
+    output)."""
+    argv = [sys.executable, "-c", WORKER, json.dumps(task)]
+    return run_ranks(n, argv, timeout=timeout, tmp=tmp)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_many_communicators_open_close_and_recreate(n, tmp_path):
-    for code, output in finish(start_job(n, {"kind": "many"}, tmp_path)):
+    for code, output in run_job(n, {"kind": "many"}, tmp_path):
         assert code == 0 and "OK" in output, output
     # A finished creation leaves no record behind; the failed ones (n > 1) their abort records.
     left = [f for f in os.listdir(tmp_path / "rdv") if not f.startswith("abort.")]
@@ -226,7 +206,7 @@ def test_many_communicators_open_close_and_recreate(n, tmp_path):
 
 
 def test_subgroups_of_a_world_of_four_via_members(tmp_path):
-    for code, output in finish(start_job(4, {"kind": "subgroups"}, tmp_path)):
+    for code, output in run_job(4, {"kind": "subgroups"}, tmp_path):
         assert code == 0 and "OK" in output, output
 
 
@@ -234,7 +214,7 @@ def test_subgroups_of_a_world_of_four_via_members(tmp_path):
 def test_calls_from_eight_threads_at_once_and_close_on_another(n, tmp_path):
     """Issue 30, defect 1: one communicator, 8 threads calling at once on every rank, each
     call correct; closed and dropped on other threads; every error a TparError."""
-    for code, output in finish(start_job(n, {"kind": "threads"}, tmp_path)):
+    for code, output in run_job(n, {"kind": "threads"}, tmp_path):
         assert code == 0 and "OK" in output, output
 
 
@@ -243,12 +223,22 @@ def test_subgroups_of_a_world_of_four_via_torch_groups(tmp_path):
         "torch", reason="torch is not installed here; group= needs torch.distributed"
     )
     store = str(tmp_path / "store")
-    for code, output in finish(start_job(4, {"kind": "torch-groups", "store": store}, tmp_path)):
+    for code, output in run_job(4, {"kind": "torch-groups", "store": store}, tmp_path):
         assert code == 0 and "OK" in output, output
 
 
 def test_ctrl_c_interrupts_a_blocked_call_and_breaks_the_communicator(tmp_path):
-    procs = start_job(2, {"kind": "interrupt"}, tmp_path)
+    common = job_env(2, tmp_path)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, json.dumps({"kind": "interrupt"})],
+            env=dict(common, RANK=str(rank)),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
     blocked = procs[0]
     line = blocked.stdout.readline()
     while line and "BLOCKING" not in line:

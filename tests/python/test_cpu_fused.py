@@ -7,14 +7,13 @@ torch.compile(fullgraph=True); and the errors for bad operands."""
 import json
 import os
 import secrets
-import subprocess
 import sys
-import tempfile
 import textwrap
 
 import numpy as np
 import pytest
 import tpar
+from jobs import run_ranks
 
 WORKER = textwrap.dedent(
     """
@@ -103,26 +102,9 @@ WORKER = textwrap.dedent(
 
 
 def run_job(n, task, timeout=300):
-    """Starts n worker processes as the ranks of one job and returns their (code, output)."""
-    with tempfile.TemporaryDirectory(prefix="tpar-py-fused-") as tmp:
-        common = dict(
-            os.environ,
-            TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
-            TPAR_JOB_TOKEN=secrets.token_hex(16),
-            WORLD_SIZE=str(n),
-            OMP_NUM_THREADS="1",
-        )
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER, json.dumps(task)],
-                env=dict(common, RANK=str(r)),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for r in range(n)
-        ]
-        return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    """Runs n worker processes as the ranks of one job; returns their (code, output)."""
+    argv = [sys.executable, "-c", WORKER, json.dumps(task)]
+    return run_ranks(n, argv, timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

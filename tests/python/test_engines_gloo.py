@@ -10,14 +10,12 @@ scripts/test.sh installs it once into .ci/torch unless TPAR_CI_TORCH=0 (PyPI's t
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
 from gloo_worker import GLOO_PREAMBLE
+from jobs import run_python_ranks, run_ranks
 
 pytest.importorskip(
     "torch",
@@ -87,33 +85,9 @@ WORKER = GLOO_PREAMBLE + textwrap.dedent(
 
 
 def _run(n: int, scenario: str) -> list:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = os.path.join(tmp, "store")
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")
-        }
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={
-                    **env,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(n),
-                    "SCENARIO": scenario,
-                    "STORE": store,
-                },
-            )
-            for r in range(n)
-        ]
-        outputs = []
-        for p in procs:
-            out, err = p.communicate(timeout=180)
-            assert p.returncode == 0, f"rank {len(outputs)} exited {p.returncode}:\n{out}\n{err}"
-            outputs.append(out.splitlines())
-        return outputs
+    return [
+        lines for lines, _ in run_python_ranks(n, WORKER, timeout=180, env={"SCENARIO": scenario})
+    ]
 
 
 def _field(lines, key):
@@ -189,27 +163,16 @@ def test_close_then_destroy_process_group_exits_cleanly_fifty_times(tmp_path):
     2-rank gloo group, 50 times over (four jobs at a time): every process exits with 0."""
     import concurrent.futures
 
-    env = {k: v for k, v in os.environ.items() if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")}
-
     def job(i):
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", SHUTDOWN],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env={**env, "RANK": str(r), "WORLD_SIZE": "2", "STORE": str(tmp_path / f"s{i}")},
-            )
-            for r in range(2)
-        ]
-        return [(p.communicate(timeout=180)[0], p.returncode) for p in procs]
+        argv = [sys.executable, "-c", SHUTDOWN]
+        return run_ranks(2, argv, timeout=180, rendezvous=False, tmp=tmp_path / f"job{i}")
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         runs = list(pool.map(job, range(50)))
     failed = [
         (i, r, code, out[-2000:])
         for i, run in enumerate(runs)
-        for r, (out, code) in enumerate(run)
+        for r, (code, out) in enumerate(run)
         if code != 0
     ]
     assert not failed, f"{len(failed)} of 100 processes failed; first: {failed[0]}"

@@ -25,13 +25,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import subprocess
-import sys
-import tempfile
 import textwrap
 import zipfile
 
 import pytest
+from jobs import run_python_ranks
 
 pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
@@ -149,36 +147,9 @@ WORKER = textwrap.dedent(
 
 
 def _run(sglang_path, n, scenario, **env):
-    with tempfile.TemporaryDirectory() as tmp:
-        base = {
-            k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")
-        }
-        base["PYTHONPATH"] = os.pathsep.join(
-            [sglang_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={
-                    **base,
-                    **env,
-                    "RANK": str(r),
-                    "WORLD_SIZE": str(n),
-                    "SCENARIO": scenario,
-                    "STORE": os.path.join(tmp, "store"),
-                },
-            )
-            for r in range(n)
-        ]
-        outputs = []
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out}\n{err[-3000:]}"
-            outputs.append((out.splitlines(), err))
-        return outputs
+    # The scenario sets TPAR_ALLREDUCE and SGLANG_PLUGINS where it wants them.
+    env = {"TPAR_ALLREDUCE": None, "SGLANG_PLUGINS": None, "SCENARIO": scenario, **env}
+    return run_python_ranks(n, WORKER, timeout=300, env=env, path=[sglang_path])
 
 
 def test_sglang_builds_tpar_through_its_plugin_loader_and_routes_to_it(sglang_path):

@@ -27,14 +27,12 @@ the platform flags of a GPU FlashInfer's fusion does not take. Checked:
 
 from __future__ import annotations
 
-import os
 import pathlib
-import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
+from jobs import run_python_ranks
 from test_engines_sglang import sglang_path  # noqa: F401  (the fixture: SGLang's wheel, unpacked)
 
 pytest.importorskip(
@@ -189,38 +187,15 @@ WORKER = textwrap.dedent(
 
 
 def _run(sglang_path, scenario, **env):
-    with tempfile.TemporaryDirectory() as tmp:
-        base = {
-            k: v for k, v in os.environ.items() if k not in ("TPAR_ALLREDUCE", "SGLANG_PLUGINS")
-        }
-        base["PYTHONPATH"] = os.pathsep.join(
-            [sglang_path, str(HERE)]
-            + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={
-                    **base,
-                    **env,
-                    "RANK": str(r),
-                    "WORLD_SIZE": "2",
-                    "SCENARIO": scenario,
-                    "SGLANG_ROOT": sglang_path,
-                    "STORE": os.path.join(tmp, "store"),
-                },
-            )
-            for r in range(2)
-        ]
-        outputs = []
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=300)
-            assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out}\n{err[-3000:]}"
-            outputs.append((out.splitlines(), err))
-        return outputs
+    # The scenario sets TPAR_ALLREDUCE and SGLANG_PLUGINS where it wants them.
+    env = {
+        "TPAR_ALLREDUCE": None,
+        "SGLANG_PLUGINS": None,
+        "SCENARIO": scenario,
+        "SGLANG_ROOT": sglang_path,
+        **env,
+    }
+    return run_python_ranks(2, WORKER, timeout=300, env=env, path=[sglang_path, HERE])
 
 
 def test_sglang_fused_entry_runs_tpars_fused_op(sglang_path):

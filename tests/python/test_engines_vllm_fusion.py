@@ -39,10 +39,10 @@ import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
+from jobs import run_python_ranks
 
 pytest.importorskip(
     "torch", reason="torch is not installed (scripts/test.sh installs it unless TPAR_CI_TORCH=0)"
@@ -58,9 +58,10 @@ VLLM_BACKENDS = "vllm/compilation/backends.py"
 WORKER = textwrap.dedent(
     """
     import hashlib, os, sys
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{os.environ['STORE']}-inductor{rank}"  # one a rank
     import torch, torch.distributed as dist
     from torch.fx.experimental.proxy_tensor import make_fx
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", init_method="file://" + os.environ["STORE"], rank=rank, world_size=n)
 
     import vllm.distributed.utils as vllm_utils
@@ -208,35 +209,8 @@ WORKER = textwrap.dedent(
 
 
 def _run(vllm_path, scenario, max_size=8 << 20):
-    with tempfile.TemporaryDirectory() as tmp:
-        base = dict(os.environ)
-        base["PYTHONPATH"] = os.pathsep.join(
-            [vllm_path] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", WORKER],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env={
-                    **base,
-                    "RANK": str(r),
-                    "WORLD_SIZE": "2",
-                    "SCENARIO": scenario,
-                    "MAX_SIZE": str(max_size),
-                    "STORE": os.path.join(tmp, "store"),
-                    "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, f"inductor{r}"),
-                },
-            )
-            for r in range(2)
-        ]
-        outputs = []
-        for r, p in enumerate(procs):
-            out, err = p.communicate(timeout=600)
-            assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out}\n{err[-4000:]}"
-            outputs.append((out.splitlines(), err))
-        return outputs
+    env = {"SCENARIO": scenario, "MAX_SIZE": str(max_size)}
+    return run_python_ranks(2, WORKER, timeout=600, env=env, path=[vllm_path])
 
 
 class _SelfEpsilon(ast.NodeTransformer):

@@ -7,11 +7,11 @@ import os
 import secrets
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import pytest
 import tpar
+from jobs import run_ranks
 
 WORKER = textwrap.dedent(
     """
@@ -29,30 +29,9 @@ WORKER = textwrap.dedent(
 
 
 def run_job(n, task, timeout=180):
-    """Starts n processes as the ranks of one job, each calling tpar.verify(**task); returns
+    """Runs n processes as the ranks of one job, each calling tpar.verify(**task); returns
     (exit code, output) per rank."""
-    with tempfile.TemporaryDirectory(prefix="tpar-py-harness-") as tmp:
-        rendezvous = os.path.join(tmp, "rdv")
-        token = secrets.token_hex(16)
-        procs = []
-        for rank in range(n):
-            env = dict(
-                os.environ,
-                TPAR_RENDEZVOUS=rendezvous,
-                TPAR_JOB_TOKEN=token,
-                RANK=str(rank),
-                WORLD_SIZE=str(n),
-            )
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", WORKER, json.dumps(task)],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    return run_ranks(n, [sys.executable, "-c", WORKER, json.dumps(task)], timeout=timeout)
 
 
 def report_of(output):

@@ -19,14 +19,13 @@ Needs torch for the group cases (skipped with the reason where it is missing).
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
 import sys
 import textwrap
 
 import pytest
 from gloo_worker import GLOO_PREAMBLE
+from jobs import run_ranks
 
 DEADLINE_S = 30
 # "Disabled within 2 s" (issue 29); a rank that waited for the deadline takes 30.
@@ -104,32 +103,14 @@ ENV_WORKER = FAILURES + textwrap.dedent(
 
 
 def _run(worker, n, env, tmp_path):
-    procs = []
-    for rank in range(n):
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-c", worker],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env={
-                    **{
-                        k: v
-                        for k, v in os.environ.items()
-                        if k not in ("TPAR_RENDEZVOUS", "TPAR_JOB_TOKEN")
-                    },
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(n),
-                    "DEADLINE": str(DEADLINE_S),
-                    **env,
-                },
-            )
-        )
+    env = {"DEADLINE": str(DEADLINE_S), **env}
+    argv = [sys.executable, "-c", worker]
+    # STORE (the group cases' torch.distributed store) is in tmp_path.
+    outputs = run_ranks(n, argv, timeout=DEADLINE_S * 4, env=env, rendezvous=False, tmp=tmp_path)
     results = []
-    for rank, p in enumerate(procs):
-        out = p.communicate(timeout=DEADLINE_S * 4)[0]
+    for rank, (code, out) in enumerate(outputs):
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-        assert p.returncode == 0 and lines, f"rank {rank} exited {p.returncode}:\n{out}"
+        assert code == 0 and lines, f"rank {rank} exited {code}:\n{out}"
         results.append(json.loads(lines[-1].split(" ", 1)[1]))
     return results
 
@@ -147,7 +128,7 @@ def _group(tmp_path, scenario, api):
         reason="torch is not installed: the group cases need torch.distributed "
         "(scripts/test.sh installs it unless TPAR_CI_TORCH=0)",
     )
-    env = {"SCENARIO": scenario, "API": api, "STORE": str(tmp_path / "store")}
+    env = {"SCENARIO": scenario, "API": api}
     return _run(GROUP_WORKER, 3, env, tmp_path)
 
 

@@ -22,10 +22,15 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
-from jobs import ROOT, missing
+
+# jobs.py, shared with the CPU tests, is in the folder above (on the path already where pytest
+# collects that folder too, not where it is given this one alone).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs import ROOT, missing  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,9 +1,11 @@
-"""What the GPU tests share: starting the ranks of one job (n processes of one program, each with
-its RANK and WORLD_SIZE and tpar's rendezvous where asked, their output in one log file per rank
-as it is written, so that a job stopped from outside still shows how far every rank got; one
-deadline for all of them; the tagged JSON line each rank prints at the end), running a command
-into a log, and skipping (or, on the GPU machine, failing) where something the test needs is
-missing."""
+"""What the Python tests share: starting the ranks of one job (n processes of one program, each
+with its RANK and WORLD_SIZE and tpar's rendezvous where asked, their output in one log file per
+rank as it is written, so that a job stopped from outside still shows how far every rank got, and
+no pipe that a talkative rank could fill; one deadline for all of them, past which every rank
+still running is killed, so that a hung test leaves no process behind; the tagged JSON line each
+rank prints at the end), running a command into a log, and skipping (or, on the GPU machine,
+failing) where something the test needs is missing. The CPU tests (tests/python) and the GPU
+tests (tests/python/gpu, whose conftest puts this folder on the path) both use it."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 # Set by scripts/gpu-check.sh on the GPU machine: what would skip fails instead.
 REQUIRED = os.environ.get("TPAR_GPU_REQUIRED") == "1"
 
@@ -42,46 +44,64 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def job_env(n: int, folder: Path, *, env: dict | None = None, rendezvous: bool = True) -> dict:
+    """The environment every rank of a job of `n` shares (each adds its RANK): this process's,
+    less an outer job's variables (OUTER), with the job's WORLD_SIZE, a STORE file in `folder`
+    for torch.distributed's file:// init and, with `rendezvous`, tpar's rank environment
+    (TPAR_RENDEZVOUS in `folder`, a fresh TPAR_JOB_TOKEN) and a MASTER_ADDR/MASTER_PORT for
+    env:// init; then `env` laid over it, where a variable given as None is taken out."""
+    common = {k: v for k, v in os.environ.items() if k not in OUTER}
+    common.update(
+        WORLD_SIZE=str(n),
+        NCCL_NVLS_ENABLE="0",
+        TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+        PYTHONUNBUFFERED="1",
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        STORE=str(Path(folder) / "store"),
+    )
+    if rendezvous:
+        common.update(
+            TPAR_RENDEZVOUS=str(Path(folder) / "rdv"),
+            TPAR_JOB_TOKEN=secrets.token_hex(16),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
+    common.update(env or {})
+    return {k: v for k, v in common.items() if v is not None}
+
+
 def run_ranks(
     n: int,
     argv: list[str],
     *,
-    log_dir: Path,
-    tag: str,
     timeout: float,
+    log_dir: Path | None = None,
+    tag: str = "job",
     env: dict | None = None,
     rendezvous: bool = True,
-) -> list[tuple[int, str]]:
-    """Runs `argv` as ranks 0..n-1 of one job; returns each rank's (exit code, output). With
-    `rendezvous`, the ranks get a private TPAR_RENDEZVOUS and TPAR_JOB_TOKEN (tpar's rank
-    environment) and a MASTER_ADDR/MASTER_PORT for torch.distributed's env:// init."""
-    log_dir = Path(log_dir)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="tpar-gpu-job-") as tmp:
-        common = {k: v for k, v in os.environ.items() if k not in OUTER}
-        common.update(
-            WORLD_SIZE=str(n),
-            NCCL_NVLS_ENABLE="0",
-            TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
-            PYTHONUNBUFFERED="1",
-            TORCHINDUCTOR_COMPILE_THREADS="1",
-            STORE=os.path.join(tmp, "store"),
-        )
-        if rendezvous:
-            common.update(
-                TPAR_RENDEZVOUS=os.path.join(tmp, "rdv"),
-                TPAR_JOB_TOKEN=secrets.token_hex(16),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(free_port()),
-            )
-        common.update(env or {})
-        files = [open(log_dir / f"{tag}-rank{r}.log", "w+") for r in range(n)]
+    tmp: Path | None = None,
+    apart: bool = False,
+) -> list[tuple]:
+    """Runs `argv` as ranks 0..n-1 of one job; returns each rank's (exit code, output), or with
+    `apart` its (exit code, stdout, stderr). With `rendezvous`, the ranks get a private
+    TPAR_RENDEZVOUS and TPAR_JOB_TOKEN (tpar's rank environment) and a MASTER_ADDR/MASTER_PORT
+    for torch.distributed's env:// init; STORE names a file for a file:// init either way
+    (`job_env`, with `env` laid over it). The rendezvous folder and the store are in `tmp` (a
+    test's tmp_path, to look at after), else in a temporary folder removed at the end; the
+    logs (`tag`-rank`r`.log, or .out and .err) are in `log_dir`, else beside them."""
+    with tempfile.TemporaryDirectory(prefix="tpar-test-job-") as scratch:
+        folder = Path(tmp if tmp is not None else scratch)
+        log_dir = Path(log_dir if log_dir is not None else folder)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        common = job_env(n, folder, env=env, rendezvous=rendezvous)
+        streams = ("out", "err") if apart else ("log",)
+        files = [[open(log_dir / f"{tag}-rank{r}.{s}", "w+") for s in streams] for r in range(n)]
         procs = [
             subprocess.Popen(
                 argv,
                 env=dict(common, RANK=str(r)),
-                stdout=f,
-                stderr=subprocess.STDOUT,
+                stdout=f[0],
+                stderr=f[-1] if apart else subprocess.STDOUT,
                 text=True,
             )
             for r, f in enumerate(files)
@@ -96,10 +116,42 @@ def run_ranks(
                 p.kill()
                 p.wait()
                 note = f"\n(killed: the test's time limit of {timeout:.0f} s)"
-            f.seek(0)
-            results.append((p.returncode, f.read() + note))
-            f.close()
+            texts = []
+            for stream in f:
+                stream.seek(0)
+                texts.append(stream.read())
+                stream.close()
+            texts[-1] += note
+            results.append((p.returncode, *texts))
         return results
+
+
+def succeeded(results) -> list:
+    """The outputs of `run_ranks`' ranks (without their exit codes); a rank that exited other
+    than 0 fails the test with the end of what it printed."""
+    for rank, (code, *texts) in enumerate(results):
+        assert code == 0, f"rank {rank} exited {code}:\n" + "\n".join(t[-4000:] for t in texts)
+    return [texts[0] if len(texts) == 1 else tuple(texts) for _, *texts in results]
+
+
+def run_python_ranks(
+    n: int, code: str, *, timeout: float, env: dict | None = None, path=()
+) -> list[tuple[list[str], str]]:
+    """Runs the Python program `code` as the n ranks of a job whose ranks meet through their
+    own torch.distributed group (an engine's way: STORE names its file, no tpar rendezvous),
+    with the folders `path` ahead of PYTHONPATH; fails the test where a rank exits other than
+    0, else returns each rank's (stdout lines, stderr)."""
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    pythonpath = os.pathsep.join([*map(str, path), *inherited]) or None
+    results = run_ranks(
+        n,
+        [sys.executable, "-c", code],
+        timeout=timeout,
+        env={**(env or {}), "PYTHONPATH": pythonpath},
+        rendezvous=False,
+        apart=True,
+    )
+    return [(out.splitlines(), err) for out, err in succeeded(results)]
 
 
 def run_worker(n: int, worker: str, task: dict, log_dir: Path, timeout: float = 600):
