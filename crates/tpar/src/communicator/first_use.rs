@@ -469,7 +469,9 @@ pub(crate) fn agree_and_time<P>(
     };
     let before_ms = job.started.elapsed().as_secs_f64() * 1e3;
     let first = format!("first-use-{instance}-first");
+    let mut published_first = false;
     let mut keep = |first_ms: f64| -> Result<usize> {
+        published_first = true;
         rendezvous.publish(&first, &(before_ms, first_ms))?;
         let all: Vec<(f64, f64)> = rendezvous.gather(&first, timeout)?;
         let slowest = |pick: fn(&(f64, f64)) -> f64| all.iter().map(pick).fold(0.0, f64::max);
@@ -478,6 +480,12 @@ pub(crate) fn agree_and_time<P>(
     let mine = time(prepared, &mut keep)
         .map_err(|e| log::warn!("first-use measurement on rank {rank}: {e}"))
         .ok();
+    if mine.is_none() && !published_first {
+        // The other ranks wait for this rank's first size in `keep`: a first size too long
+        // for anything more stops them there at once, not at the timeout (all then fall back
+        // to the model, as this rank's missing times below say).
+        let _ = rendezvous.publish(&first, &(before_ms, f64::MAX));
+    }
     let key = format!("first-use-{instance}-times");
     let gathered: Result<Vec<Option<Vec<f64>>>> = rendezvous
         .publish(&key, &mine)
@@ -665,6 +673,26 @@ mod tests {
         );
         assert_eq!(failed.results, vec![None, None]);
         assert_eq!(failed.timed, 2);
+    }
+
+    #[test]
+    fn a_rank_whose_timing_fails_before_the_first_size_does_not_hold_the_others_to_the_timeout() {
+        let failed = job(
+            3,
+            |_| true,
+            |_| Ok(()),
+            |rank, keep| {
+                if rank == 1 {
+                    return Err(Error::Cuda("the first launch failed".into()));
+                }
+                // Before, this waited the job's 20 s for rank 1's first size, then failed.
+                let count = keep(3.2);
+                assert!(matches!(count, Ok(2)), "rank {rank}: {count:?}");
+                Ok(vec![1.0; 2])
+            },
+        );
+        assert_eq!(failed.results, vec![None, None, None]);
+        assert_eq!(failed.timed, 3);
     }
 
     #[test]
