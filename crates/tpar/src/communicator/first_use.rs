@@ -658,41 +658,33 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_whose_timing_fails_leaves_every_rank_to_the_model() {
-        let failed = job(
-            2,
-            |_| true,
-            |_| Ok(()),
-            |rank, keep| {
-                let count = keep(3.2)?;
-                match rank {
-                    0 => Err(Error::Cuda("a launch failed".into())),
-                    _ => Ok(vec![1.0; count]),
-                }
-            },
-        );
-        assert_eq!(failed.results, vec![None, None]);
-        assert_eq!(failed.timed, 2);
-    }
-
-    #[test]
-    fn a_rank_whose_timing_fails_before_the_first_size_does_not_hold_the_others_to_the_timeout() {
-        let failed = job(
-            3,
-            |_| true,
-            |_| Ok(()),
-            |rank, keep| {
-                if rank == 1 {
-                    return Err(Error::Cuda("the first launch failed".into()));
-                }
-                // Before, this waited the job's 20 s for rank 1's first size, then failed.
-                let count = keep(3.2);
-                assert!(matches!(count, Ok(2)), "rank {rank}: {count:?}");
-                Ok(vec![1.0; 2])
-            },
-        );
-        assert_eq!(failed.results, vec![None, None, None]);
-        assert_eq!(failed.timed, 3);
+    fn a_rank_whose_timing_fails_leaves_every_rank_to_the_model_without_waiting_out_the_timeout() {
+        // Rank 1 fails after the first size's agreement, or before it (its first launch).
+        for before_first_size in [false, true] {
+            let failed = job(
+                3,
+                |_| true,
+                |_| Ok(()),
+                |rank, keep| {
+                    if rank == 1 && before_first_size {
+                        return Err(Error::Cuda("the first launch failed".into()));
+                    }
+                    // Every probe fits; where rank 1 failed before its first size, the others
+                    // stop after theirs, told at once (before, they waited here the job's 20 s
+                    // for rank 1, then failed).
+                    let count = keep(3.2);
+                    let fit = if before_first_size { 2 } else { 6 };
+                    assert!(matches!(count, Ok(c) if c == fit), "rank {rank}: {count:?}");
+                    match rank {
+                        1 => Err(Error::Cuda("a launch failed".into())),
+                        _ => Ok(vec![1.0; fit]),
+                    }
+                },
+            );
+            let case = format!("failed before the first size: {before_first_size}");
+            assert_eq!(failed.results, vec![None, None, None], "{case}");
+            assert_eq!(failed.timed, 3, "{case}");
+        }
     }
 
     #[test]
