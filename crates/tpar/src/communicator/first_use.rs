@@ -422,8 +422,9 @@ pub(crate) struct Agreement<'a> {
 /// the captured graphs: nothing launched), and all time or none does, so a rank that failed
 /// there leaves no peer's call counter ahead; each `time`s the prepared probes, and after the
 /// first size's (`keep`) the ranks agree on their wall time, the slowest rank's, and time the
-/// sizes that still fit the budget by it (the same count on every rank, so the same calls);
-/// the times are gathered. The slowest rank's time per probe (`None` past the probes timed),
+/// sizes that still fit the budget by it (the same count on every rank, so the same calls;
+/// a rank whose timing failed before that agreement takes part in it all the same, so that
+/// none waits for it); the times are gathered. The slowest rank's time per probe (`None` past the probes timed),
 /// or `None` where any step failed on any rank, which is logged: the fabric model decides.
 pub(crate) fn agree_and_time<P>(
     job: &Agreement<'_>,
