@@ -126,14 +126,6 @@ def run_ranks(
         return results
 
 
-def succeeded(results) -> list:
-    """The outputs of `run_ranks`' ranks (without their exit codes); a rank that exited other
-    than 0 fails the test with the end of what it printed."""
-    for rank, (code, *texts) in enumerate(results):
-        assert code == 0, f"rank {rank} exited {code}:\n" + "\n".join(t[-4000:] for t in texts)
-    return [texts[0] if len(texts) == 1 else tuple(texts) for _, *texts in results]
-
-
 def run_python_ranks(
     n: int, code: str, *, timeout: float, env: dict | None = None, path=()
 ) -> list[tuple[list[str], str]]:
@@ -151,7 +143,9 @@ def run_python_ranks(
         rendezvous=False,
         apart=True,
     )
-    return [(out.splitlines(), err) for out, err in succeeded(results)]
+    for rank, (status, out, err) in enumerate(results):
+        assert status == 0, f"rank {rank} exited {status}:\n{out[-4000:]}\n{err[-4000:]}"
+    return [(out.splitlines(), err) for _, out, err in results]
 
 
 def run_worker(n: int, worker: str, task: dict, log_dir: Path, timeout: float = 600):
