@@ -93,7 +93,12 @@ impl ProbePlan {
 
     /// The GPU time the model expects the probes to take, ms.
     pub fn modelled_ms(&self) -> f64 {
-        self.probes
+        self.modelled_ms_of(&self.probes)
+    }
+
+    /// The GPU time the model expects `probes` (some of the plan's) to take, ms.
+    fn modelled_ms_of(&self, probes: &[PlannedProbe]) -> f64 {
+        probes
             .iter()
             .map(|p| p.modelled_us * self.calls_per_probe())
             .sum::<f64>()
@@ -134,13 +139,8 @@ impl ProbePlan {
         let Some(&(_, first_end)) = groups.first() else {
             return 0;
         };
-        let modelled_ms = |(start, end): (usize, usize)| {
-            self.probes[start..end]
-                .iter()
-                .map(|p| p.modelled_us * self.calls_per_probe())
-                .sum::<f64>()
-                / 1e3
-        };
+        let modelled_ms =
+            |(start, end): (usize, usize)| self.modelled_ms_of(&self.probes[start..end]);
         let slower = (first_ms / modelled_ms(groups[0])).max(1.0);
         let budget_ms = BUDGET.as_secs_f64() * 1e3;
         let mut spent = before_ms + first_ms;
