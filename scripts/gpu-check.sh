@@ -85,7 +85,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda_spans":
         print(m["executable"])')
   [ -x "$spans" ] || { echo "no cuda_spans test binary came out of cargo test --no-run" >&2; exit 1; }
-  strip --strip-debug -o "$carry/tpar" target/release/tpar
+  strip --strip-debug -o "$carry/tpar" "${CARGO_TARGET_DIR:-target}/release/tpar"
   strip --strip-debug -o "$carry/cuda_spans" "$spans"
   echo "== the wheel (maturin, in .ci/venv)"
   if [ ! -x .ci/venv/bin/maturin ]; then
