@@ -5,6 +5,7 @@ block, and each rank sees its own RANK and the job's shared variables."""
 import sys
 import time
 
+import pytest
 from jobs import run_python_ranks, run_ranks
 
 
@@ -44,9 +45,5 @@ def test_output_larger_than_a_pipe_does_not_block_and_ranks_share_the_job():
 def test_python_ranks_keep_stderr_apart_and_fail_the_test_on_a_bad_exit():
     code = "import os, sys; print('out', os.environ['RANK']); print('err', file=sys.stderr)"
     assert run_python_ranks(2, code, timeout=60) == [(["out 0"], "err\n"), (["out 1"], "err\n")]
-    try:
+    with pytest.raises(AssertionError, match="rank 1 exited 5"):
         run_python_ranks(2, "import os, sys; sys.exit(int(os.environ['RANK']) * 5)", timeout=60)
-    except AssertionError as e:
-        assert "rank 1 exited 5" in str(e), e
-    else:
-        raise AssertionError("a rank exiting 5 passed")
