@@ -12,6 +12,10 @@
 // norm_exchange_lines: one line per (row, warp of the row)), and warp 0 of every block reads
 // all of them and folds them as the tree does: the same bits in every block and on every rank
 // as fused_oneshot.cu's segment sums. With one block per row the sums stay in shared memory.
+// Where the GPU has thread block clusters (sm_90+), the host may launch the cluster form
+// instead (tpar_fused_oneshot_clusters_*: a row's blocks are one cluster): each warp stores its
+// sum into every block's shared memory of the cluster and one cluster barrier replaces the
+// exchange through device memory and its waits; the fold, and so the bits, are the same.
 //
 // A file of its own, so that fused_oneshot.cu (whole blocks) stays as it was, to the PTX: with
 // this kernel compiled beside them in one file (its PTX then the same as here), the group-site
@@ -114,8 +118,11 @@ __device__ __forceinline__ void fused_y_row(const TparNormArgs& n, const NormRow
 
 // The kernel: blocks of the host's size, smaller than TPAR_NORM_THREADS (a multiple of 32
 // dividing it, so that a warp's 32 quads are one warp of the row's tree).
-template <int DT>
+template <int DT, bool CLUSTER>
 __device__ void fused_oneshot_small(const TparFusedArgs& f) {
+#if !TPAR_HAS_CLUSTERS
+    if (CLUSTER) __trap();  // the host launches the cluster form only where clusters exist
+#endif
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
     const NormRow shape = norm_row<DT>(n.hidden);
@@ -136,8 +143,9 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 row_warps = norm_row_warps(shape.quads);
-    // Where one block has the whole row its warps exchange their sums in shared memory.
-    const bool shared_row = s.per_row == 1;
+    // Where one block has the whole row, or the row's blocks are one cluster, the warps exchange
+    // their sums in shared memory.
+    const bool shared_row = s.per_row == 1 || CLUSTER;
     bool ok = true;
     for (u64 row = s.first_row; row < n.rows; row += s.row_stride) {
         u64* const row_lines = norm_exchange_lines(a) + row * row_warps;  // one per warp of the row
@@ -156,7 +164,15 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
             // (warps past the row publish nothing).
             const float warp_sum = butterfly_sum(partial);
             const u32 row_warp = (u32)((q - lane) / 32);
-            if (lane == 0 && row_warp < row_warps) {
+            if (CLUSTER) {
+#if TPAR_HAS_CLUSTERS
+                // Lane b stores the sum into block b of the cluster (the row's block b: the
+                // cluster is the row's per_row consecutive blocks).
+                if (lane < s.per_row && row_warp < row_warps) {
+                    cluster_store_f32(&tpar_norm_warp_sums[row_warp / 16][row_warp % 16], lane, warp_sum);
+                }
+#endif
+            } else if (lane == 0 && row_warp < row_warps) {
                 if (shared_row) {
                     tpar_norm_warp_sums[row_warp / 16][row_warp % 16] = warp_sum;
                 } else {
@@ -166,7 +182,13 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         }
         // Warp 0 folds every warp sum of the row as norm.rs's tree (each segment's 16, two
         // segments at a time, then the segment sums in order) and hands 1/rms to the block.
-        if (shared_row) __syncthreads();
+        if (CLUSTER) {
+#if TPAR_HAS_CLUSTERS
+            cluster_sync();
+#endif
+        } else if (shared_row) {
+            __syncthreads();
+        }
         if (warp == 0) {
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; ++pair) {
@@ -185,9 +207,27 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         }
         __syncthreads();
         fused_y_row<DT>(n, shape, s, first, row, kept, tpar_norm_inv);
-        __syncthreads();  // the shared sums and 1/rms are reused by the next row
+        // The shared sums and 1/rms are reused by the next row; in a cluster other blocks
+        // store into them, so the whole cluster must be past this row's fold.
+        if (CLUSTER && row + s.row_stride < n.rows) {
+#if TPAR_HAS_CLUSTERS
+            cluster_sync();
+#endif
+        } else {
+            __syncthreads();
+        }
     }
     end_call(a, call);
 }
 
-TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_small_blocks, fused_oneshot_small, TparFusedArgs)
+template <int DT>
+__device__ void fused_oneshot_small_blocks(const TparFusedArgs& f) {
+    fused_oneshot_small<DT, false>(f);
+}
+template <int DT>
+__device__ void fused_oneshot_clusters(const TparFusedArgs& f) {
+    fused_oneshot_small<DT, true>(f);
+}
+
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_small_blocks, fused_oneshot_small_blocks, TparFusedArgs)
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_clusters, fused_oneshot_clusters, TparFusedArgs)

@@ -64,3 +64,25 @@ __device__ __forceinline__ void pdl_launch_dependents() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Thread block clusters (sm_90+): the blocks of one cluster run at once on one GPC and may store
+// into each other's shared memory (distributed shared memory). `cluster_store_f32` stores `v` at
+// the address of `local` (a __shared__ variable of this block) in the cluster's block `rank`;
+// `cluster_sync` is the cluster-wide barrier, with release/acquire order: every store any block
+// of the cluster made before it is visible to every block after it. Only kernels the host
+// launches with a cluster dimension may call them (fused.rs, the cluster exchange); below sm_90
+// they do not exist, and the host never launches such a kernel there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TPAR_HAS_CLUSTERS 1
+__device__ __forceinline__ void cluster_store_f32(const float* local, u32 rank, float v) {
+    const u32 own = (u32)__cvta_generic_to_shared(local);
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(own), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+#else
+#define TPAR_HAS_CLUSTERS 0
+#endif

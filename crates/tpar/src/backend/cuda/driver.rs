@@ -481,29 +481,122 @@ impl Function {
         if !pdl {
             return self.launch(grid, threads, stream, args);
         }
+        self.launch_with(grid, threads, stream, args, pdl, 1)
+    }
+
+    /// [`Function::launch_ex`] in thread block clusters of `cluster` consecutive blocks
+    /// (compute capability 9.0 or newer; `grid` a multiple of `cluster`).
+    ///
+    /// # Safety
+    /// As for [`Function::launch_ex`]; the kernel must be one written for clusters of this size.
+    pub(crate) unsafe fn launch_cluster<T: Copy>(
+        &self,
+        grid: u32,
+        threads: u32,
+        cluster: u32,
+        stream: sys::CUstream,
+        args: &T,
+        pdl: bool,
+    ) -> Result<()> {
+        assert!(
+            cluster >= 1 && grid % cluster == 0,
+            "a grid of {grid} in clusters of {cluster}"
+        );
+        self.launch_with(grid, threads, stream, args, pdl, cluster)
+    }
+
+    /// `cuLaunchKernelEx` with PDL where `pdl` and clusters of `cluster` blocks where above 1.
+    unsafe fn launch_with<T: Copy>(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: sys::CUstream,
+        args: &T,
+        pdl: bool,
+        cluster: u32,
+    ) -> Result<()> {
         let mut arg = *args;
         let mut params = [&mut arg as *mut T as *mut c_void];
-        // SAFETY: a zeroed attribute is valid plain data; we set the one field we use.
-        let mut attribute: sys::CUlaunchAttribute = std::mem::zeroed();
-        attribute.id =
-            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attribute.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: 0,
-            hStream: stream,
-            attrs: &mut attribute,
-            numAttrs: 1,
-        };
+        let mut attributes = launch_attributes(pdl, cluster);
+        // The config points into `attributes`, which live to the end of this function.
+        let config = launch_config(grid, threads, stream, &mut attributes);
         check(
             "cuLaunchKernelEx",
             sys::cuLaunchKernelEx(&config, self.0, params.as_mut_ptr(), std::ptr::null_mut()),
         )
+    }
+
+    /// Lets the kernel run in clusters above the portable 8 blocks (16 on H100 and H200).
+    pub(crate) fn allow_non_portable_clusters(&self) -> Result<()> {
+        // SAFETY: sets an attribute of a loaded function.
+        check(
+            "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)",
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    self.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    1,
+                )
+            },
+        )
+    }
+
+    /// How many clusters of `cluster` blocks of `threads` threads the GPU holds at once (0
+    /// where that size cannot run).
+    pub(crate) fn max_active_clusters(&self, threads: u32, cluster: u32) -> Result<u32> {
+        let mut attributes = launch_attributes(false, cluster);
+        let config = launch_config(cluster, threads, std::ptr::null_mut(), &mut attributes);
+        let mut n = 0;
+        // SAFETY: queries a loaded function with a config that lives across the call.
+        check("cuOccupancyMaxActiveClusters", unsafe {
+            sys::cuOccupancyMaxActiveClusters(&mut n, self.0, &config)
+        })?;
+        Ok(n.max(0) as u32)
+    }
+}
+
+/// The launch attributes of [`Function::launch_with`]: PDL and the cluster dimension, each
+/// only where asked for (the array's unused tail is not passed).
+fn launch_attributes(pdl: bool, cluster: u32) -> Vec<sys::CUlaunchAttribute> {
+    let mut attributes = Vec::with_capacity(2);
+    if pdl {
+        // SAFETY: a zeroed attribute is valid plain data; we set the fields we use.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attribute.value.programmaticStreamSerializationAllowed = 1;
+        attributes.push(attribute);
+    }
+    if cluster > 1 {
+        // SAFETY: as above.
+        let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attribute.value.clusterDim.x = cluster;
+        attribute.value.clusterDim.y = 1;
+        attribute.value.clusterDim.z = 1;
+        attributes.push(attribute);
+    }
+    attributes
+}
+
+/// A 1-D launch of `grid` blocks of `threads` with `attributes`, which must outlive its use.
+fn launch_config(
+    grid: u32,
+    threads: u32,
+    stream: sys::CUstream,
+    attributes: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream,
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
     }
 }
 

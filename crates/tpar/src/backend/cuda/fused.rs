@@ -13,6 +13,7 @@ use cudarc::driver::CudaStream;
 
 use super::errors::HEADER_FUSED;
 use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
+use super::loader::MAX_CLUSTER;
 use super::span::FusedOperands;
 // The fused op's operands are defined with the other operands, in `span.rs`.
 pub use super::span::{FusedCall, FusedInput, FusedResidual, FusedSpans};
@@ -134,16 +135,45 @@ impl CudaCommunicator {
             let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
+            let clusters = matches!(kernel, KernelId::FusedOneShotSmallBlocks(_))
+                && self.clusters_fit(grid, threads, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
-            // the FFI edge). The kernels run griddepcontrol.wait before touching memory.
+            // the FFI edge). The kernels run griddepcontrol.wait before touching memory. The
+            // cluster kernel is launched in clusters of a row's blocks, as it is written for.
             unsafe {
-                self.kernels
-                    .get(kernel)
-                    .launch_ex(grid, threads, stream, &args, pdl)?
+                if clusters {
+                    self.kernels
+                        .get(KernelId::FusedOneShotClusters(call.dtype))
+                        .launch_cluster(grid, threads, per_row, stream, &args, pdl)?
+                } else {
+                    self.kernels
+                        .get(kernel)
+                        .launch_ex(grid, threads, stream, &args, pdl)?
+                }
             };
         }
         Ok(())
+    }
+
+    /// Whether the small-block fused launch of `grid` blocks of `threads`, `per_row` to a row,
+    /// runs as the cluster kernel (a row's blocks one thread block cluster, their sums
+    /// exchanged in shared memory): where a row has several blocks, the GPU runs clusters of
+    /// that size, and this rank's share of the co-resident blocks holds the launch's clusters
+    /// (its blocks spin, so all must be resident at once). `TPAR_FUSED_CLUSTERS=0` keeps the
+    /// exchange through device memory, for comparison.
+    fn clusters_fit(&self, grid: u32, threads: u32, per_row: u32) -> bool {
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let off =
+            *OFF.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_CLUSTERS") == Some(0));
+        if off || !(2..=MAX_CLUSTER).contains(&per_row) || grid % per_row != 0 {
+            return false;
+        }
+        let capacity = u64::from(self.kernels.sm_count * self.kernels.blocks_per_sm).max(1);
+        let share = u64::from(self.kernels.active_clusters(threads, per_row))
+            * u64::from(self.max_blocks)
+            / capacity;
+        u64::from(grid / per_row) <= share
     }
 
     /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,

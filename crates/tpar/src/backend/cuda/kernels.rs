@@ -290,6 +290,10 @@ pub enum KernelId {
     /// The same with one wait site per peer on blocks smaller than [`THREADS`], whose warps
     /// exchange their sums (`fused_oneshot_small.cu`; fused.rs, `fused_block_threads`).
     FusedOneShotSmallBlocks(DType),
+    /// The same kernel whose row's blocks are one thread block cluster (sm_90+): the warps'
+    /// sums go into every block's shared memory instead of through device memory
+    /// (`fused_oneshot_small.cu`; fused.rs, `cluster_per_row`).
+    FusedOneShotClusters(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
     /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
@@ -317,7 +321,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 42;
+    pub const COUNT: usize = 45;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -366,6 +370,9 @@ impl KernelId {
             FusedOneShotSmallBlocks(F32),
             FusedOneShotSmallBlocks(F16),
             FusedOneShotSmallBlocks(Bf16),
+            FusedOneShotClusters(F32),
+            FusedOneShotClusters(F16),
+            FusedOneShotClusters(Bf16),
         ]
     };
 
@@ -403,6 +410,7 @@ impl KernelId {
             KernelId::ProbePingpong => 35,
             KernelId::FusedOneShotPeerSites(d) => 36 + dtype_index(d),
             KernelId::FusedOneShotSmallBlocks(d) => 39 + dtype_index(d),
+            KernelId::FusedOneShotClusters(d) => 42 + dtype_index(d),
         }
     }
 
@@ -455,6 +463,14 @@ impl KernelId {
                     "tpar_fused_oneshot_small_blocks_f32",
                     "tpar_fused_oneshot_small_blocks_f16",
                     "tpar_fused_oneshot_small_blocks_bf16",
+                ],
+            ),
+            KernelId::FusedOneShotClusters(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_clusters_f32",
+                    "tpar_fused_oneshot_clusters_f16",
+                    "tpar_fused_oneshot_clusters_bf16",
                 ],
             ),
             KernelId::AddRmsNorm(d) => by_dtype(
@@ -519,7 +535,9 @@ impl KernelId {
             KernelId::TwoShotPush(_) => "twoshot_push.cu",
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
             KernelId::FusedOneShot(_) | KernelId::FusedOneShotPeerSites(_) => "fused_oneshot.cu",
-            KernelId::FusedOneShotSmallBlocks(_) => "fused_oneshot_small.cu",
+            KernelId::FusedOneShotSmallBlocks(_) | KernelId::FusedOneShotClusters(_) => {
+                "fused_oneshot_small.cu"
+            }
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
             KernelId::FusedTwoShot(_) => "twoshot_fused.cu",
             KernelId::StagedPush(_) => "staged.cu",

@@ -12,6 +12,7 @@ use cudarc::driver::CudaContext;
 use super::driver::{self, Function, Module};
 use super::kernels::{self, KernelId, THREADS};
 use super::nvrtc;
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 /// The kernels loaded into one device's primary context.
@@ -27,7 +28,16 @@ pub(crate) struct KernelSet {
     pub(super) module_bytes: u64,
     /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
     pub(super) pdl: bool,
+    /// Clusters of the fused cluster kernel the GPU holds at once, by block size and cluster
+    /// size ([`KernelSet::active_clusters`]); all 0 below compute capability 9.0.
+    active_clusters: [[u32; MAX_CLUSTER as usize + 1]; CLUSTER_BLOCK_THREADS.len()],
 }
+
+/// The largest thread block cluster tpar launches: H100's and H200's non-portable limit (8 is
+/// portable to every GPU with clusters; a larger size the GPU cannot run counts 0 clusters).
+pub(super) const MAX_CLUSTER: u32 = 16;
+/// The block sizes the fused cluster kernel may run with (fused.rs, `fused_block_threads`).
+const CLUSTER_BLOCK_THREADS: [u32; 2] = [128, 256];
 
 /// Free device memory of the current context's GPU, or None where the driver cannot say.
 fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
@@ -56,6 +66,48 @@ impl KernelSet {
     pub(crate) fn get(&self, kernel: KernelId) -> Function {
         self.functions[kernel.index()]
     }
+
+    /// How many clusters of `cluster` blocks of `threads` threads of the fused cluster kernel
+    /// the GPU holds at once: 0 where it has no clusters, or not of that shape.
+    pub(crate) fn active_clusters(&self, threads: u32, cluster: u32) -> u32 {
+        let Some(row) = CLUSTER_BLOCK_THREADS.iter().position(|&t| t == threads) else {
+            return 0;
+        };
+        self.active_clusters[row]
+            .get(cluster as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// [`KernelSet::active_clusters`]' table, with every dtype's cluster kernel allowed clusters
+/// above 8 where the driver lets it (one dtype's kernel is asked for all: they have the same
+/// resources, 128 registers and the same shared memory).
+fn active_clusters_of(
+    functions: &[Function],
+    major: i32,
+) -> [[u32; MAX_CLUSTER as usize + 1]; CLUSTER_BLOCK_THREADS.len()] {
+    let mut table = [[0; MAX_CLUSTER as usize + 1]; CLUSTER_BLOCK_THREADS.len()];
+    if major < 9 {
+        return table;
+    }
+    let kernels = DType::ALL.map(|dtype| functions[KernelId::FusedOneShotClusters(dtype).index()]);
+    // Where the driver refuses sizes above 8, those stay 0 and the portable ones are asked.
+    let non_portable = kernels
+        .iter()
+        .all(|kernel| kernel.allow_non_portable_clusters().is_ok());
+    let kernel = kernels[0];
+    for (row, &threads) in CLUSTER_BLOCK_THREADS.iter().enumerate() {
+        for cluster in 2..=MAX_CLUSTER {
+            if cluster > 8 && !non_portable {
+                break;
+            }
+            // A size the GPU cannot run is an error from the query: it counts 0.
+            table[row][cluster as usize] =
+                kernel.max_active_clusters(threads, cluster).unwrap_or(0);
+        }
+    }
+    table
 }
 
 pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
@@ -115,9 +167,11 @@ pub(crate) fn kernel_set(ctx: &Arc<CudaContext>) -> Result<Arc<KernelSet>> {
         ctx,
         CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     )? as u32;
+    let active_clusters = active_clusters_of(&functions, major);
     let set = Arc::new(KernelSet {
         _modules: modules,
         functions,
+        active_clusters,
         blocks_per_sm,
         sm_count,
         module_bytes,
