@@ -27,14 +27,21 @@
 //
 // A failed wait (deadline, mismatched header) sets the error word; the thread then stops
 // waiting but still publishes its sums and reaches every barrier, so the kernel exits.
+// Where the GPU has thread block clusters (sm_90+) the host may launch the cluster forms
+// (tpar_fused_oneshot_clusters_*): a row's blocks are one cluster, each block stores its segment
+// sums into every block's shared memory and one cluster barrier replaces the exchange through
+// device memory; the sums, read in segment order, and so the bits, are the same.
 // A fused kernel: one wait site per group of peers (tuning.cuh, TPAR_WAIT_SITE_PER_GROUP). It
 // is also compiled with one site per peer (tpar_fused_oneshot_peer_sites_*), which the host
 // launches at small world sizes (fused.rs, FUSED_PEER_SITE_RANKS, with the measurement).
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
-template <int DT, bool SITE_PER_GROUP>
+template <int DT, bool SITE_PER_GROUP, bool CLUSTER>
 __device__ void fused_oneshot(const TparFusedArgs& f) {
+#if !TPAR_HAS_CLUSTERS
+    if (CLUSTER) __trap();  // the host launches the cluster forms only where clusters exist
+#endif
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
     const NormRow shape = norm_row<DT>(n.hidden);
@@ -114,6 +121,21 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 const float i = norm_inv(sum, segments, n.hidden, n.eps);
                 if (lane == 0) tpar_norm_inv = i;
             }
+        } else if (CLUSTER) {
+#if TPAR_HAS_CLUSTERS
+            // Lane b stores the block's segment sums into block b of the cluster (the row's
+            // block b), then every block reads all of them in segment order.
+            if (warp < mine) {
+                const float s = norm_segment_fold(warp);
+                if (lane < per_row) cluster_store_f32(&tpar_norm_segment_sums[part + warp * per_row], lane, s);
+            }
+            cluster_sync();
+            if (warp == 0) {
+                const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
+            }
+#endif
         } else {
             // Publish this block's segment sums, then read every segment's in order.
             if (warp < mine) {
@@ -148,17 +170,33 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
             store_pair<DT>(y, q, n.hidden, words, y0, y1);
         }
-        __syncthreads();  // the shared sums are reused by the next row
+        // The shared sums are reused by the next row; in a cluster other blocks store into
+        // them, so the whole cluster must be past this row's fold.
+        if (CLUSTER && per_row > 1 && row + row_stride < n.rows) {
+#if TPAR_HAS_CLUSTERS
+            cluster_sync();
+#endif
+        } else {
+            __syncthreads();
+        }
     }
     end_call(a, call);
 }
 
 template <int DT> __device__ __forceinline__ void fused_oneshot_group_sites(const TparFusedArgs& f) {
-    fused_oneshot<DT, TPAR_WAIT_SITE_PER_GROUP != 0>(f);
+    fused_oneshot<DT, TPAR_WAIT_SITE_PER_GROUP != 0, false>(f);
 }
 template <int DT> __device__ __forceinline__ void fused_oneshot_peer_sites(const TparFusedArgs& f) {
-    fused_oneshot<DT, false>(f);
+    fused_oneshot<DT, false, false>(f);
+}
+template <int DT> __device__ __forceinline__ void fused_oneshot_group_sites_clusters(const TparFusedArgs& f) {
+    fused_oneshot<DT, TPAR_WAIT_SITE_PER_GROUP != 0, true>(f);
+}
+template <int DT> __device__ __forceinline__ void fused_oneshot_peer_sites_clusters(const TparFusedArgs& f) {
+    fused_oneshot<DT, false, true>(f);
 }
 
 TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot, fused_oneshot_group_sites, TparFusedArgs)
 TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_peer_sites, fused_oneshot_peer_sites, TparFusedArgs)
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_clusters, fused_oneshot_group_sites_clusters, TparFusedArgs)
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_peer_sites_clusters, fused_oneshot_peer_sites_clusters, TparFusedArgs)

@@ -13,7 +13,7 @@
 // all of them and folds them as the tree does: the same bits in every block and on every rank
 // as fused_oneshot.cu's segment sums. With one block per row the sums stay in shared memory.
 // Where the GPU has thread block clusters (sm_90+), the host may launch the cluster form
-// instead (tpar_fused_oneshot_clusters_*: a row's blocks are one cluster): each warp stores its
+// instead (tpar_fused_oneshot_small_clusters_*: a row's blocks are one cluster): each warp stores its
 // sum into every block's shared memory of the cluster and one cluster barrier replaces the
 // exchange through device memory and its waits; the fold, and so the bits, are the same.
 //
@@ -225,9 +225,9 @@ __device__ void fused_oneshot_small_blocks(const TparFusedArgs& f) {
     fused_oneshot_small<DT, false>(f);
 }
 template <int DT>
-__device__ void fused_oneshot_clusters(const TparFusedArgs& f) {
+__device__ void fused_oneshot_small_clusters(const TparFusedArgs& f) {
     fused_oneshot_small<DT, true>(f);
 }
 
 TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_small_blocks, fused_oneshot_small_blocks, TparFusedArgs)
-TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_clusters, fused_oneshot_clusters, TparFusedArgs)
+TPAR_KERNELS_PER_DTYPE(tpar_fused_oneshot_small_clusters, fused_oneshot_small_clusters, TparFusedArgs)

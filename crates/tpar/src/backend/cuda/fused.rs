@@ -135,29 +135,31 @@ impl CudaCommunicator {
             let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
-            let clusters = matches!(kernel, KernelId::FusedOneShotSmallBlocks(_))
-                && self.clusters_fit(grid, threads, per_row);
+            let clustered = kernel
+                .in_clusters()
+                .filter(|_| self.clusters_fit(grid, threads, per_row));
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
-            // the FFI edge). The kernels run griddepcontrol.wait before touching memory. The
-            // cluster kernel is launched in clusters of a row's blocks, as it is written for.
+            // the FFI edge). The kernels run griddepcontrol.wait before touching memory. A
+            // cluster form is launched in clusters of a row's blocks, as it is written for.
             unsafe {
-                if clusters {
-                    self.kernels
-                        .get(KernelId::FusedOneShotClusters(call.dtype))
-                        .launch_cluster(grid, threads, per_row, stream, &args, pdl)?
-                } else {
-                    self.kernels
+                match clustered {
+                    Some(clustered) => self
+                        .kernels
+                        .get(clustered)
+                        .launch_cluster(grid, threads, per_row, stream, &args, pdl)?,
+                    None => self
+                        .kernels
                         .get(kernel)
-                        .launch_ex(grid, threads, stream, &args, pdl)?
+                        .launch_ex(grid, threads, stream, &args, pdl)?,
                 }
             };
         }
         Ok(())
     }
 
-    /// Whether the small-block fused launch of `grid` blocks of `threads`, `per_row` to a row,
-    /// runs as the cluster kernel (a row's blocks one thread block cluster, their sums
+    /// Whether the fused one-shot launch of `grid` blocks of `threads`, `per_row` to a row,
+    /// runs in its cluster form (a row's blocks one thread block cluster, their sums
     /// exchanged in shared memory): where a row has several blocks, the GPU runs clusters of
     /// that size, and this rank's share of the co-resident blocks holds the launch's clusters
     /// (its blocks spin, so all must be resident at once). `TPAR_FUSED_CLUSTERS=0` keeps the

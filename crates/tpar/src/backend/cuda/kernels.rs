@@ -293,7 +293,12 @@ pub enum KernelId {
     /// The same kernel whose row's blocks are one thread block cluster (sm_90+): the warps'
     /// sums go into every block's shared memory instead of through device memory
     /// (`fused_oneshot_small.cu`; fused.rs, `cluster_per_row`).
+    FusedOneShotSmallClusters(DType),
+    /// [`KernelId::FusedOneShot`] whose row's blocks are one thread block cluster (sm_90+):
+    /// the segment sums go into every block's shared memory (`fused_oneshot.cu`).
     FusedOneShotClusters(DType),
+    /// [`KernelId::FusedOneShotPeerSites`] in clusters, as above.
+    FusedOneShotPeerSitesClusters(DType),
     /// The separate residual add + RMSNorm after an allreduce (`fused_norm.cu`).
     AddRmsNorm(DType),
     /// Two-shot allreduce + residual add + RMSNorm in one kernel (`twoshot_fused.cu`).
@@ -321,7 +326,7 @@ const fn by_dtype(dtype: DType, names: [&'static str; 3]) -> &'static str {
 
 impl KernelId {
     /// How many kernels a communicator looks up.
-    pub const COUNT: usize = 45;
+    pub const COUNT: usize = 51;
 
     /// Every key, at its index.
     pub const ALL: [KernelId; KernelId::COUNT] = {
@@ -370,9 +375,15 @@ impl KernelId {
             FusedOneShotSmallBlocks(F32),
             FusedOneShotSmallBlocks(F16),
             FusedOneShotSmallBlocks(Bf16),
+            FusedOneShotSmallClusters(F32),
+            FusedOneShotSmallClusters(F16),
+            FusedOneShotSmallClusters(Bf16),
             FusedOneShotClusters(F32),
             FusedOneShotClusters(F16),
             FusedOneShotClusters(Bf16),
+            FusedOneShotPeerSitesClusters(F32),
+            FusedOneShotPeerSitesClusters(F16),
+            FusedOneShotPeerSitesClusters(Bf16),
         ]
     };
 
@@ -410,7 +421,9 @@ impl KernelId {
             KernelId::ProbePingpong => 35,
             KernelId::FusedOneShotPeerSites(d) => 36 + dtype_index(d),
             KernelId::FusedOneShotSmallBlocks(d) => 39 + dtype_index(d),
-            KernelId::FusedOneShotClusters(d) => 42 + dtype_index(d),
+            KernelId::FusedOneShotSmallClusters(d) => 42 + dtype_index(d),
+            KernelId::FusedOneShotClusters(d) => 45 + dtype_index(d),
+            KernelId::FusedOneShotPeerSitesClusters(d) => 48 + dtype_index(d),
         }
     }
 
@@ -465,12 +478,28 @@ impl KernelId {
                     "tpar_fused_oneshot_small_blocks_bf16",
                 ],
             ),
+            KernelId::FusedOneShotSmallClusters(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_small_clusters_f32",
+                    "tpar_fused_oneshot_small_clusters_f16",
+                    "tpar_fused_oneshot_small_clusters_bf16",
+                ],
+            ),
             KernelId::FusedOneShotClusters(d) => by_dtype(
                 d,
                 [
                     "tpar_fused_oneshot_clusters_f32",
                     "tpar_fused_oneshot_clusters_f16",
                     "tpar_fused_oneshot_clusters_bf16",
+                ],
+            ),
+            KernelId::FusedOneShotPeerSitesClusters(d) => by_dtype(
+                d,
+                [
+                    "tpar_fused_oneshot_peer_sites_clusters_f32",
+                    "tpar_fused_oneshot_peer_sites_clusters_f16",
+                    "tpar_fused_oneshot_peer_sites_clusters_bf16",
                 ],
             ),
             KernelId::AddRmsNorm(d) => by_dtype(
@@ -534,8 +563,11 @@ impl KernelId {
             KernelId::OneShotPush(_) => "oneshot_push.cu",
             KernelId::TwoShotPush(_) => "twoshot_push.cu",
             KernelId::OneShotPull(_) => "oneshot_pull.cu",
-            KernelId::FusedOneShot(_) | KernelId::FusedOneShotPeerSites(_) => "fused_oneshot.cu",
-            KernelId::FusedOneShotSmallBlocks(_) | KernelId::FusedOneShotClusters(_) => {
+            KernelId::FusedOneShot(_)
+            | KernelId::FusedOneShotPeerSites(_)
+            | KernelId::FusedOneShotClusters(_)
+            | KernelId::FusedOneShotPeerSitesClusters(_) => "fused_oneshot.cu",
+            KernelId::FusedOneShotSmallBlocks(_) | KernelId::FusedOneShotSmallClusters(_) => {
                 "fused_oneshot_small.cu"
             }
             KernelId::AddRmsNorm(_) => "fused_norm.cu",
@@ -547,6 +579,17 @@ impl KernelId {
             KernelId::Ring(_) => "ring.cu",
             KernelId::Empty => "floor.cu",
             KernelId::ProbeCopy | KernelId::ProbePingpong => "probe.cu",
+        }
+    }
+
+    /// The form of this fused one-shot kernel whose row's blocks run as one thread block
+    /// cluster, or None for kernels without one.
+    pub const fn in_clusters(self) -> Option<KernelId> {
+        match self {
+            KernelId::FusedOneShotSmallBlocks(d) => Some(KernelId::FusedOneShotSmallClusters(d)),
+            KernelId::FusedOneShot(d) => Some(KernelId::FusedOneShotClusters(d)),
+            KernelId::FusedOneShotPeerSites(d) => Some(KernelId::FusedOneShotPeerSitesClusters(d)),
+            _ => None,
         }
     }
 

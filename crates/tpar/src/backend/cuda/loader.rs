@@ -28,7 +28,7 @@ pub(crate) struct KernelSet {
     pub(super) module_bytes: u64,
     /// Launch with programmatic dependent launch ([`driver::pdl_supported`]).
     pub(super) pdl: bool,
-    /// Clusters of the fused cluster kernel the GPU holds at once, by block size and cluster
+    /// Clusters of the fused cluster kernels the GPU holds at once, by block size and cluster
     /// size ([`KernelSet::active_clusters`]); all 0 below compute capability 9.0.
     active_clusters: [[u32; MAX_CLUSTER as usize + 1]; CLUSTER_BLOCK_THREADS.len()],
 }
@@ -36,8 +36,8 @@ pub(crate) struct KernelSet {
 /// The largest thread block cluster tpar launches: H100's and H200's non-portable limit (8 is
 /// portable to every GPU with clusters; a larger size the GPU cannot run counts 0 clusters).
 pub(super) const MAX_CLUSTER: u32 = 16;
-/// The block sizes the fused cluster kernel may run with (fused.rs, `fused_block_threads`).
-const CLUSTER_BLOCK_THREADS: [u32; 2] = [128, 256];
+/// The block sizes the fused cluster kernels run with (fused.rs, `fused_block_threads`).
+const CLUSTER_BLOCK_THREADS: [u32; 3] = [128, 256, THREADS];
 
 /// Free device memory of the current context's GPU, or None where the driver cannot say.
 fn free_device_memory(ctx: &Arc<CudaContext>) -> Option<u64> {
@@ -67,7 +67,7 @@ impl KernelSet {
         self.functions[kernel.index()]
     }
 
-    /// How many clusters of `cluster` blocks of `threads` threads of the fused cluster kernel
+    /// How many clusters of `cluster` blocks of `threads` threads of a fused cluster kernel
     /// the GPU holds at once: 0 where it has no clusters, or not of that shape.
     pub(crate) fn active_clusters(&self, threads: u32, cluster: u32) -> u32 {
         let Some(row) = CLUSTER_BLOCK_THREADS.iter().position(|&t| t == threads) else {
@@ -80,9 +80,9 @@ impl KernelSet {
     }
 }
 
-/// [`KernelSet::active_clusters`]' table, with every dtype's cluster kernel allowed clusters
-/// above 8 where the driver lets it (one dtype's kernel is asked for all: they have the same
-/// resources, 128 registers and the same shared memory).
+/// [`KernelSet::active_clusters`]' table, with every cluster kernel allowed clusters above 8
+/// where the driver lets it. The small-block kernel is asked for its block sizes and the
+/// whole-block one for [`THREADS`] (one dtype's for all: they take the same resources).
 fn active_clusters_of(
     functions: &[Function],
     major: i32,
@@ -91,20 +91,25 @@ fn active_clusters_of(
     if major < 9 {
         return table;
     }
-    let kernels = DType::ALL.map(|dtype| functions[KernelId::FusedOneShotClusters(dtype).index()]);
+    let clustered = KernelId::ALL.into_iter().filter_map(KernelId::in_clusters);
     // Where the driver refuses sizes above 8, those stay 0 and the portable ones are asked.
-    let non_portable = kernels
-        .iter()
-        .all(|kernel| kernel.allow_non_portable_clusters().is_ok());
-    let kernel = kernels[0];
+    let non_portable = clustered
+        .map(|kernel| functions[kernel.index()].allow_non_portable_clusters())
+        .all(|set| set.is_ok());
     for (row, &threads) in CLUSTER_BLOCK_THREADS.iter().enumerate() {
+        let kernel = if threads < THREADS {
+            KernelId::FusedOneShotSmallClusters(DType::Bf16)
+        } else {
+            KernelId::FusedOneShotClusters(DType::Bf16)
+        };
         for cluster in 2..=MAX_CLUSTER {
             if cluster > 8 && !non_portable {
                 break;
             }
             // A size the GPU cannot run is an error from the query: it counts 0.
-            table[row][cluster as usize] =
-                kernel.max_active_clusters(threads, cluster).unwrap_or(0);
+            table[row][cluster as usize] = functions[kernel.index()]
+                .max_active_clusters(threads, cluster)
+                .unwrap_or(0);
         }
     }
     table
