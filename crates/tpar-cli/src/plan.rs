@@ -65,7 +65,7 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "GIB", value_parser = crate::args::positive_f64)]
     gpu_gb: Option<f64>,
     /// The GPUs' compute capability (9.0 for an H100 or H200, 12.0 for an RTX PRO 6000
-    /// Blackwell; sm_90 also reads): tpar's kernels take 6 MiB up to 9.0 and 10 MiB on
+    /// Blackwell; sm_90 also reads): tpar's kernels take 6 MiB up to 9.0 and 12 MiB on
     /// Blackwell [default: GPU 0's; the largest where there is no GPU].
     #[arg(long, value_name = "X.Y", value_parser = crate::args::compute_capability_arg)]
     compute_capability: Option<String>,

@@ -349,10 +349,10 @@ mod tests {
         };
         let (hopper, blackwell) = (on("9.0"), on("12.0"));
         assert_eq!(hopper.footprint.module_bytes, 6 << 20);
-        assert_eq!(blackwell.footprint.module_bytes, 10 << 20);
+        assert_eq!(blackwell.footprint.module_bytes, 12 << 20);
         assert_eq!(
             blackwell.footprint.device_bytes - hopper.footprint.device_bytes,
-            4 << 20
+            6 << 20
         );
         let note = |r: &MemoryReport| {
             let term = r.plan.terms.iter().find(|t| t.name == "tpar buffers");
@@ -365,7 +365,7 @@ mod tests {
             note(&hopper)
         );
         assert!(
-            note(&blackwell).contains("kernels 10.0 MiB"),
+            note(&blackwell).contains("kernels 12.0 MiB"),
             "{}",
             note(&blackwell)
         );

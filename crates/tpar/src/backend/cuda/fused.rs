@@ -137,7 +137,7 @@ impl CudaCommunicator {
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             let clustered = kernel
                 .in_clusters()
-                .filter(|_| self.clusters_fit(grid, threads, per_row));
+                .filter(|_| self.in_clusters(grid, threads, per_row));
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory. A
@@ -159,23 +159,19 @@ impl CudaCommunicator {
     }
 
     /// Whether the fused one-shot launch of `grid` blocks of `threads`, `per_row` to a row,
-    /// runs in its cluster form (a row's blocks one thread block cluster, their sums
-    /// exchanged in shared memory): where a row has several blocks, the GPU runs clusters of
-    /// that size, and this rank's share of the co-resident blocks holds the launch's clusters
-    /// (its blocks spin, so all must be resident at once). `TPAR_FUSED_CLUSTERS=0` keeps the
-    /// exchange through device memory, for comparison.
-    fn clusters_fit(&self, grid: u32, threads: u32, per_row: u32) -> bool {
+    /// runs in its cluster form ([`clusters_fit`]). `TPAR_FUSED_CLUSTERS=0` keeps the exchange
+    /// through device memory, for comparison.
+    fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let off =
             *OFF.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_CLUSTERS") == Some(0));
-        if off || !(2..=MAX_CLUSTER).contains(&per_row) || grid % per_row != 0 {
-            return false;
-        }
-        let capacity = u64::from(self.kernels.sm_count * self.kernels.blocks_per_sm).max(1);
-        let share = u64::from(self.kernels.active_clusters(threads, per_row))
-            * u64::from(self.max_blocks)
-            / capacity;
-        u64::from(grid / per_row) <= share
+        !off && clusters_fit(
+            grid,
+            per_row,
+            self.kernels.active_clusters(threads, per_row),
+            self.max_blocks,
+            self.kernels.sm_count * self.kernels.blocks_per_sm,
+        )
     }
 
     /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,
@@ -391,6 +387,25 @@ const FUSED_PEER_SITE_RANKS: usize = 4;
 /// 17.02 / 26.33; every row spread over 4 blocks 10.12 / 13.60 / 18.11 / 28.57.
 const HOST_STAGED_FUSED_GRID: u32 = 8;
 
+/// Whether a fused one-shot launch of `grid` blocks, `per_row` to a row, may run a row's
+/// blocks as one thread block cluster (their sums exchanged in shared memory): where a row has
+/// several blocks, at most [`MAX_CLUSTER`], the grid is whole rows, and this rank's share of
+/// the GPU's co-resident blocks (`max_blocks` of `capacity`) holds the launch's clusters at
+/// the GPU's `active_clusters` of that shape: its blocks spin, so all must be resident at once.
+fn clusters_fit(
+    grid: u32,
+    per_row: u32,
+    active_clusters: u32,
+    max_blocks: u32,
+    capacity: u32,
+) -> bool {
+    if !(2..=MAX_CLUSTER).contains(&per_row) || grid % per_row != 0 {
+        return false;
+    }
+    let share = u64::from(active_clusters) * u64::from(max_blocks) / u64::from(capacity.max(1));
+    u64::from(grid / per_row) <= share
+}
+
 /// Blocks sharing one unit of a fused launch: `spread` ([`launch_units`]) within the grid's
 /// bound (half the co-resident blocks with PDL).
 fn blocks_per_row(spread: u32, max_blocks: u32, pdl: bool) -> u32 {
@@ -498,6 +513,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rows_run_as_clusters_only_where_the_gpu_holds_them() {
+        // One H100-like GPU: 132 co-resident whole blocks, 2 ranks sharing it (66 each).
+        assert!(clusters_fit(16, 16, 28, 66, 132), "one row of 16 blocks");
+        assert!(
+            clusters_fit(64, 16, 28, 66, 132),
+            "4 rows within a share of 14 clusters"
+        );
+        assert!(
+            !clusters_fit(240, 16, 28, 66, 132),
+            "15 rows: more than the share"
+        );
+        assert!(
+            !clusters_fit(16, 1, 28, 66, 132),
+            "a row of one block needs no cluster"
+        );
+        assert!(
+            !clusters_fit(34, 17, 28, 66, 132),
+            "above the largest cluster"
+        );
+        assert!(!clusters_fit(24, 16, 28, 66, 132), "not whole rows");
+        assert!(
+            !clusters_fit(16, 16, 0, 66, 132),
+            "a GPU without clusters of 16"
+        );
     }
 
     #[test]
