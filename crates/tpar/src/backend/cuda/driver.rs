@@ -481,11 +481,12 @@ impl Function {
         if !pdl {
             return self.launch(grid, threads, stream, args);
         }
-        self.launch_with(grid, threads, stream, args, pdl, 1)
+        self.launch_cluster(grid, threads, 1, stream, args, pdl)
     }
 
-    /// [`Function::launch_ex`] in thread block clusters of `cluster` consecutive blocks
-    /// (compute capability 9.0 or newer; `grid` a multiple of `cluster`).
+    /// [`Function::launch_ex`] in thread block clusters of `cluster` consecutive blocks where
+    /// above 1 (compute capability 9.0 or newer; `grid` a multiple of `cluster`), through
+    /// `cuLaunchKernelEx` with PDL where `pdl`.
     ///
     /// # Safety
     /// As for [`Function::launch_ex`]; the kernel must be one written for clusters of this size.
@@ -502,19 +503,6 @@ impl Function {
             cluster >= 1 && grid % cluster == 0,
             "a grid of {grid} in clusters of {cluster}"
         );
-        self.launch_with(grid, threads, stream, args, pdl, cluster)
-    }
-
-    /// `cuLaunchKernelEx` with PDL where `pdl` and clusters of `cluster` blocks where above 1.
-    unsafe fn launch_with<T: Copy>(
-        &self,
-        grid: u32,
-        threads: u32,
-        stream: sys::CUstream,
-        args: &T,
-        pdl: bool,
-        cluster: u32,
-    ) -> Result<()> {
         let mut arg = *args;
         let mut params = [&mut arg as *mut T as *mut c_void];
         let mut attributes = launch_attributes(pdl, cluster);
@@ -555,7 +543,7 @@ impl Function {
     }
 }
 
-/// The launch attributes of [`Function::launch_with`]: PDL and the cluster dimension, each
+/// The launch attributes of [`Function::launch_cluster`]: PDL and the cluster dimension, each
 /// only where asked for (the array's unused tail is not passed).
 fn launch_attributes(pdl: bool, cluster: u32) -> Vec<sys::CUlaunchAttribute> {
     let mut attributes = Vec::with_capacity(2);
