@@ -2,7 +2,8 @@
 with its RANK and WORLD_SIZE and tpar's rendezvous where asked, their output in one log file per
 rank as it is written, so that a job stopped from outside still shows how far every rank got, and
 no pipe that a talkative rank could fill; one deadline for all of them, past which every rank
-still running is killed, so that a hung test leaves no process behind; the tagged JSON line each
+still running is killed with what it started, so that a hung or interrupted test leaves no
+process behind; the tagged JSON line each
 rank prints at the end), running a command into a log, and skipping (or, on the GPU machine,
 failing) where something the test needs is missing. The CPU tests (tests/python) and the GPU
 tests (tests/python/gpu, whose conftest puts this folder on the path) both use it."""
@@ -96,34 +97,52 @@ def run_ranks(
         common = job_env(n, folder, env=env, rendezvous=rendezvous)
         streams = ("out", "err") if apart else ("log",)
         files = [[open(log_dir / f"{tag}-rank{r}.{s}", "w+") for s in streams] for r in range(n)]
-        procs = [
-            subprocess.Popen(
-                argv,
-                env=dict(common, RANK=str(r)),
-                stdout=f[0],
-                stderr=f[-1] if apart else subprocess.STDOUT,
-                text=True,
-            )
-            for r, f in enumerate(files)
-        ]
-        deadline = time.monotonic() + timeout
-        results = []
-        for p, f in zip(procs, files, strict=True):
-            try:
-                p.wait(timeout=max(1.0, deadline - time.monotonic()))
-                note = ""
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                note = f"\n(killed: the test's time limit of {timeout:.0f} s)"
-            texts = []
-            for stream in f:
-                stream.seek(0)
-                texts.append(stream.read())
-                stream.close()
-            texts[-1] += note
-            results.append((p.returncode, *texts))
-        return results
+        # Each rank leads a process group of its own, so that killing it kills what it started
+        # (torch's compile workers, a launcher's children) too. A Ctrl-C at the terminal then
+        # reaches only the test, which kills every group still running on its way out.
+        procs = []
+        try:
+            for r, f in enumerate(files):
+                procs.append(
+                    subprocess.Popen(
+                        argv,
+                        env=dict(common, RANK=str(r)),
+                        stdout=f[0],
+                        stderr=f[-1] if apart else subprocess.STDOUT,
+                        text=True,
+                        start_new_session=True,
+                    )
+                )
+            deadline = time.monotonic() + timeout
+            results = []
+            for p, f in zip(procs, files, strict=True):
+                try:
+                    p.wait(timeout=max(1.0, deadline - time.monotonic()))
+                    note = ""
+                except subprocess.TimeoutExpired:
+                    kill_group(p)
+                    note = f"\n(killed: the test's time limit of {timeout:.0f} s)"
+                texts = []
+                for stream in f:
+                    stream.seek(0)
+                    texts.append(stream.read())
+                    stream.close()
+                texts[-1] += note
+                results.append((p.returncode, *texts))
+            return results
+        finally:
+            for p in procs:
+                kill_group(p)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kills the process group `proc` leads (started with start_new_session) and reaps `proc`;
+    a no-op once the group is gone."""
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def run_python_ranks(
@@ -223,9 +242,11 @@ def run_logged(command, log: Path, timeout: float, env=None) -> tuple[int, str]:
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            code = proc.wait()
+            kill_group(proc)
+            code = proc.returncode
             out.write(f"\n(killed after {timeout:.0f} s: the test's time limit)\n")
+        finally:
+            kill_group(proc)
         out.write(f"\n(exit {code} after {time.monotonic() - start:.1f} s)\n")
         out.seek(0)
         return code, out.read()

@@ -1,9 +1,12 @@
 """The tests' job starter (jobs.py) does what the tests rely on: a rank past the job's deadline is
-killed and says so (no process left behind), a rank that prints more than a pipe holds does not
-block, and each rank sees its own RANK and the job's shared variables."""
+killed and says so, with what it started (no process left behind, also when the test is
+interrupted), a rank that prints more than a pipe holds does not block, and each rank sees its own
+RANK and the job's shared variables."""
 
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from jobs import run_python_ranks, run_ranks
@@ -47,3 +50,59 @@ def test_python_ranks_keep_stderr_apart_and_fail_the_test_on_a_bad_exit():
     assert run_python_ranks(2, code, timeout=60) == [(["out 0"], "err\n"), (["out 1"], "err\n")]
     with pytest.raises(AssertionError, match="rank 1 exited 5"):
         run_python_ranks(2, "import os, sys; sys.exit(int(os.environ['RANK']) * 5)", timeout=60)
+
+
+# A rank that starts a child which outlives it unless killed, prints the child's pid, and then
+# sleeps for a minute.
+PARENT_OF_A_SLEEPER = (
+    "import subprocess, sys, time;"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']);"
+    "print('child', child.pid, flush=True); time.sleep(60)"
+)
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed but not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def child_pid(output: str) -> int:
+    return int(next(line.split()[1] for line in output.splitlines() if line.startswith("child ")))
+
+
+def wait_until_gone(pid: int, seconds: float = 10) -> bool:
+    end = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def test_a_rank_killed_at_the_deadline_takes_what_it_started_with_it():
+    ((code, out),) = run_ranks(1, [sys.executable, "-c", PARENT_OF_A_SLEEPER], timeout=3)
+    assert code != 0 and "killed: the test's time limit" in out, out
+    pid = child_pid(out)
+    assert wait_until_gone(pid), f"rank 0's child {pid} outlived the killed rank"
+
+
+def test_an_interrupted_job_leaves_no_rank_or_child_behind(tmp_path):
+    # A test run interrupted (Ctrl-C: KeyboardInterrupt in the test's process) while its ranks
+    # run: every rank and what it started must go, though they lead groups of their own.
+    driver = (
+        "import signal, sys;"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r});"
+        "from jobs import run_ranks;"
+        "signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()));"
+        "signal.alarm(3);"
+        f"run_ranks(2, [sys.executable, '-c', {PARENT_OF_A_SLEEPER!r}], timeout=60,"
+        f" log_dir={str(tmp_path)!r})"
+    )
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
+    assert "KeyboardInterrupt" in done.stderr, done.stderr
+    for rank in range(2):
+        out = (tmp_path / f"job-rank{rank}.log").read_text()
+        pid = child_pid(out)
+        assert wait_until_gone(pid), f"rank {rank}'s child {pid} outlived the interrupted job"
