@@ -100,7 +100,9 @@ def test_an_interrupted_job_leaves_no_rank_or_child_behind(tmp_path):
         f"run_ranks(2, [sys.executable, '-c', {PARENT_OF_A_SLEEPER!r}], timeout=60,"
         f" log_dir={str(tmp_path)!r})"
     )
-    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", driver], capture_output=True, text=True, timeout=60
+    )
     assert "KeyboardInterrupt" in done.stderr, done.stderr
     for rank in range(2):
         out = (tmp_path / f"job-rank{rank}.log").read_text()
