@@ -20,8 +20,14 @@
 // A file of its own, so that fused_oneshot.cu (whole blocks) stays as it was, to the PTX: with
 // this kernel compiled beside them in one file (its PTX then the same as here), the group-site
 // kernel, whose own PTX barely changed, was 0.3-0.6 us slower at 8 ranks sharing one H100 x 1,
-// 2 and 8 tokens (bench/results/2026-12-06-s15, calls 3, 5 and 6). This arrangement itself has
-// not run on a GPU.
+// 2 and 8 tokens (bench/results/2026-12-06-s15, calls 3, 5 and 6).
+//
+// The cluster forms against this file's exchange through device memory, one H200, hidden 8192
+// bf16, ranks as streams, 2026-12-07 (bench/results/2026-12-07-s23, call 1, each way twice,
+// TPAR_FUSED_CLUSTERS=0 in the same binary): 2 ranks x 1 / 2 / 4 / 8 tokens 3.50 / 3.46 / 3.70
+// / 4.34 -> 3.36 / 3.43 / 3.47 / 4.01 us, 4 ranks x 1 / 2 4.39 / 4.57 -> 3.87 / 3.96 (against
+// main's binary), and the whole-block form at 8 ranks x 1 / 2 6.15 / 6.43 -> 5.78 / 6.17; the
+// allreduce alone took 2.07 / 2.09 / 2.17 / 2.40 at 2 ranks and 3.75 / 4.21 at 8.
 #define TPAR_FUSED_KERNEL 1
 #include "tpar_ll.cuh"
 
@@ -189,7 +195,11 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         } else if (shared_row) {
             __syncthreads();
         }
-        if (warp == 0) {
+        // With TPAR_FUSED_FOLD_EVERY_WARP every warp folds the shared sums itself (the same
+        // bits), so no barrier hands 1/rms on.
+        const bool every_warp = TPAR_FUSED_FOLD_EVERY_WARP && shared_row;
+        float inv = 0.f;
+        if (warp == 0 || every_warp) {
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; ++pair) {
                 const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
@@ -202,14 +212,20 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 ss = pair == 0 ? even : __fadd_rn(ss, even);
                 if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
             }
-            const float inv = norm_inv_of_sum(ss, n.hidden, n.eps);
-            if (lane == 0) tpar_norm_inv = inv;
+            inv = norm_inv_of_sum(ss, n.hidden, n.eps);
+            if (lane == 0 && !every_warp) tpar_norm_inv = inv;
         }
-        __syncthreads();
-        fused_y_row<DT>(n, shape, s, first, row, kept, tpar_norm_inv);
+        if (!every_warp) {
+            __syncthreads();
+            inv = tpar_norm_inv;
+        }
+        fused_y_row<DT>(n, shape, s, first, row, kept, inv);
         // The shared sums and 1/rms are reused by the next row; in a cluster other blocks
         // store into them, so the whole cluster must be past this row's fold.
-        if (CLUSTER && row + s.row_stride < n.rows) {
+        const bool last_row = row + s.row_stride >= n.rows;
+        if (TPAR_FUSED_FOLD_EVERY_WARP && last_row) {
+            // Nothing reuses them.
+        } else if (CLUSTER && !last_row) {
 #if TPAR_HAS_CLUSTERS
             cluster_sync();
 #endif

@@ -122,3 +122,11 @@
 #else
 #define TPAR_LAUNCH_BOUNDS __launch_bounds__(TPAR_THREADS)
 #endif
+// How the fused one-shot kernels hand a row's 1/rms to the block once its sums are in shared
+// memory (one block a row, or a row's blocks in a cluster): warp 0 folds them and the block
+// waits at a barrier for its result (0, the default), or every warp folds them itself (1: the
+// same bits, one barrier fewer); with 1 the last row also skips the barrier that only guards
+// the shared sums' reuse by a next row. An experiment (not yet measured).
+#ifndef TPAR_FUSED_FOLD_EVERY_WARP
+#define TPAR_FUSED_FOLD_EVERY_WARP 0
+#endif

@@ -101,7 +101,7 @@ impl CudaCommunicator {
         // one-shot's slot holds the launch's quads by rows; two-shot's stage-one and gather
         // slots hold them at the same positions and the segment sums in lines the quads leave
         // free (twoshot_fused.cu).
-        let per_peer_sites = self.world_size <= FUSED_PEER_SITE_RANKS;
+        let per_peer_sites = self.world_size <= fused_peer_site_ranks();
         self.check()?;
         self.assert_supported(algorithm);
         driver::bind(&self.ctx)?;
@@ -160,7 +160,8 @@ impl CudaCommunicator {
 
     /// Whether the fused one-shot launch of `grid` blocks of `threads`, `per_row` to a row,
     /// runs in its cluster form ([`clusters_fit`]). `TPAR_FUSED_CLUSTERS=0` keeps the exchange
-    /// through device memory, for comparison.
+    /// through device memory, for comparison: on one H200 the cluster forms were faster at
+    /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run).
     fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
         static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let off =
@@ -380,6 +381,14 @@ const FUSED_BLOCK_THREADS: [u32; 2] = [128, 256];
 /// measured), as does host-staged's fused call (the same kernel over host inboxes; not
 /// measured per peer).
 const FUSED_PEER_SITE_RANKS: usize = 4;
+
+/// [`FUSED_PEER_SITE_RANKS`], or `TPAR_FUSED_PEER_SITE_RANKS` where set, for experiments (the
+/// small-block kernels, which need one site per peer, then also run up to that many ranks).
+fn fused_peer_site_ranks() -> usize {
+    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let set = *SET.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_PEER_SITE_RANKS"));
+    set.map_or(FUSED_PEER_SITE_RANKS, |ranks| ranks as usize)
+}
 
 /// Host-staged's fused grid bound while rows are spread. One H200, 2 ranks as streams, hidden
 /// 8192 bf16, 2026-12-01 (bench/results/2026-12-01-h200-s5-fused-grid): one block per row
