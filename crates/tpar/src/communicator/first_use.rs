@@ -200,7 +200,6 @@ pub fn time_prepared(
     prepared: &PreparedProbes,
     keep: &mut dyn FnMut(f64) -> Result<usize>,
 ) -> Result<Vec<f64>> {
-    let cuda = cuda_error;
     let mut out = Vec::with_capacity(plan.probes.len());
     let (short, long) = (plan.chain, plan.chain * LONG_CHAIN_FACTOR);
     let mut count = prepared.graphs.len();
@@ -218,18 +217,18 @@ pub fn time_prepared(
                 for (graph, stream) in graphs.iter().zip(streams) {
                     let start = stream
                         .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                        .map_err(cuda("event"))?;
-                    graph.launch().map_err(cuda("graph launch"))?;
+                        .map_err(cuda_error("event"))?;
+                    graph.launch().map_err(cuda_error("graph launch"))?;
                     let end = stream
                         .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                        .map_err(cuda("event"))?;
+                        .map_err(cuda_error("event"))?;
                     events.push((start, end));
                 }
                 for (i, (stream, (start, end))) in streams.iter().zip(events).enumerate() {
-                    stream.synchronize().map_err(cuda("synchronise"))?;
+                    stream.synchronize().map_err(cuda_error("synchronise"))?;
                     comms[i].check()?;
                     if replay >= plan.warmup {
-                        let ms = start.elapsed_ms(&end).map_err(cuda("elapsed"))?;
+                        let ms = start.elapsed_ms(&end).map_err(cuda_error("elapsed"))?;
                         times[i][which].push(f64::from(ms) * 1e3);
                     }
                 }
@@ -370,10 +369,11 @@ impl Communicator {
                 started,
             },
             || {
-                let stream =
-                    this.cuda.context().new_stream().map_err(|e| {
-                        Error::Cuda(format!("first-use measurement: a stream: {e}"))
-                    })?;
+                let stream = this
+                    .cuda
+                    .context()
+                    .new_stream()
+                    .map_err(cuda_error("a stream"))?;
                 let probes = prepare_probes(&[this], std::slice::from_ref(&stream), &plan)?;
                 Ok((stream, probes))
             },
