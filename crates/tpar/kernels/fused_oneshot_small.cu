@@ -29,6 +29,13 @@
 // main's binary), and the whole-block form at 8 ranks x 1 / 2 6.15 / 6.43 -> 5.78 / 6.17; the
 // allreduce alone took 2.07 / 2.09 / 2.17 / 2.40 at 2 ranks and 3.75 / 4.21 at 8.
 #define TPAR_FUSED_KERNEL 1
+// Every warp folds the shared sums itself (tuning.cuh): in this file's kernels faster wherever
+// measured. One H100, hidden 8192 bf16, ranks as streams, 2026-12-07 (bench/results/
+// 2026-12-07-s23, calls 3, 5 and 6, each way twice): 2 ranks x 1 / 2 / 4 tokens 3.58 / 3.68 /
+// 3.73 -> 3.45 / 3.55 / 3.60 us, 8 ranks x 1 token (per-peer sites, fused.rs) 5.61 -> 5.48.
+#ifndef TPAR_FUSED_FOLD_EVERY_WARP
+#define TPAR_FUSED_FOLD_EVERY_WARP 1
+#endif
 #include "tpar_ll.cuh"
 
 // Which quads of the launch's rows a thread takes: in rows first_row, first_row + row_stride,

@@ -101,7 +101,6 @@ impl CudaCommunicator {
         // one-shot's slot holds the launch's quads by rows; two-shot's stage-one and gather
         // slots hold them at the same positions and the segment sums in lines the quads leave
         // free (twoshot_fused.cu).
-        let per_peer_sites = self.world_size <= fused_peer_site_ranks();
         self.check()?;
         self.assert_supported(algorithm);
         driver::bind(&self.ctx)?;
@@ -111,6 +110,7 @@ impl CudaCommunicator {
         let quads = norm::row_quads(call.dtype, call.hidden) as u32;
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
+            let per_peer_sites = peer_sites(self.world_size, rows, fused_peer_site_ranks());
             let threads = fused_block_threads(
                 algorithm,
                 per_peer_sites,
@@ -324,11 +324,13 @@ fn launch_units(algorithm: Algorithm, rows: u32, chunks: u32) -> (u32, u32) {
 /// whole blocks within 0.05 us. One H200 (call 4, an earlier form): 2 ranks 3.92 / 4.13 / 4.23
 /// -> 3.60 / 3.62 / 3.82, 4 ranks 4.62 / 4.85 -> 4.08 / 4.29. Sizes (call 1, H100, 2 ranks x 1):
 /// blocks of 64 / 128 / 256 / 512 threads 3.75 / 3.65 / 3.75 / 4.04; at 4 tokens 64 took 7.22
-/// (4 rows a block) and 256 3.89. Not from 5 ranks, where the group-site kernel runs: at 8
-/// ranks sharing one GPU x 1 token, 8 blocks of 256 measured 6.36 -> 6.32 (call 1) and 6.38 ->
-/// 6.72 (call 3) on the H100 and 6.13 -> 5.58 on the H200 (call 2), in binaries that moved
-/// 8-rank figures by up to 0.6 us with the same PTX (bench/README.md, "Fifteenth session");
-/// until that is measured apart, the whole-block kernels stay as they were.
+/// (4 rows a block) and 256 3.89. From 5 ranks only launches of up to [`FUSED_PEER_SITE_ROWS`]
+/// rows wait per peer, and so take small blocks: at 8 ranks sharing one GPU x 1 token, 8
+/// blocks of 256 measured 6.36 -> 6.32 (call 1) and 6.38 -> 6.72 (call 3) on the H100 and 6.13
+/// -> 5.58 on the H200 (call 2) in the fifteenth session, in binaries that moved 8-rank figures
+/// by up to 0.6 us with the same PTX (bench/README.md, "Fifteenth session"), and, in their
+/// cluster form, 6.38-6.49 -> 5.61-5.64 on one H100 in the twenty-third (against 4 whole blocks
+/// of group sites, each way twice in one binary).
 fn fused_block_threads(
     algorithm: Algorithm,
     per_peer_sites: bool,
@@ -377,13 +379,30 @@ const FUSED_BLOCK_THREADS: [u32; 2] = [128, 256];
 /// 4.17 / 4.39 / 5.36 us; 4 ranks 5.19 / 5.46 / 8.72 / 10.45 -> 4.72 / 5.01 / 8.14 / 10.14.
 /// At 8 ranks sharing the GPU per peer was faster at 1 and 2 tokens (6.39 / 7.14 -> 6.13 /
 /// 6.70) but slower at 4 and 8 (10.83 -> 11.03-11.06, 16.0 -> 16.86; calls 5 and 7, through
-/// the knob), so from 5 ranks the kernel keeps one site per group (5 to 7 ranks not
-/// measured), as does host-staged's fused call (the same kernel over host inboxes; not
-/// measured per peer).
+/// the knob), so from 5 ranks only launches of up to [`FUSED_PEER_SITE_ROWS`] rows take one
+/// site per peer (5 to 7 ranks not measured). Host-staged's fused call keeps one site per group
+/// (the same kernel over host inboxes; not measured per peer).
 const FUSED_PEER_SITE_RANKS: usize = 4;
 
-/// [`FUSED_PEER_SITE_RANKS`], or `TPAR_FUSED_PEER_SITE_RANKS` where set, for experiments (the
-/// small-block kernels, which need one site per peer, then also run up to that many ranks).
+/// Rows up to which a fused one-shot launch takes one wait site per peer at any number of
+/// ranks (and so, where they fit, small blocks). One H100, 8 ranks as streams, hidden 8192 bf16,
+/// 2026-12-07 (bench/results/2026-12-07-s23, calls 4 and 5, each way twice, through
+/// `TPAR_FUSED_PEER_SITE_RANKS=8`): 1 token 6.38-6.49 -> 5.61-5.64 us (8 blocks of 256 in place
+/// of 4 of 512), 2 tokens 7.43 -> 7.07-7.08 (8 whole blocks either way), but 4 tokens
+/// 12.08-12.11 -> 12.84-12.87 and 8 tokens 15.85-15.86 -> 16.85-16.91; the fourteenth
+/// session's figures above agree.
+const FUSED_PEER_SITE_ROWS: usize = 2;
+
+/// Whether a fused one-shot launch of `rows` rows at `world_size` ranks waits at one site per
+/// peer: every launch up to `all_launches_up_to` ranks ([`FUSED_PEER_SITE_RANKS`]), beyond
+/// that launches of up to [`FUSED_PEER_SITE_ROWS`] rows.
+fn peer_sites(world_size: usize, rows: usize, all_launches_up_to: usize) -> bool {
+    world_size <= all_launches_up_to || rows <= FUSED_PEER_SITE_ROWS
+}
+
+/// [`FUSED_PEER_SITE_RANKS`], or `TPAR_FUSED_PEER_SITE_RANKS` where set, for experiments: the
+/// ranks up to which every launch waits at one site per peer (the small-block kernels, which
+/// need one site per peer, then also run up to that many ranks).
 fn fused_peer_site_ranks() -> usize {
     static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     let set = *SET.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_PEER_SITE_RANKS"));
@@ -522,6 +541,20 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn peer_sites_up_to_four_ranks_and_beyond_for_launches_of_two_rows() {
+        let default = FUSED_PEER_SITE_RANKS;
+        for rows in [1, 2, 8, 64] {
+            assert!(peer_sites(2, rows, default) && peer_sites(4, rows, default));
+        }
+        for ranks in [5, 8] {
+            assert!(peer_sites(ranks, 1, default) && peer_sites(ranks, 2, default));
+            assert!(!peer_sites(ranks, 3, default) && !peer_sites(ranks, 8, default));
+        }
+        // The knob moves where every launch does.
+        assert!(peer_sites(8, 8, 8) && !peer_sites(4, 8, 2));
     }
 
     #[test]
