@@ -110,16 +110,16 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
             norm_warp_fold(j, partial);
         }
         __syncthreads();
-        float inv = 0.f;
+        float inv;
         if (per_row == 1) {
             float s = 0.f;
             if (warp < mine) s = norm_segment_fold(warp);
             if (lane == 0 && warp < mine) tpar_norm_segment_sums[warp] = s;
             __syncthreads();
-            if (warp == 0 || TPAR_FUSED_FOLD_EVERY_WARP) {
+            if (warp == 0) {
                 const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
-                inv = norm_inv(sum, segments, n.hidden, n.eps);
-                if (lane == 0 && !TPAR_FUSED_FOLD_EVERY_WARP) tpar_norm_inv = inv;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
             }
         } else if (CLUSTER) {
 #if TPAR_HAS_CLUSTERS
@@ -130,10 +130,10 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 if (lane < per_row) cluster_store_f32(&tpar_norm_segment_sums[part + warp * per_row], lane, s);
             }
             cluster_sync();
-            if (warp == 0 || TPAR_FUSED_FOLD_EVERY_WARP) {
+            if (warp == 0) {
                 const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
-                inv = norm_inv(sum, segments, n.hidden, n.eps);
-                if (lane == 0 && !TPAR_FUSED_FOLD_EVERY_WARP) tpar_norm_inv = inv;
+                const float i = norm_inv(sum, segments, n.hidden, n.eps);
+                if (lane == 0) tpar_norm_inv = i;
             }
 #endif
         } else {
@@ -150,12 +150,8 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 if (lane == 0) tpar_norm_inv = i;
             }
         }
-        // Every warp has 1/rms where it folded the shared sums itself; else warp 0 hands it on.
-        const bool every_warp = TPAR_FUSED_FOLD_EVERY_WARP && (per_row == 1 || CLUSTER);
-        if (!every_warp) {
-            __syncthreads();
-            inv = tpar_norm_inv;
-        }
+        __syncthreads();
+        inv = tpar_norm_inv;
         char* y = (char*)n.y + row * row_bytes;
         for (u32 j = 0; j < mine; ++j) {
             const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
@@ -176,10 +172,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         }
         // The shared sums are reused by the next row; in a cluster other blocks store into
         // them, so the whole cluster must be past this row's fold.
-        const bool last_row = row + row_stride >= n.rows;
-        if (TPAR_FUSED_FOLD_EVERY_WARP && last_row) {
-            // Nothing reuses them.
-        } else if (CLUSTER && per_row > 1 && !last_row) {
+        if (CLUSTER && per_row > 1 && row + row_stride < n.rows) {
 #if TPAR_HAS_CLUSTERS
             cluster_sync();
 #endif

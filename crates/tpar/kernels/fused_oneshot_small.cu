@@ -29,13 +29,6 @@
 // main's binary), and the whole-block form at 8 ranks x 1 / 2 6.15 / 6.43 -> 5.78 / 6.17; the
 // allreduce alone took 2.07 / 2.09 / 2.17 / 2.40 at 2 ranks and 3.75 / 4.21 at 8.
 #define TPAR_FUSED_KERNEL 1
-// Every warp folds the shared sums itself (tuning.cuh): in this file's kernels faster wherever
-// measured. One H100, hidden 8192 bf16, ranks as streams, 2026-12-07 (bench/results/
-// 2026-12-07-s23, calls 3, 5 and 6, each way twice): 2 ranks x 1 / 2 / 4 tokens 3.58 / 3.68 /
-// 3.73 -> 3.45 / 3.55 / 3.60 us, 8 ranks x 1 token (per-peer sites, fused.rs) 5.61 -> 5.48.
-#ifndef TPAR_FUSED_FOLD_EVERY_WARP
-#define TPAR_FUSED_FOLD_EVERY_WARP 1
-#endif
 #include "tpar_ll.cuh"
 
 // Which quads of the launch's rows a thread takes: in rows first_row, first_row + row_stride,
@@ -193,8 +186,16 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 }
             }
         }
-        // Warp 0 folds every warp sum of the row as norm.rs's tree (each segment's 16, two
-        // segments at a time, then the segment sums in order) and hands 1/rms to the block.
+        // The warp sums of the row are folded as norm.rs's tree (each segment's 16, two segments
+        // at a time, then the segment sums in order). Where they are in shared memory every warp
+        // folds them itself (the same bits), with no barrier to hand 1/rms on and none after the
+        // last row, which nothing reuses them for: one H100, hidden 8192 bf16, ranks as streams,
+        // 2026-12-07 (bench/results/2026-12-07-s23, calls 3, 5 and 6, each way twice, against
+        // warp 0 folding for the block), 2 ranks x 1 / 2 / 4 tokens 3.58 / 3.68 / 3.73 -> 3.45 /
+        // 3.55 / 3.60 us, 8 ranks x 1 token 5.61 -> 5.48. Warp 0 waits for the lines of the
+        // exchange through device memory and hands 1/rms on. fused_oneshot.cu's whole blocks
+        // keep warp 0's fold: tried there (fba6698, TPAR_FUSED_FOLD_EVERY_WARP), 8 ranks x 8
+        // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
         if (CLUSTER) {
 #if TPAR_HAS_CLUSTERS
             cluster_sync();
@@ -202,11 +203,8 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         } else if (shared_row) {
             __syncthreads();
         }
-        // With TPAR_FUSED_FOLD_EVERY_WARP every warp folds the shared sums itself (the same
-        // bits), so no barrier hands 1/rms on.
-        const bool every_warp = TPAR_FUSED_FOLD_EVERY_WARP && shared_row;
         float inv = 0.f;
-        if (warp == 0 || every_warp) {
+        if (warp == 0 || shared_row) {
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; ++pair) {
                 const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
@@ -220,19 +218,18 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
             }
             inv = norm_inv_of_sum(ss, n.hidden, n.eps);
-            if (lane == 0 && !every_warp) tpar_norm_inv = inv;
+            if (lane == 0 && !shared_row) tpar_norm_inv = inv;
         }
-        if (!every_warp) {
+        if (!shared_row) {
             __syncthreads();
             inv = tpar_norm_inv;
         }
         fused_y_row<DT>(n, shape, s, first, row, kept, inv);
         // The shared sums and 1/rms are reused by the next row; in a cluster other blocks
         // store into them, so the whole cluster must be past this row's fold.
-        const bool last_row = row + s.row_stride >= n.rows;
-        if (TPAR_FUSED_FOLD_EVERY_WARP && last_row) {
-            // Nothing reuses them.
-        } else if (CLUSTER && !last_row) {
+        if (row + s.row_stride >= n.rows) {
+            // The last row: nothing reuses them.
+        } else if (CLUSTER) {
 #if TPAR_HAS_CLUSTERS
             cluster_sync();
 #endif

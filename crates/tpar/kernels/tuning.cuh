@@ -122,17 +122,3 @@
 #else
 #define TPAR_LAUNCH_BOUNDS __launch_bounds__(TPAR_THREADS)
 #endif
-// How the fused one-shot kernels hand a row's 1/rms to the block once its sums are in shared
-// memory (one block a row, or a row's blocks in a cluster): warp 0 folds them and the block
-// waits at a barrier for its result (0), or every warp folds them itself (1: the same bits, one
-// barrier fewer); with 1 the last row also skips the barrier that only guards the shared sums'
-// reuse by a next row. fused_oneshot_small.cu sets 1 (its header has the run). The whole-block
-// kernels keep 0: one H100, hidden 8192 bf16, ranks as streams, 2026-12-07
-// (bench/results/2026-12-07-s23, calls 3 and 6, each way twice), with 1 they took 2 ranks x 8
-// tokens 4.45-4.46 -> 4.35-4.36 us, 8 ranks x 1 / 2 / 4 tokens 6.39-6.46 / 7.40-7.41 /
-// 12.06-12.12 -> 6.20-6.21 / 7.20-7.21 / 11.97-11.98, but 8 ranks x 8 tokens (16 blocks without
-// PDL, two rows a block) 15.88 -> 16.36-16.37, and 2 ranks x 16 even (5.34-5.35 -> 5.36-5.37);
-// until that is understood they stay as they were.
-#ifndef TPAR_FUSED_FOLD_EVERY_WARP
-#define TPAR_FUSED_FOLD_EVERY_WARP 0
-#endif
