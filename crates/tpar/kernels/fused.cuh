@@ -106,6 +106,56 @@ __device__ __forceinline__ void y_quad(const float* v, u32 w0, u32 w1, float inv
     pack_quad<DT>(t, y0, y1);
 }
 
+// A thread's quads of a launch's rows, in both fused one-shot kernels: rows first_row,
+// first_row + row_stride, ...; in each, quads q0, q0 + step, ... (`mine` of them, those below
+// the row's quads). Its first quad of its first row is loaded before the call counter, so
+// its input (x0, x1), residual_out (`kept`) and weight (w0, w1) come from registers; the
+// others are loaded where they are used.
+//
+// The thread's input quads pushed to the ranks of `everyone` (all_ranks), row by row.
+template <int DT>
+__device__ __forceinline__ void fused_push_rows(const TparArgs& a, const TparNormArgs& n, const NormRow& shape,
+                                                const Call& call, u32 everyone, u64 first_row, u64 row_stride,
+                                                u64 q0, u64 step, u32 mine, u32 x0, u32 x1) {
+    const u64 my_slot = slot_payload(a, call.epoch, a.rank);
+    for (u64 row = first_row; row < n.rows; row += row_stride) {
+        const char* x = (const char*)a.input + row * shape.bytes;
+        for (u32 j = 0; j < mine; ++j) {
+            const u64 q = q0 + j * step;
+            if (q >= shape.quads) continue;
+            u32 p0 = x0, p1 = x1;
+            if (row != first_row || j != 0) load_pair<DT>(x, q, n.hidden, shape.words, &p0, &p1);
+            push_unit_to(a, call, everyone, my_slot + 2 * (row * shape.quads + q), p0, p1);
+        }
+    }
+}
+// y for the thread's quads of `row`, with the row's 1/rms `inv`: the first quad's residual_out
+// and weight from registers, the others read back from the row's `residual_out` (this thread
+// wrote them).
+template <int DT>
+__device__ __forceinline__ void fused_y_row(const TparNormArgs& n, const NormRow& shape, u64 row,
+                                            const char* residual_out, u64 q0, u64 step, u32 mine, const float* kept,
+                                            u32 w0, u32 w1, float inv) {
+    char* y = (char*)n.y + row * shape.bytes;
+    for (u32 j = 0; j < mine; ++j) {
+        const u64 q = q0 + j * step;
+        if (q >= shape.quads) continue;
+        float v[4];
+        u32 wt0 = w0, wt1 = w1;
+        if (j == 0) {
+            for (int e = 0; e < 4; ++e) v[e] = kept[e];
+        } else {
+            u32 v0, v1;
+            load_pair<DT>(residual_out, q, n.hidden, shape.words, &v0, &v1);
+            unpack_quad<DT>(v0, v1, v);
+            load_pair<DT>(n.weight, q, n.hidden, shape.words, &wt0, &wt1);
+        }
+        u32 y0, y1;
+        y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
+        store_pair<DT>(y, q, n.hidden, shape.words, y0, y1);
+    }
+}
+
 __device__ __forceinline__ float butterfly_sum(float p) {
     for (int offset = 16; offset >= 1; offset >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, offset));
     return p;
@@ -141,12 +191,12 @@ __device__ __forceinline__ float norm_segment_pair_fold(float v) {
 // blocks exchange (a segment is 16 of them).
 __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }
 
-// Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
-// order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
 // 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
     return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
 }
+// Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
+// order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.
 __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 hidden, float eps) {
     float ss = __shfl_sync(0xffffffffu, segment_sum, 0);
     for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k));

@@ -68,17 +68,7 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
     const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
     const u32 tag = call.tag;
     const u32 everyone = all_ranks(a);
-    const u64 my_slot = slot_payload(a, call.epoch, a.rank);
-    for (u64 row = first_row; row < n.rows; row += row_stride) {
-        const char* x = (const char*)a.input + row * row_bytes;
-        for (u32 j = 0; j < mine; ++j) {
-            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
-            if (q >= quads) continue;
-            u32 p0 = x0, p1 = x1;
-            if (row != first_row || j != 0) load_pair<DT>(x, q, n.hidden, words, &p0, &p1);
-            push_unit_to(a, call, everyone, my_slot + 2 * (row * quads + q), p0, p1);
-        }
-    }
+    fused_push_rows<DT>(a, n, shape, call, everyone, first_row, row_stride, q0, (u64)per_row * TPAR_NORM_THREADS, mine, x0, x1);
     u64* const exchange = norm_exchange_lines(a);
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     bool ok = true;
@@ -152,33 +142,10 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         }
         __syncthreads();
         inv = tpar_norm_inv;
-        char* y = (char*)n.y + row * row_bytes;
-        for (u32 j = 0; j < mine; ++j) {
-            const u64 q = q0 + (u64)j * per_row * TPAR_NORM_THREADS;
-            if (q >= quads) continue;
-            float v[4];
-            u32 wt0 = w0, wt1 = w1;
-            if (j == 0) {
-                for (int e = 0; e < 4; ++e) v[e] = first[e];
-            } else {
-                u32 v0, v1;  // written by this thread above
-                load_pair<DT>(residual_out, q, n.hidden, words, &v0, &v1);
-                unpack_quad<DT>(v0, v1, v);
-                load_pair<DT>(n.weight, q, n.hidden, words, &wt0, &wt1);
-            }
-            u32 y0, y1;
-            y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
-            store_pair<DT>(y, q, n.hidden, words, y0, y1);
-        }
+        fused_y_row<DT>(n, shape, row, residual_out, q0, (u64)per_row * TPAR_NORM_THREADS, mine, first, w0, w1, inv);
         // The shared sums are reused by the next row; in a cluster other blocks store into
         // them, so the whole cluster must be past this row's fold.
-        if (CLUSTER && per_row > 1 && row + row_stride < n.rows) {
-#if TPAR_HAS_CLUSTERS
-            cluster_sync();
-#endif
-        } else {
-            __syncthreads();
-        }
+        block_or_cluster_sync(CLUSTER && per_row > 1 && row + row_stride < n.rows);
     }
     end_call(a, call);
 }

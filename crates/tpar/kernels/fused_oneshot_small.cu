@@ -57,24 +57,6 @@ struct FusedFirst {
     u32 x0, x1, r0, r1, w0, w1;
 };
 
-// The thread's quads pushed to every rank, row by row; its first quad from `first`.
-template <int DT>
-__device__ __forceinline__ void fused_push_rows(const TparArgs& a, const TparNormArgs& n, const NormRow& shape,
-                                                const FusedSpread& s, const Call& call, const FusedFirst& first) {
-    const u32 everyone = all_ranks(a);
-    const u64 my_slot = slot_payload(a, call.epoch, a.rank);
-    for (u64 row = s.first_row; row < n.rows; row += s.row_stride) {
-        const char* x = (const char*)a.input + row * shape.bytes;
-        for (u32 j = 0; j < s.mine; ++j) {
-            const u64 q = s.q0 + j * s.step;
-            if (q >= shape.quads) continue;
-            u32 p0 = first.x0, p1 = first.x1;
-            if (row != s.first_row || j != 0) load_pair<DT>(x, q, n.hidden, shape.words, &p0, &p1);
-            push_unit_to(a, call, everyone, my_slot + 2 * (row * shape.quads + q), p0, p1);
-        }
-    }
-}
-
 // Quad q of `row` once its lines arrive: the allreduce in rank order (rounded once, left in
 // `acc`), plus the residual (rounded), stored as residual_out. Returns the thread's partial of
 // the sum of squares. After a failed wait the thread stops waiting but goes on to every barrier.
@@ -94,32 +76,6 @@ __device__ __forceinline__ float fused_reduce_quad(const TparArgs& a, const Tpar
     const float partial = residual_quad<DT>(acc, res0, res1, &o0, &o1);
     store_pair<DT>((char*)n.residual_out + row * shape.bytes, q, n.hidden, shape.words, o0, o1);
     return partial;
-}
-
-// y for the thread's quads of `row`, with the block's 1/rms: its first quad's residual_out
-// from registers (`kept`), the others read back (this thread wrote them).
-template <int DT>
-__device__ __forceinline__ void fused_y_row(const TparNormArgs& n, const NormRow& shape, const FusedSpread& s,
-                                            const FusedFirst& first, u64 row, const float* kept, float inv) {
-    const char* residual_out = (const char*)n.residual_out + row * shape.bytes;
-    char* y = (char*)n.y + row * shape.bytes;
-    for (u32 j = 0; j < s.mine; ++j) {
-        const u64 q = s.q0 + j * s.step;
-        if (q >= shape.quads) continue;
-        float v[4];
-        u32 wt0 = first.w0, wt1 = first.w1;
-        if (j == 0) {
-            for (int e = 0; e < 4; ++e) v[e] = kept[e];
-        } else {
-            u32 v0, v1;
-            load_pair<DT>(residual_out, q, n.hidden, shape.words, &v0, &v1);
-            unpack_quad<DT>(v0, v1, v);
-            load_pair<DT>(n.weight, q, n.hidden, shape.words, &wt0, &wt1);
-        }
-        u32 y0, y1;
-        y_quad<DT>(v, wt0, wt1, inv, &y0, &y1);
-        store_pair<DT>(y, q, n.hidden, shape.words, y0, y1);
-    }
 }
 
 // The kernel: blocks of the host's size, smaller than TPAR_NORM_THREADS (a multiple of 32
@@ -145,7 +101,7 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         load_pair<DT>(n.weight, s.q0, n.hidden, shape.words, &first.w0, &first.w1);
     }
     const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
-    fused_push_rows<DT>(a, n, shape, s, call, first);
+    fused_push_rows<DT>(a, n, shape, call, all_ranks(a), s.first_row, s.row_stride, s.q0, s.step, s.mine, first.x0, first.x1);
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 row_warps = norm_row_warps(shape.quads);
@@ -196,13 +152,7 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         // exchange through device memory and hands 1/rms on. fused_oneshot.cu's whole blocks
         // keep warp 0's fold: tried there (fba6698, TPAR_FUSED_FOLD_EVERY_WARP), 8 ranks x 8
         // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
-        if (CLUSTER) {
-#if TPAR_HAS_CLUSTERS
-            cluster_sync();
-#endif
-        } else if (shared_row) {
-            __syncthreads();
-        }
+        if (shared_row) block_or_cluster_sync(CLUSTER);
         float inv = 0.f;
         if (warp == 0 || shared_row) {
             float ss = 0.f;
@@ -224,18 +174,11 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
             __syncthreads();
             inv = tpar_norm_inv;
         }
-        fused_y_row<DT>(n, shape, s, first, row, kept, inv);
-        // The shared sums and 1/rms are reused by the next row; in a cluster other blocks
-        // store into them, so the whole cluster must be past this row's fold.
-        if (row + s.row_stride >= n.rows) {
-            // The last row: nothing reuses them.
-        } else if (CLUSTER) {
-#if TPAR_HAS_CLUSTERS
-            cluster_sync();
-#endif
-        } else {
-            __syncthreads();
-        }
+        const char* residual_out = (const char*)n.residual_out + row * shape.bytes;
+        fused_y_row<DT>(n, shape, row, residual_out, s.q0, s.step, s.mine, kept, first.w0, first.w1, inv);
+        // The shared sums and 1/rms are reused by the next row (none after the last); in a
+        // cluster other blocks store into them, so the whole cluster must be past this row's fold.
+        if (row + s.row_stride < n.rows) block_or_cluster_sync(CLUSTER);
     }
     end_call(a, call);
 }

@@ -86,3 +86,14 @@ __device__ __forceinline__ void cluster_sync() {
 #else
 #define TPAR_HAS_CLUSTERS 0
 #endif
+// The barrier of the thread block cluster where `cluster` (a kernel launched as clusters),
+// else the block's.
+__device__ __forceinline__ void block_or_cluster_sync(bool cluster) {
+#if TPAR_HAS_CLUSTERS
+    if (cluster) {
+        cluster_sync();
+        return;
+    }
+#endif
+    __syncthreads();
+}
