@@ -71,6 +71,28 @@ pub struct CudaRow {
     pub skipped: Option<String>,
 }
 
+impl CudaRow {
+    /// `algo`'s row at `bytes` before anything is timed: no figures, not (yet) correct.
+    fn untimed(bytes: u64, algo: &str) -> Self {
+        CudaRow {
+            bytes,
+            algo: algo.to_owned(),
+            p50_us: 0.0,
+            p99_us: 0.0,
+            busbw_gbps: 0.0,
+            correct: false,
+            graph_single_us: 0.0,
+            wire_floor_us: 0.0,
+            chain: 0,
+            replays: 0,
+            runs: None,
+            why: None,
+            launch: None,
+            skipped: None,
+        }
+    }
+}
+
 /// A row as JSON: a skipped row has `null` figures and `correct: null`, so a reader that does
 /// not look at `skipped` cannot take it for a 0 us, correct result.
 #[derive(Serialize)]
@@ -237,22 +259,7 @@ pub fn run(
     for &(bytes, count) in &settings.sizes {
         for &algo in &settings.choices {
             progress(bytes, algo);
-            let mut row = CudaRow {
-                bytes,
-                algo: algo.name().to_owned(),
-                p50_us: 0.0,
-                p99_us: 0.0,
-                busbw_gbps: 0.0,
-                correct: false,
-                graph_single_us: 0.0,
-                wire_floor_us: 0.0,
-                chain: 0,
-                replays: 0,
-                runs: None,
-                why: None,
-                launch: None,
-                skipped: None,
-            };
+            let mut row = CudaRow::untimed(bytes, algo.name());
             // What actually runs: the fixed choice, or the dispatcher's for this size.
             let choice = match algo {
                 Selection::Forced(c) => group.supports(algo).map(|_| c),
@@ -390,20 +397,9 @@ mod json_tests {
 
     fn row(skipped: Option<&str>) -> CudaRow {
         CudaRow {
-            bytes: 4096,
-            algo: "nccl".into(),
-            p50_us: 0.0,
-            p99_us: 0.0,
-            busbw_gbps: 0.0,
             correct: true,
-            graph_single_us: 0.0,
-            wire_floor_us: 0.0,
-            chain: 0,
-            replays: 0,
-            runs: None,
-            why: None,
-            launch: None,
             skipped: skipped.map(str::to_owned),
+            ..CudaRow::untimed(4096, "nccl")
         }
     }
 

@@ -48,11 +48,9 @@ impl Communicator {
         spans: FusedSpans<'_>,
         stream: &CudaStream,
     ) -> Result<FusedRun> {
-        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
-        let capture = self.capture(stream)?;
-        let call = operands.call();
-        let bytes = (call.elements() * call.dtype.size()) as u64;
-        let choice = match &*self.decide(selection, call.dtype, bytes, capture.is_capturing()) {
+        let (operands, capture, bytes) = self.fused_operands(&spans, stream)?;
+        let dtype = operands.call().dtype;
+        let choice = match &*self.decide(selection, dtype, bytes, capture.is_capturing()) {
             Ok(decision) => decision.choice,
             Err(refused) => return Err(refused.clone().into()),
         };
@@ -67,12 +65,23 @@ impl Communicator {
         spans: FusedSpans<'_>,
         stream: &CudaStream,
     ) -> Result<FusedRun> {
-        let operands = FusedOperands::check(&spans, self.cuda().context().ordinal(), stream)?;
+        let (operands, capture, bytes) = self.fused_operands(&spans, stream)?;
+        self.eligibility(choice, operands.call().dtype, bytes, capture.is_capturing())?;
+        self.fused_enqueue(choice, &operands, stream, capture, false)
+    }
+
+    /// A fused call's operands checked against this rank's GPU and `stream`, `stream`'s
+    /// capture state (read once) and the bytes of the call's allreduce.
+    fn fused_operands(
+        &self,
+        spans: &FusedSpans<'_>,
+        stream: &CudaStream,
+    ) -> Result<(FusedOperands, Capture, u64)> {
+        let operands = FusedOperands::check(spans, self.cuda().context().ordinal(), stream)?;
         let capture = self.capture(stream)?;
         let call = operands.call();
         let bytes = (call.elements() * call.dtype.size()) as u64;
-        self.eligibility(choice, call.dtype, bytes, capture.is_capturing())?;
-        self.fused_enqueue(choice, &operands, stream, capture, false)
+        Ok((operands, capture, bytes))
     }
 
     /// Queues the fused op with its allreduce on `choice` and the path the dispatcher gives
