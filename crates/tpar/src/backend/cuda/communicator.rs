@@ -751,6 +751,37 @@ mod tests {
     }
 
     #[test]
+    fn the_first_use_probes_stand_at_one_shots_last_launch_with_pdl() {
+        // The largest one-shot call whose launch keeps PDL (half of a rank's co-resident
+        // blocks), in steps of 1 KiB: where the model's error jumps, so a probe must stand
+        // there (dispatch::first_use::SIZES).
+        let last_with_pdl = |max_blocks: u32| {
+            (1..=4096usize)
+                .map(|kib| kib << 10)
+                .take_while(|&bytes| {
+                    let threads = threads_needed(Algorithm::OneShot, bytes, 8);
+                    let squeeze = pdl_squeeze(Algorithm::OneShot);
+                    spread_shape(threads, max_blocks, true, min_block_threads(8), squeeze).2
+                })
+                .last()
+                .unwrap() as u64
+        };
+        // 8 ranks sharing a GPU of 132 SMs (one block of 512 an SM): 16 blocks each; a GPU
+        // per rank: the kernels' MAX_BLOCKS.
+        for (max_blocks, expected) in [
+            (16, 32 << 10),
+            (super::super::kernels::MAX_BLOCKS, 128 << 10),
+        ] {
+            let bytes = last_with_pdl(max_blocks);
+            assert_eq!(bytes, expected, "{max_blocks} blocks");
+            assert!(
+                crate::dispatch::first_use::SIZES.contains(&bytes),
+                "no first-use probe at {bytes} bytes"
+            );
+        }
+    }
+
+    #[test]
     fn small_launches_spread_over_smaller_blocks_within_the_same_share_of_sms() {
         let four_k = threads_needed(Algorithm::OneShot, 4096, 8);
         // 8 ranks sharing an H200 (16 co-resident blocks each): 4 KiB on eight blocks of 64
