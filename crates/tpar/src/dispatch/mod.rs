@@ -136,8 +136,9 @@ const NCCL_WHY: &str = "NCCL's pipelined ring/tree runs large messages at link b
 #[derive(Clone, Debug, PartialEq)]
 pub enum Measured {
     /// It timed this choice near this size: the estimate is scaled by the probe's measured
-    /// over modelled time.
-    Timed(Probe),
+    /// over modelled time, or, between two probes, by that interpolated in log size
+    /// ([`TuningTable::correction`]; the probes in size order).
+    Timed(Vec<Probe>),
     /// It did not time this choice here but timed two or more others near this size: the
     /// estimate is scaled by the smallest of their measured over modelled times (what this
     /// machine adds to the model for every algorithm, at least), so that timing its rivals
@@ -162,11 +163,11 @@ fn first_use_probes<'a>(req: &Request<'a>) -> Option<&'a TuningTable> {
 fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Measured>)> {
     let probes = first_use_probes(req);
     let estimates = fabric.rank(req.dtype, req.bytes);
-    let timed: Vec<Option<(f64, Probe)>> = estimates
+    let timed: Vec<Option<(f64, Vec<Probe>)>> = estimates
         .iter()
         .map(|e| {
             let c = probes.and_then(|t| t.correction(e.choice, req.bytes));
-            c.map(|(factor, p)| (factor, p.clone()))
+            c.map(|c| (c.factor, c.probes.into_iter().cloned().collect()))
         })
         .collect();
     // One probe alone cannot tell what the machine adds to every algorithm from what it adds
@@ -193,6 +194,28 @@ fn ranked_on(fabric: &Fabric, req: &Request) -> Vec<(Estimate, Option<Measured>)
         .collect();
     ranked.sort_by(|a, b| a.0.us.total_cmp(&b.0.us));
     ranked
+}
+
+/// What a [`Measured::Timed`] correction comes from, for a decision's reason: "one-shot
+/// measured 4.7 us at 32 KiB, modelled 5.0", and between two probes "one-shot measured 4.7 /
+/// 8.9 us at 32 / 64 KiB, modelled 5.0 / 6.5, interpolated".
+fn timed_probes(probes: &[Probe]) -> String {
+    let joined =
+        |each: &dyn Fn(&Probe) -> String| probes.iter().map(each).collect::<Vec<_>>().join(" / ");
+    let choice = probes
+        .first()
+        .map_or(String::new(), |p| p.choice.to_string());
+    format!(
+        "{choice} measured {} us at {}, modelled {}{}",
+        joined(&|p| format!("{:.1}", p.measured_us)),
+        joined(&|p| human_bytes(p.bytes)),
+        joined(&|p| format!("{:.1}", p.modelled_us)),
+        if probes.len() > 1 {
+            ", interpolated"
+        } else {
+            ""
+        }
+    )
 }
 
 fn decide_inner(req: &Request) -> Result<Decision, NoDecision> {
@@ -296,13 +319,10 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                 let why = match estimate {
                     Some((e, measured)) => {
                         let mut why = match measured {
-                            Some(Measured::Timed(p)) => format!(
-                                "fastest in the fabric model corrected by the first-use measurement on this machine: {:.1} us ({} measured {:.1} us at {}, modelled {:.1})",
+                            Some(Measured::Timed(probes)) => format!(
+                                "fastest in the fabric model corrected by the first-use measurement on this machine: {:.1} us ({})",
                                 e.us,
-                                p.choice,
-                                p.measured_us,
-                                human_bytes(p.bytes),
-                                p.modelled_us
+                                timed_probes(probes)
                             ),
                             Some(Measured::Scaled(factor)) => format!(
                                 "fastest in the fabric model scaled by the first-use measurement on this machine: {:.1} us (not timed here; x{factor:.2}, the least that its rivals timed near this size measured over their model)",
@@ -807,6 +827,67 @@ mod tests {
         .unwrap();
         assert_eq!(d.choice, best.choice);
         assert!(d.reason.contains("first-use measurement"), "{}", d.reason);
+    }
+
+    #[test]
+    fn between_probes_the_correction_follows_both_and_auto_runs_what_measured_faster() {
+        // One H100 with 8 ranks as streams, 2026-12-07 (bench/results/2026-12-07-s24, call 4):
+        // the first use's probes (us), and what `tpar bench` measured between them.
+        let mut t = fixture("8x-h200-nvswitch");
+        t.gpus.truncate(1);
+        t.links.clear();
+        let one_shot = Choice::Tpar(Algorithm::OneShot);
+        let two_shot = Choice::Tpar(Algorithm::TwoShot);
+        let measured: [(u64, f64, f64); 4] = [
+            (16 * KIB, 4.18, 4.93),
+            (32 * KIB, 4.73, 5.63),
+            (64 * KIB, 8.95, 6.24),
+            (128 * KIB, 14.84, 7.11),
+        ];
+        // Measured at the same factor over this model as over the H100's (the model of one
+        // H200 is not the H100's; the factors are what the run found).
+        let model = |choice: Choice, bytes: u64| {
+            ranked(&request(&t, 8, bytes))
+                .into_iter()
+                .find(|(e, _)| e.choice == choice)
+                .unwrap()
+                .0
+                .us
+        };
+        let h100_model: [(u64, f64, f64); 4] = [
+            (16 * KIB, 4.26, 5.99),
+            (32 * KIB, 5.00, 6.18),
+            (64 * KIB, 6.47, 6.54),
+            (128 * KIB, 9.40, 7.28),
+        ];
+        let mut probes = Vec::new();
+        for ((bytes, one, two), (_, one_model, two_model)) in measured.into_iter().zip(h100_model) {
+            for (choice, us, modelled) in [(one_shot, one, one_model), (two_shot, two, two_model)] {
+                probes.push(Probe {
+                    bytes,
+                    choice,
+                    measured_us: us / modelled * model(choice, bytes),
+                    modelled_us: model(choice, bytes),
+                });
+            }
+        }
+        let table = first_use_table(&t, probes);
+        // Sizes between the probes and what ran faster there (one-shot / two-shot p50, us):
+        // 24 KiB 4.38 / 5.26, 42 KiB 6.35 / 6.30, 48 KiB 6.96 / 6.27, 96 KiB 13.18 / 7.12.
+        for (bytes, faster) in [
+            (24 * KIB, one_shot),
+            (42 * KIB, two_shot),
+            (48 * KIB, two_shot),
+            (96 * KIB, two_shot),
+        ] {
+            let d = decide(&Request {
+                tuning: Some(&table),
+                ..request(&t, 8, bytes)
+            })
+            .unwrap();
+            assert_eq!(d.choice, faster, "{bytes} bytes: {}", d.reason);
+            assert!(d.reason.contains(", interpolated)"), "{}", d.reason);
+        }
     }
 
     #[test]
