@@ -218,6 +218,8 @@ export TPAR_ENGINE_DEPS=$deps
 export TPAR_GPU_REQUIRED=1
 
 commit=$(head -1 "$carry/COMMIT" 2>/dev/null || "$TPAR_BIN" --version 2>/dev/null || echo unknown)
+# The tests' own records name it too (tests/python/jobs.py, write_result).
+export TPAR_COMMIT=$commit
 # Writes gpu-check.json, gpu-check.txt and the packed logs for the groups run so far: after each
 # group, so that a call stopped at its time limit still returns what ran before.
 record() {

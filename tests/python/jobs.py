@@ -197,6 +197,46 @@ def write_json(path: Path, value) -> None:
     Path(path).write_text(json.dumps(value, indent=1))
 
 
+def write_result(path: Path, value: dict) -> None:
+    """A GPU test's record (`value`) under the envelope bench/results asks of every JSON file
+    (bench/schema/envelope.schema.json), so that a record copied there says where it came
+    from: the test that wrote it, the first visible GPU and its driver (nvidia-smi), the date
+    and the commit (TPAR_COMMIT, which scripts/gpu-check.sh exports, else the binary's
+    `--version`). Keys of `value` win over the envelope's."""
+    gpu, driver = "unknown", None
+    try:
+        text = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        if "," in first:
+            gpu, driver = (part.strip() for part in first.split(",", 1))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    commit = os.environ.get("TPAR_COMMIT")
+    if not commit and os.environ.get("TPAR_BIN"):
+        try:
+            commit = subprocess.run(
+                [os.environ["TPAR_BIN"], "--version"], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    envelope = {
+        # "tests/python/gpu/test_x.py::test_y[case] (call)": the test, without pytest's phase.
+        "command": os.environ.get("PYTEST_CURRENT_TEST", " ".join(sys.argv)).removesuffix(
+            " (call)"
+        ),
+        "device": gpu,
+        "driver": driver,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit or "unknown",
+    }
+    write_json(path, {**envelope, **value})
+
+
 def engine_pythonpath(variable: str, engine: str, marker: str) -> tuple[Path, str]:
     """The engine's Python sources named by `variable` (a folder, or a zip unpacked once into
     the temporary folder), holding `marker`, and the PYTHONPATH that puts them, the engine's

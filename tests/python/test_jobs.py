@@ -1,15 +1,17 @@
 """The tests' job starter (jobs.py) does what the tests rely on: a rank past the job's deadline is
 killed and says so, with what it started (no process left behind, also when the test is
-interrupted), a rank that prints more than a pipe holds does not block, and each rank sees its own
-RANK and the job's shared variables."""
+interrupted), a rank that prints more than a pipe holds does not block, each rank sees its own
+RANK and the job's shared variables, and a test's record carries the envelope bench/results asks
+of every JSON file."""
 
+import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from jobs import run_python_ranks, run_ranks
+from jobs import run_python_ranks, run_ranks, write_result
 
 
 def test_a_rank_past_the_deadline_is_killed_and_says_so():
@@ -108,3 +110,20 @@ def test_an_interrupted_job_leaves_no_rank_or_child_behind(tmp_path):
         out = (tmp_path / f"job-rank{rank}.log").read_text()
         pid = child_pid(out)
         assert wait_until_gone(pid), f"rank {rank}'s child {pid} outlived the interrupted job"
+
+
+def test_a_tests_record_says_which_test_machine_date_and_commit_made_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPAR_COMMIT", "0123abc")
+    path = tmp_path / "record.json"
+    write_result(path, {"ranks": [1, 2], "date": "kept"})
+    record = json.loads(path.read_text())
+    # bench/schema/envelope.schema.json's required keys, each a string.
+    for key in ("command", "device", "date", "commit"):
+        assert isinstance(record[key], str) and record[key], (key, record)
+    assert (
+        "test_a_tests_record_says_which_test_machine_date_and_commit_made_it" in record["command"]
+    )
+    assert not record["command"].endswith("(call)"), record["command"]
+    assert record["commit"] == "0123abc"
+    # The record's own keys win over the envelope's.
+    assert record["ranks"] == [1, 2] and record["date"] == "kept"

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from jobs import rank_reports, run_ranks, write_json
+from jobs import rank_reports, run_ranks, write_result
 
 RANK = str(Path(__file__).resolve().parent / "engine_comm_rank.py")
 MIB = 1 << 20
@@ -32,7 +32,7 @@ def run_check(check, n, args, out, timeout, env=None, tag=None):
         env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"), **(env or {})},
     )
     reports = rank_reports(results, "RESULT")
-    write_json(
+    write_result(
         out / "engine-comm.json",
         {"check": check, "ranks": n, "args": args, "results": reports},
     )

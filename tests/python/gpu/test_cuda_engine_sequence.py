@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobs import engine_pythonpath, rank_reports, run_ranks, write_json
+from jobs import engine_pythonpath, rank_reports, run_ranks, write_result
 
 RANK = str(Path(__file__).resolve().parent / "engine_sequence.py")
 
@@ -31,7 +31,7 @@ def run_sequence(tp, out, sglang=False, shared=True):
     argv = [sys.executable, RANK] + (["--sglang"] if sglang else [])
     results = run_ranks(tp, argv, log_dir=out, tag=name, timeout=200, env=env, rendezvous=False)
     reports = rank_reports(results, "REPORT")
-    write_json(out / f"{name}.json", {"world_size": tp, "sequence": name, "ranks": reports})
+    write_result(out / f"{name}.json", {"world_size": tp, "sequence": name, "ranks": reports})
     return reports
 
 

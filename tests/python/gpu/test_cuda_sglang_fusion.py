@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from jobs import engine_pythonpath, rank_reports, run_ranks, write_json
+from jobs import engine_pythonpath, rank_reports, run_ranks, write_result
 
 HERE = Path(__file__).resolve().parent
 CASES = [(1, 8192), (8, 8192), (1, 5120), (8, 5120)]
@@ -52,7 +52,7 @@ def run_fusion(out, per_gpu):
         rendezvous=False,
     )
     reports = rank_reports(results, "REPORT")
-    write_json(out / "sglang-fusion.json", reports)
+    write_result(out / "sglang-fusion.json", {"ranks": reports})
     return reports
 
 

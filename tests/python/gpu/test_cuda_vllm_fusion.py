@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from jobs import engine_pythonpath, rank_reports, run_ranks, write_json
+from jobs import engine_pythonpath, rank_reports, run_ranks, write_result
 
 RANK = str(Path(__file__).resolve().parent / "vllm_fusion_rank.py")
 CASES = [(1, 8192), (8, 8192), (64, 4096), (5, 5120)]
@@ -48,7 +48,7 @@ def test_vllm_fusion_pass_on_gpus(label, max_size, cases, gpu_out):
         rendezvous=False,
     )
     ranks = rank_reports(results, "ROWS")
-    write_json(gpu_out / "vllm-fusion.json", {label: ranks})
+    write_result(gpu_out / "vllm-fusion.json", {label: ranks})
     assert [len(rows) for rows in ranks] == [len(cases)] * 2, ranks
     for row0, row1 in zip(*ranks, strict=True):
         case = f"{row0['tokens']} x {row0['hidden']}"
