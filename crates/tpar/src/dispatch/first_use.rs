@@ -42,14 +42,16 @@ pub const BUDGET: Duration = Duration::from_millis(200);
 const GPU_SHARE: f64 = 0.4;
 
 /// The sizes probed: small and mid-sized messages of decoding, where tpar's algorithms compete
-/// (larger ones go to NCCL or are tuned by `tpar tune`). A size between probes takes the
-/// correction of the nearest ([`TuningTable::correction`]), so the probes stand where the
-/// model's error jumps: one-shot's last launch with PDL (half the co-resident grid, one unit a
-/// thread) is 32 KiB at 8 ranks sharing one 132-SM GPU and 128 KiB with a GPU per rank
-/// (`backend::cuda::communicator`'s test holds both here). Without the 32 KiB probe, one H100
+/// (larger ones go to NCCL or are tuned by `tpar tune`). A size between probes takes a
+/// correction interpolated between them ([`TuningTable::correction`]), which cannot follow a
+/// jump inside the interval, so the probes stand where the model's error jumps: one-shot's
+/// last launch with PDL (half the co-resident grid, one unit a thread) is 32 KiB at 8 ranks
+/// sharing one 132-SM GPU and 128 KiB with a GPU per rank (`backend::cuda::communicator`'s test
+/// holds both here). Without the 32 KiB probe, taking the nearest probe's correction, one H100
 /// with 8 ranks as streams, 2026-12-07 (bench/results/2026-12-07-s24, call 3), took two-shot's
 /// 16 KiB correction (4.76 us measured, 5.99 modelled: x0.79) to 32 KiB, where two-shot
-/// measures x0.90 of its model, and auto ran two-shot there at 5.67 us against one-shot's 4.84.
+/// measures x0.91 of its model (call 4's probe there), and auto ran two-shot at 5.67 us against
+/// one-shot's 4.84.
 pub const SIZES: [u64; 6] = [4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10];
 
 /// A candidate is probed when the model puts it within this factor of the best.
