@@ -39,9 +39,7 @@
 
 template <int DT, bool SITE_PER_GROUP, bool CLUSTER>
 __device__ void fused_oneshot(const TparFusedArgs& f) {
-#if !TPAR_HAS_CLUSTERS
-    if (CLUSTER) __trap();  // the host launches the cluster forms only where clusters exist
-#endif
+    trap_without_clusters<CLUSTER>();
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
     const NormRow shape = norm_row<DT>(n.hidden);

@@ -82,9 +82,7 @@ __device__ __forceinline__ float fused_reduce_quad(const TparArgs& a, const Tpar
 // dividing it, so that a warp's 32 quads are one warp of the row's tree).
 template <int DT, bool CLUSTER>
 __device__ void fused_oneshot_small(const TparFusedArgs& f) {
-#if !TPAR_HAS_CLUSTERS
-    if (CLUSTER) __trap();  // the host launches the cluster form only where clusters exist
-#endif
+    trap_without_clusters<CLUSTER>();
     const TparArgs& a = f.a;
     const TparNormArgs& n = f.n;
     const NormRow shape = norm_row<DT>(n.hidden);

@@ -86,6 +86,14 @@ __device__ __forceinline__ void cluster_sync() {
 #else
 #define TPAR_HAS_CLUSTERS 0
 #endif
+// The first step of a kernel's cluster form (`CLUSTER`): a trap where the GPU has no clusters,
+// where the host never launches it.
+template <bool CLUSTER>
+__device__ __forceinline__ void trap_without_clusters() {
+#if !TPAR_HAS_CLUSTERS
+    if (CLUSTER) __trap();
+#endif
+}
 // The barrier of the thread block cluster where `cluster` (a kernel launched as clusters),
 // else the block's.
 __device__ __forceinline__ void block_or_cluster_sync(bool cluster) {
