@@ -145,6 +145,14 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def run_program(n: int, program: str, task, *, timeout: float, **options):
+    """Runs the Python program `program` as the n ranks of one tpar job, each with `task` as
+    JSON in argv[1]; returns each rank's (code, output). `options` are run_ranks' (env, tmp)."""
+    return run_ranks(
+        n, [sys.executable, "-c", program, json.dumps(task)], timeout=timeout, **options
+    )
+
+
 def run_python_ranks(
     n: int, code: str, *, timeout: float, env: dict | None = None, path=()
 ) -> list[tuple[list[str], str]]:

@@ -2,7 +2,6 @@
 CPU tensors where torch is installed), every world size up to 4, both algorithms, in place and
 into out=, and the errors a user meets (mismatched calls, a silent rank, bad arrays)."""
 
-import json
 import os
 import secrets
 import subprocess
@@ -12,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import tpar
-from jobs import run_ranks
+from jobs import run_program
 
 WORKER = textwrap.dedent(
     """
@@ -65,7 +64,7 @@ WORKER = textwrap.dedent(
 
 def run_job(n, task, timeout=120):
     """Runs n worker processes as the ranks of one job; returns their (code, output)."""
-    return run_ranks(n, [sys.executable, "-c", WORKER, json.dumps(task)], timeout=timeout)
+    return run_program(n, WORKER, task, timeout=timeout)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 import tpar
-from jobs import job_env, run_ranks
+from jobs import job_env, run_program
 
 # A job started from a background shell starts with SIGINT ignored, and Python then installs
 # no KeyboardInterrupt handler: the workers that test Ctrl-C restore it first.
@@ -192,8 +192,7 @@ def run_job(n, task, tmp, timeout=120):
     """Runs ``n`` ranks of ``task``, their rendezvous in ``tmp`` (a test's own tmp_path, to look
     at after, and nothing left in the system's temporary directory); returns their (code,
     output)."""
-    argv = [sys.executable, "-c", WORKER, json.dumps(task)]
-    return run_ranks(n, argv, timeout=timeout, tmp=tmp)
+    return run_program(n, WORKER, task, timeout=timeout, tmp=tmp)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

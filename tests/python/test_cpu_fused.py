@@ -4,16 +4,14 @@ its two roundings are defined), bitwise the same on every rank, in place and not
 hidden sizes, 1 and many tokens, numpy and torch CPU tensors; the custom ops eagerly and under
 torch.compile(fullgraph=True); and the errors for bad operands."""
 
-import json
 import os
 import secrets
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import tpar
-from jobs import run_ranks
+from jobs import run_program
 
 WORKER = textwrap.dedent(
     """
@@ -103,8 +101,7 @@ WORKER = textwrap.dedent(
 
 def run_job(n, task, timeout=300):
     """Runs n worker processes as the ranks of one job; returns their (code, output)."""
-    argv = [sys.executable, "-c", WORKER, json.dumps(task)]
-    return run_ranks(n, argv, timeout=timeout, env={"OMP_NUM_THREADS": "1"})
+    return run_program(n, WORKER, task, timeout=timeout, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

@@ -6,12 +6,11 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 import textwrap
 
 import pytest
 import tpar
-from jobs import run_ranks
+from jobs import run_program
 
 WORKER = textwrap.dedent(
     """
@@ -31,7 +30,7 @@ WORKER = textwrap.dedent(
 def run_job(n, task, timeout=180):
     """Runs n processes as the ranks of one job, each calling tpar.verify(**task); returns
     (exit code, output) per rank."""
-    return run_ranks(n, [sys.executable, "-c", WORKER, json.dumps(task)], timeout=timeout)
+    return run_program(n, WORKER, task, timeout=timeout)
 
 
 def report_of(output):
