@@ -862,12 +862,13 @@ mod tests {
         ];
         let mut probes = Vec::new();
         for ((bytes, one, two), (_, one_model, two_model)) in measured.into_iter().zip(h100_model) {
-            for (choice, us, modelled) in [(one_shot, one, one_model), (two_shot, two, two_model)] {
+            for (choice, us, h100) in [(one_shot, one, one_model), (two_shot, two, two_model)] {
+                let modelled_us = model(choice, bytes);
                 probes.push(Probe {
                     bytes,
                     choice,
-                    measured_us: us / modelled * model(choice, bytes),
-                    modelled_us: model(choice, bytes),
+                    measured_us: us / h100 * modelled_us,
+                    modelled_us,
                 });
             }
         }
