@@ -164,7 +164,8 @@ __device__ __forceinline__ float butterfly_sum(float p) {
 // The block's per-segment trees. Every thread calls `norm_warp_fold` with its partial of the
 // block's j-th segment of the row (0 where it has no quad); after a __syncthreads, warp j
 // folds the 16 warp sums of segment j with `norm_segment_fold` (lanes 16..31 holding 0).
-__shared__ float tpar_norm_warp_sums[TPAR_NORM_MAX_SEGMENTS][TPAR_NORM_THREADS / 32];
+// 16-byte aligned, so that norm_row_sum_of_warp_sums reads a segment's warp sums as float4s.
+__shared__ __align__(16) float tpar_norm_warp_sums[TPAR_NORM_MAX_SEGMENTS][TPAR_NORM_THREADS / 32];
 __shared__ float tpar_norm_segment_sums[TPAR_NORM_MAX_SEGMENTS];
 __shared__ float tpar_norm_inv;
 
@@ -187,13 +188,63 @@ __device__ __forceinline__ float norm_segment_pair_fold(float v) {
     for (int offset = 8; offset >= 1; offset >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
 }
+// The sum of a segment's 16 warp sums `v` (0 for warps past the row) in the order of
+// norm_segment_fold's butterfly: each + 0, then pairs 8 apart, 4, 2 and 1 (IEEE addition is
+// commutative, so every lane of the butterfly holds these bits).
+__device__ __forceinline__ float norm_segment_tree(float* v) {
+    for (int i = 0; i < 16; ++i) v[i] = __fadd_rn(v[i], 0.f);
+    for (int width = 8; width >= 1; width >>= 1) {
+        for (int i = 0; i < width; ++i) v[i] = __fadd_rn(v[i], v[i + width]);
+    }
+    return v[0];
+}
+// The row's sum of squares from its warp sums in this block's shared memory (segment k's in
+// tpar_norm_warp_sums[k]; `row_warps` of them, those past it read as 0), folded by the thread
+// itself: each segment's tree, then the segment sums in order. norm_segment_fold and norm_inv's
+// bits with no shuffle and no barrier after the one that made the sums visible: every thread
+// reads the same words (a broadcast), four segments' at a time so that their loads overlap.
+__device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
+    const u32 segments = (row_warps + 15) / 16;
+    float ss = 0.f;
+    for (u32 k0 = 0; k0 < segments; k0 += 4) {
+        float v[4][16];
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            const float4* sums = reinterpret_cast<const float4*>(tpar_norm_warp_sums[k0 + g]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 f = sums[i];
+                v[g][4 * i] = f.x;
+                v[g][4 * i + 1] = f.y;
+                v[g][4 * i + 2] = f.z;
+                v[g][4 * i + 3] = f.w;
+            }
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                if ((k0 + g) * 16 + i >= row_warps) v[g][i] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < 4; ++g) {
+            const float segment = norm_segment_tree(v[g]);
+            if (k0 + g < segments) ss = k0 + g == 0 ? segment : __fadd_rn(ss, segment);
+        }
+    }
+    return ss;
+}
 // Warps of a row of `quads` quads: 32 quads each, the unit whose sum the fused one-shot's
 // blocks exchange (a segment is 16 of them).
 __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }
 
 // 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
+// Where `hidden` is a power of two, ss / hidden is ss times its exact reciprocal: the same real
+// number, so the same correctly rounded bits, with a multiply in place of a division's
+// iterations on the chain every call waits for.
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
-    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+    const bool power_of_two = hidden != 0 && (hidden & (hidden - 1)) == 0;  // 2^-63 is still a normal float
+    const float mean = power_of_two ? __fmul_rn(ss, __int_as_float((127 - (__ffsll((long long)hidden) - 1)) << 23))
+                                    : __fdiv_rn(ss, (float)hidden);
+    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 // Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.

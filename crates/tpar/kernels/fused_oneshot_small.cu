@@ -150,23 +150,23 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         // exchange through device memory and hands 1/rms on. fused_oneshot.cu's whole blocks
         // keep warp 0's fold: tried there (fba6698, TPAR_FUSED_FOLD_EVERY_WARP), 8 ranks x 8
         // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
-        if (shared_row) block_or_cluster_sync(CLUSTER);
         float inv = 0.f;
-        if (warp == 0 || shared_row) {
+        if (shared_row) {
+            block_or_cluster_sync(CLUSTER);
+            inv = norm_inv_of_sum(norm_row_sum_of_warp_sums(row_warps), n.hidden, n.eps);
+        } else if (warp == 0) {
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; ++pair) {
                 const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
                 float v = 0.f;
-                if (row_warp < row_warps) {
-                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
-                }
+                if (row_warp < row_warps) v = exchange_sum(a, call, row_lines + row_warp, &ok);
                 v = norm_segment_pair_fold(v);
                 const float even = __shfl_sync(0xffffffffu, v, 0), odd = __shfl_sync(0xffffffffu, v, 16);
                 ss = pair == 0 ? even : __fadd_rn(ss, even);
                 if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
             }
             inv = norm_inv_of_sum(ss, n.hidden, n.eps);
-            if (lane == 0 && !shared_row) tpar_norm_inv = inv;
+            if (lane == 0) tpar_norm_inv = inv;
         }
         if (!shared_row) {
             __syncthreads();
