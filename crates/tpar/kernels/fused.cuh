@@ -232,6 +232,12 @@ __device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
     }
     return ss;
 }
+// The first `count` of `sums` (in shared memory) added in order: norm_inv's sum, in every thread.
+__device__ __forceinline__ float norm_sum_in_order(const float* sums, u32 count) {
+    float ss = sums[0];
+    for (u32 k = 1; k < count; ++k) ss = __fadd_rn(ss, sums[k]);
+    return ss;
+}
 // Warps of a row of `quads` quads: 32 quads each, the unit whose sum the fused one-shot's
 // blocks exchange (a segment is 16 of them).
 __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }

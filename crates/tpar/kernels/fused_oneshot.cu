@@ -100,29 +100,18 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         __syncthreads();
         float inv;
         if (per_row == 1) {
-            float s = 0.f;
-            if (warp < mine) s = norm_segment_fold(warp);
-            if (lane == 0 && warp < mine) tpar_norm_segment_sums[warp] = s;
-            __syncthreads();
-            if (warp == 0) {
-                const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
-                const float i = norm_inv(sum, segments, n.hidden, n.eps);
-                if (lane == 0) tpar_norm_inv = i;
-            }
+            // The block has the row's warp sums: every thread folds them itself.
+            inv = norm_inv_of_sum(norm_row_sum_of_warp_sums(norm_row_warps(quads)), n.hidden, n.eps);
         } else if (CLUSTER) {
 #if TPAR_HAS_CLUSTERS
             // Lane b stores the block's segment sums into block b of the cluster (the row's
-            // block b), then every block reads all of them in segment order.
+            // block b), then every thread adds all of them in segment order.
             if (warp < mine) {
                 const float s = norm_segment_fold(warp);
                 if (lane < per_row) cluster_store_f32(&tpar_norm_segment_sums[part + warp * per_row], lane, s);
             }
             cluster_sync();
-            if (warp == 0) {
-                const float sum = lane < segments ? tpar_norm_segment_sums[lane] : 0.f;
-                const float i = norm_inv(sum, segments, n.hidden, n.eps);
-                if (lane == 0) tpar_norm_inv = i;
-            }
+            inv = norm_inv_of_sum(norm_sum_in_order(tpar_norm_segment_sums, segments), n.hidden, n.eps);
 #endif
         } else {
             // Publish this block's segment sums, then read every segment's in order.
@@ -137,13 +126,13 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
                 const float i = norm_inv(s, segments, n.hidden, n.eps);
                 if (lane == 0) tpar_norm_inv = i;
             }
+            __syncthreads();
+            inv = tpar_norm_inv;
         }
-        __syncthreads();
-        inv = tpar_norm_inv;
         fused_y_row<DT>(n, shape, row, residual_out, q0, (u64)per_row * TPAR_NORM_THREADS, mine, first, w0, w1, inv);
-        // The shared sums are reused by the next row; in a cluster other blocks store into
-        // them, so the whole cluster must be past this row's fold.
-        block_or_cluster_sync(CLUSTER && per_row > 1 && row + row_stride < n.rows);
+        // The shared sums are reused by the next row (none after the last); in a cluster other
+        // blocks store into them, so the whole cluster must be past this row's fold.
+        if (row + row_stride < n.rows) block_or_cluster_sync(CLUSTER && per_row > 1);
     }
     end_call(a, call);
 }
