@@ -202,14 +202,16 @@ __device__ __forceinline__ float norm_segment_tree(float* v) {
 // tpar_norm_warp_sums[k]; `row_warps` of them, those past it read as 0), folded by the thread
 // itself: each segment's tree, then the segment sums in order. norm_segment_fold and norm_inv's
 // bits with no shuffle and no barrier after the one that made the sums visible: every thread
-// reads the same words (a broadcast), four segments' at a time so that their loads overlap.
+// reads the same words (a broadcast), four segments' at a time so that their loads overlap
+// (by two or one, ptxas spilled more of the fused kernels' registers for sm_80 or sm_90).
+#define TPAR_NORM_FOLD_GROUP 4
 __device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
     const u32 segments = (row_warps + 15) / 16;
     float ss = 0.f;
-    for (u32 k0 = 0; k0 < segments; k0 += 4) {
-        float v[4][16];
+    for (u32 k0 = 0; k0 < segments; k0 += TPAR_NORM_FOLD_GROUP) {
+        float v[TPAR_NORM_FOLD_GROUP][16];
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
+        for (int g = 0; g < TPAR_NORM_FOLD_GROUP; ++g) {
             const float4* sums = reinterpret_cast<const float4*>(tpar_norm_warp_sums[k0 + g]);
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -225,7 +227,7 @@ __device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
             }
         }
 #pragma unroll
-        for (int g = 0; g < 4; ++g) {
+        for (int g = 0; g < TPAR_NORM_FOLD_GROUP; ++g) {
             const float segment = norm_segment_tree(v[g]);
             if (k0 + g < segments) ss = k0 + g == 0 ? segment : __fadd_rn(ss, segment);
         }
