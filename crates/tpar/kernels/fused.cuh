@@ -198,28 +198,37 @@ __device__ __forceinline__ float norm_segment_tree(float* v) {
     }
     return v[0];
 }
-// The row's sum of squares from its warp sums in this block's shared memory (segment k's in
-// tpar_norm_warp_sums[k]; `row_warps` of them, those past it read as 0), folded by the thread
-// itself: each segment's tree, then the segment sums in order. norm_segment_fold and norm_inv's
-// bits with no shuffle and no barrier after the one that made the sums visible: every thread
-// reads the same words (a broadcast), four segments' at a time so that their loads overlap
-// (by two or one, ptxas spilled more of the fused kernels' registers for sm_80 or sm_90).
+// The row's sum of squares from its warp sums in this block's shared memory, folded by the
+// thread itself: each segment's tree, then the segment sums in order. norm_segment_fold and
+// norm_inv's bits with no shuffle and no barrier after the one that made the sums visible: every
+// thread reads the same words (a broadcast), four segments' at a time so that their loads
+// overlap (by two or one, ptxas spilled more of the fused kernels' registers for sm_80 or sm_90).
+// Warp w's sum is sums[w * STRIDE] (16-byte aligned): STRIDE 1 for tpar_norm_warp_sums, 2 for
+// the payload words of LL lines (tpar_norm_warp_lines); `row_warps` of them, those past it read
+// as 0.
 #define TPAR_NORM_FOLD_GROUP 4
-__device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
+template <int STRIDE>
+__device__ __forceinline__ float norm_row_sum(const float* sums, u32 row_warps) {
+    static_assert(STRIDE == 1 || STRIDE == 2, "warp sums are packed or the payload of 8-byte lines");
     const u32 segments = (row_warps + 15) / 16;
     float ss = 0.f;
     for (u32 k0 = 0; k0 < segments; k0 += TPAR_NORM_FOLD_GROUP) {
         float v[TPAR_NORM_FOLD_GROUP][16];
 #pragma unroll
         for (int g = 0; g < TPAR_NORM_FOLD_GROUP; ++g) {
-            const float4* sums = reinterpret_cast<const float4*>(tpar_norm_warp_sums[k0 + g]);
+            const float4* segment = reinterpret_cast<const float4*>(sums + (k0 + g) * 16 * STRIDE);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float4 f = sums[i];
-                v[g][4 * i] = f.x;
-                v[g][4 * i + 1] = f.y;
-                v[g][4 * i + 2] = f.z;
-                v[g][4 * i + 3] = f.w;
+            for (int i = 0; i < 4 * STRIDE; ++i) {
+                const float4 f = segment[i];
+                if (STRIDE == 1) {
+                    v[g][4 * i] = f.x;
+                    v[g][4 * i + 1] = f.y;
+                    v[g][4 * i + 2] = f.z;
+                    v[g][4 * i + 3] = f.w;
+                } else {
+                    v[g][2 * i] = f.x;
+                    v[g][2 * i + 1] = f.z;
+                }
             }
 #pragma unroll
             for (int i = 0; i < 16; ++i) {
@@ -233,6 +242,10 @@ __device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
         }
     }
     return ss;
+}
+// The row's sum of squares from tpar_norm_warp_sums (segment k's 16 in row k).
+__device__ __forceinline__ float norm_row_sum_of_warp_sums(u32 row_warps) {
+    return norm_row_sum<1>(&tpar_norm_warp_sums[0][0], row_warps);
 }
 // The first `count` of `sums` (in shared memory) added in order: norm_inv's sum, in every thread.
 __device__ __forceinline__ float norm_sum_in_order(const float* sums, u32 count) {
@@ -261,6 +274,42 @@ __device__ __forceinline__ float norm_inv(float segment_sum, u32 segments, u64 h
     for (u32 k = 1; k < segments; ++k) ss = __fadd_rn(ss, __shfl_sync(0xffffffffu, segment_sum, k));
     return norm_inv_of_sum(ss, hidden, eps);
 }
+
+#if TPAR_HAS_CLUSTERS
+// The warp sums of a row as LL lines in shared memory, for the small-block kernel's cluster form
+// (fused_oneshot_small.cu): line w holds warp w of the row's sum (low word) beside the row's tag
+// (high word: row + 1, so that the zeros the block stores at its start are no row's). Every
+// warp of the row stores its line into every block of the cluster, and each block waits for
+// the row's lines in its own shared memory: no cluster barrier between the sums and the fold.
+__shared__ __align__(16) u64 tpar_norm_warp_lines[TPAR_NORM_MAX_SEGMENTS * (TPAR_NORM_THREADS / 32)];
+__device__ __forceinline__ u64 norm_warp_line(u64 row, float sum) {
+    return ((u64)(u32)(row + 1) << 32) | __float_as_uint(sum);
+}
+// The block's lines zeroed, then its arrival at the cluster barrier that norm_warp_lines_open
+// completes: no block stores a line before every block has zeroed its own.
+__device__ __forceinline__ void norm_warp_lines_reset() {
+    for (u32 i = threadIdx.x; i < TPAR_NORM_MAX_SEGMENTS * (TPAR_NORM_THREADS / 32); i += blockDim.x) {
+        tpar_norm_warp_lines[i] = 0;
+    }
+    cluster_arrive_release();
+}
+__device__ __forceinline__ void norm_warp_lines_open() { cluster_wait_acquire(); }
+// Waits, in every warp, until the first `row_warps` lines carry `row`'s tag (the lanes share
+// them; one deadline as every wait); then the warp may read their sums (norm_row_sum<2>). False
+// once a wait has failed (the error word set; the sums read as they are).
+__device__ __forceinline__ bool norm_warp_lines_wait(const TparArgs& a, const Call& call, u64 row, u32 row_warps) {
+    const u32 tag = (u32)(row + 1);
+    bool ok = true;
+    for (u32 w = threadIdx.x & 31; w < row_warps && ok; w += 32) {
+        Wait wait = begin_wait(ll_polls(false));
+        while (ok && (u32)(ld_shared_volatile(&tpar_norm_warp_lines[w]) >> 32) != tag) {
+            ok = keep_waiting(a, call, wait, a.rank, TPAR_PHASE_ONE_SHOT, NoSlowCheck());
+        }
+    }
+    __syncwarp();
+    return ok;
+}
+#endif
 
 // Sums that blocks sharing a row exchange: LL lines (the sum's bits beside the epoch's tag), one
 // per (row, segment) of a fused one-shot launch on whole blocks (fused_oneshot.cu) or per (row,

@@ -91,6 +91,9 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
 
     // Before the call counter: the first row's input and residual and the weight of the first
     // chunk. After pdl_wait: the previous kernel may write them.
+#if TPAR_HAS_CLUSTERS
+    if (CLUSTER) norm_warp_lines_reset();
+#endif
     pdl_wait();
     FusedFirst first = {0, 0, 0, 0, 0, 0};
     if (s.first_row < n.rows && s.mine > 0 && s.q0 < shape.quads) {
@@ -100,6 +103,9 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
     }
     const Call call = begin_call(a, DT | TPAR_HEADER_FUSED);
     fused_push_rows<DT>(a, n, shape, call, all_ranks(a), s.first_row, s.row_stride, s.q0, s.step, s.mine, first.x0, first.x1);
+#if TPAR_HAS_CLUSTERS
+    if (CLUSTER) norm_warp_lines_open();
+#endif
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 row_warps = norm_row_warps(shape.quads);
@@ -129,7 +135,7 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 // Lane b stores the sum into block b of the cluster (the row's block b: the
                 // cluster is the row's per_row consecutive blocks).
                 if (lane < s.per_row && row_warp < row_warps) {
-                    cluster_store_f32(&tpar_norm_warp_sums[row_warp / 16][row_warp % 16], lane, warp_sum);
+                    cluster_store_u64(&tpar_norm_warp_lines[row_warp], lane, norm_warp_line(row, warp_sum));
                 }
 #endif
             } else if (lane == 0 && row_warp < row_warps) {
@@ -152,8 +158,16 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
         float inv = 0.f;
         if (shared_row) {
-            block_or_cluster_sync(CLUSTER);
-            inv = norm_inv_of_sum(norm_row_sum_of_warp_sums(row_warps), n.hidden, n.eps);
+#if TPAR_HAS_CLUSTERS
+            if (CLUSTER) {
+                if (!norm_warp_lines_wait(a, call, row, row_warps)) ok = false;
+                inv = norm_inv_of_sum(norm_row_sum<2>((const float*)tpar_norm_warp_lines, row_warps), n.hidden, n.eps);
+            } else
+#endif
+            {
+                __syncthreads();
+                inv = norm_inv_of_sum(norm_row_sum_of_warp_sums(row_warps), n.hidden, n.eps);
+            }
         } else if (warp == 0) {
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; ++pair) {

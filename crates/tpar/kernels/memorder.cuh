@@ -80,8 +80,26 @@ __device__ __forceinline__ void cluster_store_f32(const float* local, u32 rank, 
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(own), "r"(rank));
     asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
 }
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    cluster_arrive_release();
+    cluster_wait_acquire();
+}
+// An 8-byte line stored whole at the address of `local` in the cluster's block `rank`, for a
+// reader polling it in its own shared memory (ld_shared_volatile).
+__device__ __forceinline__ void cluster_store_u64(const u64* local, u32 rank, u64 v) {
+    const u32 own = (u32)__cvta_generic_to_shared(local);
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(own), "r"(rank));
+    asm volatile("st.relaxed.cluster.shared::cluster.u64 [%0], %1;" ::"r"(remote), "l"(v) : "memory");
+}
+__device__ __forceinline__ u64 ld_shared_volatile(const u64* local) {
+    u64 v;
+    asm volatile("ld.volatile.shared.u64 %0, [%1];" : "=l"(v) : "r"((u32)__cvta_generic_to_shared(local)) : "memory");
+    return v;
 }
 #else
 #define TPAR_HAS_CLUSTERS 0
