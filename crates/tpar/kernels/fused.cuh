@@ -206,7 +206,9 @@ __device__ __forceinline__ float norm_segment_tree(float* v) {
 // Warp w's sum is sums[w * STRIDE] (16-byte aligned): STRIDE 1 for tpar_norm_warp_sums, 2 for
 // the payload words of LL lines (tpar_norm_warp_lines); `row_warps` of them, those past it read
 // as 0.
+#ifndef TPAR_NORM_FOLD_GROUP
 #define TPAR_NORM_FOLD_GROUP 4
+#endif
 template <int STRIDE>
 __device__ __forceinline__ float norm_row_sum(const float* sums, u32 row_warps) {
     static_assert(STRIDE == 1 || STRIDE == 2, "warp sums are packed or the payload of 8-byte lines");
