@@ -14,8 +14,9 @@
 // as fused_oneshot.cu's segment sums. With one block per row the sums stay in shared memory.
 // Where the GPU has thread block clusters (sm_90+), the host may launch the cluster form
 // instead (tpar_fused_oneshot_small_clusters_*: a row's blocks are one cluster): each warp stores its
-// sum into every block's shared memory of the cluster and one cluster barrier replaces the
-// exchange through device memory and its waits; the fold, and so the bits, are the same.
+// sum as an LL line into every block's shared memory of the cluster (fused.cuh,
+// tpar_norm_warp_lines), and each block waits for the row's lines in its own shared memory, in
+// place of the exchange through device memory; the fold, and so the bits, are the same.
 //
 // A file of its own, so that fused_oneshot.cu (whole blocks) stays as it was, to the PTX: with
 // this kernel compiled beside them in one file (its PTX then the same as here), the group-site
@@ -146,16 +147,15 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
                 }
             }
         }
-        // The warp sums of the row are folded as norm.rs's tree (each segment's 16, two segments
-        // at a time, then the segment sums in order). Where they are in shared memory every warp
-        // folds them itself (the same bits), with no barrier to hand 1/rms on and none after the
-        // last row, which nothing reuses them for: one H100, hidden 8192 bf16, ranks as streams,
-        // 2026-12-07 (bench/results/2026-12-07-s23, calls 3, 5 and 6, each way twice, against
-        // warp 0 folding for the block), 2 ranks x 1 / 2 / 4 tokens 3.58 / 3.68 / 3.73 -> 3.45 /
-        // 3.55 / 3.60 us, 8 ranks x 1 token 5.61 -> 5.48. Warp 0 waits for the lines of the
-        // exchange through device memory and hands 1/rms on. fused_oneshot.cu's whole blocks
-        // keep warp 0's fold: tried there (fba6698, TPAR_FUSED_FOLD_EVERY_WARP), 8 ranks x 8
-        // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
+        // The warp sums of the row are folded as norm.rs's tree (each segment's 16, then the
+        // segment sums in order). Where they are in shared memory every thread folds them
+        // itself (norm_row_sum: the same bits, no shuffle), with no barrier to hand 1/rms on and
+        // none after the last row, which nothing reuses them for. Every warp folding (with
+        // shuffles then) against warp 0 folding for the block: one H100, hidden 8192 bf16,
+        // ranks as streams, 2026-12-07 (bench/results/2026-12-07-s23, calls 3, 5 and 6), 2 ranks
+        // x 1 / 2 / 4 tokens 3.58 / 3.68 / 3.73 -> 3.45 / 3.55 / 3.60 us, 8 ranks x 1 token 5.61
+        // -> 5.48. Warp 0 waits for the lines of the exchange through device memory and hands
+        // 1/rms on.
         float inv = 0.f;
         if (shared_row) {
 #if TPAR_HAS_CLUSTERS
