@@ -100,6 +100,9 @@ __device__ void fused_oneshot(const TparFusedArgs& f) {
         __syncthreads();
         float inv;
         if (per_row == 1) {
+            // Warp j folds segment j, warp 0 the segment sums. Every thread folding all of them
+            // itself from shared memory was slower: 8 ranks x 4 / 8 tokens 12.14 / 16.03 ->
+            // 12.49 / 16.35 us on one H100 (branch s25-fold, bench/results/2026-12-07-s25).
             float s = 0.f;
             if (warp < mine) s = norm_segment_fold(warp);
             if (lane == 0 && warp < mine) tpar_norm_segment_sums[warp] = s;

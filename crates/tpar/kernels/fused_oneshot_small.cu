@@ -149,7 +149,11 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         // 3.55 / 3.60 us, 8 ranks x 1 token 5.61 -> 5.48. Warp 0 waits for the lines of the
         // exchange through device memory and hands 1/rms on. fused_oneshot.cu's whole blocks
         // keep warp 0's fold: tried there (fba6698, TPAR_FUSED_FOLD_EVERY_WARP), 8 ranks x 8
-        // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session").
+        // tokens took 15.88 -> 16.36 us (bench/README.md, "Twenty-third session"). Every thread
+        // folding the sums itself from float4 broadcast loads, with no shuffle, and the cluster
+        // form's sums as LL lines in shared memory instead of its barrier were slower together
+        // (branch s25-fold, one H100: 2 x 1 / 2 / 4 tokens 3.46 / 3.57 / 3.65 -> 3.55 / 3.77 /
+        // 3.81 us, 8 x 1 5.47 -> 5.57; bench/results/2026-12-07-s25).
         if (shared_row) block_or_cluster_sync(CLUSTER);
         float inv = 0.f;
         if (warp == 0 || shared_row) {
