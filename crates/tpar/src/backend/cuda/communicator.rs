@@ -13,6 +13,7 @@ use super::errors::{self, HEADER_ISLANDS_ALL};
 use super::kernels::{
     call_hash, IslandTables, KernelArgs, KernelId, FLAG_ISLANDS_ALL_UNITS, MAX_RANKS, THREADS,
 };
+use super::knobs::Knob;
 use super::loader::KernelSet;
 use super::span::{DeviceSpan, DeviceSpanMut, Operands};
 use crate::algorithm::Algorithm;
@@ -598,11 +599,10 @@ pub(crate) fn launch_shape(threads: u32, max_blocks: u32, pdl_supported: bool) -
 /// `TPAR_MIN_BLOCK_THREADS` overrides it (a multiple of 32 up to 512; 512 launches whole
 /// blocks, as before), for experiments.
 pub fn min_block_threads(world_size: usize) -> u32 {
-    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| {
-        env_u32("TPAR_MIN_BLOCK_THREADS").map(|v| (v / 32 * 32).clamp(32, THREADS))
+    static SET: Knob = Knob::with("TPAR_MIN_BLOCK_THREADS", |_, v| {
+        v.map(|v| (v / 32 * 32).clamp(32, THREADS))
     });
-    set.unwrap_or(if world_size <= 4 { 128 } else { 64 })
+    SET.get().unwrap_or(if world_size <= 4 { 128 } else { 64 })
 }
 
 /// The smallest block for a launch of `threads` threads of `algorithm` at `world_size` ranks:
@@ -646,31 +646,12 @@ pub(crate) fn min_block_threads_for(algorithm: Algorithm, threads: u32, world_si
 ///
 /// `TPAR_PDL_SQUEEZE` (1 to 16) sets one factor for every algorithm, for experiments.
 pub fn pdl_squeeze(algorithm: Algorithm) -> u32 {
-    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| env_u32("TPAR_PDL_SQUEEZE").map(|v| v.clamp(1, 16)));
-    set.unwrap_or(match algorithm {
+    static SET: Knob = Knob::with("TPAR_PDL_SQUEEZE", |_, v| v.map(|v| v.clamp(1, 16)));
+    SET.get().unwrap_or(match algorithm {
         Algorithm::TwoShot => 3,
         Algorithm::HostStaged => 2,
         Algorithm::Staged => 2,
         _ => 1,
-    })
-}
-
-/// An experiment knob's value: the environment variable `name` as a number. A value that is
-/// not one is ignored with a warning that says so, so that an experiment does not measure the
-/// defaults while its author thinks otherwise.
-pub(super) fn env_u32(name: &str) -> Option<u32> {
-    knob_value(name, std::env::var(name).ok().as_deref()).unwrap_or_else(|why| {
-        log::warn!("{why}");
-        None
-    })
-}
-
-/// [`env_u32`]'s reading of `value`, the variable `name`'s (None: unset).
-fn knob_value(name: &str, value: Option<&str>) -> std::result::Result<Option<u32>, String> {
-    let Some(value) = value else { return Ok(None) };
-    value.trim().parse().map(Some).map_err(|_| {
-        format!("{name}={value:?} is not a whole number: ignored, the built-in rule applies (unset it, or give a number such as {name}=2)")
     })
 }
 
@@ -866,18 +847,6 @@ mod tests {
             spread_shape(big, 16, true, 64, pdl_squeeze(Algorithm::TwoShot)),
             (16, THREADS, false)
         );
-    }
-
-    #[test]
-    fn an_experiment_knob_that_is_not_a_number_is_named_and_ignored() {
-        assert_eq!(knob_value("TPAR_PDL_SQUEEZE", None), Ok(None));
-        assert_eq!(knob_value("TPAR_PDL_SQUEEZE", Some(" 2 ")), Ok(Some(2)));
-        let why = knob_value("TPAR_PDL_SQUEEZE", Some("2x")).unwrap_err();
-        assert!(
-            why.starts_with("TPAR_PDL_SQUEEZE=\"2x\" is not a whole number"),
-            "{why}"
-        );
-        assert!(knob_value("TPAR_MIN_BLOCK_THREADS", Some("-64")).is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use cudarc::driver::CudaStream;
 
 use super::errors::HEADER_FUSED;
 use super::kernels::{KernelArgs, KernelId, MAX_BLOCKS, THREADS};
+use super::knobs::Knob;
 use super::loader::MAX_CLUSTER;
 use super::span::FusedOperands;
 // The fused op's operands are defined with the other operands, in `span.rs`.
@@ -163,16 +164,15 @@ impl CudaCommunicator {
     /// through device memory, for comparison: on one H200 the cluster forms were faster at
     /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run).
     fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let off =
-            *OFF.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_CLUSTERS") == Some(0));
-        !off && clusters_fit(
-            grid,
-            per_row,
-            self.kernels.active_clusters(threads, per_row),
-            self.max_blocks,
-            self.kernels.sm_count * self.kernels.blocks_per_sm,
-        )
+        static OFF: Knob<bool> = Knob::with("TPAR_FUSED_CLUSTERS", |_, v| Some(v == Some(0)));
+        OFF.get() != Some(true)
+            && clusters_fit(
+                grid,
+                per_row,
+                self.kernels.active_clusters(threads, per_row),
+                self.max_blocks,
+                self.kernels.sm_count * self.kernels.blocks_per_sm,
+            )
     }
 
     /// The argument block of launch `index` of a fused call: its rows `first .. first + rows`,
@@ -342,20 +342,19 @@ fn fused_block_threads(
     if algorithm != Algorithm::OneShot || !per_peer_sites {
         return THREADS;
     }
-    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| {
-        super::communicator::env_u32("TPAR_FUSED_BLOCK_THREADS").filter(|t| {
+    static SET: Knob = Knob::with("TPAR_FUSED_BLOCK_THREADS", |name, v| {
+        v.filter(|t| {
             let divides = [32, 64, 128, 256, 512].contains(t);
             if !divides {
                 log::warn!(
-                    "TPAR_FUSED_BLOCK_THREADS={t} ignored: a fused block takes 32, 64, 128, 256 \
-                     or 512 threads (a multiple of 32 dividing 512)"
+                    "{name}={t} ignored: a fused block takes 32, 64, 128, 256 or 512 threads (a \
+                     multiple of 32 dividing 512)"
                 );
             }
             divides
         })
     });
-    if let Some(threads) = set {
+    if let Some(threads) = SET.get() {
         return threads;
     }
     let bound = if pdl_supported {
@@ -404,9 +403,9 @@ fn peer_sites(world_size: usize, rows: usize, all_launches_up_to: usize) -> bool
 /// ranks up to which every launch waits at one site per peer (the small-block kernels, which
 /// need one site per peer, then also run up to that many ranks).
 fn fused_peer_site_ranks() -> usize {
-    static SET: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    let set = *SET.get_or_init(|| super::communicator::env_u32("TPAR_FUSED_PEER_SITE_RANKS"));
-    set.map_or(FUSED_PEER_SITE_RANKS, |ranks| ranks as usize)
+    static SET: Knob = Knob::new("TPAR_FUSED_PEER_SITE_RANKS");
+    SET.get()
+        .map_or(FUSED_PEER_SITE_RANKS, |ranks| ranks as usize)
 }
 
 /// Host-staged's fused grid bound while rows are spread. One H200, 2 ranks as streams, hidden

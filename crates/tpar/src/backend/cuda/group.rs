@@ -11,11 +11,12 @@ use cudarc::driver::CudaContext;
 use serde::{Deserialize, Serialize};
 
 use super::check_available;
-use super::communicator::{env_u32, CudaCommunicator, Owned};
+use super::communicator::{CudaCommunicator, Owned};
 use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, RegisteredSegment};
 use super::kernels::{
     IslandTables, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES,
 };
+use super::knobs::env_u32;
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};

@@ -18,7 +18,8 @@
 //! checked operands of the public API, and the one unsafe door for raw addresses),
 //! `stream_order` (calls ordered across streams), `fused` (allreduce + residual add + RMSNorm),
 //! `separate` (the fused op's pieces apart, for `tpar bench --fused`), `standalone` (kernels on
-//! buffers of their own, for `tpar bench --anatomy`), `link_measurement` (link measurements).
+//! buffers of their own, for `tpar bench --anatomy`), `link_measurement` (link measurements),
+//! `knobs` (the environment variables that override a launch default, for experiments).
 
 pub mod communicator;
 pub mod driver;
@@ -26,6 +27,7 @@ pub mod errors;
 pub mod fused;
 mod group;
 pub mod kernels;
+mod knobs;
 pub mod link_measurement;
 mod loader;
 pub mod nvrtc;
