@@ -157,17 +157,35 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         if (shared_row) block_or_cluster_sync(CLUSTER);
         float inv = 0.f;
         if (warp == 0 || shared_row) {
+            // The cluster form folds two pairs of segments a step (all four of hidden 8192
+            // bf16), with no branch between their folds, so that the two chains of shuffles
+            // overlap: one H100, hidden 8192 bf16, ranks as streams, 2026-12-07
+            // (bench/results/2026-12-07-s26, call 1, against main's kernels in one call), 2
+            // ranks x 1 / 2 / 4 tokens 3.46 / 3.54 / 3.62 -> 3.38 / 3.46 / 3.54 us, 8 ranks x 1
+            // 5.47-5.49 -> 5.41-5.42; the rest within 0.05. The form that waits for lines in
+            // device memory keeps a pair a step (the wait inlined twice: a larger kernel, not
+            // measured).
+            constexpr u32 PAIRS_A_STEP = CLUSTER ? 2 : 1;
             float ss = 0.f;
-            for (u32 pair = 0; 2 * pair < segments; ++pair) {
-                const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
-                float v = 0.f;
-                if (row_warp < row_warps) {
-                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
+            for (u32 pair = 0; 2 * pair < segments; pair += PAIRS_A_STEP) {
+                float v[PAIRS_A_STEP];
+#pragma unroll
+                for (u32 h = 0; h < PAIRS_A_STEP; ++h) {
+                    const u32 row_warp = (2 * (pair + h) + (lane >> 4)) * 16 + (lane & 15);
+                    v[h] = 0.f;
+                    if (row_warp < row_warps) {
+                        v[h] = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
+                    }
                 }
-                v = norm_segment_pair_fold(v);
-                const float even = __shfl_sync(0xffffffffu, v, 0), odd = __shfl_sync(0xffffffffu, v, 16);
-                ss = pair == 0 ? even : __fadd_rn(ss, even);
-                if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
+#pragma unroll
+                for (u32 h = 0; h < PAIRS_A_STEP; ++h) v[h] = norm_segment_pair_fold(v[h]);
+#pragma unroll
+                for (u32 h = 0; h < PAIRS_A_STEP; ++h) {
+                    const u32 first = 2 * (pair + h);  // the pair's first segment
+                    const float even = __shfl_sync(0xffffffffu, v[h], 0), odd = __shfl_sync(0xffffffffu, v[h], 16);
+                    if (first < segments) ss = first == 0 ? even : __fadd_rn(ss, even);
+                    if (first + 1 < segments) ss = __fadd_rn(ss, odd);
+                }
             }
             inv = norm_inv_of_sum(ss, n.hidden, n.eps);
             if (lane == 0 && !shared_row) tpar_norm_inv = inv;
