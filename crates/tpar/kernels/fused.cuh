@@ -191,7 +191,11 @@ __device__ __forceinline__ float norm_segment_pair_fold(float v) {
 // blocks exchange (a segment is 16 of them).
 __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }
 
-// 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
+// 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`. Tried
+// and slower: __frcp_rn for the reciprocal (the same bits) and, where hidden is a power of two,
+// the mean as a multiply by its exact reciprocal (branch s26-inv; one H100, hidden 8192 bf16,
+// bench/results/2026-12-07-s26, call 1): 2 ranks x 1 token 3.46 -> 3.48 us, 2 x 8 4.44 -> 4.69,
+// 8 x 4 12.07 -> 12.56; __frcp_rn brings a slow path of its own beside the division's.
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
     return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
 }
