@@ -191,9 +191,16 @@ __device__ __forceinline__ float norm_segment_pair_fold(float v) {
 // blocks exchange (a segment is 16 of them).
 __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads + 31) / 32); }
 
-// 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`.
+// 1 / sqrt(ss / hidden + eps), correctly rounded, from the row's sum of squares `ss`: the
+// steps after the row's last line, so each is the shortest form with norm.rs's bits. Where
+// `hidden` is a power of two, ss / hidden is ss times its reciprocal, which is exact (2^-k), so
+// the one rounding of the product is the quotient's; __frcp_rn is 1 / x correctly rounded, as
+// __fdiv_rn(1, x) is, without the general division's steps.
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
-    return __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, (float)hidden), eps)));
+    const bool power_of_two = (hidden & (hidden - 1)) == 0 && hidden != 0;
+    const int k = 63 - __clzll((long long)hidden);
+    const float mean = power_of_two ? __fmul_rn(ss, __int_as_float((127 - k) << 23)) : __fdiv_rn(ss, (float)hidden);
+    return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 }
 // Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.

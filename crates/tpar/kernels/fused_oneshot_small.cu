@@ -157,17 +157,30 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
         if (shared_row) block_or_cluster_sync(CLUSTER);
         float inv = 0.f;
         if (warp == 0 || shared_row) {
+            // In the cluster form, two pairs of segments a step (four segments: hidden 8192
+            // bf16), their folds with no branch between them, so that the two chains of
+            // shuffles overlap; the form that waits for lines in device memory keeps one.
+            constexpr u32 STEP = CLUSTER ? 2 : 1;
             float ss = 0.f;
-            for (u32 pair = 0; 2 * pair < segments; ++pair) {
-                const u32 row_warp = (2 * pair + (lane >> 4)) * 16 + (lane & 15);
-                float v = 0.f;
-                if (row_warp < row_warps) {
-                    v = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
+            for (u32 pair = 0; 2 * pair < segments; pair += STEP) {
+                float v[STEP];
+#pragma unroll
+                for (u32 h = 0; h < STEP; ++h) {
+                    const u32 row_warp = (2 * (pair + h) + (lane >> 4)) * 16 + (lane & 15);
+                    v[h] = 0.f;
+                    if (row_warp < row_warps) {
+                        v[h] = shared_row ? tpar_norm_warp_sums[row_warp / 16][row_warp % 16] : exchange_sum(a, call, row_lines + row_warp, &ok);
+                    }
                 }
-                v = norm_segment_pair_fold(v);
-                const float even = __shfl_sync(0xffffffffu, v, 0), odd = __shfl_sync(0xffffffffu, v, 16);
-                ss = pair == 0 ? even : __fadd_rn(ss, even);
-                if (2 * pair + 1 < segments) ss = __fadd_rn(ss, odd);
+#pragma unroll
+                for (u32 h = 0; h < STEP; ++h) v[h] = norm_segment_pair_fold(v[h]);
+#pragma unroll
+                for (u32 h = 0; h < STEP; ++h) {
+                    const u32 first = 2 * (pair + h);
+                    const float even = __shfl_sync(0xffffffffu, v[h], 0), odd = __shfl_sync(0xffffffffu, v[h], 16);
+                    if (first < segments) ss = first == 0 ? even : __fadd_rn(ss, even);
+                    if (first + 1 < segments) ss = __fadd_rn(ss, odd);
+                }
             }
             inv = norm_inv_of_sum(ss, n.hidden, n.eps);
             if (lane == 0 && !shared_row) tpar_norm_inv = inv;
