@@ -196,11 +196,21 @@ __device__ __forceinline__ u32 norm_row_warps(u64 quads) { return (u32)((quads +
 // `hidden` is a power of two, ss / hidden is ss times its reciprocal, which is exact (2^-k), so
 // the one rounding of the product is the quotient's; __frcp_rn is 1 / x correctly rounded, as
 // __fdiv_rn(1, x) is, without the general division's steps.
+// TPAR_NORM_INV_FORM (experiment): bit 0 the reciprocal by __frcp_rn, bit 1 the power-of-two mean.
+#ifndef TPAR_NORM_INV_FORM
+#define TPAR_NORM_INV_FORM 3
+#endif
 __device__ __forceinline__ float norm_inv_of_sum(float ss, u64 hidden, float eps) {
-    const bool power_of_two = (hidden & (hidden - 1)) == 0 && hidden != 0;
-    const int k = 63 - __clzll((long long)hidden);
-    const float mean = power_of_two ? __fmul_rn(ss, __int_as_float((127 - k) << 23)) : __fdiv_rn(ss, (float)hidden);
-    return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
+    float mean;
+    if (TPAR_NORM_INV_FORM & 2) {
+        const bool power_of_two = (hidden & (hidden - 1)) == 0 && hidden != 0;
+        const int k = 63 - __clzll((long long)hidden);
+        mean = power_of_two ? __fmul_rn(ss, __int_as_float((127 - k) << 23)) : __fdiv_rn(ss, (float)hidden);
+    } else {
+        mean = __fdiv_rn(ss, (float)hidden);
+    }
+    const float root = __fsqrt_rn(__fadd_rn(mean, eps));
+    return (TPAR_NORM_INV_FORM & 1) ? __frcp_rn(root) : __fdiv_rn(1.f, root);
 }
 // Warp 0, with lane k holding segment k's sum (k < segments): the segment sums added in
 // order, then 1 / sqrt(ss / hidden + eps), correctly rounded; the same in every lane.

@@ -160,7 +160,10 @@ __device__ void fused_oneshot_small(const TparFusedArgs& f) {
             // In the cluster form, two pairs of segments a step (four segments: hidden 8192
             // bf16), their folds with no branch between them, so that the two chains of
             // shuffles overlap; the form that waits for lines in device memory keeps one.
-            constexpr u32 STEP = CLUSTER ? 2 : 1;
+#ifndef TPAR_FOLD_PAIRS_A_STEP
+#define TPAR_FOLD_PAIRS_A_STEP 2
+#endif
+            constexpr u32 STEP = CLUSTER ? TPAR_FOLD_PAIRS_A_STEP : 1;
             float ss = 0.f;
             for (u32 pair = 0; 2 * pair < segments; pair += STEP) {
                 float v[STEP];
