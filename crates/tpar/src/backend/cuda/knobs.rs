@@ -1,9 +1,8 @@
-//! The experiment knobs: environment variables (`TPAR_MAX_BLOCKS`, `TPAR_MIN_BLOCK_THREADS`,
-//! `TPAR_PDL_SQUEEZE`, `TPAR_FUSED_*`) that override a launch default for a measurement. Each
-//! is read once per process, where its default is decided, and a value that is not a whole
-//! number is named in a warning and ignored, so that an experiment does not measure the
-//! defaults while its author thinks otherwise. None changes the protocol or a result, only how
-//! a call is launched.
+//! The experiment knobs: environment variables (`TPAR_MIN_BLOCK_THREADS`, `TPAR_PDL_SQUEEZE`,
+//! `TPAR_FUSED_*`, ...) that override a launch default for a measurement. Each is read once
+//! per process, where its default is decided, and a value that is not a whole number is named
+//! in a warning and ignored, so that an experiment does not measure the defaults while its
+//! author thinks otherwise. None changes the protocol or a result, only how a call is launched.
 
 use std::sync::OnceLock;
 
@@ -46,7 +45,7 @@ impl Knob<u32> {
 
 /// The environment variable `name` as a whole number, read now (None: unset, or not a number,
 /// which is named in a warning).
-fn env_u32(name: &str) -> Option<u32> {
+pub(super) fn env_u32(name: &str) -> Option<u32> {
     knob_value(name, std::env::var(name).ok().as_deref()).unwrap_or_else(|why| {
         log::warn!("{why}");
         None
