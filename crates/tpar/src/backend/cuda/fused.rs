@@ -122,7 +122,9 @@ impl CudaCommunicator {
             );
             let kernel = match algorithm {
                 Algorithm::TwoShot => KernelId::FusedTwoShot(call.dtype),
-                Algorithm::OneShot if threads < THREADS => {
+                Algorithm::OneShot
+                    if threads < THREADS || (per_peer_sites && small_kernel_on_whole_blocks()) =>
+                {
                     KernelId::FusedOneShotSmallBlocks(call.dtype)
                 }
                 Algorithm::OneShot if per_peer_sites => KernelId::FusedOneShotPeerSites(call.dtype),
@@ -366,6 +368,18 @@ fn fused_block_threads(
         .into_iter()
         .find(|&threads| rows.max(1) * quads.div_ceil(threads).max(1) <= bound)
         .unwrap_or(THREADS)
+}
+
+/// Whether a fused one-shot launch on whole blocks that waits at one site per peer runs the
+/// small-block kernel on them (`TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=1`, an experiment, off by
+/// default): its warps store their sums straight into the row's blocks and every warp folds
+/// them after one barrier, where fused_oneshot.cu's whole blocks fold each segment after a
+/// block barrier and hand 1/rms on after another. The same bits either way.
+fn small_kernel_on_whole_blocks() -> bool {
+    static ON: Knob<bool> = Knob::with("TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS", |_, v| {
+        Some(v == Some(1))
+    });
+    ON.get() == Some(true)
 }
 
 /// The blocks the fused one-shot tries, smallest first (see [`fused_block_threads`]).
