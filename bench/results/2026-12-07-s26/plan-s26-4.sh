@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For the next GPU call (not run in session 26: its device time ran out): branch s26-small-whole
-# (main 0ab295b + the knob); build it as `bash scripts/gpu-compare.sh --build sw s26-small-whole`.: the small-block kernel on
-# whole blocks (TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=1, "on") against the whole-block kernel
+# (main 0ab295b + the knob); build it as `bash scripts/gpu-compare.sh --build sw s26-small-whole`. It times the small-block kernel
+# on whole blocks (TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=1, "on") against the whole-block kernel
 # ("off"), one binary, alternating; then the selftests with it on; a bad knob value named.
 source scripts/gpu-compare.sh
 r() { if [ $SECONDS -lt ${PLAN_SECONDS:-400} ]; then run "$@"; else echo "$1 skipped: out of time" >> "$SUMMARY"; fi; }
