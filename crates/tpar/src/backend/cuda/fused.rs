@@ -164,8 +164,8 @@ impl CudaCommunicator {
     /// through device memory, for comparison: on one H200 the cluster forms were faster at
     /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run).
     fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
-        static OFF: Knob<bool> = Knob::with("TPAR_FUSED_CLUSTERS", |_, v| Some(v == Some(0)));
-        OFF.get() != Some(true)
+        static CLUSTERS: Knob = Knob::new("TPAR_FUSED_CLUSTERS");
+        CLUSTERS.get() != Some(0)
             && clusters_fit(
                 grid,
                 per_row,

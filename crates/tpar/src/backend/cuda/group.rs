@@ -16,7 +16,7 @@ use super::driver::{self, DeviceMemory, IpcMapping, MappedHostMemory, Registered
 use super::kernels::{
     IslandTables, FLAG_STRIDE_BYTES, MAX_BLOCKS, MAX_RANKS, PULL_PHASES, STATE_BYTES,
 };
-use super::knobs::env_u32;
+use super::knobs::Knob;
 use super::loader::{kernel_set, KernelSet};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -111,9 +111,8 @@ fn co_resident_blocks(capacity_and_sharers: impl IntoIterator<Item = (u32, u32)>
         blocks = blocks.min(fit);
     }
     // TPAR_MAX_BLOCKS lowers the cap, for tuning experiments.
-    let cap = env_u32("TPAR_MAX_BLOCKS")
-        .filter(|v| *v >= 1)
-        .unwrap_or(MAX_BLOCKS);
+    static CAP: Knob = Knob::with("TPAR_MAX_BLOCKS", |_, v| v.filter(|v| *v >= 1));
+    let cap = CAP.get().unwrap_or(MAX_BLOCKS);
     Ok(blocks.min(cap).min(MAX_BLOCKS))
 }
 
