@@ -166,8 +166,8 @@ impl CudaCommunicator {
     /// through device memory, for comparison: on one H200 the cluster forms were faster at
     /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run).
     fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
-        static OFF: Knob<bool> = Knob::with("TPAR_FUSED_CLUSTERS", |_, v| Some(v == Some(0)));
-        OFF.get() != Some(true)
+        static CLUSTERS: Knob = Knob::new("TPAR_FUSED_CLUSTERS");
+        CLUSTERS.get() != Some(0)
             && clusters_fit(
                 grid,
                 per_row,
@@ -376,10 +376,8 @@ fn fused_block_threads(
 /// them after one barrier, where fused_oneshot.cu's whole blocks fold each segment after a
 /// block barrier and hand 1/rms on after another. The same bits either way.
 fn small_kernel_on_whole_blocks() -> bool {
-    static ON: Knob<bool> = Knob::with("TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS", |_, v| {
-        Some(v == Some(1))
-    });
-    ON.get() == Some(true)
+    static ON: Knob = Knob::new("TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS");
+    ON.get() == Some(1)
 }
 
 /// The blocks the fused one-shot tries, smallest first (see [`fused_block_threads`]).

@@ -9,18 +9,18 @@ use std::sync::OnceLock;
 
 /// A knob read once: the variable `name` as a whole number, passed through `read` (which
 /// clamps, filters or warns, once) on first use.
-pub(super) struct Knob<T: Copy + 'static = u32> {
+pub(super) struct Knob {
     name: &'static str,
-    read: fn(&'static str, Option<u32>) -> Option<T>,
-    value: OnceLock<Option<T>>,
+    read: fn(&'static str, Option<u32>) -> Option<u32>,
+    value: OnceLock<Option<u32>>,
 }
 
-impl<T: Copy + 'static> Knob<T> {
+impl Knob {
     /// The knob `name`, its number taken through `read` (the knob's name, then its number or
     /// None where unset or not a number).
     pub(super) const fn with(
         name: &'static str,
-        read: fn(&'static str, Option<u32>) -> Option<T>,
+        read: fn(&'static str, Option<u32>) -> Option<u32>,
     ) -> Self {
         Knob {
             name,
@@ -30,14 +30,12 @@ impl<T: Copy + 'static> Knob<T> {
     }
 
     /// The knob's value for this process (None: unset, or ignored with a warning).
-    pub(super) fn get(&self) -> Option<T> {
+    pub(super) fn get(&self) -> Option<u32> {
         *self
             .value
             .get_or_init(|| (self.read)(self.name, env_u32(self.name)))
     }
-}
 
-impl Knob<u32> {
     /// The knob `name`, its number as set.
     pub(super) const fn new(name: &'static str) -> Self {
         Knob::with(name, |_, value| value)
@@ -88,8 +86,9 @@ mod tests {
         assert_eq!(DEFAULTED.get(), Some(7));
         static UNSET: Knob = Knob::new("TPAR_TEST_KNOB_NEVER_SET_EITHER");
         assert_eq!(UNSET.get(), None);
-        static OFF: Knob<bool> =
-            Knob::with("TPAR_TEST_KNOB_FLAG_NEVER_SET", |_, v| Some(v == Some(0)));
-        assert_eq!(OFF.get(), Some(false));
+        static CLAMPED: Knob = Knob::with("TPAR_TEST_KNOB_CLAMPED_NEVER_SET", |_, v| {
+            v.map(|v| v.clamp(1, 16))
+        });
+        assert_eq!(CLAMPED.get(), None);
     }
 }
