@@ -17,5 +17,6 @@ for n in 2 8 4; do
   r f$n-off-2 30 .gpu/tpar-sw bench --fused -n $n --tokens 1,2,4,8 --json $R/f$n-off-2.json
   r f$n-on-2 30 $ON .gpu/tpar-sw bench --fused -n $n --tokens 1,2,4,8 --json $R/f$n-on-2.json
 done
+r f2-noclusters 30 env TPAR_FUSED_CLUSTERS=0 .gpu/tpar-sw bench --fused -n 2 --tokens 1,8 --json $R/f2-noclusters.json
 grep -h "TPAR_PDL_SQUEEZE" $R/st2on.txt | head -1 >> "$SUMMARY"
 finish
