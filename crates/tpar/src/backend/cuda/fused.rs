@@ -371,13 +371,13 @@ fn fused_block_threads(
 }
 
 /// Whether a fused one-shot launch on whole blocks that waits at one site per peer runs the
-/// small-block kernel on them (`TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=1`, an experiment, off by
-/// default): its warps store their sums straight into the row's blocks and every warp folds
+/// small-block kernel on them (the default; `TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=0` keeps
+/// fused_oneshot.cu's, for comparison): its warps store their sums straight into the row's blocks and every warp folds
 /// them after one barrier, where fused_oneshot.cu's whole blocks fold each segment after a
 /// block barrier and hand 1/rms on after another. The same bits either way.
 fn small_kernel_on_whole_blocks() -> bool {
     static ON: Knob = Knob::new("TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS");
-    ON.get() == Some(1)
+    ON.get() != Some(0)
 }
 
 /// The blocks the fused one-shot tries, smallest first (see [`fused_block_threads`]).
