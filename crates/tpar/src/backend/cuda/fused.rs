@@ -162,7 +162,10 @@ impl CudaCommunicator {
     /// Whether the fused one-shot launch of `grid` blocks of `threads`, `per_row` to a row,
     /// runs in its cluster form ([`clusters_fit`]). `TPAR_FUSED_CLUSTERS=0` keeps the exchange
     /// through device memory, for comparison: on one H200 the cluster forms were faster at
-    /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run).
+    /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run). On one
+    /// H100 whole blocks of launches of 8 rows or fewer were faster through device memory at
+    /// every size but one, by up to 1.2 us (bench/results/2026-12-07-s27; the rule that takes
+    /// it waits on branch `s27-few-rows` for a GPU run).
     fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
         static CLUSTERS: Knob = Knob::new("TPAR_FUSED_CLUSTERS");
         CLUSTERS.get() != Some(0)
