@@ -443,6 +443,25 @@ mod tests {
         }
     }
 
+    /// `to` receives, among `transfers`, exactly one from each island but its own.
+    fn assert_from_every_other_island(
+        islands: &Islands,
+        transfers: &[Transfer],
+        to: usize,
+        text: &str,
+    ) {
+        let mut from_islands: Vec<usize> = transfers
+            .iter()
+            .filter(|t| t.to == to)
+            .map(|t| islands.island_of(t.from))
+            .collect();
+        from_islands.sort_unstable();
+        let want: Vec<usize> = (0..islands.count())
+            .filter(|&i| i != islands.island_of(to))
+            .collect();
+        assert_eq!(from_islands, want, "{text}: rank {to}");
+    }
+
     #[test]
     fn every_member_gets_every_other_islands_partial_over_its_range_from_one_sender() {
         for (text, n) in [
@@ -462,16 +481,7 @@ mod tests {
                 .filter(|t| islands.island_of(t.from) != islands.island_of(t.to))
                 .collect();
             for to in 0..n {
-                let mut from_islands: Vec<usize> = across
-                    .iter()
-                    .filter(|t| t.to == to)
-                    .map(|t| islands.island_of(t.from))
-                    .collect();
-                from_islands.sort_unstable();
-                let want: Vec<usize> = (0..islands.count())
-                    .filter(|&i| i != islands.island_of(to))
-                    .collect();
-                assert_eq!(from_islands, want, "{text}: rank {to}");
+                assert_from_every_other_island(&islands, &across, to, text);
             }
         }
     }
@@ -492,22 +502,12 @@ mod tests {
             let ranges = steps(Algorithm::Islands, &islands, DType::Bf16, bytes, false);
             assert_eq!(all.len(), 2, "{text}: inside and across only");
             assert_eq!(all[0], ranges[0], "{text}: the same first step");
+            for t in &all[1].transfers {
+                // Every unit's partial: f32 in LL lines, four times the bf16 data.
+                assert_eq!(t.bytes, 4 * bytes as u64, "{text}: {t:?}");
+            }
             for to in 0..n {
-                let mut from_islands: Vec<usize> = all[1]
-                    .transfers
-                    .iter()
-                    .filter(|t| t.to == to)
-                    .map(|t| {
-                        // Every unit's partial: f32 in LL lines, four times the bf16 data.
-                        assert_eq!(t.bytes, 4 * bytes as u64, "{text}: {t:?}");
-                        islands.island_of(t.from)
-                    })
-                    .collect();
-                from_islands.sort_unstable();
-                let want: Vec<usize> = (0..islands.count())
-                    .filter(|&i| i != islands.island_of(to))
-                    .collect();
-                assert_eq!(from_islands, want, "{text}: rank {to}");
+                assert_from_every_other_island(&islands, &all[1].transfers, to, text);
             }
         }
     }
