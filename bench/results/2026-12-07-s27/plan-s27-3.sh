@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Session 27, call 3: main at ca1e02e (binary s27): fused one-shot launches of up to 8 rows on
-# whole blocks take the small-block kernel (where they wait per peer) through device memory.
+# Session 27, call 3 (got no machine; for the next session): branch s27-few-rows, binary s27
+# (`bash scripts/gpu-compare.sh --build s27 s27-few-rows`): fused one-shot launches of up to 8
+# rows on whole blocks take the small-block kernel (where they wait per peer) through device
+# memory.
 # "new" is its default; "old" is main's choice before it, through the knobs
 # (TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=0 TPAR_FUSED_CLUSTERS=1: fused_oneshot.cu, clusters
 # wherever they fit); "dm" is device memory at every size (TPAR_FUSED_CLUSTERS=0), 16-128

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 27, call 4 (what device time was left for plan-s27-3.sh, which got no machine): main at
-# ca1e02e (binary s27), its default ("new") against main's choice before it through the knobs
+# Session 27, call 4 (plan-s27-3.sh shortened to the device time left; got no machine): branch
+# s27-few-rows, binary s27 (`bash scripts/gpu-compare.sh --build s27 s27-few-rows`), its
+# default ("new") against main's choice before it through the knobs
 # ("old": TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS=0 TPAR_FUSED_CLUSTERS=1) once at 1-8 tokens, then
 # its selftests at 2, 8 ranks, 4 processes, 3 and 7 ranks.
 source scripts/gpu-compare.sh
