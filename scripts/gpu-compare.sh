@@ -11,8 +11,9 @@
 #                                                  stripped (a worktree of REV beside the
 #                                                  checkout, the usual cargo target folder)
 #   source scripts/gpu-compare.sh                  in a plan script (kept in .gpu/), on the GPU
-#                                                  machine: gives `run` and `finish` below and
-#                                                  $R, the folder every output goes to
+#                                                  machine: gives `run`, `fused_launches` and
+#                                                  `finish` below and $R, the folder every
+#                                                  output goes to
 # A plan, e.g. .gpu/plan.sh, run as command "bash .gpu/plan.sh" with carry [".gpu"]:
 #   source scripts/gpu-compare.sh
 #   for i in 1 2; do for b in base new; do
@@ -85,6 +86,21 @@ run() {
   local rc=$?
   printf "%-28s rc=%-3s %4ss  %s\n" "$name" "$rc" $((SECONDS - start)) \
     "$(grep -ho '[0-9]* passed.*' "$R/$name.txt" | tail -1)" >> "$SUMMARY"
+}
+
+# fused_launches GLOB: the shape of each fused row's launch in $R/GLOB (`tpar bench --fused`
+# JSON) into the summary: blocks x threads, blocks per cluster (c?: a binary from before
+# launches named them), PDL; so a plan shows which form each knob or rule timed.
+fused_launches() {
+  python3 - "$R" "$1" >> "$SUMMARY" <<'PY'
+import json, pathlib, sys
+for path in sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2])):
+    for r in json.loads(path.read_text()).get("rows", []):
+        l = r.get("launch")
+        if r["variant"] == "fused" and l:
+            print(f"launch {path.stem} {r['world_size']} x {r['tokens']}: "
+                  f"{l['grid']}x{l['block']} c{l.get('cluster', '?')} pdl={l['pdl']}")
+PY
 }
 
 # finish: every p50 into the summary, then $R packed into $OUT/r.tgz (the tool brings back at

@@ -18,15 +18,7 @@ r st8 40 $B selftest --backend cuda -n 8 --algos one-shot
 r st4p 60 $B selftest --backend cuda -n 4 --processes --algos one-shot
 r st3 25 $B selftest --backend cuda -n 3 --algos one-shot
 r st7 35 $B selftest --backend cuda -n 7 --algos one-shot
-# Each fused launch's shape (blocks x threads, blocks per cluster, PDL), old against new: the
-# rule must show c1 on whole blocks of up to 8 rows, and clusters where main had them.
-python3 - "$R" >> "$SUMMARY" <<'PY'
-import glob, json, sys
-for f in sorted(glob.glob(sys.argv[1] + "/S*.json")):
-    for r in json.load(open(f))["rows"]:
-        l = r.get("launch")
-        if r["variant"] == "fused" and l:
-            name = f.split("/")[-1][:-5]
-            print(f"launch {name} {r['world_size']} x {r['tokens']}: {l['grid']}x{l['block']} c{l.get('cluster', '?')} pdl={l['pdl']}")
-PY
+# Each fused launch's shape, old against new: the rule must show c1 on whole blocks of up to 8
+# rows, and clusters where main had them.
+fused_launches 'S*.json'
 finish
