@@ -138,12 +138,13 @@ impl CudaCommunicator {
             // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
             let (grid, shaped_for_pdl) =
                 fused_shape(units, spread, self.max_blocks, self.kernels.pdl);
-            let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
-            let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             let clustered = kernel
                 .in_clusters()
                 .filter(|_| self.in_clusters(grid, threads, per_row, rows));
+            let cluster = if clustered.is_some() { per_row } else { 1 };
+            let pdl = self.same_grid_behind_last(grid, threads, cluster, shaped_for_pdl);
+            let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory. A
@@ -277,7 +278,7 @@ impl CudaCommunicator {
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
         let pdl =
-            self.same_grid_behind_last(grid, THREADS, self.kernels.pdl && after_grid.is_some());
+            self.same_grid_behind_last(grid, THREADS, 1, self.kernels.pdl && after_grid.is_some());
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
