@@ -380,11 +380,14 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
     row["launch"].as_object_mut().unwrap().remove("pdl");
     assert_eq!(check(items, &row), vec!["$.launch: no `pdl`".to_owned()]);
     row["launch"]["grid"] = 0.into();
+    assert_refused_at(items, &row, "$.launch.grid");
+}
+
+/// The schema `items` refuses `row`, naming `path`.
+fn assert_refused_at(items: &Value, row: &Value, path: &str) {
     assert!(
-        check(items, &row)
-            .iter()
-            .any(|e| e.contains("$.launch.grid")),
-        "{row}"
+        check(items, row).iter().any(|e| e.contains(path)),
+        "{path}: {row}"
     );
 }
 
@@ -420,12 +423,7 @@ fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
     assert_eq!(check(items, &older), Vec::<String>::new());
     let mut zero = row.clone();
     zero["launch"]["cluster"] = 0.into();
-    assert!(
-        check(items, &zero)
-            .iter()
-            .any(|e| e.contains("$.launch.cluster")),
-        "{zero}"
-    );
+    assert_refused_at(items, &zero, "$.launch.cluster");
     // A row without a launch (NCCL, nothing launched) leaves the field out.
     fused.launch = None;
     let row = serde_json::to_value(&fused).unwrap();
