@@ -366,6 +366,7 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
         launch: Some(tpar::backend::cuda::LaunchShape {
             grid: 8,
             block: 64,
+            cluster: 1,
             pdl: true,
         }),
         skipped: None,
@@ -373,17 +374,20 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
     .unwrap();
     assert_eq!(
         row["launch"],
-        serde_json::json!({"grid": 8, "block": 64, "pdl": true})
+        serde_json::json!({"grid": 8, "block": 64, "cluster": 1, "pdl": true})
     );
     assert_eq!(check(items, &row), Vec::<String>::new());
     row["launch"].as_object_mut().unwrap().remove("pdl");
     assert_eq!(check(items, &row), vec!["$.launch: no `pdl`".to_owned()]);
     row["launch"]["grid"] = 0.into();
+    assert_refused_at(items, &row, "$.launch.grid");
+}
+
+/// The schema `items` refuses `row`, naming `path`.
+fn assert_refused_at(items: &Value, row: &Value, path: &str) {
     assert!(
-        check(items, &row)
-            .iter()
-            .any(|e| e.contains("$.launch.grid")),
-        "{row}"
+        check(items, row).iter().any(|e| e.contains(path)),
+        "{path}: {row}"
     );
 }
 
@@ -401,17 +405,25 @@ fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
         p99_us: 4.4,
         correct: Some(true),
         launch: Some(tpar::backend::cuda::LaunchShape {
-            grid: 4,
+            grid: 16,
             block: 512,
+            cluster: 4,
             pdl: true,
         }),
     };
     let row = serde_json::to_value(&fused).unwrap();
     assert_eq!(
         row["launch"],
-        serde_json::json!({"grid": 4, "block": 512, "pdl": true})
+        serde_json::json!({"grid": 16, "block": 512, "cluster": 4, "pdl": true})
     );
     assert_eq!(check(items, &row), Vec::<String>::new());
+    // Results written before launches named their clusters still hold; a cluster of 0 does not.
+    let mut older = row.clone();
+    older["launch"].as_object_mut().unwrap().remove("cluster");
+    assert_eq!(check(items, &older), Vec::<String>::new());
+    let mut zero = row.clone();
+    zero["launch"]["cluster"] = 0.into();
+    assert_refused_at(items, &zero, "$.launch.cluster");
     // A row without a launch (NCCL, nothing launched) leaves the field out.
     fused.launch = None;
     let row = serde_json::to_value(&fused).unwrap();

@@ -197,6 +197,7 @@ fn fused_row(
         launch: (variant == "fused").then_some(tpar::backend::cuda::LaunchShape {
             grid: 4,
             block: 512,
+            cluster: 4,
             pdl: true,
         }),
     }
@@ -248,7 +249,7 @@ fn the_fused_bench_text_names_the_fused_kernels_launch_and_each_difference() {
         .lines()
         .find(|l| l.trim_start().starts_with("2 "))
         .unwrap_or_else(|| panic!("no row for 2 ranks in\n{text}"));
-    for cell in ["4.30", "+2.30", "+1.20", "4x512 pdl", "yes"] {
+    for cell in ["4.30", "+2.30", "+1.20", "4x512 c4 pdl", "yes"] {
         assert!(row.contains(cell), "{cell} missing from {row:?} in\n{text}");
     }
 }

@@ -5,7 +5,8 @@
 //
 // This file's kernels take whole blocks of TPAR_NORM_THREADS; up to 4 ranks, where the grid
 // holds smaller blocks for every chunk of every row (a few tokens), the host launches
-// fused_oneshot_small.cu instead (the same call on blocks of 128 or 256 threads).
+// fused_oneshot_small.cu instead (the same call on blocks of 128 or 256 threads), and also on
+// whole blocks in launches of up to 8 rows that wait per peer (fused.rs, WHOLE_BLOCK_FEW_ROWS).
 //
 // A row is spread over `blocks_per_row` blocks, as the plain one-shot spreads its lines: block
 // `part` of a row takes the row's segments part, part + blocks_per_row, ... (a segment is

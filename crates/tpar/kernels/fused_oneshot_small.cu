@@ -79,7 +79,8 @@ __device__ __forceinline__ float fused_reduce_quad(const TparArgs& a, const Tpar
 }
 
 // The kernel: blocks of the host's size, smaller than TPAR_NORM_THREADS (a multiple of 32
-// dividing it, so that a warp's 32 quads are one warp of the row's tree).
+// dividing it, so that a warp's 32 quads are one warp of the row's tree), or of
+// TPAR_NORM_THREADS in launches of a few rows (fused.rs, WHOLE_BLOCK_FEW_ROWS).
 template <int DT, bool CLUSTER>
 __device__ void fused_oneshot_small(const TparFusedArgs& f) {
     trap_without_clusters<CLUSTER>();

@@ -68,36 +68,49 @@ pub struct CudaCommunicator {
     pub(super) last_launch: std::sync::atomic::AtomicU64,
 }
 
-/// How a kernel was launched: blocks, threads per block, and whether with programmatic
-/// dependent launch (PDL: it may become resident while the rank's previous kernel still runs).
-/// `tpar bench` prints it per row, so a figure says which shape it timed.
+/// How a kernel was launched: blocks, threads per block, blocks per thread block cluster, and
+/// whether with programmatic dependent launch (PDL: it may become resident while the rank's
+/// previous kernel still runs). `tpar bench` prints it per row, so a figure says which shape
+/// it timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LaunchShape {
     pub grid: u32,
     pub block: u32,
+    /// Blocks per thread block cluster: 1 where launched without clusters (the fused
+    /// one-shot's cluster forms exchange a row's sums in shared memory, fused.rs).
+    pub cluster: u32,
     pub pdl: bool,
 }
 
 impl LaunchShape {
-    /// One word, for an atomic: grid in bits 0-31, block in 32-62, PDL in 63 (a launch has at
-    /// least one block, so a launch never packs to 0).
+    /// One word, for an atomic: grid in bits 0-31, block in 32-47, cluster in 48-62, PDL in 63
+    /// (a launch has at least one block, so a launch never packs to 0). Blocks hold at most
+    /// 1024 threads and clusters at most 16 blocks, so neither field is cut.
     fn pack(self) -> u64 {
-        u64::from(self.grid) | u64::from(self.block & 0x7fff_ffff) << 32 | u64::from(self.pdl) << 63
+        u64::from(self.grid)
+            | u64::from(self.block & 0xffff) << 32
+            | u64::from(self.cluster & 0x7fff) << 48
+            | u64::from(self.pdl) << 63
     }
 
     fn unpack(word: u64) -> Option<LaunchShape> {
         (word != 0).then_some(LaunchShape {
             grid: word as u32,
-            block: (word >> 32) as u32 & 0x7fff_ffff,
+            block: (word >> 32) as u32 & 0xffff,
+            cluster: (word >> 48) as u32 & 0x7fff,
             pdl: word >> 63 == 1,
         })
     }
 }
 
 impl std::fmt::Display for LaunchShape {
-    /// `8x64 pdl`: blocks x threads, and PDL where taken.
+    /// `8x64 pdl`, `16x512 c4 pdl`: blocks x threads, blocks per cluster where clustered, and
+    /// PDL where taken.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}", self.grid, self.block)?;
+        if self.cluster > 1 {
+            write!(f, " c{}", self.cluster)?;
+        }
         if self.pdl {
             write!(f, " pdl")?;
         }
@@ -313,7 +326,7 @@ impl CudaCommunicator {
                 min_block_threads,
                 pdl_squeeze(algorithm),
             );
-            let pdl = self.same_grid_behind_last(grid, block, pdl);
+            let pdl = self.same_grid_behind_last(grid, block, 1, pdl);
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
@@ -447,7 +460,7 @@ impl CudaCommunicator {
     }
 
     /// Whether this rank's next kernel, of `grid` blocks, may take the PDL it asks for, and
-    /// remembers the grid. A kernel launched with PDL may become resident while this rank's
+    /// remembers its shape (`block` threads, `cluster` blocks per cluster, 1 without). A kernel launched with PDL may become resident while this rank's
     /// previous kernel still spins (every tpar kernel lets its dependents launch once it has
     /// read the call counter); where ranks share a GPU, the two together must fit this rank's
     /// share of co-resident blocks, or a peer's spinning grid may never become resident and
@@ -459,7 +472,13 @@ impl CudaCommunicator {
     /// one H200 two-shot at 8 ranks and 42 KiB, squeezed onto half the grid (see
     /// [`pdl_squeeze`]), stayed at 6.93 us after a one-shot launch of the full grid, against
     /// 6.38 (bench/results/2026-12-02-h200-s11, calls 1 and 2).
-    pub(crate) fn same_grid_behind_last(&self, grid: u32, block: u32, pdl: bool) -> bool {
+    pub(crate) fn same_grid_behind_last(
+        &self,
+        grid: u32,
+        block: u32,
+        cluster: u32,
+        pdl: bool,
+    ) -> bool {
         let mut taken = false;
         // The closure always returns Some, so the update cannot fail.
         let _ = self.last_launch.fetch_update(
@@ -472,6 +491,7 @@ impl CudaCommunicator {
                     LaunchShape {
                         grid,
                         block,
+                        cluster,
                         pdl: taken,
                     }
                     .pack(),
@@ -884,44 +904,24 @@ mod tests {
     #[test]
     fn a_launch_shape_survives_its_packing() {
         assert_eq!(LaunchShape::unpack(0), None);
+        let shape = |grid, block, cluster, pdl| LaunchShape {
+            grid,
+            block,
+            cluster,
+            pdl,
+        };
         for shape in [
-            LaunchShape {
-                grid: 1,
-                block: 32,
-                pdl: false,
-            },
-            LaunchShape {
-                grid: 8,
-                block: 64,
-                pdl: true,
-            },
-            LaunchShape {
-                grid: 64,
-                block: 512,
-                pdl: false,
-            },
-            LaunchShape {
-                grid: u32::MAX,
-                block: 1024,
-                pdl: true,
-            },
+            shape(1, 32, 1, false),
+            shape(8, 64, 1, true),
+            shape(64, 512, 2, false),
+            shape(16, 128, 16, true),
+            shape(u32::MAX, 1024, 8, true),
         ] {
             assert_eq!(LaunchShape::unpack(shape.pack()), Some(shape));
         }
-        let shape = LaunchShape {
-            grid: 8,
-            block: 64,
-            pdl: true,
-        };
-        assert_eq!(shape.to_string(), "8x64 pdl");
-        assert_eq!(
-            LaunchShape {
-                pdl: false,
-                ..shape
-            }
-            .to_string(),
-            "8x64"
-        );
+        assert_eq!(shape(8, 64, 1, true).to_string(), "8x64 pdl");
+        assert_eq!(shape(8, 64, 1, false).to_string(), "8x64");
+        assert_eq!(shape(16, 512, 4, true).to_string(), "16x512 c4 pdl");
     }
 
     #[test]

@@ -109,6 +109,7 @@ impl CudaCommunicator {
         let rows_per_chunk =
             norm::rows_per_chunk(call.dtype, call.hidden, self.layout.payload_lines);
         let quads = norm::row_quads(call.dtype, call.hidden) as u32;
+        static SMALL_ON_WHOLE: Knob = Knob::new("TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS");
         for (index, first) in (0..call.tokens).step_by(rows_per_chunk).enumerate() {
             let rows = rows_per_chunk.min(call.tokens - first);
             let per_peer_sites = peer_sites(self.world_size, rows, fused_peer_site_ranks());
@@ -122,7 +123,11 @@ impl CudaCommunicator {
             );
             let kernel = match algorithm {
                 Algorithm::TwoShot => KernelId::FusedTwoShot(call.dtype),
-                Algorithm::OneShot if threads < THREADS => {
+                Algorithm::OneShot
+                    if threads < THREADS
+                        || (per_peer_sites
+                            && small_kernel_on_whole_blocks(rows, SMALL_ON_WHOLE.get())) =>
+                {
                     KernelId::FusedOneShotSmallBlocks(call.dtype)
                 }
                 Algorithm::OneShot if per_peer_sites => KernelId::FusedOneShotPeerSites(call.dtype),
@@ -133,12 +138,13 @@ impl CudaCommunicator {
             // allreduce's, same_grid_behind_last): its rows keep the blocks it was cut for.
             let (grid, shaped_for_pdl) =
                 fused_shape(units, spread, self.max_blocks, self.kernels.pdl);
-            let pdl = self.same_grid_behind_last(grid, threads, shaped_for_pdl);
             let per_row = blocks_per_row(spread, self.max_blocks, shaped_for_pdl);
-            let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             let clustered = kernel
                 .in_clusters()
-                .filter(|_| self.in_clusters(grid, threads, per_row));
+                .filter(|_| self.in_clusters(grid, threads, per_row, rows));
+            let cluster = if clustered.is_some() { per_row } else { 1 };
+            let pdl = self.same_grid_behind_last(grid, threads, cluster, shaped_for_pdl);
+            let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
             // the FFI edge). The kernels run griddepcontrol.wait before touching memory. A
@@ -159,16 +165,12 @@ impl CudaCommunicator {
         Ok(())
     }
 
-    /// Whether the fused one-shot launch of `grid` blocks of `threads`, `per_row` to a row,
-    /// runs in its cluster form ([`clusters_fit`]). `TPAR_FUSED_CLUSTERS=0` keeps the exchange
-    /// through device memory, for comparison: on one H200 the cluster forms were faster at
-    /// every size measured, 0.03-0.5 us (fused_oneshot_small.cu's header has the run). On one
-    /// H100 whole blocks of launches of 8 rows or fewer were faster through device memory at
-    /// every size but one, by up to 1.2 us (bench/results/2026-12-07-s27; the rule that takes
-    /// it waits on branch `s27-few-rows` for a GPU run).
-    fn in_clusters(&self, grid: u32, threads: u32, per_row: u32) -> bool {
+    /// Whether the fused one-shot launch of `rows` rows on `grid` blocks of `threads`,
+    /// `per_row` to a row, runs in its cluster form: where [`clusters_wanted`] and
+    /// [`clusters_fit`].
+    fn in_clusters(&self, grid: u32, threads: u32, per_row: u32, rows: usize) -> bool {
         static CLUSTERS: Knob = Knob::new("TPAR_FUSED_CLUSTERS");
-        CLUSTERS.get() != Some(0)
+        clusters_wanted(threads, rows, CLUSTERS.get())
             && clusters_fit(
                 grid,
                 per_row,
@@ -276,7 +278,7 @@ impl CudaCommunicator {
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
         let pdl =
-            self.same_grid_behind_last(grid, THREADS, self.kernels.pdl && after_grid.is_some());
+            self.same_grid_behind_last(grid, THREADS, 1, self.kernels.pdl && after_grid.is_some());
         let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
@@ -417,6 +419,45 @@ fn fused_peer_site_ranks() -> usize {
 /// 17.02 / 26.33; every row spread over 4 blocks 10.12 / 13.60 / 18.11 / 28.57.
 const HOST_STAGED_FUSED_GRID: u32 = 8;
 
+/// Launches of up to this many rows on whole blocks ([`THREADS`]) run the small-block kernel
+/// where they wait at one site per peer ([`small_kernel_on_whole_blocks`]) and exchange their
+/// sums through device memory, not in clusters ([`clusters_wanted`]). One H100, hidden 8192
+/// bf16, ranks as streams, 2026-12-07 (bench/results/2026-12-07-s27, calls 1 and 2, each way
+/// twice in one binary), fused us, fused_oneshot.cu in clusters (main before) -> the
+/// small-block kernel in clusters -> through device memory: 2 ranks x 8 tokens 4.43 -> 4.28 ->
+/// 4.18; 4 x 4 5.49-5.52 -> 5.22-5.25 -> 5.35-5.36; 4 x 8 9.28 -> 9.06-9.08 -> 8.20-8.21; 8 x 2
+/// 7.11-7.15 -> 6.92-6.97 -> 6.76-6.78; and 8 x 4 (group sites, fused_oneshot.cu either way)
+/// 12.13-12.24 in clusters, 10.91 through device memory. From 16 rows the small-block kernel
+/// was slower (2 x 16 5.36 -> 5.59, 2 x 128 42.76 -> 44.55, 4 x 512 368.8 -> 385.8), and on
+/// smaller blocks the clusters stay faster (through device memory -> in clusters: 2 x 1 3.64 ->
+/// 3.38, 4 x 1 4.61 -> 4.02, 8 x 1 6.24 -> 5.42).
+const WHOLE_BLOCK_FEW_ROWS: usize = 8;
+
+/// Whether a fused one-shot launch of `rows` rows on whole blocks that waits at one site per
+/// peer runs the small-block kernel on them (up to [`WHOLE_BLOCK_FEW_ROWS`] rows): its warps
+/// store their sums straight into the row's blocks and every warp folds them after one
+/// barrier, where fused_oneshot.cu's whole blocks fold each segment after a block barrier and
+/// hand 1/rms on after another. The same bits either way. `knob` is
+/// `TPAR_FUSED_SMALL_KERNEL_WHOLE_BLOCKS`, for comparison: 0 never, any other number at every
+/// row count.
+fn small_kernel_on_whole_blocks(rows: usize, knob: Option<u32>) -> bool {
+    knob.map_or(rows <= WHOLE_BLOCK_FEW_ROWS, |on| on != 0)
+}
+
+/// Whether a fused one-shot launch of `rows` rows on blocks of `threads` wants its cluster
+/// form (where [`clusters_fit`]): blocks smaller than [`THREADS`] always, whole blocks beyond
+/// [`WHOLE_BLOCK_FEW_ROWS`] rows. `knob` is `TPAR_FUSED_CLUSTERS`, for comparison: 0 never,
+/// any other number wherever they fit. On one H200 (2026-12-07, bench/results/2026-12-07-s23,
+/// call 1) the cluster forms were faster at every size measured then, 0.03-0.5 us
+/// (fused_oneshot_small.cu's header has the run); the later H100 run above found whole blocks
+/// faster through device memory at 1-8 rows but one size (4 x 4, by 0.13 us).
+fn clusters_wanted(threads: u32, rows: usize, knob: Option<u32>) -> bool {
+    match knob {
+        Some(on) => on != 0,
+        None => threads < THREADS || rows > WHOLE_BLOCK_FEW_ROWS,
+    }
+}
+
 /// Whether a fused one-shot launch of `grid` blocks, `per_row` to a row, may run a row's
 /// blocks as one thread block cluster (their sums exchanged in shared memory): where a row has
 /// several blocks, at most [`MAX_CLUSTER`], the grid is whole rows, and this rank's share of
@@ -500,6 +541,23 @@ mod tests {
             std::mem::size_of::<FusedArgs>(),
             std::mem::size_of::<KernelArgs>() + std::mem::size_of::<NormArgs>()
         );
+    }
+
+    #[test]
+    fn whole_blocks_of_few_rows_take_the_small_kernel_through_device_memory() {
+        let few = WHOLE_BLOCK_FEW_ROWS;
+        assert!(small_kernel_on_whole_blocks(1, None));
+        assert!(small_kernel_on_whole_blocks(few, None));
+        assert!(!small_kernel_on_whole_blocks(few + 1, None));
+        assert!(!small_kernel_on_whole_blocks(1, Some(0)));
+        assert!(small_kernel_on_whole_blocks(512, Some(1)));
+        // Small blocks in clusters at any rows; whole blocks only beyond the few rows.
+        assert!(clusters_wanted(128, 1, None));
+        assert!(clusters_wanted(256, few + 1, None));
+        assert!(!clusters_wanted(THREADS, few, None));
+        assert!(clusters_wanted(THREADS, few + 1, None));
+        assert!(!clusters_wanted(128, 1, Some(0)));
+        assert!(clusters_wanted(THREADS, 1, Some(1)));
     }
 
     #[test]
