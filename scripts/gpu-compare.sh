@@ -90,7 +90,8 @@ run() {
 
 # fused_launches GLOB: the shape of each fused row's launch in $R/GLOB (`tpar bench --fused`
 # JSON) into the summary: blocks x threads, blocks per cluster (c?: a binary from before
-# launches named them), PDL; so a plan shows which form each knob or rule timed.
+# launches named them), PDL, and the kernel (absent before launches named it, s28); so a plan
+# shows which form each knob or rule timed.
 fused_launches() {
   python3 - "$R" "$1" >> "$SUMMARY" <<'PY'
 import json, pathlib, sys
@@ -99,7 +100,8 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob(sys.argv[2])):
         l = r.get("launch")
         if r["variant"] == "fused" and l:
             print(f"launch {path.stem} {r['world_size']} x {r['tokens']}: "
-                  f"{l['grid']}x{l['block']} c{l.get('cluster', '?')} pdl={l['pdl']}")
+                  f"{l['grid']}x{l['block']} c{l.get('cluster', '?')} pdl={l['pdl']} "
+                  f"{l.get('kernel', '')}")
 PY
 }
 

@@ -364,6 +364,7 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
         runs: None,
         why: None,
         launch: Some(tpar::backend::cuda::LaunchShape {
+            kernel: "tpar_oneshot_push_bf16",
             grid: 8,
             block: 64,
             cluster: 1,
@@ -374,7 +375,7 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
     .unwrap();
     assert_eq!(
         row["launch"],
-        serde_json::json!({"grid": 8, "block": 64, "cluster": 1, "pdl": true})
+        serde_json::json!({"kernel": "tpar_oneshot_push_bf16", "grid": 8, "block": 64, "cluster": 1, "pdl": true})
     );
     assert_eq!(check(items, &row), Vec::<String>::new());
     row["launch"].as_object_mut().unwrap().remove("pdl");
@@ -405,6 +406,7 @@ fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
         p99_us: 4.4,
         correct: Some(true),
         launch: Some(tpar::backend::cuda::LaunchShape {
+            kernel: "tpar_fused_oneshot_clusters_bf16",
             grid: 16,
             block: 512,
             cluster: 4,
@@ -414,13 +416,18 @@ fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
     let row = serde_json::to_value(&fused).unwrap();
     assert_eq!(
         row["launch"],
-        serde_json::json!({"grid": 16, "block": 512, "cluster": 4, "pdl": true})
+        serde_json::json!({"kernel": "tpar_fused_oneshot_clusters_bf16", "grid": 16, "block": 512, "cluster": 4, "pdl": true})
     );
     assert_eq!(check(items, &row), Vec::<String>::new());
-    // Results written before launches named their clusters still hold; a cluster of 0 does not.
+    // Results written before launches named their clusters and kernels still hold; a cluster
+    // of 0 or a kernel that is not a name does not.
     let mut older = row.clone();
     older["launch"].as_object_mut().unwrap().remove("cluster");
+    older["launch"].as_object_mut().unwrap().remove("kernel");
     assert_eq!(check(items, &older), Vec::<String>::new());
+    let mut unnamed = row.clone();
+    unnamed["launch"]["kernel"] = 3.into();
+    assert_refused_at(items, &unnamed, "$.launch.kernel");
     let mut zero = row.clone();
     zero["launch"]["cluster"] = 0.into();
     assert_refused_at(items, &zero, "$.launch.cluster");

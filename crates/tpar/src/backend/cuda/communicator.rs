@@ -68,12 +68,14 @@ pub struct CudaCommunicator {
     pub(super) last_launch: std::sync::atomic::AtomicU64,
 }
 
-/// How a kernel was launched: blocks, threads per block, blocks per thread block cluster, and
-/// whether with programmatic dependent launch (PDL: it may become resident while the rank's
-/// previous kernel still runs). `tpar bench` prints it per row, so a figure says which shape
-/// it timed.
+/// How a kernel was launched: which kernel, blocks, threads per block, blocks per thread block
+/// cluster, and whether with programmatic dependent launch (PDL: it may become resident while
+/// the rank's previous kernel still runs). `tpar bench` prints the shape per row and writes the
+/// kernel beside it in its JSON, so a figure says what it timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LaunchShape {
+    /// The kernel's `extern "C"` name ([`KernelId::name`]).
+    pub kernel: &'static str,
     pub grid: u32,
     pub block: u32,
     /// Blocks per thread block cluster: 1 where launched without clusters (the fused
@@ -83,21 +85,28 @@ pub struct LaunchShape {
 }
 
 impl LaunchShape {
-    /// One word, for an atomic: grid in bits 0-31, block in 32-47, cluster in 48-62, PDL in 63
-    /// (a launch has at least one block, so a launch never packs to 0). Blocks hold at most
-    /// 1024 threads and clusters at most 16 blocks, so neither field is cut.
-    fn pack(self) -> u64 {
-        u64::from(self.grid)
-            | u64::from(self.block & 0xffff) << 32
-            | u64::from(self.cluster & 0x7fff) << 48
-            | u64::from(self.pdl) << 63
+    /// One word, for an atomic: grid in bits 0-31, block in 32-43, cluster in 44-49, the
+    /// kernel's [`KernelId::index`] plus one in 50-62, PDL in 63 (a launch has at least one
+    /// block, so a launch never packs to 0). Blocks hold at most 1024 threads, clusters at most
+    /// 16 blocks and the kernels number [`KernelId::COUNT`], so no field is cut.
+    fn pack(kernel: KernelId, grid: u32, block: u32, cluster: u32, pdl: bool) -> u64 {
+        u64::from(grid)
+            | u64::from(block & 0xfff) << 32
+            | u64::from(cluster & 0x3f) << 44
+            | ((kernel.index() as u64 + 1) & 0x1fff) << 50
+            | u64::from(pdl) << 63
     }
 
     fn unpack(word: u64) -> Option<LaunchShape> {
-        (word != 0).then_some(LaunchShape {
+        let kernel = (word >> 50) as usize & 0x1fff;
+        (word != 0).then(|| LaunchShape {
+            kernel: kernel
+                .checked_sub(1)
+                .and_then(|index| KernelId::ALL.get(index))
+                .map_or("unknown", |kernel| kernel.name()),
             grid: word as u32,
-            block: (word >> 32) as u32 & 0xffff,
-            cluster: (word >> 48) as u32 & 0x7fff,
+            block: (word >> 32) as u32 & 0xfff,
+            cluster: (word >> 44) as u32 & 0x3f,
             pdl: word >> 63 == 1,
         })
     }
@@ -105,7 +114,7 @@ impl LaunchShape {
 
 impl std::fmt::Display for LaunchShape {
     /// `8x64 pdl`, `16x512 c4 pdl`: blocks x threads, blocks per cluster where clustered, and
-    /// PDL where taken.
+    /// PDL where taken (the kernel is in the JSON: its name would not fit a table's column).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}x{}", self.grid, self.block)?;
         if self.cluster > 1 {
@@ -279,10 +288,9 @@ impl CudaCommunicator {
         driver::bind(&self.ctx)?;
         let dtype = operands.dtype();
         let count = operands.count();
-        let function = self.kernels.get(
-            KernelId::allreduce(algorithm, dtype)
-                .expect("supports() refused kernel-less algorithms"),
-        );
+        let kernel = KernelId::allreduce(algorithm, dtype)
+            .expect("supports() refused kernel-less algorithms");
+        let function = self.kernels.get(kernel);
         let header = self.next_call(count as u64, dtype, algorithm, false);
         if self.world_size == 1 {
             // One rank: the sum is the input. In place there is nothing to do; otherwise a
@@ -326,7 +334,7 @@ impl CudaCommunicator {
                 min_block_threads,
                 pdl_squeeze(algorithm),
             );
-            let pdl = self.same_grid_behind_last(grid, block, 1, pdl);
+            let pdl = self.same_grid_behind_last(kernel, grid, block, 1, pdl);
             // SAFETY: the argument block mirrors TparArgs; inboxes, state and error are ours
             // for the communicator's lifetime; input/output are checked operands. Every
             // allreduce kernel runs griddepcontrol.wait before touching memory (begin_epoch).
@@ -474,6 +482,7 @@ impl CudaCommunicator {
     /// 6.38 (bench/results/2026-12-02-h200-s11, calls 1 and 2).
     pub(crate) fn same_grid_behind_last(
         &self,
+        kernel: KernelId,
         grid: u32,
         block: u32,
         cluster: u32,
@@ -487,15 +496,7 @@ impl CudaCommunicator {
             |before| {
                 let before_grid = LaunchShape::unpack(before).map_or(0, |l| l.grid);
                 taken = pdl && pdl_fits_behind(before_grid, grid, self.max_blocks);
-                Some(
-                    LaunchShape {
-                        grid,
-                        block,
-                        cluster,
-                        pdl: taken,
-                    }
-                    .pack(),
-                )
+                Some(LaunchShape::pack(kernel, grid, block, cluster, taken))
             },
         );
         taken
@@ -904,24 +905,38 @@ mod tests {
     #[test]
     fn a_launch_shape_survives_its_packing() {
         assert_eq!(LaunchShape::unpack(0), None);
-        let shape = |grid, block, cluster, pdl| LaunchShape {
-            grid,
-            block,
-            cluster,
-            pdl,
+        let shape = |kernel: KernelId, grid, block, cluster, pdl| {
+            let packed = LaunchShape::pack(kernel, grid, block, cluster, pdl);
+            let shape = LaunchShape::unpack(packed).expect("a launch packs to a non-zero word");
+            assert_eq!(
+                (
+                    shape.kernel,
+                    shape.grid,
+                    shape.block,
+                    shape.cluster,
+                    shape.pdl
+                ),
+                (kernel.name(), grid, block, cluster, pdl)
+            );
+            shape
         };
-        for shape in [
-            shape(1, 32, 1, false),
-            shape(8, 64, 1, true),
-            shape(64, 512, 2, false),
-            shape(16, 128, 16, true),
-            shape(u32::MAX, 1024, 8, true),
-        ] {
-            assert_eq!(LaunchShape::unpack(shape.pack()), Some(shape));
-        }
-        assert_eq!(shape(8, 64, 1, true).to_string(), "8x64 pdl");
-        assert_eq!(shape(8, 64, 1, false).to_string(), "8x64");
-        assert_eq!(shape(16, 512, 4, true).to_string(), "16x512 c4 pdl");
+        // The first and last kernels of the table, so an index off by one shows.
+        shape(KernelId::ALL[0], 1, 32, 1, false);
+        shape(KernelId::ALL[KernelId::COUNT - 1], 1, 32, 1, false);
+        shape(KernelId::OneShotPush(DType::Bf16), 8, 64, 1, true);
+        shape(
+            KernelId::FusedOneShotSmallClusters(DType::F16),
+            64,
+            512,
+            2,
+            false,
+        );
+        shape(KernelId::Empty, 16, 128, 16, true);
+        shape(KernelId::Ring(DType::F32), u32::MAX, 1024, 8, true);
+        let bf16 = KernelId::FusedOneShot(DType::Bf16);
+        assert_eq!(shape(bf16, 8, 64, 1, true).to_string(), "8x64 pdl");
+        assert_eq!(shape(bf16, 8, 64, 1, false).to_string(), "8x64");
+        assert_eq!(shape(bf16, 16, 512, 4, true).to_string(), "16x512 c4 pdl");
     }
 
     #[test]

@@ -143,7 +143,13 @@ impl CudaCommunicator {
                 .in_clusters()
                 .filter(|_| self.in_clusters(grid, threads, per_row, rows));
             let cluster = if clustered.is_some() { per_row } else { 1 };
-            let pdl = self.same_grid_behind_last(grid, threads, cluster, shaped_for_pdl);
+            let pdl = self.same_grid_behind_last(
+                clustered.unwrap_or(kernel),
+                grid,
+                threads,
+                cluster,
+                shaped_for_pdl,
+            );
             let args = self.fused_chunk_args(call, algorithm, index, first, rows, per_row);
             // SAFETY: the argument block mirrors TparFusedArgs; inboxes, state and error are
             // ours for the communicator's lifetime; the operands are checked (or promised at
@@ -277,9 +283,15 @@ impl CudaCommunicator {
         let grid = (call.tokens as u32)
             .min(self.kernels.sm_count * self.kernels.blocks_per_sm)
             .max(1);
-        let pdl =
-            self.same_grid_behind_last(grid, THREADS, 1, self.kernels.pdl && after_grid.is_some());
-        let f = self.kernels.get(KernelId::AddRmsNorm(call.dtype));
+        let kernel = KernelId::AddRmsNorm(call.dtype);
+        let pdl = self.same_grid_behind_last(
+            kernel,
+            grid,
+            THREADS,
+            1,
+            self.kernels.pdl && after_grid.is_some(),
+        );
+        let f = self.kernels.get(kernel);
         // SAFETY: the argument block mirrors TparNormArgs; the operands are checked (or
         // promised at the FFI edge). The kernel waits for its predecessor
         // (griddepcontrol.wait) first.
