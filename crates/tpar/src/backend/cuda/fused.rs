@@ -442,7 +442,9 @@ const HOST_STAGED_FUSED_GRID: u32 = 8;
 /// 12.13-12.24 in clusters, 10.91 through device memory. From 16 rows the small-block kernel
 /// was slower (2 x 16 5.36 -> 5.59, 2 x 128 42.76 -> 44.55, 4 x 512 368.8 -> 385.8), and on
 /// smaller blocks the clusters stay faster (through device memory -> in clusters: 2 x 1 3.64 ->
-/// 3.38, 4 x 1 4.61 -> 4.02, 8 x 1 6.24 -> 5.42).
+/// 3.38, 4 x 1 4.61 -> 4.02, 8 x 1 6.24 -> 5.42). As the default against the knobs' old choice
+/// in one binary (bench/results/2026-12-07-s28, call 1, one H100): 2 x 8 4.44 -> 4.15, 4 x 4
+/// 5.53 -> 5.33, 4 x 8 9.29 -> 8.15, 8 x 2 7.05 -> 6.75, 8 x 4 12.02 -> 10.86.
 const WHOLE_BLOCK_FEW_ROWS: usize = 8;
 
 /// Whether a fused one-shot launch of `rows` rows on whole blocks that waits at one site per
