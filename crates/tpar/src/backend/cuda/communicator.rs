@@ -467,13 +467,15 @@ impl CudaCommunicator {
         self.islands
     }
 
-    /// Whether this rank's next kernel, of `grid` blocks, may take the PDL it asks for, and
-    /// remembers its shape (`block` threads, `cluster` blocks per cluster, 1 without). A kernel launched with PDL may become resident while this rank's
-    /// previous kernel still spins (every tpar kernel lets its dependents launch once it has
-    /// read the call counter); where ranks share a GPU, the two together must fit this rank's
-    /// share of co-resident blocks, or a peer's spinning grid may never become resident and
-    /// both wait until the deadline (seen on one H200 with 8 ranks: a PDL norm kernel behind a
-    /// full-grid allreduce). So PDL is used only where the previous grid and this one fit;
+    /// Whether this rank's next kernel, `kernel` of `grid` blocks, may take the PDL it asks
+    /// for, and remembers the launch for [`CudaCommunicator::last_launch`] (`block` threads,
+    /// `cluster` blocks per cluster, 1 without). A kernel launched with PDL may become resident
+    /// while this rank's previous kernel still spins (every tpar kernel lets its dependents
+    /// launch once it has read the call counter); where ranks share a GPU, the two together
+    /// must fit this rank's share of co-resident blocks, or a peer's spinning grid may never
+    /// become resident and both wait until the deadline (seen on one H200 with 8 ranks: a PDL
+    /// norm kernel behind a full-grid allreduce). So PDL is used only where the previous grid
+    /// and this one fit;
     /// where they do not, the same grid runs without PDL (any grid may: it waits for the last
     /// kernel to end). Falling back to the full grid instead, as launches did before, left
     /// every later launch of a shape cut for PDL behind a full grid, without PDL for good: on
