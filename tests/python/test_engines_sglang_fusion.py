@@ -182,6 +182,12 @@ WORKER = textwrap.dedent(
     # As an engine shuts down: without it, gloo's threads were still up at interpreter exit and
     # one run in about twelve aborted there ("terminate called without an active exception").
     dist.destroy_process_group()
+    # Every check above is printed, and tpar's communicator is closed. With it destroyed, a CI run
+    # on 8100d82 still aborted so in interpreter teardown once (a C++ thread of torch's, after
+    # torch.compile; tpar has no C++), so the rank leaves without the interpreter's teardown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
     """
 )
 
