@@ -36,9 +36,9 @@ pub fn is_usage(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<Usage>().is_some())
 }
 
-/// The most ranks a command starts or plans for: far above any host's GPUs, and a clear limit
-/// instead of a fork storm.
-pub const MAX_WORLD_SIZE: usize = 4096;
+/// The most ranks a command starts or plans for: the most tpar's communicators serve (its
+/// kernels address at most this many peers).
+pub const MAX_WORLD_SIZE: usize = tpar::algorithm::MAX_RANKS;
 
 /// The longest peer timeout: a day. Beyond that a hung peer is never reported in practice, and
 /// `Duration` would overflow on values such as 1e30.
@@ -68,9 +68,15 @@ pub fn whole_in(text: &str, min: u64, max: u64) -> std::result::Result<u64, Stri
     Ok(value as u64)
 }
 
-/// `-n/--world-size`: 1 to [`MAX_WORLD_SIZE`].
+/// `-n/--world-size`: 1 to [`MAX_WORLD_SIZE`], with a message that says why the bound.
 pub fn world_size_arg(text: &str) -> std::result::Result<usize, String> {
-    whole_in(text, 1, MAX_WORLD_SIZE as u64).map(|v| v as usize)
+    match whole_in(text, 1, u64::MAX)? {
+        n if n > MAX_WORLD_SIZE as u64 => Err(format!(
+            "{n} ranks: tpar serves 1 to {MAX_WORLD_SIZE} ranks (the GPUs of one host); for \
+             larger groups use NCCL"
+        )),
+        n => Ok(n as usize),
+    }
 }
 
 /// Iteration counts (`--iters`, `--replays`, `--chain`): 1 to a million.
@@ -83,9 +89,9 @@ pub fn warmup_arg(text: &str) -> std::result::Result<usize, String> {
     whole_in(text, 0, 1_000_000).map(|v| v as usize)
 }
 
-/// `-n/--world-size` of the planner (`--tp` is its old name): 1 to [`MAX_WORLD_SIZE`].
+/// `-n/--world-size` of the planner (`--tp` is its old name): as [`world_size_arg`].
 pub fn tp_arg(text: &str) -> std::result::Result<u64, String> {
-    whole_in(text, 1, MAX_WORLD_SIZE as u64)
+    world_size_arg(text).map(|n| n as u64)
 }
 
 /// Token counts (`--tokens`, `--context`): 1 to 2^40.
@@ -407,9 +413,12 @@ mod tests {
         assert_eq!(world_size_arg("8").unwrap(), 8);
         assert!(world_size_arg("-1").unwrap_err().contains("must be >= 1"));
         assert!(world_size_arg("0").unwrap_err().contains("must be >= 1"));
-        assert!(world_size_arg("18446744073709551615")
-            .unwrap_err()
-            .contains("<="));
+        assert_eq!(world_size_arg("16").unwrap(), 16);
+        for over in ["17", "4096", "18446744073709551615"] {
+            let err = world_size_arg(over).unwrap_err();
+            assert!(err.contains("serves 1 to 16 ranks"), "{err}");
+        }
+        assert!(tp_arg("17").unwrap_err().contains("serves 1 to 16 ranks"));
         assert!(world_size_arg("99999999999999999999999999999999999999999")
             .unwrap_err()
             .contains("too large"));

@@ -235,6 +235,42 @@ fn bad_environment_is_refused_not_ignored() {
 }
 
 #[test]
+fn more_ranks_than_tpar_serves_are_a_usage_error_not_a_panic() {
+    // Every rank of 17 once panicked in the CPU backend (a partition of 1 to 16 ranks).
+    for command in [
+        "bench --backend cpu --sizes 4K -n 17",
+        "selftest --backend cpu -n 17",
+        "tune -n 17",
+        "doctor -n 17",
+        "plan memory --config crates/tpar-harness/fixtures/models/llama-3.1-70b.json -n 64",
+    ] {
+        let line = assert_refused(&words(command), &[]);
+        assert!(line.contains("serves 1 to 16 ranks"), "{command}: {line}");
+    }
+    let line = assert_refused(
+        &words("bench --backend cpu --sizes 4K"),
+        &[
+            ("TPAR_RENDEZVOUS", "/tmp/tpar-hostile-17"),
+            ("TPAR_JOB_TOKEN", "0123456789abcdef0123456789abcdef"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "17"),
+        ],
+    );
+    assert!(line.contains("WORLD_SIZE=17"), "{line}");
+    // A flag that disagrees with the launcher is refused before anything runs.
+    let line = assert_refused(
+        &words("bench --backend cpu --sizes 4K -n 4"),
+        &[
+            ("TPAR_RENDEZVOUS", "/tmp/tpar-hostile-mismatch"),
+            ("TPAR_JOB_TOKEN", "0123456789abcdef0123456789abcdef"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ],
+    );
+    assert!(line.contains("WORLD_SIZE=1"), "{line}");
+}
+
+#[test]
 fn negative_numbers_get_a_bound_not_unexpected_argument() {
     let line = assert_refused(&words("bench --backend cpu -n -1"), &[]);
     assert!(line.contains("must be >= 1"), "{line}");

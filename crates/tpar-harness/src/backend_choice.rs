@@ -128,7 +128,10 @@ impl Setup {
             Backend::Cpu => std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(2, 8),
-            Backend::Cuda => tpar::backend::cuda::check_available()?,
+            // A host of more GPUs than tpar serves runs on the first MAX_RANKS by default.
+            Backend::Cuda => {
+                tpar::backend::cuda::check_available()?.min(tpar::algorithm::MAX_RANKS)
+            }
         };
         let world_size = world_size_or(world_size, default_world)?;
         let explicit = algos.is_some();
@@ -199,14 +202,36 @@ impl Setup {
     }
 }
 
-/// The world size of a job: the flag, else the launcher's WORLD_SIZE, else `default`.
+/// The world size of a job: the launcher's WORLD_SIZE where this process is a rank (a flag
+/// that says otherwise is refused, not obeyed by this rank alone), else the flag, else
+/// `default`; 1 to [`tpar::algorithm::MAX_RANKS`].
 pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
     let from_env = RankEnv::from_env()
         .map_err(|e| SetupError::Usage(HarnessError::from(e).chain()))?
         .map(|e| e.world_size);
-    let n = flag.or(from_env).unwrap_or(default);
+    if let (Some(flag), Some(env)) = (flag, from_env) {
+        if flag != env {
+            usage!(
+                "-n {flag} but the launcher set WORLD_SIZE={env}: under a launcher the environment \
+                 decides; drop -n, or make the two agree"
+            );
+        }
+    }
+    let n = from_env.or(flag).unwrap_or(default);
     if n == 0 {
-        fail!("--world-size must be at least 1");
+        usage!("--world-size must be at least 1");
+    }
+    if n > tpar::algorithm::MAX_RANKS {
+        let source = if from_env.is_some() {
+            format!("WORLD_SIZE={n}")
+        } else {
+            format!("{n} ranks")
+        };
+        usage!(
+            "{source}: tpar serves 1 to {} ranks (the GPUs of one host); for larger groups use \
+             NCCL",
+            tpar::algorithm::MAX_RANKS
+        );
     }
     Ok(n)
 }

@@ -34,6 +34,9 @@ pub struct Islands {
 
 impl Islands {
     /// All `world_size` ranks in one island.
+    ///
+    /// # Panics
+    /// Where `world_size` is not 1 to [`MAX_RANKS`]; the communicators refuse such groups first.
     pub fn single(world_size: usize) -> Islands {
         Islands::from_island_of(&vec![0; world_size]).expect("one island is a valid partition")
     }

@@ -237,6 +237,10 @@ impl fmt::Display for NoDecision {
                 "this call is planned for {} ({}); {refusal}",
                 decision.choice, decision.reason
             ),
+            NoDecision::Nothing(refusals) if refusals.is_empty() => write!(
+                f,
+                "no algorithm can run this allreduce: none of tpar's is a candidate for this group"
+            ),
             NoDecision::Nothing(refusals) => {
                 let lines: Vec<String> = refusals
                     .iter()

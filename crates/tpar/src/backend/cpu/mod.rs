@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, MAX_RANKS};
 use crate::config::Config;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -162,6 +162,12 @@ impl CpuCommunicator {
         }
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
+        if world_size > MAX_RANKS {
+            return Err(Error::Unsupported(format!(
+                "world size {world_size}: tpar supports 1 to {MAX_RANKS} ranks (as the CUDA \
+                 backend, whose protocol this one mirrors)"
+            )));
+        }
         let (islands, islands_refused) =
             resolve_islands(&config, world_size, Islands::from_env(world_size))?;
         let layout = CpuLayout::new(world_size, chunk_bytes);

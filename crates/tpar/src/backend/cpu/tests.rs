@@ -824,3 +824,18 @@ fn islands_come_from_the_config_else_the_environment_else_one_island() {
     assert_eq!(islands, Islands::single(2));
     assert!(refused.unwrap().contains("TPAR_ISLANDS=4+4"));
 }
+
+#[test]
+fn more_ranks_than_tpar_serves_are_refused_not_a_panic() {
+    let job = Job::new();
+    let too_many = crate::algorithm::MAX_RANKS + 1;
+    let rdv = Rendezvous::join(RankEnv::on_one_host(0, too_many, &job.dir, &job.token)).unwrap();
+    let err = CpuCommunicator::new(&rdv, Config::default())
+        .err()
+        .expect("a group of 17 ranks is refused");
+    assert!(
+        matches!(err, Error::Unsupported(_)) && err.to_string().contains("1 to 16 ranks"),
+        "{err}"
+    );
+    assert_eq!(job.leftover_segments(), 0);
+}
