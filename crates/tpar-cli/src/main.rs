@@ -25,7 +25,7 @@ mod tune;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 const ABOUT: &str = "Low-latency allreduce for tensor-parallel inference on one host.";
 
@@ -109,17 +109,55 @@ fn clap_exit(e: clap::Error) -> ExitCode {
             ExitCode::from(ending::USAGE_EXIT)
         }
         _ => {
-            let text = e.render().to_string();
-            let first = text
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .unwrap_or("invalid arguments");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            tpar_report::print_err(&format!("tpar: error: {first} (see tpar help)"));
+            let words: Vec<String> = std::env::args().skip(1).collect();
+            tpar_report::print_err(&format!(
+                "tpar: error: {} (see `{} --help`)",
+                usage_error_line(&e.render().to_string()),
+                command_path(&words)
+            ));
             ExitCode::from(ending::USAGE_EXIT)
         }
     }
+}
+
+/// Clap's error as one line: its message with what it lists under it (the arguments missing,
+/// the possible values, a "did you mean"), without the usage block and the pointer to --help
+/// (the caller names the subcommand's help instead).
+fn usage_error_line(rendered: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for line in rendered.lines().map(str::trim) {
+        if line.starts_with("Usage:") || line.starts_with("For more information") {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        let line = line.strip_prefix("error: ").unwrap_or(line);
+        parts.push(match line.strip_prefix("tip: ") {
+            Some(tip) => format!("({tip})"),
+            None => line.to_owned(),
+        });
+    }
+    if parts.is_empty() {
+        "invalid arguments".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+/// `tpar bench step` for `["bench", "step", "--tokens", ...]`: the subcommands named before the
+/// first word that is not one, for pointing at the help that lists their flags.
+fn command_path(words: &[String]) -> String {
+    let mut command = Cli::command();
+    let mut path = vec!["tpar".to_owned()];
+    for word in words {
+        let Some(sub) = command.find_subcommand(word).cloned() else {
+            break;
+        };
+        path.push(word.clone());
+        command = sub;
+    }
+    path.join(" ")
 }
 
 #[cfg(test)]

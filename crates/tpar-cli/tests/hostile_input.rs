@@ -271,6 +271,26 @@ fn more_ranks_than_tpar_serves_are_a_usage_error_not_a_panic() {
 }
 
 #[test]
+fn a_usage_error_keeps_what_clap_lists_and_names_the_subcommands_help() {
+    let line = assert_refused(&words("plan spec-decode --config x.json"), &[]);
+    assert!(
+        line.contains("not provided: --world-size <N> --tokens <TOKENS>")
+            && line.ends_with("(see `tpar plan spec-decode --help`)"),
+        "{line}"
+    );
+    let line = assert_refused(&words("bench --backend gpu"), &[]);
+    assert!(
+        line.contains("[possible values: auto, cpu, cuda]")
+            && line.ends_with("(see `tpar bench --help`)"),
+        "{line}"
+    );
+    let line = assert_refused(&words("bench --sizs 4K"), &[]);
+    assert!(line.contains("'--sizes'"), "{line}");
+    let line = assert_refused(&words("bench step --tokens 0"), &[]);
+    assert!(line.ends_with("(see `tpar bench step --help`)"), "{line}");
+}
+
+#[test]
 fn negative_numbers_get_a_bound_not_unexpected_argument() {
     let line = assert_refused(&words("bench --backend cpu -n -1"), &[]);
     assert!(line.contains("must be >= 1"), "{line}");

@@ -236,6 +236,9 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
 
     let mut findings = Findings::default();
     let mut links = None;
+    if options.topology.is_some() {
+        checks.extend(architecture_check(&topology, world_size));
+    }
     if options.topology.is_none() {
         checks.extend(gpu_checks(&topology, world_size, &mut findings));
         if checks.first().is_some_and(|c| c.ok) {
@@ -327,6 +330,29 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
         ok,
     };
     Ok(report)
+}
+
+/// For a described machine: whether its GPUs are new enough for tpar's kernels (on a real one
+/// the CUDA backend's load says so, in [`gpu_checks`]). None where every GPU is, or where the
+/// description gives no capability.
+fn architecture_check(topology: &Topology, world_size: usize) -> Option<Check> {
+    let old = topology.gpus.iter().take(world_size).find(|g| {
+        g.compute_capability
+            .as_deref()
+            .and_then(|c| c.split('.').next()?.trim().parse::<u32>().ok())
+            .is_some_and(|major| major < 8)
+    })?;
+    Some(Check {
+        name: "GPU architecture".to_owned(),
+        ok: false,
+        detail: format!(
+            "GPU {} ({}) has compute capability {}; tpar's kernels need 8.0 (Ampere) or newer, so \
+             every allreduce here stays with NCCL",
+            old.index,
+            old.name,
+            old.compute_capability.as_deref().unwrap_or("?")
+        ),
+    })
 }
 
 /// On a real machine: the CUDA backend loads and compiles, and every path gives the exact sum

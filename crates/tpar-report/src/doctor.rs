@@ -56,7 +56,13 @@ pub fn doctor(r: &Report) -> String {
     }
     out.push_str(&matrix.render());
     if !r.checks.is_empty() {
-        out.push_str("\n\nChecks on this machine:\n");
+        // A described machine's checks are of its description, not of this host.
+        let what = if r.source.starts_with("file ") {
+            "Checks of the described machine"
+        } else {
+            "Checks on this machine"
+        };
+        out.push_str(&format!("\n\n{what}:\n"));
         let mut c = Table::new(&["check", "result"], 2);
         for check in &r.checks {
             c.push(vec![

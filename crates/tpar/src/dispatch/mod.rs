@@ -235,6 +235,24 @@ fn decide_inner(req: &Request) -> Result<Decision, NoDecision> {
     }
 }
 
+/// "A skipped: why; B, C skipped: why2": what was skipped for the same reason named together,
+/// each reason once, in the order first met (on a machine tpar's kernels do not run on, every
+/// algorithm is skipped for the one reason).
+pub(crate) fn join_skipped(skipped: &[(String, String)]) -> String {
+    let mut reasons: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (what, why) in skipped {
+        match reasons.iter_mut().find(|(w, _)| w == why) {
+            Some((_, whats)) => whats.push(what),
+            None => reasons.push((why, vec![what])),
+        }
+    }
+    reasons
+        .iter()
+        .map(|(why, whats)| format!("{} skipped: {why}", whats.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The dispatcher's choice for a request that forces none: the tuning table's where it can
 /// run, else the fabric model's fastest that can (each skip in the reason), then what every
 /// machine has.
@@ -248,7 +266,8 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
         });
     }
     let mut refusals: Vec<Refusal> = Vec::new();
-    let mut skipped: Vec<String> = Vec::new();
+    // (what was skipped, why), in the order the dispatcher met them.
+    let mut skipped: Vec<(String, String)> = Vec::new();
     if let Some(table) = req
         .tuning
         .filter(|t| t.world_size == req.world_size && t.dtype == req.dtype)
@@ -273,7 +292,7 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                     })
                 }
                 Err(why) => {
-                    skipped.push(format!("tuned {} skipped: {why}", entry.choice));
+                    skipped.push((format!("tuned {}", entry.choice), why.to_string()));
                     refusals.push(why);
                 }
             }
@@ -298,7 +317,7 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
     for choice in fallback {
         if !ranked.iter().any(|(e, _)| e.choice == choice) {
             if let Err(why) = eligibility(req, choice) {
-                skipped.push(format!("{choice} skipped: {why}"));
+                skipped.push((choice.to_string(), why.to_string()));
             }
         }
     }
@@ -362,11 +381,12 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                     None => "host-staged needs no P2P and runs on every machine".to_owned(),
                 };
                 if let Some(d) = deferred.filter(|d| d.choice != choice) {
-                    skipped.push(format!(
-                        "{} ({:.1} us modelled) skipped: its writes fan out over root complexes, which collapse here ({})",
-                        d.choice,
-                        d.us,
-                        fabric.collapse().source
+                    skipped.push((
+                        format!("{} ({:.1} us modelled)", d.choice, d.us),
+                        format!(
+                            "its writes fan out over root complexes, which collapse here ({})",
+                            fabric.collapse().source
+                        ),
                     ));
                 }
                 let mut reason = format!(
@@ -374,12 +394,12 @@ fn choose(req: &Request) -> Result<Decision, NoDecision> {
                     describe_machine(req.topology, req.world_size, &fabric)
                 );
                 if !skipped.is_empty() {
-                    reason = format!("{}; so {reason}", skipped.join("; "));
+                    reason = format!("{}; so {reason}", join_skipped(&skipped));
                 }
                 return Ok(Decision { choice, reason });
             }
             Err(why) => {
-                let line = format!("{choice} skipped: {why}");
+                let line = (choice.to_string(), why.to_string());
                 if !skipped.contains(&line) {
                     skipped.push(line);
                     refusals.push(why);
@@ -559,8 +579,10 @@ mod tests {
                                                 && bytes % dtype.size() as u64 == 0
                                                 && world_size <= 16
                                                 && !t.gpus.is_empty()
+                                                && refusal::old_gpu(&req).is_none()
                                             {
-                                                // Host-staged runs everywhere up to 16 ranks unless the findings veto it.
+                                                // Host-staged runs everywhere up to 16 ranks unless the findings veto it
+                                                // (or the GPUs are older than tpar's kernels).
                                                 panic!("no decision although host-staged can always run: {req:?}: {e}");
                                             }
                                         }

@@ -34,6 +34,9 @@ pub enum Reason {
     NcclNeedsGpuPerRank { ranks: usize, gpus: usize },
     /// tpar's kernels address at most [`MAX_RANKS`] ranks.
     TooManyRanks { ranks: usize },
+    /// tpar's kernels need compute capability 8.0 (Ampere) or newer: GPU `gpu` of the group
+    /// has `capability` (the loader refuses it too).
+    OldGpu { gpu: usize, capability: String },
     /// Two GPUs of the group cannot reach each other the way the algorithm needs (`reads`:
     /// peer reads, else peer writes); `path` is how they are connected, where known.
     NoPeerAccess {
@@ -84,6 +87,7 @@ impl Reason {
             Reason::NcclMissing => "nccl-missing",
             Reason::NcclNeedsGpuPerRank { .. } => "nccl-needs-gpu-per-rank",
             Reason::TooManyRanks { .. } => "too-many-ranks",
+            Reason::OldGpu { .. } => "old-gpu",
             Reason::NoPeerAccess { .. } => "no-peer-access",
             Reason::NoKernel => "no-kernel",
             Reason::HostStagedOff => "host-staged-off",
@@ -136,6 +140,10 @@ impl fmt::Display for Refusal {
             Reason::TooManyRanks { ranks } => write!(
                 f,
                 "tpar's kernels address at most {MAX_RANKS} ranks; {ranks} asked"
+            ),
+            Reason::OldGpu { gpu, capability } => write!(
+                f,
+                "GPU {gpu} has compute capability {capability}; tpar's kernels need 8.0 (Ampere) or newer"
             ),
             Reason::NoPeerAccess { a, b, path, reads } => write!(
                 f,
@@ -242,14 +250,14 @@ impl fmt::Display for NoDecision {
                 "no algorithm can run this allreduce: none of tpar's is a candidate for this group"
             ),
             NoDecision::Nothing(refusals) => {
-                let lines: Vec<String> = refusals
+                let skipped: Vec<(String, String)> = refusals
                     .iter()
-                    .map(|r| format!("{} skipped: {r}", r.choice))
+                    .map(|r| (r.choice.to_string(), r.to_string()))
                     .collect();
                 write!(
                     f,
                     "no algorithm can run this allreduce: {}",
-                    lines.join("; ")
+                    super::join_skipped(&skipped)
                 )
             }
         }
@@ -266,6 +274,21 @@ impl From<NoDecision> for Error {
             message: n.to_string(),
         }
     }
+}
+
+/// The first GPU of the group (ranks index the topology's GPUs) older than tpar's kernels
+/// need, with its compute capability; capabilities the topology does not give pass.
+pub(super) fn old_gpu(req: &Request) -> Option<(usize, String)> {
+    req.topology
+        .gpus
+        .iter()
+        .take(req.world_size)
+        .enumerate()
+        .find_map(|(i, g)| {
+            let capability = g.compute_capability.as_deref()?;
+            let major: u32 = capability.split('.').next()?.trim().parse().ok()?;
+            (major < 8).then(|| (i, capability.to_owned()))
+        })
 }
 
 /// Whether `choice` can run the request on this machine (and, where the request names one,
@@ -293,6 +316,9 @@ pub fn eligibility(req: &Request, choice: Choice) -> Result<(), Refusal> {
     }
     if let Some(group) = req.group {
         group_eligibility(group, choice, req.capturing)?;
+    }
+    if let (Choice::Tpar(_), Some((gpu, capability))) = (choice, old_gpu(req)) {
+        return refuse(Reason::OldGpu { gpu, capability });
     }
     match choice {
         Choice::Nccl => {
@@ -500,6 +526,29 @@ mod tests {
         );
         let r = eligibility(&request(&h200, 17, 4096), one_shot).unwrap_err();
         assert_eq!(r.reason, Reason::TooManyRanks { ranks: 17 });
+        // GPUs older than the kernels: every tpar algorithm refused (host-staged too), NCCL not.
+        let v100 = fixture("4x-v100-1plx");
+        for algorithm in Algorithm::ALL {
+            let r = eligibility(&request(&v100, 4, 4096), Choice::Tpar(algorithm)).unwrap_err();
+            assert_eq!(
+                r.reason,
+                Reason::OldGpu {
+                    gpu: 0,
+                    capability: "7.0".into()
+                },
+                "{algorithm}"
+            );
+        }
+        assert!(eligibility(&request(&v100, 4, 4096), Choice::Nccl).is_ok());
+        let d = super::super::decide(&request(&v100, 4, 4096)).unwrap();
+        assert_eq!(d.choice, Choice::Nccl);
+        // The one reason is said once, after every algorithm it skipped.
+        let why = "skipped: GPU 0 has compute capability 7.0; tpar's kernels need 8.0";
+        assert_eq!(d.reason.matches(why).count(), 1, "{}", d.reason);
+        let named = d.reason.split(why).next().unwrap();
+        for algorithm in ["one-shot, ", "two-shot", "ring", "islands"] {
+            assert!(named.contains(algorithm), "{}", d.reason);
+        }
         let findings = crate::topology::Findings {
             failed: vec![(one_shot, "element 7 was 1".into())],
             ..Default::default()
