@@ -830,9 +830,9 @@ fn more_ranks_than_tpar_serves_are_refused_not_a_panic() {
     let job = Job::new();
     let too_many = crate::algorithm::MAX_RANKS + 1;
     let rdv = Rendezvous::join(RankEnv::on_one_host(0, too_many, &job.dir, &job.token)).unwrap();
-    let err = CpuCommunicator::new(&rdv, Config::default())
-        .err()
-        .expect("a group of 17 ranks is refused");
+    let Err(err) = CpuCommunicator::new(&rdv, Config::default()) else {
+        panic!("a group of 17 ranks was accepted");
+    };
     assert!(
         matches!(err, Error::Unsupported(_)) && err.to_string().contains("1 to 16 ranks"),
         "{err}"
