@@ -26,8 +26,9 @@ pub struct BenchArgs {
     /// Where to run: auto picks CUDA when a usable GPU exists, else the CPU (and says why).
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
-    /// Ranks to start on this host (default: the number of cores, 2 to 8). Under an outside
-    /// launcher (TPAR_RENDEZVOUS, RANK, WORLD_SIZE set) the environment decides.
+    /// Ranks to start on this host, 1 to 16 (default: one per GPU on CUDA; on the CPU backend
+    /// the number of cores, 2 to 8). Under an outside launcher (TPAR_RENDEZVOUS, RANK,
+    /// WORLD_SIZE set) the environment decides, and a -n that disagrees is refused.
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Message sizes in bytes, comma-separated; K, M, G are powers of 1024

@@ -91,7 +91,7 @@ pub struct MemoryArgs {
     /// vLLM's fraction of GPU memory it may use [default: 0.9]; with --engine vllm only.
     #[arg(long, value_name = "FRACTION", value_parser = crate::args::fraction_arg)]
     gpu_memory_utilization: Option<f64>,
-    /// Bytes per KV element: 2 (bf16/fp16) or 1 (fp8) [default: the model's dtype].
+    /// Bytes per KV element: 2 (bf16/fp16), 1 (fp8) or 4 (f32) [default: the model's dtype].
     #[arg(long, value_parser = crate::args::kv_bytes_arg)]
     kv_bytes: Option<u64>,
     /// CUDA-graph pool, GiB (an estimate: it grows with the captured batch sizes).
@@ -130,7 +130,8 @@ pub struct SpecArgs {
     /// Tokens per verify pass: draft tokens + 1.
     #[arg(long, value_parser = crate::args::tokens_arg)]
     tokens: u64,
-    /// Tokens accepted per verify pass on average (acceptance length).
+    /// Tokens a verify pass yields on average (acceptance length, the bonus token included:
+    /// 1 or more, at most --tokens).
     #[arg(long, value_parser = crate::args::positive_f64)]
     acceptance: f64,
     /// Allreduce latency at every size, us; or --latency-json.

@@ -22,7 +22,8 @@ pub struct SelftestArgs {
     /// Where to run: auto picks CUDA when a usable GPU exists, else the CPU (and says why).
     #[arg(long, value_enum, default_value = "auto")]
     backend: BackendArg,
-    /// Ranks to start on this host (default: the number of cores, 2 to 8).
+    /// Ranks to start on this host, 1 to 16 (default: one per GPU on CUDA; on the CPU backend
+    /// the number of cores, 2 to 8).
     #[arg(long, short = 'n', value_parser = crate::args::world_size_arg)]
     world_size: Option<usize>,
     /// Element counts to test, comma-separated (odd ones on purpose).

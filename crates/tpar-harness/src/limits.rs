@@ -46,6 +46,9 @@ pub struct CpuJobNeeds {
     pub world_size: usize,
     pub shm_per_rank: u64,
     pub buffers_per_rank: u64,
+    /// The flag that sets the largest message (`--sizes` of bench, `--counts` of selftest),
+    /// which a refusal names as the fix.
+    pub sizes_flag: &'static str,
 }
 
 impl CpuJobNeeds {
@@ -69,6 +72,7 @@ impl CpuJobNeeds {
         let one = CpuJobNeeds::cpu(world_size, max_bytes, 5);
         CpuJobNeeds {
             shm_per_rank: 2 * one.shm_per_rank,
+            sizes_flag: "--counts",
             ..one
         }
     }
@@ -81,6 +85,7 @@ impl CpuJobNeeds {
             world_size,
             shm_per_rank: segment as u64,
             buffers_per_rank: max_message_bytes.saturating_mul(buffer_copies),
+            sizes_flag: "--sizes",
         }
     }
 
@@ -106,13 +111,14 @@ impl CpuJobNeeds {
             let total = shm_total.saturating_add(buffers_total);
             if total > ram {
                 bail!(
-                    "{} ranks need {} of memory ({} of shared memory and {} of message buffers, {} per rank) but {} is available; use smaller --sizes or fewer ranks (-n)",
+                    "{} ranks need {} of memory ({} of shared memory and {} of message buffers, {} per rank) but {} is available; use smaller {} or fewer ranks (-n)",
                     self.world_size,
                     human_bytes(total),
                     human_bytes(shm_total),
                     human_bytes(buffers_total),
                     human_bytes(self.buffers_per_rank),
-                    human_bytes(ram)
+                    human_bytes(ram),
+                    self.sizes_flag
                 );
             }
         }

@@ -224,10 +224,17 @@ pub struct SpecReport {
 
 /// Plans speculative decoding for `request`.
 pub fn spec_report(a: &SpecRequest) -> Result<SpecReport> {
-    if a.tp == 0 || a.tokens == 0 || a.acceptance <= 0.0 {
+    if a.tp == 0 || a.tokens == 0 {
         return Err(PlanError(
-            "-n/--world-size and --tokens must be at least 1 and --acceptance above 0".into(),
+            "-n/--world-size and --tokens must be at least 1".into(),
         ));
+    }
+    if a.acceptance.is_nan() || a.acceptance < 1.0 {
+        return Err(PlanError(format!(
+            "--acceptance {} is below 1: a verify pass always yields at least one token (the \
+             bonus token), so the acceptance length counts it and is 1 or more",
+            a.acceptance
+        )));
     }
     if a.acceptance > a.tokens as f64 {
         return Err(PlanError(format!(
@@ -397,6 +404,15 @@ mod tests {
         };
         let e = spec_report(&spec).unwrap_err().to_string();
         assert!(e.contains("--acceptance 3 exceeds --tokens 2"), "{e}");
+        for below_one in [0.5, f64::NAN] {
+            let e = spec_report(&SpecRequest {
+                acceptance: below_one,
+                ..spec.clone()
+            })
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("is below 1"), "{e}");
+        }
         let ok = spec_report(&SpecRequest {
             acceptance: 1.5,
             ..spec
