@@ -98,7 +98,7 @@ pub struct MemoryArgs {
     #[arg(long, default_value_t = 1.0, value_parser = crate::args::non_negative_f64)]
     cuda_graph_gb: f64,
     /// Draft model (speculative decoding) per rank, GiB; or --draft-config.
-    #[arg(long, default_value_t = 0.0, value_parser = crate::args::non_negative_f64)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::args::non_negative_f64, conflicts_with = "draft_config")]
     draft_gb: f64,
     /// The draft model's config.json: its weights per rank are computed.
     #[arg(long, value_name = "FILE")]

@@ -336,6 +336,33 @@ mod tests {
     }
 
     #[test]
+    fn a_draft_model_that_leaves_no_room_is_the_term_named() {
+        // DeepSeek-V3 at TP 8 on 96 GiB fits alone; a 70B draft beside it does not.
+        let alone = MemoryRequest {
+            config: fixture("deepseek-v3"),
+            gpu_gb: Some(96.0),
+            ..memory_request(96.0)
+        };
+        assert!(memory_report(&alone).unwrap().plan.problem.is_none());
+        let with_draft = MemoryRequest {
+            draft_config: Some(fixture("llama-3.1-70b")),
+            ..alone
+        };
+        let problem = memory_report(&with_draft).unwrap().plan.problem.unwrap();
+        assert!(
+            problem.contains("the draft model (") && problem.contains("a smaller draft model"),
+            "{problem}"
+        );
+        // Weights that alone leave no room are named as before.
+        let problem = memory_report(&memory_request(8.0))
+            .unwrap()
+            .plan
+            .problem
+            .unwrap();
+        assert!(!problem.contains("draft"), "{problem}");
+    }
+
+    #[test]
     fn a_big_gpu_gets_a_kv_budget_and_a_small_one_a_problem() {
         let big = memory_report(&memory_request(141.0)).unwrap();
         assert!(big.plan.problem.is_none(), "{:?}", big.plan.problem);

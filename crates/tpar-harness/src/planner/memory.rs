@@ -171,6 +171,11 @@ pub fn plan_memory(i: &MemoryInputs) -> MemoryPlan {
                     format!("set mem_fraction_static to at least {:.2} (it reserves {} outside the KV pool, but only {} are free after the weights{})",
                         (needed * 100.0).ceil() / 100.0, gib(reserved), gib(free),
                         if i.tpar_bytes + i.draft_bytes > 0.0 { " and tpar/draft" } else { "" })
+                } else if i.draft_bytes > 0.0
+                    && 1.0 - (free - i.tpar_bytes - min_kv) / i.gpu_total_bytes < 0.99
+                {
+                    // Without the draft model a fraction would do: it is the term at fault.
+                    format!("the draft model ({}) leaves no room beside the weights ({}) at any mem_fraction_static: a smaller draft model, or shard over more GPUs", gib(i.draft_bytes), gib(i.weights_bytes))
                 } else {
                     format!("the weights ({}) leave no room at any mem_fraction_static: shard over more GPUs or quantise", gib(i.weights_bytes))
                 };
