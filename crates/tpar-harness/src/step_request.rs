@@ -39,7 +39,8 @@ pub fn load_model(config: &Path) -> Result<ModelShape, StepRequestError> {
 }
 
 /// The layers a pass holds: `requested`, or every layer of the model; refused outside
-/// 1..=the model's layers. The counts of ranks, tokens and replays must be at least 1.
+/// 1..=the model's layers. The counts of ranks, tokens and replays must be at least 1, and the
+/// ranks a TP size the engines take for the model (`ModelShape::check_tp`).
 pub fn layers(
     model: &ModelShape,
     requested: Option<u64>,
@@ -50,6 +51,8 @@ pub fn layers(
             "-n/--world-size, --tokens and --replays must be at least 1".into(),
         ));
     }
+    // A TP size the engines refuse is refused here too, before any GPU is looked at.
+    model.check_tp(tp as u64)?;
     let layers = requested.unwrap_or(model.layers);
     if layers == 0 || layers > model.layers {
         return Err(StepRequestError::Invalid(format!(
@@ -114,6 +117,12 @@ mod tests {
         assert!(too_many.to_string().contains("give 1 to"), "{too_many}");
         assert!(layers(&model, Some(0), [2, 1, 1]).is_err());
         assert!(layers(&model, None, [2, 0, 1]).is_err());
+        // Llama-3.1-70B's 64 heads do not split over 3 ranks.
+        let three = layers(&model, None, [3, 1, 1]).unwrap_err();
+        assert!(
+            three.to_string().contains("do not divide over TP 3"),
+            "{three}"
+        );
     }
 
     #[test]

@@ -791,7 +791,7 @@ fn collapse(topology: &Topology, findings: Option<&Findings>, link_gbps: f64) ->
         params::FANOUT_WRITE_GBPS,
         link,
         format!(
-            "not measured here: writes fanned out over root complexes assumed to collapse to {} GB/s (the worst published, pcie-published.md table C) until `tpar doctor` measures them",
+            "not measured here: writes fanned out over root complexes assumed to collapse to {} GB/s (the worst published: table C of crates/tpar/fixtures/published) until `tpar doctor` measures them",
             params::FANOUT_WRITE_GBPS
         ),
     )
