@@ -13,6 +13,9 @@ use crate::args::{check_outputs, parse_list, parse_size, sizes_with_counts};
 use crate::args::{BackendArg, Timed, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, PartialRows, Rank};
+
+/// Allreduces per rank in a timed CUDA graph where --chain is not given.
+const DEFAULT_CHAIN: usize = 50;
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::runs::cpu_bench_rank;
 use tpar_report::plot::plot_latency;
@@ -48,9 +51,10 @@ pub struct BenchArgs {
     /// Timed calls per size and algorithm (CUDA: timed graph replays).
     #[arg(long, default_value_t = 100, value_parser = crate::args::iterations_arg)]
     iters: usize,
-    /// CUDA: allreduces per rank in the timed graph; the figure is the replay time over this.
-    #[arg(long, default_value_t = 50, value_parser = crate::args::iterations_arg)]
-    chain: usize,
+    /// CUDA: allreduces per rank in the timed graph; the figure is the replay time over this
+    /// [default: 50].
+    #[arg(long, value_parser = crate::args::iterations_arg)]
+    chain: Option<usize>,
     /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
     #[arg(long)]
     processes: bool,
@@ -163,7 +167,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
             algorithm,
             &tokens,
             args.iters,
-            args.chain,
+            args.chain.unwrap_or(DEFAULT_CHAIN),
             args.json.as_deref(),
         )?;
         return Ok(std::process::ExitCode::SUCCESS);
@@ -202,7 +206,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
                 dtype,
                 replays: args.iters,
                 warmup: args.warmup.unwrap_or(cuda_bench::DEFAULT_WARMUP),
-                chain: args.chain,
+                chain: args.chain.unwrap_or(DEFAULT_CHAIN),
                 islands,
             },
             timeout,
@@ -212,6 +216,7 @@ pub fn run(args: BenchArgs) -> Result<std::process::ExitCode> {
     }
     setup
         .check_processes(args.processes)
+        .and_then(|()| setup.check_cuda_only("--chain", args.chain.is_some()))
         .map_err(crate::args::setup_error)?;
     crate::args::check_cpu_job(CpuJobNeeds::bench(world_size, &sizes), Timed::Yes)?;
     let settings = BenchSettings {

@@ -51,9 +51,9 @@ pub struct SelftestArgs {
     /// CUDA: one process per rank (CUDA IPC) instead of one process driving every rank.
     #[arg(long)]
     processes: bool,
-    /// CUDA: replays of the graph that gets new inputs before every replay.
-    #[arg(long, default_value_t = 1000, value_parser = crate::args::iterations_arg)]
-    replays: usize,
+    /// CUDA: replays of the graph that gets new inputs before every replay [default: 1000].
+    #[arg(long, value_parser = crate::args::iterations_arg)]
+    replays: Option<usize>,
     /// Seconds a rank waits for a peer in the sweep.
     #[arg(long, default_value = "30", value_name = "SECONDS", value_parser = crate::args::timeout_arg)]
     timeout: std::time::Duration,
@@ -82,6 +82,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
     let timeout = args.timeout;
     setup
         .check_processes(args.processes)
+        .and_then(|()| setup.check_cuda_only("--replays", args.replays.is_some()))
         .map_err(crate::args::setup_error)?;
     let (backend, world_size) = (setup.backend, setup.world_size);
     let islands = crate::args::parse_islands(args.islands.as_deref(), world_size)?;
@@ -102,7 +103,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
                 algorithms,
                 timeout,
                 timeout_case: !args.no_timeout_case && world_size > 1,
-                replays: args.replays,
+                replays: args.replays.unwrap_or(1000),
                 islands,
             },
         );

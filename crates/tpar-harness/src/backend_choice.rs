@@ -176,6 +176,17 @@ impl Setup {
         Ok(())
     }
 
+    /// Refuses a flag that only the CUDA backend reads (`--chain`, `--replays`: CUDA graphs)
+    /// where it was given to the CPU backend, which would otherwise ignore it in silence.
+    pub fn check_cuda_only(&self, flag: &str, given: bool) -> Result<()> {
+        if given && self.backend == Backend::Cpu {
+            usage!(
+                "{flag} sets how CUDA graphs are timed and the CPU backend has none; leave it out or use --backend cuda"
+            );
+        }
+        Ok(())
+    }
+
     /// tpar's own algorithms among the choices, for commands that check exact sums (NCCL's own
     /// summation order does not give them): NCCL is left out of the default list, and refused
     /// when asked for by name.
@@ -281,6 +292,11 @@ mod tests {
         assert!(setup.check_processes(false).is_ok());
         match setup.check_processes(true) {
             Err(SetupError::Usage(m)) => assert!(m.contains("--processes is for the CUDA"), "{m}"),
+            other => panic!("{:?}", other.is_ok()),
+        }
+        assert!(setup.check_cuda_only("--chain", false).is_ok());
+        match setup.check_cuda_only("--chain", true) {
+            Err(SetupError::Usage(m)) => assert!(m.starts_with("--chain sets how CUDA"), "{m}"),
             other => panic!("{:?}", other.is_ok()),
         }
     }
