@@ -278,12 +278,17 @@ pub fn check_outputs(json: Option<&str>, plot: Option<&str>) -> Result<()> {
 pub const ISLANDS_HELP: &str = "The island partition of the islands algorithms: sizes in rank order (4+4, 3+5, 2+2+4) or members with ':' between islands (0-3:4-7, 0,2,4,6:1,3,5,7) [default: TPAR_ISLANDS, else the machine's (CPU: one island; selftest: several)]";
 
 /// `--islands TEXT` for `world_size` ranks: the partition, or a usage error saying what is
-/// wrong with it.
+/// wrong with it. Without the flag, a `TPAR_ISLANDS` the ranks would refuse is refused here
+/// the same way, before any rank starts (the ranks then read it themselves).
 pub fn parse_islands(text: Option<&str>, world_size: usize) -> Result<Option<tpar::Islands>> {
-    text.map(|t| {
-        tpar::Islands::parse(t, world_size).map_err(|e| usage(anyhow::anyhow!("--islands: {e}")))
-    })
-    .transpose()
+    match text {
+        Some(t) => tpar::Islands::parse(t, world_size)
+            .map(Some)
+            .map_err(|e| usage(anyhow::anyhow!("--islands: {e}"))),
+        None => tpar::Islands::from_env(world_size)
+            .map(|_| None)
+            .map_err(|e| usage(anyhow::Error::new(e))),
+    }
 }
 
 /// `--backend auto|cpu|cuda`.

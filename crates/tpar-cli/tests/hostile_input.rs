@@ -218,6 +218,16 @@ fn every_subcommand_refuses_a_matrix_of_bad_values() {
 fn bad_environment_is_refused_not_ignored() {
     let line = assert_refused(&words("bench --backend cpu"), &[("TPAR_ALGO", "bogus")]);
     assert!(line.contains("TPAR_ALGO=bogus"), "{line}");
+    // Refused before any rank starts, as --islands 9+9 is, and said once.
+    let line = assert_refused(
+        &words("bench --backend cpu -n 2 --algos islands --sizes 4K"),
+        &[("TPAR_ISLANDS", "9+9")],
+    );
+    assert!(
+        line.contains("TPAR_ISLANDS=9+9: islands '9+9'")
+            && line.matches("invalid argument").count() == 1,
+        "{line}"
+    );
     let line = assert_refused(
         &words("bench --backend cpu"),
         &[("RANK", "1"), ("WORLD_SIZE", "4")],

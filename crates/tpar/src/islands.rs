@@ -152,9 +152,16 @@ impl Islands {
     /// blank; a value that does not describe `world_size` ranks is an error naming it.
     pub fn from_env(world_size: usize) -> Result<Option<Islands>> {
         match std::env::var(ENV_ISLANDS) {
-            Ok(v) if !v.trim().is_empty() => Islands::parse(&v, world_size)
-                .map(Some)
-                .map_err(|e| Error::InvalidArgument(format!("{ENV_ISLANDS}={v}: {e}"))),
+            Ok(v) if !v.trim().is_empty() => {
+                Islands::parse(&v, world_size).map(Some).map_err(|e| {
+                    // The parse's own words, without a second "invalid argument: ".
+                    let why = match e {
+                        Error::InvalidArgument(why) => why,
+                        other => other.to_string(),
+                    };
+                    Error::InvalidArgument(format!("{ENV_ISLANDS}={v}: {why}"))
+                })
+            }
             _ => Ok(None),
         }
     }
