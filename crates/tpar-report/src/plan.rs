@@ -9,7 +9,7 @@ use crate::Table;
 /// `tpar plan memory` for `engine` (its name as people write it: SGLang, vLLM).
 pub fn memory(report: &MemoryReport, engine: &str) -> String {
     let (inputs, plan) = (&report.inputs, &report.plan);
-    let mut t = Table::new(&["term", "GiB", "what"], 1);
+    let mut t = Table::new(&["term", "GiB", "what"], 1).text_last();
     for term in &plan.terms {
         t.push(vec![
             term.name.clone(),

@@ -26,11 +26,13 @@ pub fn name_with_runs(name: &str, runs: Option<&str>) -> String {
     }
 }
 
-/// A plain text table with right-aligned columns after the first `left` ones.
+/// A plain text table with right-aligned columns after the first `left` ones (and, where
+/// [`Table::text_last`], a last column of free text left-aligned).
 pub struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
     left: usize,
+    text_last: bool,
 }
 
 impl Table {
@@ -39,7 +41,15 @@ impl Table {
             header: header.iter().map(|s| s.to_string()).collect(),
             rows: Vec::new(),
             left,
+            text_last: false,
         }
+    }
+
+    /// The last column is free text (a note, a reason): left-aligned, so that one long cell
+    /// does not pad every other row out to its width.
+    pub fn text_last(mut self) -> Table {
+        self.text_last = true;
+        self
     }
 
     pub fn push(&mut self, row: Vec<String>) {
@@ -62,7 +72,7 @@ impl Table {
                 .iter()
                 .enumerate()
                 .map(|(c, v)| {
-                    if c < self.left {
+                    if c < self.left || (self.text_last && c + 1 == self.header.len()) {
                         format!("{v:<w$}", w = widths[c])
                     } else {
                         format!("{v:>w$}", w = widths[c])
@@ -106,6 +116,13 @@ mod tests {
         t.push(vec!["a".into(), "1".into()]);
         t.push(vec!["longer".into(), "12345".into()]);
         assert_eq!(t.render(), "name    value\na           1\nlonger  12345");
+        let mut t = Table::new(&["term", "GiB", "what"], 1).text_last();
+        t.push(vec!["a".into(), "+1.00".into(), "short".into()]);
+        t.push(vec!["b".into(), "-0.50".into(), "a longer note".into()]);
+        assert_eq!(
+            t.render(),
+            "term    GiB  what\na     +1.00  short\nb     -0.50  a longer note"
+        );
     }
 }
 
