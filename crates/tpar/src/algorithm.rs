@@ -277,7 +277,12 @@ impl FromStr for Selection {
         if s.is_empty() || s.eq_ignore_ascii_case("auto") {
             return Ok(Selection::Auto);
         }
-        s.parse().map(Selection::Forced)
+        s.parse().map(Selection::Forced).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "unknown algorithm '{s}'; expected one of: {}, nccl, auto",
+                Algorithm::ALL.map(Algorithm::name).join(", ")
+            ))
+        })
     }
 }
 
