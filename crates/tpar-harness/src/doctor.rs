@@ -336,12 +336,11 @@ pub fn examine(options: &DoctorOptions) -> std::result::Result<Report, DoctorErr
 /// the CUDA backend's load says so, in [`gpu_checks`]). None where every GPU is, or where the
 /// description gives no capability.
 fn architecture_check(topology: &Topology, world_size: usize) -> Option<Check> {
-    let old = topology.gpus.iter().take(world_size).find(|g| {
-        g.compute_capability
-            .as_deref()
-            .and_then(|c| c.split('.').next()?.trim().parse::<u32>().ok())
-            .is_some_and(|major| major < 8)
-    })?;
+    let old = topology
+        .gpus
+        .iter()
+        .take(world_size)
+        .find(|g| g.too_old_for_tpar())?;
     Some(Check {
         name: "GPU architecture".to_owned(),
         ok: false,

@@ -72,6 +72,20 @@ pub struct Gpu {
     pub pcie: Option<PciePlace>,
 }
 
+impl Gpu {
+    /// The oldest compute capability tpar's kernels run on (the loader refuses older GPUs).
+    pub const MIN_COMPUTE_MAJOR: u32 = 8;
+
+    /// Whether this GPU is older than tpar's kernels need (false where its capability is not
+    /// given or cannot be read: only a known old GPU is refused ahead of the loader).
+    pub fn too_old_for_tpar(&self) -> bool {
+        self.compute_capability
+            .as_deref()
+            .and_then(|c| c.split('.').next()?.trim().parse::<u32>().ok())
+            .is_some_and(|major| major < Gpu::MIN_COMPUTE_MAJOR)
+    }
+}
+
 /// A GPU's place in the host's PCIe tree, read from sysfs (`/sys/bus/pci/devices/BDF`: the
 /// chain of bridges above it, its `numa_node`, the socket of that node's CPUs).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

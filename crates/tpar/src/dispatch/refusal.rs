@@ -284,11 +284,8 @@ pub(super) fn old_gpu(req: &Request) -> Option<(usize, String)> {
         .iter()
         .take(req.world_size)
         .enumerate()
-        .find_map(|(i, g)| {
-            let capability = g.compute_capability.as_deref()?;
-            let major: u32 = capability.split('.').next()?.trim().parse().ok()?;
-            (major < 8).then(|| (i, capability.to_owned()))
-        })
+        .find(|(_, g)| g.too_old_for_tpar())
+        .map(|(i, g)| (i, g.compute_capability.clone().unwrap_or_default()))
 }
 
 /// Whether `choice` can run the request on this machine (and, where the request names one,
