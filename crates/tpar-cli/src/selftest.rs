@@ -42,8 +42,8 @@ pub struct SelftestArgs {
     )]
     dtypes: String,
     #[arg(long, value_name = "LIST", allow_hyphen_values = true, help = concat!(
-        "Algorithms to check, comma-separated, from: ", tpar_harness::selection_names!(),
-        " (tpar's own only: nccl and auto are compared by `tpar bench`) [default: all the backend has]"
+        "Algorithms to check, comma-separated, from tpar's own: ", tpar_harness::algorithm_names!(),
+        " (nccl and auto are timed by `tpar bench`) [default: all the backend has]"
     ))]
     algos: Option<String>,
     #[arg(long, value_name = "PARTITION", help = crate::args::ISLANDS_HELP)]

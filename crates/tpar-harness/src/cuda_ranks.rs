@@ -56,7 +56,15 @@ pub fn stream_is_capturing(stream: &CudaStream) -> bool {
 #[macro_export]
 macro_rules! selection_names {
     () => {
-        "one-shot, two-shot, one-shot-pull, host-staged, staged, staged-pull, islands, islands-pull, ring, nccl, auto"
+        concat!($crate::algorithm_names!(), ", nccl, auto")
+    };
+}
+
+/// tpar's own algorithms among them (what `tpar selftest` checks), in the same order.
+#[macro_export]
+macro_rules! algorithm_names {
+    () => {
+        "one-shot, two-shot, one-shot-pull, host-staged, staged, staged-pull, islands, islands-pull, ring"
     };
 }
 pub const SELECTION_NAMES: &str = selection_names!();
@@ -600,6 +608,8 @@ mod selection_name_tests {
         let mut names: Vec<&str> = Choice::ALL.iter().map(|c| c.name()).collect();
         names.push("auto");
         assert_eq!(SELECTION_NAMES, names.join(", "));
+        let own: Vec<&str> = tpar::Algorithm::ALL.iter().map(|a| a.name()).collect();
+        assert_eq!(crate::algorithm_names!(), own.join(", "));
         for name in &names {
             assert_eq!(parse_selection(name).unwrap().name(), *name);
         }
