@@ -13,13 +13,13 @@ use crate::args::{check_outputs, parse_list, parse_size, sizes_with_counts};
 use crate::args::{BackendArg, Timed, Usage};
 use crate::progress::Progress;
 use crate::ranks::{run_ranks, PartialRows, Rank};
-
-/// Allreduces per rank in a timed CUDA graph where --chain is not given.
-const DEFAULT_CHAIN: usize = 50;
 use tpar_harness::backend_choice::Backend;
 use tpar_harness::runs::cpu_bench_rank;
 use tpar_report::plot::plot_latency;
 use tpar_report::{bench, emit_to, ranks};
+
+/// Allreduces per rank in a timed CUDA graph where --chain is not given.
+const DEFAULT_CHAIN: usize = 50;
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, allow_negative_numbers = true)]

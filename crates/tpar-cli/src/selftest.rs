@@ -16,6 +16,9 @@ use tpar_harness::backend_choice::Backend;
 use tpar_harness::limits::CpuJobNeeds;
 use tpar_report::{print_err, print_out, ranks, selftest};
 
+/// Replays of the CUDA selftest's graph where --replays is not given.
+const DEFAULT_REPLAYS: usize = 1000;
+
 #[derive(Args, Debug)]
 #[command(allow_negative_numbers = true)]
 pub struct SelftestArgs {
@@ -103,7 +106,7 @@ pub fn run(args: SelftestArgs) -> Result<std::process::ExitCode> {
                 algorithms,
                 timeout,
                 timeout_case: !args.no_timeout_case && world_size > 1,
-                replays: args.replays.unwrap_or(1000),
+                replays: args.replays.unwrap_or(DEFAULT_REPLAYS),
                 islands,
             },
         );
