@@ -364,7 +364,7 @@ fn a_cuda_row_names_its_launch_shape_as_the_schema_says() {
         runs: None,
         why: None,
         launch: Some(tpar::backend::cuda::LaunchShape {
-            kernel: "tpar_oneshot_push_bf16",
+            kernel: tpar::backend::cuda::KernelId::OneShotPush(tpar::DType::Bf16),
             grid: 8,
             block: 64,
             cluster: 1,
@@ -406,7 +406,7 @@ fn a_fused_row_names_its_launch_shape_as_the_schema_says() {
         p99_us: 4.4,
         correct: Some(true),
         launch: Some(tpar::backend::cuda::LaunchShape {
-            kernel: "tpar_fused_oneshot_clusters_bf16",
+            kernel: tpar::backend::cuda::KernelId::FusedOneShotClusters(tpar::DType::Bf16),
             grid: 16,
             block: 512,
             cluster: 4,

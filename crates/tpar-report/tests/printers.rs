@@ -195,7 +195,7 @@ fn fused_row(
         p99_us: p50_us,
         correct: Some(true),
         launch: (variant == "fused").then_some(tpar::backend::cuda::LaunchShape {
-            kernel: "tpar_fused_oneshot_clusters_bf16",
+            kernel: tpar::backend::cuda::KernelId::FusedOneShotClusters(tpar::DType::Bf16),
             grid: 4,
             block: 512,
             cluster: 4,

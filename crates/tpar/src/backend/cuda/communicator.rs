@@ -74,8 +74,9 @@ pub struct CudaCommunicator {
 /// kernel beside it in its JSON, so a figure says what it timed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct LaunchShape {
-    /// The kernel's `extern "C"` name ([`KernelId::name`]).
-    pub kernel: &'static str,
+    /// The kernel, written in JSON as its `extern "C"` name ([`KernelId::name`]).
+    #[serde(serialize_with = "kernel_by_name")]
+    pub kernel: KernelId,
     pub grid: u32,
     pub block: u32,
     /// Blocks per thread block cluster: 1 where launched without clusters (the fused
@@ -89,27 +90,31 @@ impl LaunchShape {
     /// kernel's [`KernelId::index`] plus one in 50-62, PDL in 63 (a launch has at least one
     /// block, so a launch never packs to 0). Blocks hold at most 1024 threads, clusters at most
     /// 16 blocks and the kernels number [`KernelId::COUNT`], so no field is cut.
-    fn pack(kernel: KernelId, grid: u32, block: u32, cluster: u32, pdl: bool) -> u64 {
-        u64::from(grid)
-            | u64::from(block & 0xfff) << 32
-            | u64::from(cluster & 0x3f) << 44
-            | ((kernel.index() as u64 + 1) & 0x1fff) << 50
-            | u64::from(pdl) << 63
+    fn pack(self) -> u64 {
+        u64::from(self.grid)
+            | u64::from(self.block & 0xfff) << 32
+            | u64::from(self.cluster & 0x3f) << 44
+            | ((self.kernel.index() as u64 + 1) & 0x1fff) << 50
+            | u64::from(self.pdl) << 63
     }
 
+    /// The launch `pack` made `word` from; None for 0 (no launch yet). Only `pack`'s words are
+    /// stored, so their kernel field always names a kernel of the table.
     fn unpack(word: u64) -> Option<LaunchShape> {
-        let kernel = (word >> 50) as usize & 0x1fff;
-        (word != 0).then(|| LaunchShape {
-            kernel: kernel
-                .checked_sub(1)
-                .and_then(|index| KernelId::ALL.get(index))
-                .map_or("unknown", |kernel| kernel.name()),
+        let kernel = ((word >> 50) as usize & 0x1fff).checked_sub(1)?;
+        Some(LaunchShape {
+            kernel: KernelId::ALL[kernel],
             grid: word as u32,
             block: (word >> 32) as u32 & 0xfff,
             cluster: (word >> 44) as u32 & 0x3f,
             pdl: word >> 63 == 1,
         })
     }
+}
+
+/// Serializes a launch's kernel as its `extern "C"` name, as the bench JSON schemas say.
+fn kernel_by_name<S: serde::Serializer>(kernel: &KernelId, out: S) -> Result<S::Ok, S::Error> {
+    out.serialize_str(kernel.name())
 }
 
 impl std::fmt::Display for LaunchShape {
@@ -498,7 +503,14 @@ impl CudaCommunicator {
             |before| {
                 let before_grid = LaunchShape::unpack(before).map_or(0, |l| l.grid);
                 taken = pdl && pdl_fits_behind(before_grid, grid, self.max_blocks);
-                Some(LaunchShape::pack(kernel, grid, block, cluster, taken))
+                let launch = LaunchShape {
+                    kernel,
+                    grid,
+                    block,
+                    cluster,
+                    pdl: taken,
+                };
+                Some(launch.pack())
             },
         );
         taken
@@ -908,23 +920,22 @@ mod tests {
     fn a_launch_shape_survives_its_packing() {
         assert_eq!(LaunchShape::unpack(0), None);
         let shape = |kernel: KernelId, grid, block, cluster, pdl| {
-            let packed = LaunchShape::pack(kernel, grid, block, cluster, pdl);
-            let shape = LaunchShape::unpack(packed).expect("a launch packs to a non-zero word");
-            assert_eq!(
-                (
-                    shape.kernel,
-                    shape.grid,
-                    shape.block,
-                    shape.cluster,
-                    shape.pdl
-                ),
-                (kernel.name(), grid, block, cluster, pdl)
-            );
-            shape
+            let launch = LaunchShape {
+                kernel,
+                grid,
+                block,
+                cluster,
+                pdl,
+            };
+            let back =
+                LaunchShape::unpack(launch.pack()).expect("a launch packs to a non-zero word");
+            assert_eq!(back, launch);
+            back
         };
-        // The first and last kernels of the table, so an index off by one shows.
-        shape(KernelId::ALL[0], 1, 32, 1, false);
-        shape(KernelId::ALL[KernelId::COUNT - 1], 1, 32, 1, false);
+        // Every kernel of the table, so an index off by one shows.
+        for kernel in KernelId::ALL {
+            shape(kernel, 1, 32, 1, false);
+        }
         shape(KernelId::OneShotPush(DType::Bf16), 8, 64, 1, true);
         shape(
             KernelId::FusedOneShotSmallClusters(DType::F16),
@@ -939,6 +950,11 @@ mod tests {
         assert_eq!(shape(bf16, 8, 64, 1, true).to_string(), "8x64 pdl");
         assert_eq!(shape(bf16, 8, 64, 1, false).to_string(), "8x64");
         assert_eq!(shape(bf16, 16, 512, 4, true).to_string(), "16x512 c4 pdl");
+        // The JSON names the kernel as the loader does.
+        assert_eq!(
+            serde_json::to_value(shape(bf16, 16, 512, 4, true)).unwrap()["kernel"],
+            "tpar_fused_oneshot_bf16"
+        );
     }
 
     #[test]

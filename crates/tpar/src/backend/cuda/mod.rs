@@ -40,6 +40,7 @@ pub use communicator::{CudaCommunicator, LaunchShape};
 pub use group::{
     planned_architecture, planned_module_bytes, PLANNED_MODULE_BYTES, PLANNED_MODULE_BYTES_BY_ARCH,
 };
+pub use kernels::KernelId;
 pub use span::{borrowed_stream, DeviceSpan, DeviceSpanMut, Span};
 
 pub(crate) use group::{context, enable_peer_access};
