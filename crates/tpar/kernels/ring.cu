@@ -29,6 +29,11 @@
 // had: at 2 ranks that is the whole all-gather (at the partial positions it was 1% slower
 // there: one H200, bf16, 512 KiB to 4 MiB). A line of the gather identity
 // (id ^ TPAR_RING_GATHER_ID) is never taken for a partial of the same slot, nor a partial for it.
+// Why LL lines and not plain data behind a flag (half the bytes): each block then waits for
+// its whole step, meets at a barrier and releases at system scope, about 3.5 us a step at 8
+// ranks, where LL's lines pipeline per thread (one H100, 2026-12-08, branch s30-ring-bulk: 64
+// KiB 12.1 -> 49.7 us, 1 MiB 77.0 -> 70.9, 2 ranks 1 MiB 19.1 -> 27.8; bench/README.md,
+// "Thirtieth session").
 #include "tpar_ll.cuh"
 
 #define TPAR_RING_GATHER_ID 0x9e3779b9u
