@@ -95,8 +95,16 @@ def test_bad_input_is_refused_with_the_fix(tmp_path):
             comm.all_reduce(np.ones(4, dtype=np.int32))
         with pytest.raises(tpar.TparError, match="must match"):
             comm.all_reduce(np.ones(4, dtype=np.float32), out=np.ones(5, dtype=np.float32))
-        with pytest.raises(tpar.TparError, match="unknown CPU algorithm"):
+        with pytest.raises(tpar.TparError, match="no such algorithm.*runs one-shot, two-shot"):
             comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="rings")
+        # GPU algorithms are named as such; auto is the CPU backend's choice, as None is.
+        with pytest.raises(tpar.TparError, match="host-staged runs on CUDA tensors only"):
+            comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="host-staged")
+        with pytest.raises(tpar.TparError, match="nccl runs on CUDA tensors only"):
+            comm.all_reduce(np.ones(4, dtype=np.float32), algorithm="nccl")
+        y = np.ones(4, dtype=np.float32)
+        assert comm.all_reduce(y, algorithm="auto") is y and comm.last_algorithm == "one-shot"
+        assert comm.all_reduce(y, algorithm="ring") is y and comm.last_algorithm == "ring"
         x = np.arange(5, dtype=np.float32)
         assert comm.all_reduce(x) is x and list(x) == [0, 1, 2, 3, 4]
         assert (

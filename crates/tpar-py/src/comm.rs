@@ -131,21 +131,25 @@ fn closed() -> PyErr {
     TparError::new_err("the communicator is closed; create a new one")
 }
 
-/// The CPU backend's algorithm for `algorithm=` (None: one-shot): any of
-/// [`CpuCommunicator::ALGORITHMS`].
+/// The CPU backend's algorithm for `algorithm=` (None or `auto`: one-shot, the CPU backend's
+/// choice): any of [`CpuCommunicator::ALGORITHMS`]. A name the CPU backend does not run says
+/// whether it is a GPU algorithm (host-staged, nccl: they need a CUDA tensor) or no algorithm
+/// at all, and lists the ones it runs.
 fn cpu_algorithm(algorithm: Option<&str>) -> PyResult<Algorithm> {
-    let Some(name) = algorithm else {
-        return Ok(Algorithm::OneShot);
-    };
-    name.parse::<Algorithm>()
-        .ok()
-        .filter(|a| CpuCommunicator::ALGORITHMS.contains(a))
-        .ok_or_else(|| {
-            TparError::new_err(format!(
-                "unknown CPU algorithm {name:?}; use one of {}",
-                CpuCommunicator::ALGORITHMS.map(Algorithm::name).join(", ")
-            ))
-        })
+    let runs = || CpuCommunicator::ALGORITHMS.map(Algorithm::name).join(", ");
+    let name = algorithm.unwrap_or("auto");
+    match name.parse::<Selection>() {
+        Ok(Selection::Auto) => Ok(Algorithm::OneShot),
+        Ok(Selection::Forced(Choice::Tpar(a))) if CpuCommunicator::ALGORITHMS.contains(&a) => Ok(a),
+        Ok(Selection::Forced(gpu)) => Err(TparError::new_err(format!(
+            "algorithm={name}: {gpu} runs on CUDA tensors only; numpy arrays and CPU tensors go through the CPU backend, which runs {} (or auto: one-shot)",
+            runs()
+        ))),
+        Err(_) => Err(TparError::new_err(format!(
+            "algorithm={name}: no such algorithm; numpy arrays and CPU tensors go through the CPU backend, which runs {} (or auto: one-shot)",
+            runs()
+        ))),
+    }
 }
 
 /// A forced choice's name as `last_algorithm` keeps it: its index in [`Choice::ALL`] plus one
@@ -645,7 +649,7 @@ impl Comm {
 
     /// Sums `tensor` over the ranks, in place or into `out` (the same library, device, shape
     /// and dtype), and returns the array holding the result; `algorithm` forces a choice
-    /// (on the CPU: one-shot or two-shot). A torch CUDA tensor is reduced on torch's current
+    /// (on the CPU: any the CPU backend runs; auto or None: one-shot). A torch CUDA tensor is reduced on torch's current
     /// stream of its device, decided once and queued without synchronising; a refusal (a
     /// dtype, layout, device or size tpar does not take, or a call decided for NCCL with
     /// nccl="none") raises `TparRefused` before anything is queued.
@@ -840,7 +844,7 @@ impl Comm {
     /// `(y, residual_out)`. `out` receives `y` (it may be `x`), else a new array; `in_place`
     /// writes `residual_out` into `residual`, else into a new array. CUDA tensors run on torch's
     /// current stream, decided as a plain call of the same bytes (`algorithm` forces one);
-    /// host arrays on the CPU backend (`algorithm`: one-shot or two-shot). Operands that do
+    /// host arrays on the CPU backend (`algorithm`: any it runs). Operands that do
     /// not fit raise `TparRefused`.
     #[pyo3(signature = (x, residual, weight, eps, out=None, in_place=true, algorithm=None))]
     #[allow(clippy::too_many_arguments)]

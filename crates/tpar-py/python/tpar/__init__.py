@@ -435,10 +435,11 @@ class Communicator:
         synchronising: the dispatcher picks tpar's kernels or NCCL for its size once
         (``algorithm=`` forces one; one that cannot run is an error), and
         :attr:`last_algorithm` says what ran. numpy arrays and CPU tensors are reduced
-        through shared memory (``algorithm``: one-shot or two-shot). tpar's own algorithms
-        accumulate in fp32 in rank order, so every rank gets bitwise the same result. A
-        tensor tpar does not take (dtype, layout, device, over ``max_bytes``, a size decided
-        for NCCL with ``nccl="none"``) raises :class:`TparRefused` before anything runs."""
+        through shared memory (``algorithm``: any the CPU backend runs; auto or None:
+        one-shot). tpar's own algorithms accumulate in fp32 in rank order, so every rank gets
+        bitwise the same result. A tensor tpar does not take (dtype, layout, device, over
+        ``max_bytes``, a size decided for NCCL with ``nccl="none"``) raises
+        :class:`TparRefused` before anything runs."""
         return self._comm.all_reduce(tensor, out, algorithm)
 
     def decision(self, tensor, *, algorithm=None, max_bytes=None):
@@ -484,8 +485,8 @@ class Communicator:
         path (NCCL, pull, a row above 16384) is followed by tpar's separate
         residual + RMSNorm kernel with the same results. :attr:`last_algorithm` says what the
         allreduce ran and :attr:`last_fused_path` whether it ran fused and why. On the CPU the
-        allreduce runs through shared memory (``algorithm``: one-shot or two-shot) and the norm
-        on the host. Operands that do not fit (:meth:`fused_fit`) raise :class:`TparRefused`.
+        allreduce runs through shared memory (``algorithm``: any the CPU backend runs) and the
+        norm on the host. Operands that do not fit (:meth:`fused_fit`) raise :class:`TparRefused`.
         """
         return self._comm.fused_add_rms_norm(
             x, residual, weight, _eps(eps), out, bool(in_place), algorithm
