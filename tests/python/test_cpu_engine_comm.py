@@ -327,6 +327,7 @@ BAD = [
     (dict(rank="0", world_size=2), "rank='0'"),
     (dict(rank=0, world_size=float("nan")), "world_size=nan"),
     (dict(rank=0, world_size=2**80), "world_size="),
+    (dict(rank=0, world_size=17), "world_size=17: tpar serves 1 to 16 ranks"),
     (dict(rank=True, world_size=2), "rank=True"),
     (dict(timeout=1e30), "timeout="),
     (dict(timeout=float("nan")), "timeout="),

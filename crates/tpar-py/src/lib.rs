@@ -31,6 +31,8 @@ fn _tpar(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TparError", m.py().get_type::<TparError>())?;
     m.add("TparRefused", m.py().get_type::<TparRefused>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The most ranks one communicator serves (the kernels' bound), for the argument checks.
+    m.add("MAX_RANKS", tpar::algorithm::MAX_RANKS)?;
     add_harness(m)?;
     Ok(())
 }

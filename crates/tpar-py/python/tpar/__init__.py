@@ -29,6 +29,7 @@ import tempfile
 import warnings
 import weakref
 
+from ._tpar import MAX_RANKS as _MAX_RANKS
 from ._tpar import Comm as _Comm
 from ._tpar import (  # the harness: `tpar tune` and `tpar selftest` for one rank
     TparError,
@@ -343,7 +344,16 @@ class Communicator:
         failure = None
         try:
             rank = _integer("rank", rank)
-            world_size = _integer("world_size", world_size, low=1)
+            if (
+                isinstance(world_size, int)
+                and not isinstance(world_size, bool)
+                and world_size > _MAX_RANKS
+            ):
+                raise TparError(
+                    f"world_size={world_size}: tpar serves 1 to {_MAX_RANKS} ranks (the GPUs of one host); "
+                    "for larger groups use NCCL"
+                )
+            world_size = _integer("world_size", world_size, low=1, high=_MAX_RANKS)
             if rank is not None and world_size is not None and rank >= world_size:
                 raise TparError(
                     f"rank={rank} is not below world_size={world_size}: ranks are numbered 0 to {world_size - 1}"
