@@ -377,6 +377,17 @@ def test_bad_arguments_are_refused_at_once_naming_them(tmp_path, kwargs, says):
     assert type(info.value).__name__ == "TparError"
 
 
+def test_a_gpu_asked_for_on_a_machine_without_one_points_to_the_cpu_backend(tmp_path):
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this machine has an NVIDIA driver: device=0 makes a CUDA communicator here")
+    with pytest.raises(tpar.TparError) as info:
+        tpar.Communicator(
+            0, 1, device=0, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16), timeout=5
+        )
+    assert "no NVIDIA driver" in str(info.value), str(info.value)
+    assert "device='cpu' runs the CPU backend" in str(info.value), str(info.value)
+
+
 def test_call_arguments_never_panic(tmp_path):
     with tpar.Communicator(
         0, 1, rendezvous=str(tmp_path / "rdv"), token=secrets.token_hex(16)

@@ -152,6 +152,19 @@ fn cpu_algorithm(algorithm: Option<&str>) -> PyResult<Algorithm> {
     }
 }
 
+/// A CUDA communicator's creation error where this machine has no GPU at all (no driver):
+/// the same error, with the way to the CPU backend.
+fn cpu_hint(e: tpar::Error) -> tpar::Error {
+    match e {
+        tpar::Error::Cuda(why) if !tpar::backend::cuda::driver::driver_present() => {
+            tpar::Error::Cuda(format!(
+            "{why}; without a GPU, device='cpu' runs the CPU backend (numpy arrays and CPU tensors)"
+        ))
+        }
+        other => other,
+    }
+}
+
 /// A forced choice's name as `last_algorithm` keeps it: its index in [`Choice::ALL`] plus one
 /// (0: none yet).
 fn choice_code(choice: Choice) -> u8 {
@@ -519,7 +532,7 @@ impl Comm {
             let make = || -> tpar::Result<(CpuCommunicator, Option<Communicator>)> {
                 let mut cpu = CpuCommunicator::new(&rdv, config)?;
                 let cuda = device
-                    .map(|d| Communicator::join_with(&rdv, d, config, nccl))
+                    .map(|d| Communicator::join_with(&rdv, d, config, nccl).map_err(cpu_hint))
                     .transpose()?;
                 cpu.set_interrupt(Some(check.clone()));
                 // Every rank is made (a rendezvous round, which also hears of a peer that
