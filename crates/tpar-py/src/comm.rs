@@ -662,10 +662,10 @@ impl Comm {
 
     /// Sums `tensor` over the ranks, in place or into `out` (the same library, device, shape
     /// and dtype), and returns the array holding the result; `algorithm` forces a choice
-    /// (on the CPU: any the CPU backend runs; auto or None: one-shot). A torch CUDA tensor is reduced on torch's current
-    /// stream of its device, decided once and queued without synchronising; a refusal (a
-    /// dtype, layout, device or size tpar does not take, or a call decided for NCCL with
-    /// nccl="none") raises `TparRefused` before anything is queued.
+    /// (on the CPU: any the CPU backend runs; auto or None: one-shot). A torch CUDA tensor is
+    /// reduced on torch's current stream of its device, decided once and queued without
+    /// synchronising; a refusal (a dtype, layout, device or size tpar does not take, or a call
+    /// decided for NCCL with nccl="none") raises `TparRefused` before anything is queued.
     #[pyo3(signature = (tensor, out=None, algorithm=None))]
     fn all_reduce<'py>(
         &self,
