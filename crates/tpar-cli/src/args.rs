@@ -71,9 +71,9 @@ pub fn whole_in(text: &str, min: u64, max: u64) -> std::result::Result<u64, Stri
 /// `-n/--world-size`: 1 to [`MAX_WORLD_SIZE`], with a message that says why the bound.
 pub fn world_size_arg(text: &str) -> std::result::Result<usize, String> {
     match whole_in(text, 1, u64::MAX)? {
-        n if n > MAX_WORLD_SIZE as u64 => Err(tpar_harness::backend_choice::too_many_ranks(
-            &format!("{n} ranks"),
-        )),
+        n if n > MAX_WORLD_SIZE as u64 => {
+            Err(tpar::algorithm::too_many_ranks(&format!("{n} ranks")))
+        }
         n => Ok(n as usize),
     }
 }

@@ -257,25 +257,24 @@ fn more_ranks_than_tpar_serves_are_a_usage_error_not_a_panic() {
         let line = assert_refused(&words(command), &[]);
         assert!(line.contains("serves 1 to 16 ranks"), "{command}: {line}");
     }
-    let line = assert_refused(
-        &words("bench --backend cpu --sizes 4K"),
-        &[
-            ("TPAR_RENDEZVOUS", "/tmp/tpar-hostile-17"),
+    // Rank 0 of a launcher's job of `world_size` ranks.
+    let launched = |rendezvous, world_size| {
+        [
+            ("TPAR_RENDEZVOUS", rendezvous),
             ("TPAR_JOB_TOKEN", "0123456789abcdef0123456789abcdef"),
             ("RANK", "0"),
-            ("WORLD_SIZE", "17"),
-        ],
+            ("WORLD_SIZE", world_size),
+        ]
+    };
+    let line = assert_refused(
+        &words("bench --backend cpu --sizes 4K"),
+        &launched("/tmp/tpar-hostile-17", "17"),
     );
     assert!(line.contains("WORLD_SIZE=17"), "{line}");
     // A flag that disagrees with the launcher is refused before anything runs.
     let line = assert_refused(
         &words("bench --backend cpu --sizes 4K -n 4"),
-        &[
-            ("TPAR_RENDEZVOUS", "/tmp/tpar-hostile-mismatch"),
-            ("TPAR_JOB_TOKEN", "0123456789abcdef0123456789abcdef"),
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-        ],
+        &launched("/tmp/tpar-hostile-mismatch", "1"),
     );
     assert!(line.contains("WORLD_SIZE=1"), "{line}");
 }

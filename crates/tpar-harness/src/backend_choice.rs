@@ -238,18 +238,9 @@ pub fn world_size_or(flag: Option<usize>, default: usize) -> Result<usize> {
         } else {
             format!("{n} ranks")
         };
-        usage!("{}", too_many_ranks(&source));
+        usage!("{}", tpar::algorithm::too_many_ranks(&source));
     }
     Ok(n)
-}
-
-/// What a job of more ranks than tpar serves is told, after `source` (the flag's or the
-/// launcher's count).
-pub fn too_many_ranks(source: &str) -> String {
-    format!(
-        "{source}: tpar serves 1 to {} ranks (the GPUs of one host); for larger groups use NCCL",
-        tpar::algorithm::MAX_RANKS
-    )
 }
 
 /// `"cpu: <model> (<n> logical cores)"` from /proc/cpuinfo.

@@ -11,6 +11,14 @@ use crate::error::{Error, Result};
 /// The most ranks tpar's kernels address (`TPAR_MAX_RANKS` in the kernels' header mirrors it).
 pub const MAX_RANKS: usize = 16;
 
+/// What a group of more ranks than tpar serves is told, after `source` (whose count it is:
+/// "17 ranks", "WORLD_SIZE=17", "world size 17").
+pub fn too_many_ranks(source: &str) -> String {
+    format!(
+        "{source}: tpar serves 1 to {MAX_RANKS} ranks (the GPUs of one host); for larger groups use NCCL"
+    )
+}
+
 /// One protocol for moving and reducing the data. Every transport implements the ones it can;
 /// asking a transport for one it lacks is an error, never a silent substitute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -163,9 +163,8 @@ impl CpuCommunicator {
         let rank = rendezvous.rank();
         let world_size = rendezvous.world_size();
         if world_size > MAX_RANKS {
-            return Err(Error::Unsupported(format!(
-                "world size {world_size}: tpar supports 1 to {MAX_RANKS} ranks (as the CUDA \
-                 backend, whose protocol this one mirrors)"
+            return Err(Error::Unsupported(crate::algorithm::too_many_ranks(
+                &format!("world size {world_size}"),
             )));
         }
         let (islands, islands_refused) =
